@@ -1,0 +1,123 @@
+# coda - build with plain make. `make help` lists the targets.
+#
+# Everything builds on a machine without a GPU. Where the CUDA toolkit is
+# found (CUDA_HOME, default /usr/local/cuda) the CUDA backend is built too:
+# its kernels are compiled at run time with NVRTC, and the CUDA driver is
+# opened with dlopen, so the library still loads and runs (CPU backend) on a
+# machine with no driver.
+
+CC        ?= cc
+BUILD     := build
+CUDA_HOME ?= /usr/local/cuda
+PYTHON    ?= /usr/bin/python3
+
+CFLAGS   ?= -O2 -g
+CFLAGS   += -std=c11 -Wall -Wextra -Wno-unused-parameter -fPIC -pthread -D_GNU_SOURCE
+CPPFLAGS += -Iinclude -Isrc
+LDLIBS   += -lm -lpthread -ldl
+
+ifneq ($(wildcard $(CUDA_HOME)/include/nvrtc.h),)
+WITH_CUDA ?= 1
+else
+WITH_CUDA ?= 0
+endif
+
+LIB_SRC := $(wildcard src/core/*.c src/program/*.c src/cpu/*.c src/layer/*.c)
+ifeq ($(WITH_CUDA),1)
+LIB_SRC  += $(wildcard src/cuda/*.c)
+CPPFLAGS += -DCODA_WITH_CUDA=1 -I$(CUDA_HOME)/include -I$(BUILD)/gen
+LDLIBS   += -L$(CUDA_HOME)/lib64 -lnvrtc -Wl,-rpath,$(CUDA_HOME)/lib64
+endif
+
+# CUDA C kernel sources are embedded into the library as strings (for NVRTC).
+KERNEL_SRC := $(wildcard src/cuda/kernels/*.cuh)
+LIB_OBJ    := $(LIB_SRC:%.c=$(BUILD)/%.o)
+ifeq ($(WITH_CUDA),1)
+LIB_OBJ    += $(BUILD)/gen/kernels.o
+endif
+
+TEST_SRC  := $(wildcard tests/test_*.c)
+TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+GPU_SRC   := $(wildcard tests/gpu/*.c bench/*.c)
+GPU_BIN   := $(GPU_SRC:%.c=$(BUILD)/%)
+
+.PHONY: all lib test test-c test-py demo fuzz gpu-test bench clean help
+all: lib $(BUILD)/coda $(TEST_BIN)
+
+help:
+	@echo "make            library (static + shared), the coda CLI, the tests"
+	@echo "make test       run the C tests, then the PyTorch cross-check"
+	@echo "make demo       run 'coda demo' (GPU if present, else CPU backend)"
+	@echo "make fuzz       libFuzzer on the program parser/verifier (clang, 60 s)"
+	@echo "make gpu-test   GPU test suite (needs an sm_90a GPU)"
+	@echo "make bench      GPU benchmarks (needs an sm_90a GPU)"
+
+lib: $(BUILD)/libcoda.a $(BUILD)/libcoda.so
+
+$(BUILD)/%.o: %.c include/coda.h $(wildcard src/*/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/tools/embed: tools/embed.c
+	@mkdir -p $(dir $@)
+	$(CC) -O2 -o $@ $<
+
+$(BUILD)/gen/kernels.c: $(KERNEL_SRC) $(BUILD)/tools/embed
+	@mkdir -p $(dir $@)
+	$(BUILD)/tools/embed $@ $(KERNEL_SRC)
+
+$(BUILD)/gen/kernels.o: $(BUILD)/gen/kernels.c
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/libcoda.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/libcoda.so: $(LIB_OBJ)
+	$(CC) -shared -o $@ $^ $(LDLIBS)
+
+$(BUILD)/coda: tools/coda.c $(BUILD)/libcoda.a
+	$(CC) $(CPPFLAGS) $(CFLAGS) -o $@ $< $(BUILD)/libcoda.a $(LDLIBS)
+
+$(BUILD)/tests/%: tests/%.c tests/harness.h $(BUILD)/libcoda.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -o $@ $< $(BUILD)/libcoda.a $(LDLIBS)
+
+$(BUILD)/tests/gpu/%: tests/gpu/%.c tests/harness.h $(BUILD)/libcoda.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -o $@ $< $(BUILD)/libcoda.a $(LDLIBS)
+
+$(BUILD)/bench/%: bench/%.c tests/harness.h $(BUILD)/libcoda.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -o $@ $< $(BUILD)/libcoda.a $(LDLIBS)
+
+test: test-c test-py
+
+test-c: $(TEST_BIN) $(BUILD)/coda
+	@set -e; for t in $(TEST_BIN); do echo "== $$t"; $$t; done
+	@echo "== all C tests passed"
+
+test-py: lib
+	@set -e; for t in $(wildcard tests/test_*.py); do echo "== $$t"; $(PYTHON) $$t; done
+
+demo: $(BUILD)/coda
+	$(BUILD)/coda demo
+
+FUZZ_SRC := $(wildcard src/core/*.c src/program/*.c)
+$(BUILD)/fuzz/fuzz_program: fuzz/fuzz_program.c $(FUZZ_SRC)
+	@mkdir -p $(dir $@)
+	clang -g -O1 -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined $(CPPFLAGS) -o $@ $^ -lm
+
+fuzz: $(BUILD)/fuzz/fuzz_program
+	@mkdir -p $(BUILD)/fuzz/corpus
+	cp -n fuzz/corpus/* $(BUILD)/fuzz/corpus/ 2>/dev/null || true
+	$(BUILD)/fuzz/fuzz_program -max_total_time=$${FUZZ_SECONDS:-60} -max_len=4096 $(BUILD)/fuzz/corpus
+
+gpu-test: $(GPU_BIN)
+	@set -e; for t in $(filter $(BUILD)/tests/gpu/%,$(GPU_BIN)); do echo "== $$t"; $$t; done
+
+bench: $(GPU_BIN)
+	@set -e; for t in $(filter $(BUILD)/bench/%,$(GPU_BIN)); do echo "== $$t"; $$t; done
+
+clean:
+	rm -rf $(BUILD)

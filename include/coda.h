@@ -1,0 +1,394 @@
+/*
+ * coda.h - GEMMs whose epilogues are small programs.
+ *
+ * coda runs the non-attention work of a LLaMA-style Transformer block, forward
+ * and backward, as a chain of matrix products whose epilogues (the code that
+ * post-processes each output tile while it is still in registers) are small
+ * programs: residual adds, RMSNorm, RoPE, SwiGLU and the cross-entropy loss.
+ *
+ * This header is the documentation. Conventions, everywhere:
+ *
+ *   - Every call returns a coda_status_t. CODA_OK is 0. On failure nothing the
+ *     caller owns has been modified, and coda_last_error() returns a message
+ *     naming the argument and the problem (per thread, valid until the next
+ *     failing call on that thread).
+ *   - Every *_free(NULL) is harmless.
+ *   - Matrices are row-major; tensor descriptors carry byte strides.
+ *   - Shape comments read  // (M, N) bf16  : rows, columns, element type.
+ *   - The library never exits or aborts the process.
+ *
+ * The pieces, in the order a newcomer meets them:
+ *   1. status and errors        coda_status_t, coda_last_error
+ *   2. tensors                  coda_tensor_t, coda_dtype_t
+ *   3. context                  coda_context_t (backends, caches, threads)
+ *   4. plain GEMM               coda_gemm, three training layouts
+ *   5. epilogue programs        text form, C builder, verifier
+ *   6. fused GEMM               coda_gemm_epilogue, bindings, tiling
+ *   7. finishing steps          coda_finish_* (combine tile partials)
+ *   8. the LLaMA layer          built-in programs, forward and backward
+ */
+#ifndef CODA_H
+#define CODA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CODA_VERSION_MAJOR 0
+#define CODA_VERSION_MINOR 1
+#define CODA_VERSION_STRING "0.1.0"
+
+/* ---------------------------------------------------------------------------
+ * 1. Status and errors
+ * ------------------------------------------------------------------------- */
+
+typedef enum coda_status {
+    CODA_OK = 0,
+    CODA_ERR_INVALID_ARG = 1,  /* null pointer, bad enum value, bad option      */
+    CODA_ERR_SHAPE = 2,        /* extents disagree or are out of range          */
+    CODA_ERR_STRIDE = 3,       /* bad stride or misaligned pointer              */
+    CODA_ERR_DTYPE = 4,        /* dtype not supported here                      */
+    CODA_ERR_OVERLAP = 5,      /* an output overlaps an input or another output */
+    CODA_ERR_DEVICE = 6,       /* tensor on the wrong device, no device, driver */
+    CODA_ERR_PARSE = 7,        /* epilogue program text does not parse          */
+    CODA_ERR_VERIFY = 8,       /* epilogue program is ill-formed                */
+    CODA_ERR_BINDING = 9,      /* program bindings missing or mismatched        */
+    CODA_ERR_COMPILE = 10,     /* run-time compilation (NVRTC) failed           */
+    CODA_ERR_NO_MEMORY = 11,   /* host or device allocation failed              */
+    CODA_ERR_UNSUPPORTED = 12, /* valid request this build/backend cannot do    */
+    CODA_ERR_INTERNAL = 13     /* a bug in coda: please report                  */
+} coda_status_t;
+
+/* Short constant name of a status, e.g. "CODA_ERR_SHAPE". Never NULL. */
+const char *coda_status_name(coda_status_t status);
+
+/* Message of the last failing call on this thread ("" if none). Never NULL. */
+const char *coda_last_error(void);
+
+/* ---------------------------------------------------------------------------
+ * 2. Tensors
+ *
+ * A descriptor, not an owner: coda never frees tensor data. Strides are in
+ * bytes. A 2-D row-major (rows, cols) tensor has stride = {row_bytes, elem_bytes}.
+ * The innermost stride must equal the element size (contiguous rows); row
+ * strides must be multiples of 16 bytes for the GPU copy engine (the CPU
+ * backend accepts any multiple of the element size).
+ * ------------------------------------------------------------------------- */
+
+typedef enum coda_dtype {
+    CODA_BF16 = 0,
+    CODA_F32 = 1,
+    CODA_F16 = 2,      /* reserved: rejected with CODA_ERR_DTYPE for now */
+    CODA_FP8_E4M3 = 3, /* reserved: rejected with CODA_ERR_DTYPE for now */
+    CODA_I32 = 4       /* integer row vectors only (cross-entropy targets) */
+} coda_dtype_t;
+
+typedef enum coda_device {
+    CODA_DEVICE_CPU = 0,
+    CODA_DEVICE_CUDA = 1
+} coda_device_t;
+
+#define CODA_MAX_DIMS 4
+
+typedef struct coda_tensor {
+    void *data;
+    coda_dtype_t dtype;
+    coda_device_t device;
+    int device_index;               /* CUDA ordinal; 0 for the CPU         */
+    int ndim;                       /* 1..CODA_MAX_DIMS                    */
+    int64_t shape[CODA_MAX_DIMS];   /* extents, outermost first            */
+    int64_t stride[CODA_MAX_DIMS];  /* byte strides, outermost first       */
+} coda_tensor_t;
+
+/* Size of one element in bytes (0 for an unknown dtype). */
+size_t coda_dtype_size(coda_dtype_t dtype);
+/* "bf16", "f32", "f16", "fp8e4m3", "i32", or NULL for an unknown dtype. */
+const char *coda_dtype_name(coda_dtype_t dtype);
+
+/* Contiguous descriptors on the CPU (set .device after for CUDA data). */
+coda_tensor_t coda_tensor_1d(void *data, coda_dtype_t dtype, int64_t n);
+coda_tensor_t coda_tensor_2d(void *data, coda_dtype_t dtype, int64_t rows, int64_t cols);
+coda_tensor_t coda_tensor_3d(void *data, coda_dtype_t dtype, int64_t d0, int64_t d1, int64_t d2);
+
+/* Number of elements, and the byte span from data to one past the last byte. */
+int64_t coda_tensor_numel(const coda_tensor_t *t);
+int64_t coda_tensor_span_bytes(const coda_tensor_t *t);
+
+/* ---------------------------------------------------------------------------
+ * 3. Context
+ *
+ * Holds the backends: the CPU reference backend (always), and CUDA when the
+ * build has it and a device answers. Thread-compatible: use one context per
+ * thread, or serialise calls on a shared one.
+ * ------------------------------------------------------------------------- */
+
+typedef struct coda_context coda_context_t;
+
+typedef struct coda_context_options {
+    int cpu_threads;        /* 0: number of online CPUs                         */
+    const char *cache_dir;  /* compiled-module cache; NULL: $CODA_CACHE_DIR,
+                               else $XDG_CACHE_HOME/coda, else ~/.cache/coda   */
+} coda_context_options_t;
+
+coda_status_t coda_context_create(const coda_context_options_t *opts /* may be NULL */,
+                                  coda_context_t **out);
+void coda_context_free(coda_context_t *ctx);
+
+/* Writes a human-readable description of the build and devices found. */
+coda_status_t coda_context_describe(coda_context_t *ctx, char *buf, size_t cap);
+
+/* 1 if CUDA tensors can be used with this context, else 0. */
+int coda_context_has_cuda(const coda_context_t *ctx);
+
+/* ---------------------------------------------------------------------------
+ * 4. Plain GEMM: the three layouts of training
+ *
+ * bf16 inputs, fp32 accumulation, bf16 or f32 output C (M, N):
+ *   C = alpha * op(A) op(B) + beta * C      (beta == 0: C is not read)
+ *
+ * K must be a multiple of 8 on CUDA (16-byte rows); any M, N.
+ * A, B, C must all live on the same device; CPU tensors run on the CPU
+ * reference backend. `stream` is a cudaStream_t (NULL: the default stream),
+ * ignored on the CPU.
+ * ------------------------------------------------------------------------- */
+
+typedef enum coda_layout {
+    CODA_LAYOUT_NT = 0, /* forward: C (M,N) = A (M,K) . B (N,K)^T   y  = x W^T  */
+    CODA_LAYOUT_NN = 1, /* dgrad:   C (M,N) = A (M,K) . B (K,N)     dx = dy W   */
+    CODA_LAYOUT_TN = 2  /* wgrad:   C (M,N) = A (K,M)^T . B (K,N)   dW = dy^T x */
+} coda_layout_t;
+
+coda_status_t coda_gemm(coda_context_t *ctx, coda_layout_t layout,
+                        const coda_tensor_t *a, const coda_tensor_t *b,
+                        coda_tensor_t *c, float alpha, float beta, void *stream);
+
+/* ---------------------------------------------------------------------------
+ * 5. Epilogue programs
+ *
+ * An epilogue program runs once per output element of a GEMM, on the fp32
+ * accumulator `acc`, and may read and write other tensors. Values are fp32
+ * and have a shape class:
+ *     scalar   one value
+ *     row      one value per output row     (M)
+ *     col      one value per column         (W)
+ *     tile     one value per element        (M, W)
+ * where W, the width of the value's column space, is N (full), N/2 (half) or
+ * 2N (double) for a GEMM with N output columns. Binary ops broadcast
+ * (row op col gives a tile); mixing two different column spaces is an error.
+ *
+ * Pairwise maps work on adjacent columns (2j, 2j+1), which on Hopper sit in
+ * adjacent registers of one thread:
+ *     even v, odd v   2->1: the even / odd columns of v, in the half space
+ *     interleave a b  1->2: a at 2j, b at 2j+1, in the double space
+ *     swap v          2->2: exchanges the two columns of every pair
+ * RoPE and SwiGLU are compositions of these with elementwise maps.
+ *
+ * Text form (one statement per line, '#' starts a comment):
+ *
+ *     program oproj                       # optional name, first statement
+ *     in  x   tile bf16                   # residual stream (M, N)
+ *     in  g   col  bf16                   # norm weight (N)
+ *     in  eps scalar                      # f32 scalar bound at run time
+ *     out h   tile bf16                   # extra output (M, N)
+ *     out ss  rowsum                      # partials (M, n_tiles) f32
+ *     a  = acc
+ *     xr = load x
+ *     s  = add a xr
+ *     h1 = round_bf16 s                   # what a bf16 store would keep
+ *     store h h1
+ *     sq = mul h1 h1
+ *     reduce ss sq
+ *
+ * Declarations (space is one of full (default), half, double):
+ *     in  NAME tile   DTYPE [SPACE]       (M, W) tensor, bf16 or f32
+ *     in  NAME row    DTYPE               (M) tensor, bf16, f32 or i32
+ *     in  NAME col    DTYPE [SPACE]       (W) tensor, bf16 or f32
+ *     in  NAME scalar                     f32 value
+ *     out NAME tile   DTYPE [SPACE]       (M, W) tensor, bf16 or f32
+ *     out NAME rowsum|rowmax|rowsumsq      f32 partials (M, n_tiles)
+ *     out NAME colsum|colmax|colsumsq [SPACE]  f32 partials (W, m_tiles)
+ *     out NAME lse                        f32 partials (M, n_tiles, 3)
+ * Values:
+ *     NAME = acc | load ARG | const NUMBER | rowidx | colidx [SPACE]
+ *     NAME = UNARY v      neg abs exp log sqrt rsqrt recip sin cos tanh
+ *                         sigmoid silu dsilu square round_bf16
+ *     NAME = BINARY a b   add sub mul div max min pow eq lt mod
+ *     NAME = fma a b c    a*b + c
+ *     NAME = select c a b (c != 0 ? a : b)
+ *     NAME = even v | odd v | interleave a b | swap v
+ * Statements:
+ *     store  OUT v        write v (converted to OUT's dtype, round to nearest even)
+ *     reduce OUT v        per-tile partial row or column reduction of v
+ *     lse    OUT v t      online log-sum-exp of v along the row, and pick of
+ *                         v at column t (t: a row value holding column indices)
+ *
+ * Tile partials. The GEMM output is cut into tiles of tile_m x tile_n
+ * accumulator elements (coda_tiling_t). For a value in space s the tile spans
+ * tile_n * 2^s of its columns. A row reduction writes one partial per row per
+ * column tile: partials (M, ceil(N/tile_n)), element [i][t] = reduction over
+ * tile t's columns of row i, in increasing column order. A column reduction
+ * writes partials (W, ceil(M/tile_m)). An lse output writes, per row and
+ * column tile, (m, l, p): running max, sum of exp(v - m), and v at the target
+ * column if it falls in the tile (else 0). The finishing steps (section 7)
+ * combine the partials in a fixed order: results are bitwise reproducible.
+ * ------------------------------------------------------------------------- */
+
+typedef struct coda_program coda_program_t;
+
+typedef enum coda_space {
+    CODA_SPACE_HALF = -1,   /* N/2 columns */
+    CODA_SPACE_FULL = 0,    /* N columns   */
+    CODA_SPACE_DOUBLE = 1   /* 2N columns  */
+} coda_space_t;
+
+typedef enum coda_arg_kind {
+    CODA_IN_TILE = 0,
+    CODA_IN_ROW = 1,
+    CODA_IN_COL = 2,
+    CODA_IN_SCALAR = 3,
+    CODA_OUT_TILE = 4,
+    CODA_OUT_ROWRED = 5,
+    CODA_OUT_COLRED = 6,
+    CODA_OUT_LSE = 7
+} coda_arg_kind_t;
+
+typedef enum coda_reduce {
+    CODA_REDUCE_SUM = 0,
+    CODA_REDUCE_MAX = 1,
+    CODA_REDUCE_SUMSQ = 2
+} coda_reduce_t;
+
+typedef enum coda_op {
+    /* sources */
+    CODA_OP_ACC = 0, CODA_OP_LOAD, CODA_OP_CONST, CODA_OP_ROWIDX, CODA_OP_COLIDX,
+    /* unary maps */
+    CODA_OP_NEG, CODA_OP_ABS, CODA_OP_EXP, CODA_OP_LOG, CODA_OP_SQRT, CODA_OP_RSQRT,
+    CODA_OP_RECIP, CODA_OP_SIN, CODA_OP_COS, CODA_OP_TANH, CODA_OP_SIGMOID,
+    CODA_OP_SILU, CODA_OP_DSILU, CODA_OP_SQUARE, CODA_OP_ROUND_BF16,
+    /* binary maps */
+    CODA_OP_ADD, CODA_OP_SUB, CODA_OP_MUL, CODA_OP_DIV, CODA_OP_MAX, CODA_OP_MIN,
+    CODA_OP_POW, CODA_OP_EQ, CODA_OP_LT, CODA_OP_MOD,
+    /* ternary maps */
+    CODA_OP_FMA, CODA_OP_SELECT,
+    /* pairwise maps */
+    CODA_OP_EVEN, CODA_OP_ODD, CODA_OP_INTERLEAVE, CODA_OP_SWAP,
+    /* statements (define no value) */
+    CODA_OP_STORE, CODA_OP_REDUCE, CODA_OP_LSE,
+    CODA_OP_COUNT_
+} coda_op_t;
+
+/* Text name of an op ("add", ...), NULL for an unknown one. */
+const char *coda_op_name(coda_op_t op);
+
+/* Parse and verify a program. On CODA_ERR_PARSE / CODA_ERR_VERIFY the message
+ * reads "line N: problem" and *out is left NULL. */
+coda_status_t coda_program_parse(const char *text, coda_program_t **out);
+
+/* Print a program in the text form; parse(print(p)) is the same program.
+ * Writes at most cap bytes including the terminating NUL; *len (may be NULL)
+ * receives the full length needed, excluding the NUL. CODA_ERR_INVALID_ARG if
+ * the text did not fit (buf then holds a truncated, terminated prefix). */
+coda_status_t coda_program_print(const coda_program_t *p, char *buf, size_t cap, size_t *len);
+
+void coda_program_free(coda_program_t *p);
+
+/* The C builder. Build with the calls below, then coda_program_finish() runs
+ * the verifier. Builder calls return a value id (>= 0) or an argument index
+ * (>= 0); on a bad call they return -1 and the program remembers the first
+ * error, which coda_program_finish() reports. Name may be NULL (a name is then
+ * made up for printing). */
+coda_status_t coda_program_new(const char *name /* may be NULL */, coda_program_t **out);
+int coda_program_arg(coda_program_t *p, const char *name, coda_arg_kind_t kind,
+                     coda_dtype_t dtype, coda_space_t space, coda_reduce_t reduce);
+int coda_program_value(coda_program_t *p, const char *name, coda_op_t op,
+                       int src0, int src1, int src2);           /* maps; -1 unused */
+int coda_program_load(coda_program_t *p, const char *name, int arg);
+int coda_program_const(coda_program_t *p, const char *name, float value);
+int coda_program_colidx(coda_program_t *p, const char *name, coda_space_t space);
+int coda_program_store(coda_program_t *p, int arg, int value);  /* also reduce */
+int coda_program_lse(coda_program_t *p, int arg, int value, int target);
+coda_status_t coda_program_finish(coda_program_t *p);
+
+/* Introspection, for binding code and tools. */
+int coda_program_num_args(const coda_program_t *p);
+coda_status_t coda_program_arg_info(const coda_program_t *p, int index, const char **name,
+                                    coda_arg_kind_t *kind, coda_dtype_t *dtype,
+                                    coda_space_t *space, coda_reduce_t *reduce);
+/* Index of the argument called name, or -1. */
+int coda_program_find_arg(const coda_program_t *p, const char *name);
+
+/* ---------------------------------------------------------------------------
+ * 6. Fused GEMM: a GEMM whose epilogue is a program
+ *
+ * Runs C = op(A) op(B) (layouts as in coda_gemm) and then the program on every
+ * element of C. The accumulator itself is not written anywhere unless the
+ * program stores it. Each program argument is bound by name to a tensor
+ * (tiles, vectors, partials) or a scalar; every argument must be bound once.
+ * Shapes are checked against M, N, the argument's space and the tiling.
+ * ------------------------------------------------------------------------- */
+
+typedef struct coda_binding {
+    const char *name;       /* argument name in the program                */
+    coda_tensor_t tensor;   /* for tile/row/col/partials arguments         */
+    float scalar;           /* for scalar arguments                        */
+} coda_binding_t;
+
+typedef struct coda_tiling {
+    int tile_m;   /* rows per output tile;    0: backend default */
+    int tile_n;   /* columns per output tile; 0: backend default */
+} coda_tiling_t;
+
+/* The tiling a backend will use for a GEMM of this shape on this device when
+ * given {0, 0}; use it to size partial outputs before the call. */
+coda_status_t coda_choose_tiling(coda_context_t *ctx, coda_device_t device, coda_layout_t layout,
+                                 int64_t m, int64_t n, int64_t k, coda_tiling_t *tiling);
+
+coda_status_t coda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout,
+                                 const coda_tensor_t *a, const coda_tensor_t *b,
+                                 const coda_program_t *program,
+                                 const coda_binding_t *bindings, int n_bindings,
+                                 const coda_tiling_t *tiling /* NULL: default */,
+                                 void *stream);
+
+/* ---------------------------------------------------------------------------
+ * 7. Finishing steps: combine tile partials, in a fixed order, no atomics
+ * ------------------------------------------------------------------------- */
+
+/* out[i] = reduce_t partials[i][t] for t = 0..T-1 in order.
+ * partials (R, T) f32, out (R) f32. Used for row partials (R = M) and column
+ * partials (R = W). For CODA_REDUCE_SUMSQ the partials are already squared and
+ * are summed. */
+coda_status_t coda_finish_reduce(coda_context_t *ctx, coda_reduce_t op,
+                                 const coda_tensor_t *partials, coda_tensor_t *out, void *stream);
+
+/* RMSNorm's inverse root mean square from sum-of-squares partials:
+ * rstd[i] = (sum_t partials[i][t] / d + eps)^(-1/2).
+ * partials (M, T) f32, rstd (M) f32. */
+coda_status_t coda_finish_rstd(coda_context_t *ctx, const coda_tensor_t *partials, int64_t d,
+                               float eps, coda_tensor_t *rstd, void *stream);
+
+/* Cross-entropy from lse partials (M, T, 3) f32 and targets (M) i32:
+ * lse[i] = m + log(sum_t l_t exp(m_t - m)) with m = max_t m_t,
+ * loss[i] = lse[i] - sum_t p_t, or 0 where targets[i] == ignore_index.
+ * lse (M) f32, loss (M) f32. */
+coda_status_t coda_finish_lse(coda_context_t *ctx, const coda_tensor_t *partials,
+                              const coda_tensor_t *targets, int32_t ignore_index,
+                              coda_tensor_t *lse, coda_tensor_t *loss, void *stream);
+
+/* ---------------------------------------------------------------------------
+ * 8. The LLaMA layer (see src/layer and docs/layer.md)
+ * ------------------------------------------------------------------------- */
+
+/* Text of a built-in epilogue program of the LLaMA layer, by name, or NULL.
+ * Names: see coda_builtin_program_names(). */
+const char *coda_builtin_program(const char *name);
+/* NULL-terminated list of built-in program names. */
+const char *const *coda_builtin_program_names(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CODA_H */

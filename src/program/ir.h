@@ -1,0 +1,73 @@
+/* ir.h - the in-memory form of an epilogue program (not public).
+ *
+ * A program is a list of argument declarations and a list of instructions in
+ * SSA form: instruction i defines value i (statements define nothing). Source
+ * operands are value ids, i.e. indices of earlier instructions. The parser and
+ * the C builder produce it, the verifier fills in each value's shape class and
+ * column space, the printer, the CPU interpreter and the CUDA code generator
+ * read it.
+ */
+#ifndef CODA_PROGRAM_IR_H
+#define CODA_PROGRAM_IR_H
+
+#include "core/internal.h"
+
+#define CODA_NAME_MAX 32      /* identifier length, including the NUL      */
+#define CODA_MAX_ARGS 64      /* argument declarations per program          */
+#define CODA_MAX_INSTS 1024   /* instructions per program                   */
+
+/* Shape class of a value: which of (row, column) it varies along. */
+typedef enum coda_shape {
+    CODA_SHAPE_SCALAR = 0,  /* 0b00 */
+    CODA_SHAPE_ROW = 1,     /* 0b01: varies along rows (one per row)   */
+    CODA_SHAPE_COL = 2,     /* 0b10: varies along columns              */
+    CODA_SHAPE_TILE = 3     /* 0b11: both; broadcast = bitwise or      */
+} coda_shape_t;
+
+typedef struct coda_arg {
+    char name[CODA_NAME_MAX];
+    coda_arg_kind_t kind;
+    coda_dtype_t dtype;     /* tensors; f32 for partials and scalars         */
+    coda_space_t space;     /* tile/col inputs and outputs, col reductions   */
+    coda_reduce_t reduce;   /* OUT_ROWRED / OUT_COLRED                       */
+    int line;               /* source line, 0 if built in C                  */
+} coda_arg_t;
+
+typedef struct coda_inst {
+    coda_op_t op;
+    char name[CODA_NAME_MAX]; /* defined value's name ("" for statements) */
+    int src[3];               /* operand value ids, -1 if unused          */
+    int arg;                  /* LOAD / STORE / REDUCE / LSE: arg index    */
+    float imm;                /* CONST                                     */
+    coda_space_t space;       /* COLIDX: which column space to count in    */
+    int line;                 /* source line, 0 if built in C              */
+    /* Filled by the verifier, for value-defining instructions: */
+    coda_shape_t shape;
+    coda_space_t vspace;      /* column space (meaningful if shape has COL) */
+} coda_inst_t;
+
+struct coda_program {
+    char name[CODA_NAME_MAX];
+    int n_args;
+    coda_arg_t args[CODA_MAX_ARGS];
+    int n_insts;
+    coda_inst_t insts[CODA_MAX_INSTS];
+    coda_status_t error;     /* builder: first error, CODA_OK if none      */
+    char error_msg[256];
+    int verified;            /* 1 once coda_program_finish / parse passed  */
+};
+
+/* Operand count of a map op (1..3), 0 for sources, -1 for statements. */
+int coda__op_arity(coda_op_t op);
+/* Op from its text name, or -1. */
+int coda__op_from_name(const char *name);
+
+/* Verify and annotate (shape, vspace) a program; message "line N: ...". */
+coda_status_t coda__program_verify(coda_program_t *p);
+
+/* Column count of space s for a GEMM with n accumulator columns. */
+static inline int64_t coda__space_width(coda_space_t s, int64_t n) {
+    return s == CODA_SPACE_HALF ? n / 2 : s == CODA_SPACE_DOUBLE ? 2 * n : n;
+}
+
+#endif
