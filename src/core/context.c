@@ -1,0 +1,85 @@
+/* context.c - create, describe and free a context. */
+#include "core/context.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+static void default_cache_dir(char *out, size_t cap) {
+    const char *env = getenv("CODA_CACHE_DIR");
+    if (env && *env) {
+        snprintf(out, cap, "%s", env);
+        return;
+    }
+    env = getenv("XDG_CACHE_HOME");
+    if (env && *env) {
+        snprintf(out, cap, "%s/coda", env);
+        return;
+    }
+    env = getenv("HOME");
+    snprintf(out, cap, "%s/.cache/coda", env && *env ? env : "/tmp");
+}
+
+coda_status_t coda_context_create(const coda_context_options_t *opts, coda_context_t **out) {
+    if (!out) return coda__fail(CODA_ERR_INVALID_ARG, "coda_context_create: out is NULL");
+    *out = NULL;
+    if (opts && opts->cpu_threads < 0)
+        return coda__fail(CODA_ERR_INVALID_ARG, "coda_context_create: cpu_threads %d < 0",
+                          opts->cpu_threads);
+    if (opts && opts->cache_dir && strlen(opts->cache_dir) >= sizeof(((coda_context_t *)0)->cache_dir))
+        return coda__fail(CODA_ERR_INVALID_ARG, "coda_context_create: cache_dir is too long");
+    coda_context_t *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) return coda__fail(CODA_ERR_NO_MEMORY, "coda_context_create: out of memory");
+    ctx->cpu_threads = opts && opts->cpu_threads > 0 ? opts->cpu_threads : 0;
+    if (ctx->cpu_threads == 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        ctx->cpu_threads = n > 0 ? (int)(n > 64 ? 64 : n) : 1;
+    }
+    if (opts && opts->cache_dir && *opts->cache_dir)
+        snprintf(ctx->cache_dir, sizeof ctx->cache_dir, "%s", opts->cache_dir);
+    else
+        default_cache_dir(ctx->cache_dir, sizeof ctx->cache_dir);
+    *out = ctx;
+    return CODA_OK;
+}
+
+void coda_context_free(coda_context_t *ctx) {
+    if (!ctx) return;
+#ifdef CODA_WITH_CUDA
+    coda__cuda_free(ctx->cuda);
+#endif
+    free(ctx);
+}
+
+int coda_context_has_cuda(const coda_context_t *ctx) {
+#ifdef CODA_WITH_CUDA
+    struct coda_cuda *cuda;
+    return ctx && coda__cuda_get((coda_context_t *)ctx, &cuda) == CODA_OK;
+#else
+    (void)ctx;
+    return 0;
+#endif
+}
+
+coda_status_t coda_context_describe(coda_context_t *ctx, char *buf, size_t cap) {
+    if (!ctx || !buf || cap == 0)
+        return coda__fail(CODA_ERR_INVALID_ARG, "coda_context_describe: NULL context or buffer");
+    int n = snprintf(buf, cap,
+                     "coda %s\n"
+                     "build: CUDA backend %s\n"
+                     "cpu: reference backend, %d threads\n"
+                     "cache: %s\n",
+                     CODA_VERSION_STRING,
+#ifdef CODA_WITH_CUDA
+                     "compiled in (NVRTC, sm_90a)",
+#else
+                     "not built (no CUDA toolkit at build time)",
+#endif
+                     ctx->cpu_threads, ctx->cache_dir);
+    if (n < 0 || (size_t)n >= cap) return coda__fail(CODA_ERR_INVALID_ARG, "coda_context_describe: buffer too small");
+#ifdef CODA_WITH_CUDA
+    return coda__cuda_describe(ctx, buf + n, cap - (size_t)n);
+#else
+    return CODA_OK;
+#endif
+}
