@@ -379,11 +379,87 @@ coda_status_t coda_finish_lse(coda_context_t *ctx, const coda_tensor_t *partials
                               coda_tensor_t *lse, coda_tensor_t *loss, void *stream);
 
 /* ---------------------------------------------------------------------------
- * 8. The LLaMA layer (see src/layer and docs/layer.md)
+ * 8. The LLaMA layer (src/layer; docs/layer.md)
+ *
+ * One pre-norm LLaMA block, optionally followed by the final RMSNorm, the LM
+ * head and the cross-entropy loss, forward and backward, run as the GEMM-
+ * epilogue programs of DESIGN.md section 3 (attention itself is a plain
+ * causal grouped-query attention, not an epilogue program):
+ *
+ *   a  = x + Wo attn(rope(q, k), v),  (q, k, v) = RMSNorm(x; g1) Wqkv^T
+ *   y  = a + Wd (silu(gate) * up),    (gate, up) = RMSNorm(a; g2) Wgu^T
+ *   loss_i = CE(RMSNorm(y; gf) Wlm^T, target_i)          (if vocab > 0)
+ *
+ * M = batch * seq tokens, row-major (token i is position i % seq of sequence
+ * i / seq). RoPE uses rotate-half pairs (i, i + head_dim/2) and angle
+ * pos * theta^(-2i/head_dim), as in LLaMA / PyTorch reference code.
  * ------------------------------------------------------------------------- */
 
-/* Text of a built-in epilogue program of the LLaMA layer, by name, or NULL.
- * Names: see coda_builtin_program_names(). */
+typedef struct coda_llama_config {
+    int64_t d;           /* hidden size                                   */
+    int64_t n_heads;     /* query heads                                   */
+    int64_t n_kv_heads;  /* key/value heads; divides n_heads (GQA)        */
+    int64_t head_dim;    /* even                                          */
+    int64_t ffn;         /* I, the FFN width                              */
+    int64_t vocab;       /* LM-head rows; 0: no LM head and no loss       */
+    float eps;           /* RMSNorm epsilon, e.g. 1e-5                    */
+    float rope_theta;    /* RoPE base, e.g. 500000                        */
+} coda_llama_config_t;
+
+/* Weights in coda's layout, all bf16 on the layer's device. Gradients use the
+ * same struct with f32 (or bf16) tensors of the same shapes. nq = n_heads *
+ * head_dim, nkv = n_kv_heads * head_dim. */
+typedef struct coda_llama_weights {
+    coda_tensor_t g1;    /* (d)              attention RMSNorm weight          */
+    coda_tensor_t wqkv;  /* (nq + 2 nkv, d)  q, k, v rows; within each q and k
+                                             head, row i and i + head_dim/2 are
+                                             moved to 2i and 2i+1 (pack_qkv)   */
+    coda_tensor_t wo;    /* (d, nq)          output projection                 */
+    coda_tensor_t g2;    /* (d)              FFN RMSNorm weight                */
+    coda_tensor_t wgu;   /* (2 ffn, d)       row 2j = gate j, 2j+1 = up j      */
+    coda_tensor_t wd;    /* (d, ffn)         down projection                   */
+    coda_tensor_t gf;    /* (d)              final RMSNorm weight (vocab > 0)  */
+    coda_tensor_t wlm;   /* (vocab, d)       LM head (vocab > 0)               */
+} coda_llama_weights_t;
+
+/* From PyTorch's layout (wq (nq, d), wk (nkv, d), wv (nkv, d)) to coda's wqkv,
+ * and back (for gradients). CPU tensors, bf16 or f32, same dtype throughout. */
+coda_status_t coda_llama_pack_qkv(const coda_llama_config_t *cfg, const coda_tensor_t *wq,
+                                  const coda_tensor_t *wk, const coda_tensor_t *wv,
+                                  coda_tensor_t *wqkv);
+coda_status_t coda_llama_unpack_qkv(const coda_llama_config_t *cfg, const coda_tensor_t *wqkv,
+                                    coda_tensor_t *wq, coda_tensor_t *wk, coda_tensor_t *wv);
+/* w_gate (ffn, d), w_up (ffn, d)  <->  wgu (2 ffn, d). */
+coda_status_t coda_llama_pack_gate_up(const coda_llama_config_t *cfg, const coda_tensor_t *w_gate,
+                                      const coda_tensor_t *w_up, coda_tensor_t *wgu);
+coda_status_t coda_llama_unpack_gate_up(const coda_llama_config_t *cfg, const coda_tensor_t *wgu,
+                                        coda_tensor_t *w_gate, coda_tensor_t *w_up);
+
+/* A layer instance: configuration, batch shape, device, and the activations
+ * the forward pass saves for the backward pass. */
+typedef struct coda_llama coda_llama_t;
+
+coda_status_t coda_llama_create(coda_context_t *ctx, const coda_llama_config_t *cfg,
+                                int64_t batch, int64_t seq, coda_device_t device,
+                                coda_llama_t **out);
+void coda_llama_free(coda_llama_t *layer);
+
+/* Forward. x (M, d) bf16 the layer input; y (M, d) bf16 the layer output.
+ * If cfg->vocab > 0 and targets != NULL: targets (M) i32 (ignore_index -100
+ * gives loss 0) and loss (M) f32 receives the per-token loss. */
+coda_status_t coda_llama_forward(coda_llama_t *layer, const coda_llama_weights_t *w,
+                                 const coda_tensor_t *x, const coda_tensor_t *targets,
+                                 coda_tensor_t *y, coda_tensor_t *loss, void *stream);
+
+/* Backward of  L = loss_scale * sum_i loss_i + sum_ij dy_ij y_ij  (either
+ * term may be absent: dy == NULL, or no loss in the forward pass), using the
+ * activations saved by the last forward call. dx (M, d) bf16 receives dL/dx;
+ * grads (may be NULL) receives dL/dW for every weight, in coda's layout. */
+coda_status_t coda_llama_backward(coda_llama_t *layer, const coda_llama_weights_t *w,
+                                  const coda_tensor_t *dy, float loss_scale, coda_tensor_t *dx,
+                                  coda_llama_weights_t *grads, void *stream);
+
+/* Text of a built-in epilogue program of the layer, by name, or NULL. */
 const char *coda_builtin_program(const char *name);
 /* NULL-terminated list of built-in program names. */
 const char *const *coda_builtin_program_names(void);
