@@ -76,8 +76,9 @@ $(BUILD)/libcoda.a: $(LIB_OBJ)
 $(BUILD)/libcoda.so: $(LIB_OBJ)
 	$(CC) -shared -o $@ $^ $(LDLIBS)
 
-$(BUILD)/coda: tools/coda.c $(BUILD)/libcoda.a
-	$(CC) $(CPPFLAGS) $(CFLAGS) -o $@ $< $(BUILD)/libcoda.a $(LDLIBS)
+CLI_SRC := tools/coda.c $(wildcard tools/cli_*.c)
+$(BUILD)/coda: $(CLI_SRC) $(wildcard tools/*.h) $(BUILD)/libcoda.a
+	$(CC) $(CPPFLAGS) -Itools $(CFLAGS) -o $@ $(CLI_SRC) $(BUILD)/libcoda.a $(LDLIBS)
 
 $(BUILD)/tests/%: tests/%.c tests/harness.h $(BUILD)/libcoda.a
 	@mkdir -p $(dir $@)
