@@ -290,7 +290,8 @@ coda_status_t coda_program_parse(const char *text, coda_program_t **out);
 /* Print a program in the text form; parse(print(p)) is the same program.
  * Writes at most cap bytes including the terminating NUL; *len (may be NULL)
  * receives the full length needed, excluding the NUL. CODA_ERR_INVALID_ARG if
- * the text did not fit (buf then holds a truncated, terminated prefix). */
+ * the text did not fit (buf then holds a truncated, terminated prefix).
+ * buf == NULL with cap == 0 is a size query: CODA_OK, only *len is set. */
 coda_status_t coda_program_print(const coda_program_t *p, char *buf, size_t cap, size_t *len);
 
 void coda_program_free(coda_program_t *p);
