@@ -22,7 +22,7 @@ else
 WITH_CUDA ?= 0
 endif
 
-LIB_SRC := $(wildcard src/core/*.c src/program/*.c src/cpu/*.c src/layer/*.c)
+LIB_SRC := $(wildcard src/core/*.c src/program/*.c src/codegen/*.c src/cpu/*.c src/layer/*.c)
 ifeq ($(WITH_CUDA),1)
 LIB_SRC  += $(wildcard src/cuda/*.c)
 CPPFLAGS += -DCODA_WITH_CUDA=1 -I$(CUDA_HOME)/include -I$(BUILD)/gen
