@@ -1,0 +1,45 @@
+/* llama.h - internals of the LLaMA layer shared by src/layer files (not public).
+ *
+ * llama.c runs the layer through the public GEMM machinery (coda_gemm,
+ * coda_gemm_epilogue with the built-in programs of programs.c, coda_finish_*).
+ * The few steps that are not GEMMs live in llama_cpu.c as plain CPU loops;
+ * each is marked where a GPU kernel goes. */
+#ifndef CODA_LAYER_LLAMA_H
+#define CODA_LAYER_LLAMA_H
+
+#include "core/internal.h"
+
+/* Checks a configuration: positive extents, even head_dim, n_kv_heads divides
+ * n_heads, vocab >= 0, finite eps > 0 and rope_theta > 0. `fn` names the
+ * public call in the message. */
+coda_status_t coda__llama_check_config(const coda_llama_config_t *cfg, const char *fn);
+
+/* ---- CPU steps that are not GEMMs (llama_cpu.c). Arguments are checked. ---- */
+
+/* RMSNorm prologue of the first GEMM: xg = x * g (bf16) and ss[i] = sum_j
+ * x_ij^2 (the sum-of-squares partials of a single column tile).
+ *   x (M, d) bf16, g (d) bf16, xg (M, d) bf16, ss (M, 1) f32. */
+void coda__llama_norm_prologue(const coda_tensor_t *x, const coda_tensor_t *g, coda_tensor_t *xg,
+                               coda_tensor_t *ss);
+
+/* RoPE table: pos (M) f32 = i % seq; freq (N/2) f32 per column pair of the
+ * packed qkv columns: theta^(-2i/head_dim) for pair i of a q or k head, 0 for
+ * v. */
+void coda__llama_rope_tables(const coda_llama_config_t *cfg, int64_t batch, int64_t seq,
+                             float *pos, float *freq);
+
+/* RoPE backward and the QKV RMSNorm statistic: dz = R^T dy per column pair
+ * (R the forward rotation by pos_i * freq_j), and s[i] = sum_j y_ij dy_ij
+ * (= sum z dz, R being a rotation).
+ *   dy (M, N) f32 from the attention backward, y (M, N) bf16 the forward qkv,
+ *   pos (M), freq (N/2) f32, dz (M, N) bf16, s (M) f32. */
+void coda__llama_rope_backward(const coda_tensor_t *dy, const coda_tensor_t *y, const float *pos,
+                               const float *freq, coda_tensor_t *dz, float *s);
+
+/* out (n) = in (n) f32, converted to out's dtype (bf16 or f32). */
+void coda__llama_copy_vec(const float *in, coda_tensor_t *out);
+
+/* Copy a 2-D tensor (same dtype, same extents, any strides). */
+void coda__llama_copy_2d(const coda_tensor_t *src, coda_tensor_t *dst);
+
+#endif
