@@ -1,0 +1,133 @@
+/* backend.h - the CUDA backend's internal interface (src/cuda only, and tests).
+ *
+ * The driver is opened with dlopen("libcuda.so.1"), so the library loads on
+ * machines without one; cuda.h is used for its types only. Kernels are CUDA C
+ * compiled at run time by NVRTC (nvrtc.c) for sm_90a and cached as cubins on
+ * disk and per device in memory. */
+#ifndef CODA_CUDA_BACKEND_H
+#define CODA_CUDA_BACKEND_H
+
+#include "core/context.h"
+
+#include <cuda.h>
+
+#define CODA_CUDA_MAX_DEVICES 16
+
+/* A compiled and loaded kernel, cached per device by key. */
+typedef struct coda_cuda_kernel {
+    uint64_t key[2];
+    CUmodule module;
+    CUfunction fn;
+    struct coda_cuda_kernel *next;
+} coda_cuda_kernel_t;
+
+typedef struct coda_cuda_device {
+    int opened;            /* primary context retained, properties read */
+    CUdevice dev;
+    CUcontext pctx;        /* the device's primary context (shared with PyTorch) */
+    int sm_count;
+    int smem_optin;        /* max dynamic shared memory per block, bytes */
+    int cc_major, cc_minor;
+    char name[128];
+    coda_cuda_kernel_t *kernels;
+} coda_cuda_device_t;
+
+/* Driver entry points, by their ABI symbol names (cuda.h maps some to _v2). */
+typedef struct coda_cuda_api {
+    CUresult (*Init)(unsigned int);
+    CUresult (*DriverGetVersion)(int *);
+    CUresult (*DeviceGetCount)(int *);
+    CUresult (*DeviceGet)(CUdevice *, int);
+    CUresult (*DeviceGetName)(char *, int, CUdevice);
+    CUresult (*DeviceGetAttribute)(int *, CUdevice_attribute, CUdevice);
+    CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+    CUresult (*DevicePrimaryCtxRelease)(CUdevice);
+    CUresult (*CtxPushCurrent)(CUcontext);
+    CUresult (*CtxPopCurrent)(CUcontext *);
+    CUresult (*ModuleLoadData)(CUmodule *, const void *);
+    CUresult (*ModuleUnload)(CUmodule);
+    CUresult (*ModuleGetFunction)(CUfunction *, CUmodule, const char *);
+    CUresult (*FuncSetAttribute)(CUfunction, CUfunction_attribute, int);
+    CUresult (*LaunchKernelEx)(const CUlaunchConfig *, CUfunction, void **, void **);
+    CUresult (*TensorMapEncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+                                     const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
+                                     const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                     CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    CUresult (*PointerGetAttribute)(void *, CUpointer_attribute, CUdeviceptr);
+    CUresult (*GetErrorString)(CUresult, const char **);
+    CUresult (*GetErrorName)(CUresult, const char **);
+} coda_cuda_api_t;
+
+struct coda_cuda {
+    void *lib;              /* dlopen handle of libcuda.so.1 */
+    coda_cuda_api_t cu;
+    int driver_version;
+    int device_count;
+    coda_cuda_device_t devices[CODA_CUDA_MAX_DEVICES];
+};
+
+/* driver.c: fail with CODA_ERR_DEVICE and the driver's error name and text. */
+coda_status_t coda__cu_fail(struct coda_cuda *cuda, CUresult r, const char *what);
+#define CODA_CU(cuda, call, what)                                           \
+    do {                                                                    \
+        CUresult coda__r = (call);                                          \
+        if (coda__r != CUDA_SUCCESS) return coda__cu_fail((cuda), coda__r, (what)); \
+    } while (0)
+
+/* Open device `index` (retain its primary context, read its properties);
+ * CODA_ERR_DEVICE if it does not exist or is not compute capability 9.0. */
+coda_status_t coda__cuda_device(coda_context_t *ctx, int index, coda_cuda_device_t **out);
+
+/* nvrtc.c: compile CUDA C `src` for sm_90a with `opts` (n_opts strings) to a
+ * cubin; the caller frees *cubin. Needs no GPU. On failure the message holds
+ * the head of the compile log. */
+coda_status_t coda__nvrtc_compile(const char *src, const char *const *opts, int n_opts,
+                                  char **cubin, size_t *size);
+/* Hash of source, options and the NVRTC version: the cache key. */
+void coda__nvrtc_key(const char *src, const char *const *opts, int n_opts, uint64_t key[2]);
+/* Compile (or find in the memory or disk cache) and load `src`; return the
+ * kernel named `entry` on device d. The caller has d's context current. */
+coda_status_t coda__cuda_kernel(coda_context_t *ctx, coda_cuda_device_t *d, const char *src,
+                                const char *const *opts, int n_opts, const char *entry,
+                                CUfunction *fn);
+
+/* Embedded kernel source by file name (build/gen/kernels.c), or NULL. */
+const char *coda__cuda_source(const char *name);
+
+/* ---- gemm.c: the GEMM mainloop with a spliced-in epilogue (docs/gpu.md) ---- */
+
+/* A tile configuration of the kernel; each is one NVRTC compilation per
+ * layout and epilogue. */
+typedef struct coda_cuda_gemm_cfg {
+    int bm, bn, bk;   /* block tile; bm is 128 (two consumer warpgroups of 64 rows) */
+    int stages;       /* shared-memory pipeline depth */
+    int cluster_m;    /* CTAs per cluster along M (1 or 2); B tile multicast */
+} coda_cuda_gemm_cfg_t;
+
+#define CODA_CUDA_GEMM_NCFG 2
+extern const coda_cuda_gemm_cfg_t coda__cuda_gemm_cfgs[CODA_CUDA_GEMM_NCFG];
+
+/* Pick the configuration for a problem (index into coda__cuda_gemm_cfgs). */
+int coda__cuda_gemm_pick(int64_t m, int64_t n, int64_t k, int sm_count);
+
+/* The full kernel source for an epilogue: prelude + epilogue + mainloop,
+ * and the NVRTC options for a layout and config. Returns a malloc'd string;
+ * opts[] point into static storage or into optbuf (>= 512 bytes). */
+char *coda__cuda_gemm_source(const char *epilogue_src);
+int coda__cuda_gemm_options(coda_layout_t layout, const coda_cuda_gemm_cfg_t *cfg,
+                            const char **opts, char *optbuf, size_t optcap);
+
+/* Run the GEMM with an epilogue: the epilogue source defines struct
+ * coda_epi_params (docs/gpu.md) and `params` (params_size bytes) is passed to
+ * the kernel by value. A, B are validated CUDA tensors; m, n, k the extents. */
+coda_status_t coda__cuda_gemm_run(coda_context_t *ctx, coda_layout_t layout,
+                                  const coda_tensor_t *a, const coda_tensor_t *b,
+                                  const char *epilogue_src, const void *params,
+                                  size_t params_size, int cfg_index, void *stream);
+
+/* Check A and B for the GPU copy engine: bf16, 16-byte aligned base, row
+ * stride a multiple of 16 bytes, K a multiple of 8. */
+coda_status_t coda__cuda_check_operands(coda_layout_t layout, const coda_tensor_t *a,
+                                        const coda_tensor_t *b);
+
+#endif

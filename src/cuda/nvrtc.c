@@ -1,0 +1,175 @@
+/* nvrtc.c - run-time compilation of kernel source to sm_90a cubins, cached.
+ *
+ * Lookup order: the device's in-memory list, then <cache_dir>/<key>.cubin,
+ * then NVRTC (and the result is written to the disk cache, atomically, by
+ * rename). The key hashes the source, the options and the NVRTC version, so
+ * a new toolkit or a changed kernel never picks up a stale cubin. */
+#include "cuda/backend.h"
+
+#include <errno.h>
+#include <nvrtc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+extern const struct { const char *name; const char *text; } coda_embedded_sources[];
+
+const char *coda__cuda_source(const char *name) {
+    for (int i = 0; coda_embedded_sources[i].name; i++)
+        if (strcmp(coda_embedded_sources[i].name, name) == 0) return coda_embedded_sources[i].text;
+    return NULL;
+}
+
+/* FNV-1a, 64 bit, continued from h. Two different seeds give a 128-bit key. */
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+    const unsigned char *s = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 0x100000001b3ull;
+    return h;
+}
+
+void coda__nvrtc_key(const char *src, const char *const *opts, int n_opts, uint64_t key[2]) {
+    int major = 0, minor = 0;
+    nvrtcVersion(&major, &minor);
+    uint64_t seeds[2] = {0xcbf29ce484222325ull, 0x84222325cbf29ce4ull};
+    for (int s = 0; s < 2; s++) {
+        uint64_t h = seeds[s];
+        h = fnv(h, src, strlen(src) + 1);
+        for (int i = 0; i < n_opts; i++) h = fnv(h, opts[i], strlen(opts[i]) + 1);
+        h = fnv(h, &major, sizeof major);
+        h = fnv(h, &minor, sizeof minor);
+        key[s] = h;
+    }
+}
+
+coda_status_t coda__nvrtc_compile(const char *src, const char *const *opts, int n_opts,
+                                  char **cubin, size_t *size) {
+    *cubin = NULL;
+    *size = 0;
+    nvrtcProgram prog;
+    nvrtcResult r = nvrtcCreateProgram(&prog, src, "coda_kernel.cu", 0, NULL, NULL);
+    if (r != NVRTC_SUCCESS)
+        return coda__fail(CODA_ERR_COMPILE, "nvrtcCreateProgram: %s", nvrtcGetErrorString(r));
+    r = nvrtcCompileProgram(prog, n_opts, opts);
+    if (r != NVRTC_SUCCESS) {
+        size_t n = 0;
+        char log[1536] = "";
+        if (nvrtcGetProgramLogSize(prog, &n) == NVRTC_SUCCESS && n > 1) {
+            char *full = malloc(n);
+            if (full && nvrtcGetProgramLog(prog, full) == NVRTC_SUCCESS)
+                snprintf(log, sizeof log, "%s", full);
+            free(full);
+        }
+        nvrtcDestroyProgram(&prog);
+        return coda__fail(CODA_ERR_COMPILE, "NVRTC failed (%s): %s", nvrtcGetErrorString(r), log);
+    }
+    size_t n = 0;
+    r = nvrtcGetCUBINSize(prog, &n);
+    char *out = r == NVRTC_SUCCESS ? malloc(n) : NULL;
+    if (out) r = nvrtcGetCUBIN(prog, out);
+    nvrtcDestroyProgram(&prog);
+    if (r != NVRTC_SUCCESS || !out) {
+        free(out);
+        return r != NVRTC_SUCCESS
+                   ? coda__fail(CODA_ERR_COMPILE, "nvrtcGetCUBIN: %s", nvrtcGetErrorString(r))
+                   : coda__fail(CODA_ERR_NO_MEMORY, "NVRTC: out of memory for the cubin");
+    }
+    *cubin = out;
+    *size = n;
+    return CODA_OK;
+}
+
+/* mkdir -p; failure is not an error (the cache is an optimisation). */
+static void make_dirs(const char *path) {
+    char tmp[1024];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        mkdir(tmp, 0755);
+        *p = '/';
+    }
+    mkdir(tmp, 0755);
+}
+
+static char *read_file(const char *path, size_t *size) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    long n = -1;
+    if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
+    if (n > 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n)) &&
+        fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (buf) *size = (size_t)n;
+    return buf;
+}
+
+static void write_file_atomic(const char *path, const char *data, size_t size) {
+    char tmp[1100];
+    snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return;
+    int ok = fwrite(data, 1, size, f) == size;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok || rename(tmp, path) != 0) unlink(tmp);
+}
+
+coda_status_t coda__cuda_kernel(coda_context_t *ctx, coda_cuda_device_t *d, const char *src,
+                                const char *const *opts, int n_opts, const char *entry,
+                                CUfunction *fn) {
+    struct coda_cuda *c = ctx->cuda;
+    uint64_t key[2];
+    coda__nvrtc_key(src, opts, n_opts, key);
+    for (coda_cuda_kernel_t *k = d->kernels; k; k = k->next) {
+        if (k->key[0] == key[0] && k->key[1] == key[1]) {
+            *fn = k->fn;
+            return CODA_OK;
+        }
+    }
+    char path[1100] = "";
+    if (ctx->cache_dir[0])
+        snprintf(path, sizeof path, "%s/%016llx%016llx.cubin", ctx->cache_dir,
+                 (unsigned long long)key[0], (unsigned long long)key[1]);
+    size_t size = 0;
+    char *cubin = path[0] ? read_file(path, &size) : NULL;
+    CUmodule mod = NULL;
+    if (cubin && c->cu.ModuleLoadData(&mod, cubin) != CUDA_SUCCESS) {
+        /* a damaged or foreign cache file: recompile */
+        mod = NULL;
+        free(cubin);
+        cubin = NULL;
+    }
+    if (!mod) {
+        CODA_TRY(coda__nvrtc_compile(src, opts, n_opts, &cubin, &size));
+        CUresult r = c->cu.ModuleLoadData(&mod, cubin);
+        if (r != CUDA_SUCCESS) {
+            free(cubin);
+            return coda__cu_fail(c, r, "cuModuleLoadData");
+        }
+        if (path[0]) {
+            make_dirs(ctx->cache_dir);
+            write_file_atomic(path, cubin, size);
+        }
+    }
+    free(cubin);
+    CUfunction f;
+    CUresult r = c->cu.ModuleGetFunction(&f, mod, entry);
+    coda_cuda_kernel_t *k = r == CUDA_SUCCESS ? calloc(1, sizeof *k) : NULL;
+    if (!k) {
+        c->cu.ModuleUnload(mod);
+        return r != CUDA_SUCCESS ? coda__cu_fail(c, r, "cuModuleGetFunction")
+                                 : coda__fail(CODA_ERR_NO_MEMORY, "CUDA backend: out of memory");
+    }
+    k->key[0] = key[0];
+    k->key[1] = key[1];
+    k->module = mod;
+    k->fn = f;
+    k->next = d->kernels;
+    d->kernels = k;
+    *fn = f;
+    return CODA_OK;
+}
