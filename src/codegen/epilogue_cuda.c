@@ -1,0 +1,448 @@
+/* epilogue_cuda.c - generate CUDA C for an epilogue program (see codegen.h).
+ *
+ * Every value of the program becomes 1, 2 or 4 float registers per
+ * accumulator pair (its space: half, full, double); values that do not vary
+ * along columns (scalars, row values) are one register, broadcast. The
+ * generated code is straight-line: the kernel unrolls its fragment loops, so
+ * the slot indices are constants and the reduction state stays in registers.
+ */
+#include "codegen/codegen.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* ---- a growable string ---- */
+
+typedef struct sb {
+    char *buf;
+    size_t len, cap;
+    int oom;
+} sb_t;
+
+static void sb_printf(sb_t *b, const char *fmt, ...) CODA_PRINTF(2, 3);
+static void sb_printf(sb_t *b, const char *fmt, ...) {
+    if (b->oom) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->buf ? b->buf + b->len : NULL, b->buf ? b->cap - b->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->oom = 1;
+            return;
+        }
+        if (b->buf && b->len + (size_t)n < b->cap) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = b->cap ? b->cap * 2 : 8192;
+        while (cap < b->len + (size_t)n + 1) cap *= 2;
+        char *nb = realloc(b->buf, cap);
+        if (!nb) {
+            b->oom = 1;
+            return;
+        }
+        b->buf = nb;
+        b->cap = cap;
+    }
+}
+
+/* ---- value geometry ---- */
+
+static int varies(const coda_inst_t *in) { return (in->shape & CODA_SHAPE_COL) != 0; }
+
+/* Elements of a space per accumulator pair. */
+static int space_width(coda_space_t s) { return s == CODA_SPACE_HALF ? 1 : s == CODA_SPACE_FULL ? 2 : 4; }
+
+static int value_width(const coda_inst_t *in) { return varies(in) ? space_width(in->vspace) : 1; }
+
+/* Name of element e of value v (broadcast if v does not vary along columns). */
+static const char *el(const coda_program_t *p, int v, int e, char *buf, size_t cap) {
+    snprintf(buf, cap, "v%d_%d", v, varies(&p->insts[v]) ? e : 0);
+    return buf;
+}
+
+/* Is element e of a value in space s inside the matrix? Pairs are only run for
+ * col < N; the second accumulator column may fall off the edge when N is odd. */
+static const char *elem_ok(coda_space_t s, int e) {
+    if (s == CODA_SPACE_HALF) return "1";
+    if (s == CODA_SPACE_FULL) return e == 0 ? "1" : "ok1";
+    return e < 2 ? "1" : "ok1";
+}
+
+/* Column index of element e of space s, as C text. */
+static void elem_col(coda_space_t s, int e, char *buf, size_t cap) {
+    if (s == CODA_SPACE_HALF) snprintf(buf, cap, "(col >> 1)");
+    else if (s == CODA_SPACE_FULL) snprintf(buf, cap, "(col + %d)", e);
+    else snprintf(buf, cap, "(2 * col + %d)", e);
+}
+
+/* C text that reads element at index expression `idx` of argument k as float. */
+static void load_text(const coda_arg_t *a, int k, const char *idx, char *buf, size_t cap) {
+    switch (a->dtype) {
+    case CODA_BF16:
+        snprintf(buf, cap, "coda_bf16_to_f32(((const unsigned short *)P->ptr[%d])[%s])", k, idx);
+        break;
+    case CODA_I32: snprintf(buf, cap, "(float)(((const int *)P->ptr[%d])[%s])", k, idx); break;
+    default: snprintf(buf, cap, "((const float *)P->ptr[%d])[%s]", k, idx); break;
+    }
+}
+
+static const char *map_fn(coda_op_t op) {
+    switch (op) {
+    case CODA_OP_NEG: return "(-%s)";
+    case CODA_OP_ABS: return "fabsf(%s)";
+    case CODA_OP_EXP: return "expf(%s)";
+    case CODA_OP_LOG: return "logf(%s)";
+    case CODA_OP_SQRT: return "sqrtf(%s)";
+    case CODA_OP_RSQRT: return "(1.0f / sqrtf(%s))";
+    case CODA_OP_RECIP: return "(1.0f / %s)";
+    case CODA_OP_SIN: return "sinf(%s)";
+    case CODA_OP_COS: return "cosf(%s)";
+    case CODA_OP_TANH: return "tanhf(%s)";
+    case CODA_OP_SIGMOID: return "coda_sigmoid(%s)";
+    case CODA_OP_SILU: return "coda_silu(%s)";
+    case CODA_OP_DSILU: return "coda_dsilu(%s)";
+    case CODA_OP_SQUARE: return "coda_square(%s)";
+    case CODA_OP_ROUND_BF16: return "coda_round_bf16(%s)";
+    case CODA_OP_ADD: return "(%s + %s)";
+    case CODA_OP_SUB: return "(%s - %s)";
+    case CODA_OP_MUL: return "(%s * %s)";
+    case CODA_OP_DIV: return "(%s / %s)";
+    case CODA_OP_MAX: return "fmaxf(%s, %s)";
+    case CODA_OP_MIN: return "fminf(%s, %s)";
+    case CODA_OP_POW: return "powf(%s, %s)";
+    case CODA_OP_EQ: return "(%s == %s ? 1.0f : 0.0f)";
+    case CODA_OP_LT: return "(%s < %s ? 1.0f : 0.0f)";
+    case CODA_OP_MOD: return "fmodf(%s, %s)";
+    case CODA_OP_FMA: return "fmaf(%s, %s, %s)";
+    case CODA_OP_SELECT: return "(%s != 0.0f ? %s : %s)";
+    default: return NULL;
+    }
+}
+
+static const char *PRELUDE =
+    "/* ---- coda epilogue prelude ---- */\n"
+    "#ifndef CODA_EPI_PRELUDE\n"
+    "#define CODA_EPI_PRELUDE\n"
+    "typedef struct coda_epi_params {\n"
+    "    unsigned long long ptr[16];\n"
+    "    long long s0[16];\n"
+    "    long long s1[16];\n"
+    "    float scalar[16];\n"
+    "    int m, n;\n"
+    "} coda_epi_params;\n"
+    "static __device__ __forceinline__ float coda_bf16_to_f32(unsigned short h) {\n"
+    "    return __uint_as_float(((unsigned)h) << 16);\n"
+    "}\n"
+    "/* round to nearest even; NaN stays NaN (as the CPU backend) */\n"
+    "static __device__ __forceinline__ unsigned short coda_f32_to_bf16(float f) {\n"
+    "    unsigned u = __float_as_uint(f);\n"
+    "    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);\n"
+    "    u += 0x7fffu + ((u >> 16) & 1u);\n"
+    "    return (unsigned short)(u >> 16);\n"
+    "}\n"
+    "static __device__ __forceinline__ float coda_round_bf16(float f) {\n"
+    "    return coda_bf16_to_f32(coda_f32_to_bf16(f));\n"
+    "}\n"
+    "static __device__ __forceinline__ float coda_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }\n"
+    "static __device__ __forceinline__ float coda_silu(float x) { return x / (1.0f + expf(-x)); }\n"
+    "static __device__ __forceinline__ float coda_dsilu(float x) {\n"
+    "    float s = coda_sigmoid(x);\n"
+    "    return s * (1.0f + x * (1.0f - s));\n"
+    "}\n"
+    "static __device__ __forceinline__ float coda_square(float x) { return x * x; }\n"
+    "#define CODA_NEG_INF __int_as_float(0xff800000)\n"
+    "/* online log-sum-exp: fold element v into (m, l) */\n"
+    "static __device__ __forceinline__ void coda_lse_add(float *m, float *l, float v) {\n"
+    "    if (v > *m) {\n"
+    "        *l = (*m == CODA_NEG_INF ? 0.0f : *l * expf(*m - v)) + 1.0f;\n"
+    "        *m = v;\n"
+    "    } else {\n"
+    "        *l += expf(v - *m);\n"
+    "    }\n"
+    "}\n"
+    "/* merge state (m2, l2) into (m, l) */\n"
+    "static __device__ __forceinline__ void coda_lse_merge(float *m, float *l, float m2, float l2) {\n"
+    "    float mn = fmaxf(*m, m2);\n"
+    "    if (mn == CODA_NEG_INF) return;\n"
+    "    float a = *m == CODA_NEG_INF ? 0.0f : *l * expf(*m - mn);\n"
+    "    float b = m2 == CODA_NEG_INF ? 0.0f : l2 * expf(m2 - mn);\n"
+    "    *l = a + b;\n"
+    "    *m = mn;\n"
+    "}\n"
+    "#endif\n";
+
+static const char *red_init(coda_reduce_t r) { return r == CODA_REDUCE_MAX ? "CODA_NEG_INF" : "0.0f"; }
+
+/* "x = x OP y" for a reduction. */
+static void red_fold(sb_t *b, coda_reduce_t r, const char *x, const char *y) {
+    if (r == CODA_REDUCE_MAX) sb_printf(b, "%s = fmaxf(%s, %s);", x, x, y);
+    else sb_printf(b, "%s = %s + %s;", x, x, y);
+}
+
+/* ---- the three functions ---- */
+
+static void gen_state(sb_t *b, const coda_program_t *p) {
+    sb_printf(b, "typedef struct coda_epi_state {\n    int unused_;\n");
+    for (int k = 0; k < p->n_args; k++) {
+        const coda_arg_t *a = &p->args[k];
+        if (a->kind == CODA_OUT_ROWRED)
+            sb_printf(b, "    float r%d[CODA_EPI_ROW_SLOTS];  /* %s: row partials */\n", k, a->name);
+        else if (a->kind == CODA_OUT_LSE)
+            sb_printf(b, "    float lm%d[CODA_EPI_ROW_SLOTS], ll%d[CODA_EPI_ROW_SLOTS], lp%d[CODA_EPI_ROW_SLOTS]; /* %s */\n",
+                      k, k, k, a->name);
+        else if (a->kind == CODA_OUT_COLRED)
+            sb_printf(b, "    float c%d[CODA_EPI_COL_SLOTS * %d];  /* %s: column partials */\n", k,
+                      space_width(a->space), a->name);
+    }
+    sb_printf(b, "} coda_epi_state;\n\n");
+
+    sb_printf(b, "static __device__ __forceinline__ void coda_epi_begin(coda_epi_state *S) {\n");
+    for (int k = 0; k < p->n_args; k++) {
+        const coda_arg_t *a = &p->args[k];
+        if (a->kind == CODA_OUT_ROWRED)
+            sb_printf(b, "#pragma unroll\n    for (int i = 0; i < CODA_EPI_ROW_SLOTS; i++) S->r%d[i] = %s;\n", k,
+                      red_init(a->reduce));
+        else if (a->kind == CODA_OUT_LSE)
+            sb_printf(b,
+                      "#pragma unroll\n    for (int i = 0; i < CODA_EPI_ROW_SLOTS; i++) {\n"
+                      "        S->lm%d[i] = CODA_NEG_INF; S->ll%d[i] = 0.0f; S->lp%d[i] = 0.0f;\n    }\n",
+                      k, k, k);
+        else if (a->kind == CODA_OUT_COLRED)
+            sb_printf(b, "#pragma unroll\n    for (int i = 0; i < CODA_EPI_COL_SLOTS * %d; i++) S->c%d[i] = %s;\n",
+                      space_width(a->space), k, red_init(a->reduce));
+    }
+    sb_printf(b, "    (void)S;\n}\n\n");
+}
+
+static coda_status_t gen_pair(sb_t *b, const coda_program_t *p) {
+    char e0[48], e1[48], e2[48], idx[160], ld[256], col[48];
+    sb_printf(b,
+              "static __device__ __forceinline__ void coda_epi_pair(const coda_epi_params *P, coda_epi_state *S,\n"
+              "        int rs, int cs, int row, int col, float a0, float a1) {\n"
+              "    if (row >= P->m || col >= P->n) return;\n"
+              "    const int ok1 = col + 1 < P->n;\n"
+              "    const long long r = row;\n"
+              "    (void)S; (void)rs; (void)cs; (void)ok1; (void)r;\n");
+    for (int i = 0; i < p->n_insts; i++) {
+        const coda_inst_t *in = &p->insts[i];
+        int w = value_width(in);
+        switch (in->op) {
+        case CODA_OP_ACC:
+            sb_printf(b, "    float v%d_0 = a0, v%d_1 = a1;\n", i, i);
+            break;
+        case CODA_OP_CONST:
+            sb_printf(b, "    const float v%d_0 = %.9ef;\n", i, (double)in->imm);
+            break;
+        case CODA_OP_ROWIDX:
+            sb_printf(b, "    const float v%d_0 = (float)row;\n", i);
+            break;
+        case CODA_OP_COLIDX:
+            for (int e = 0; e < w; e++) {
+                elem_col(in->vspace, e, col, sizeof col);
+                sb_printf(b, "    const float v%d_%d = (float)%s;\n", i, e, col);
+            }
+            break;
+        case CODA_OP_LOAD: {
+            const coda_arg_t *a = &p->args[in->arg];
+            if (a->kind == CODA_IN_SCALAR) {
+                sb_printf(b, "    const float v%d_0 = P->scalar[%d];\n", i, in->arg);
+            } else if (a->kind == CODA_IN_ROW) {
+                snprintf(idx, sizeof idx, "r * P->s0[%d]", in->arg);
+                load_text(a, in->arg, idx, ld, sizeof ld);
+                sb_printf(b, "    const float v%d_0 = %s;\n", i, ld);
+            } else {
+                for (int e = 0; e < w; e++) {
+                    elem_col(in->vspace, e, col, sizeof col);
+                    if (a->kind == CODA_IN_TILE) snprintf(idx, sizeof idx, "r * P->s0[%d] + %s", in->arg, col);
+                    else snprintf(idx, sizeof idx, "(long long)%s * P->s0[%d]", col, in->arg);
+                    load_text(a, in->arg, idx, ld, sizeof ld);
+                    sb_printf(b, "    const float v%d_%d = %s ? %s : 0.0f;\n", i, e, elem_ok(in->vspace, e), ld);
+                }
+            }
+            break;
+        }
+        case CODA_OP_EVEN:
+        case CODA_OP_ODD:
+            for (int e = 0; e < w; e++)
+                sb_printf(b, "    const float v%d_%d = %s;\n", i, e,
+                          el(p, in->src[0], 2 * e + (in->op == CODA_OP_ODD), e0, sizeof e0));
+            break;
+        case CODA_OP_INTERLEAVE:
+            for (int e = 0; e < w; e++)
+                sb_printf(b, "    const float v%d_%d = %s;\n", i, e,
+                          el(p, in->src[e & 1], e >> 1, e0, sizeof e0));
+            break;
+        case CODA_OP_SWAP:
+            if (in->vspace == CODA_SPACE_HALF) {
+                free(b->buf);
+                b->buf = NULL;
+                return coda__fail(CODA_ERR_UNSUPPORTED,
+                                  "line %d: swap in the half space pairs columns held by different GPU threads",
+                                  in->line);
+            }
+            for (int e = 0; e < w; e++)
+                sb_printf(b, "    const float v%d_%d = %s;\n", i, e, el(p, in->src[0], e ^ 1, e0, sizeof e0));
+            break;
+        case CODA_OP_STORE: {
+            const coda_arg_t *a = &p->args[in->arg];
+            int wa = space_width(a->space);
+            for (int e = 0; e < wa; e++) {
+                elem_col(a->space, e, col, sizeof col);
+                el(p, in->src[0], e, e0, sizeof e0);
+                if (a->dtype == CODA_BF16)
+                    sb_printf(b, "    if (%s) ((unsigned short *)P->ptr[%d])[r * P->s0[%d] + %s] = coda_f32_to_bf16(%s);\n",
+                              elem_ok(a->space, e), in->arg, in->arg, col, e0);
+                else
+                    sb_printf(b, "    if (%s) ((float *)P->ptr[%d])[r * P->s0[%d] + %s] = %s;\n",
+                              elem_ok(a->space, e), in->arg, in->arg, col, e0);
+            }
+            break;
+        }
+        case CODA_OP_REDUCE: {
+            const coda_arg_t *a = &p->args[in->arg];
+            const coda_inst_t *v = &p->insts[in->src[0]];
+            int wv = value_width(v);
+            for (int e = 0; e < wv; e++) {
+                el(p, in->src[0], e, e0, sizeof e0);
+                char x[64], y[128];
+                if (a->reduce == CODA_REDUCE_SUMSQ) snprintf(y, sizeof y, "%s * %s", e0, e0);
+                else snprintf(y, sizeof y, "%s", e0);
+                if (a->kind == CODA_OUT_ROWRED) snprintf(x, sizeof x, "S->r%d[rs]", in->arg);
+                else snprintf(x, sizeof x, "S->c%d[cs * %d + %d]", in->arg, wv, e);
+                sb_printf(b, "    if (%s) { ", elem_ok(v->vspace, e));
+                red_fold(b, a->reduce, x, y);
+                sb_printf(b, " }\n");
+            }
+            break;
+        }
+        case CODA_OP_LSE: {
+            const coda_inst_t *v = &p->insts[in->src[0]];
+            int wv = value_width(v);
+            el(p, in->src[1], 0, e1, sizeof e1);
+            for (int e = 0; e < wv; e++) {
+                el(p, in->src[0], e, e0, sizeof e0);
+                elem_col(v->vspace, e, col, sizeof col);
+                sb_printf(b, "    if (%s) {\n        coda_lse_add(&S->lm%d[rs], &S->ll%d[rs], %s);\n"
+                             "        if ((float)%s == %s) S->lp%d[rs] += %s;\n    }\n",
+                          elem_ok(v->vspace, e), in->arg, in->arg, e0, col, e1, in->arg, e0);
+            }
+            break;
+        }
+        default: {
+            const char *fmt = map_fn(in->op);
+            if (!fmt) {
+                free(b->buf);
+                b->buf = NULL;
+                return coda__fail(CODA_ERR_INTERNAL, "codegen: no CUDA form for op %s", coda_op_name(in->op));
+            }
+            for (int e = 0; e < w; e++) {
+                char expr[512];
+                el(p, in->src[0], e, e0, sizeof e0);
+                if (in->src[1] >= 0) el(p, in->src[1], e, e1, sizeof e1);
+                if (in->src[2] >= 0) el(p, in->src[2], e, e2, sizeof e2);
+                snprintf(expr, sizeof expr, fmt, e0, e1, e2);
+                sb_printf(b, "    const float v%d_%d = %s;\n", i, e, expr);
+            }
+            break;
+        }
+        }
+    }
+    sb_printf(b, "}\n\n");
+    return CODA_OK;
+}
+
+static void gen_end(sb_t *b, const coda_program_t *p) {
+    sb_printf(b,
+              "static __device__ __forceinline__ void coda_epi_end(const coda_epi_params *P, coda_epi_state *S,\n"
+              "        const int *rows, const int *cols, int m_tile, int n_tile,\n"
+              "        int lane, int warp, int tid, float *scratch) {\n"
+              "    (void)P; (void)S; (void)rows; (void)cols; (void)m_tile; (void)n_tile;\n"
+              "    (void)lane; (void)warp; (void)tid; (void)scratch;\n");
+    for (int k = 0; k < p->n_args; k++) {
+        const coda_arg_t *a = &p->args[k];
+        if (a->kind == CODA_OUT_ROWRED) {
+            sb_printf(b, "    /* %s: the 4 lanes of a quad hold all columns of their rows */\n", a->name);
+            sb_printf(b, "#pragma unroll\n    for (int i = 0; i < CODA_EPI_ROW_SLOTS; i++) {\n        float x = S->r%d[i];\n", k);
+            for (int sh = 1; sh <= 2; sh *= 2) {
+                char y[64];
+                snprintf(y, sizeof y, "__shfl_xor_sync(0xffffffffu, x, %d)", sh);
+                sb_printf(b, "        { float y_ = %s; ", y);
+                red_fold(b, a->reduce, "x", "y_");
+                sb_printf(b, " }\n");
+            }
+            sb_printf(b, "        if ((lane & 3) == 0 && rows[i] < P->m)\n"
+                         "            ((float *)P->ptr[%d])[(long long)rows[i] * P->s0[%d] + n_tile] = x;\n    }\n",
+                      k, k);
+        } else if (a->kind == CODA_OUT_LSE) {
+            sb_printf(b, "#pragma unroll\n    for (int i = 0; i < CODA_EPI_ROW_SLOTS; i++) {\n"
+                         "        float m = S->lm%d[i], l = S->ll%d[i], pk = S->lp%d[i];\n", k, k, k);
+            for (int sh = 1; sh <= 2; sh *= 2)
+                sb_printf(b, "        { float m2 = __shfl_xor_sync(0xffffffffu, m, %d), l2 = __shfl_xor_sync(0xffffffffu, l, %d);\n"
+                             "          pk += __shfl_xor_sync(0xffffffffu, pk, %d); coda_lse_merge(&m, &l, m2, l2); }\n",
+                          sh, sh, sh);
+            sb_printf(b, "        if ((lane & 3) == 0 && rows[i] < P->m) {\n"
+                         "            float *o = (float *)P->ptr[%d] + (long long)rows[i] * P->s0[%d] + (long long)n_tile * P->s1[%d];\n"
+                         "            o[0] = m; o[1] = l; o[2] = pk;\n        }\n    }\n",
+                      k, k, k);
+        } else if (a->kind == CODA_OUT_COLRED) {
+            int w = space_width(a->space);
+            /* columns of this space in one tile, and where tile n_tile starts */
+            const char *tile_w = a->space == CODA_SPACE_HALF ? "(CODA_EPI_TILE_N / 2)"
+                               : a->space == CODA_SPACE_FULL ? "CODA_EPI_TILE_N" : "(CODA_EPI_TILE_N * 2)";
+            const char *n_w = a->space == CODA_SPACE_HALF ? "(P->n / 2)" : a->space == CODA_SPACE_FULL ? "P->n" : "(P->n * 2)";
+            sb_printf(b, "    /* %s: lanes with equal lane%%4 share columns; then warps, in order */\n", a->name);
+            sb_printf(b, "#pragma unroll\n    for (int j = 0; j < CODA_EPI_COL_SLOTS; j++) {\n"
+                         "        const int c0 = cols[j] - n_tile * CODA_EPI_TILE_N;  /* in-tile acc column */\n");
+            for (int e = 0; e < w; e++) {
+                char col[48];
+                if (a->space == CODA_SPACE_HALF) snprintf(col, sizeof col, "(c0 >> 1)");
+                else if (a->space == CODA_SPACE_FULL) snprintf(col, sizeof col, "(c0 + %d)", e);
+                else snprintf(col, sizeof col, "(2 * c0 + %d)", e);
+                sb_printf(b, "        { float x = S->c%d[j * %d + %d];\n", k, w, e);
+                for (int sh = 4; sh <= 16; sh *= 2) {
+                    char y[64];
+                    snprintf(y, sizeof y, "__shfl_xor_sync(0xffffffffu, x, %d)", sh);
+                    sb_printf(b, "          { float y_ = %s; ", y);
+                    red_fold(b, a->reduce, "x", "y_");
+                    sb_printf(b, " }\n");
+                }
+                sb_printf(b, "          if (lane < 4) scratch[warp * %s + %s] = x; }\n", tile_w, col);
+            }
+            sb_printf(b, "    }\n    CODA_EPI_SYNC();\n");
+            sb_printf(b, "    for (int c = tid; c < %s; c += CODA_EPI_NWARPS * 32) {\n"
+                         "        float x = scratch[c];\n"
+                         "        for (int w = 1; w < CODA_EPI_NWARPS; w++) { float y_ = scratch[w * %s + c]; ",
+                      tile_w, tile_w);
+            red_fold(b, a->reduce, "x", "y_");
+            sb_printf(b, " }\n"
+                         "        const long long gc = (long long)n_tile * %s + c;\n"
+                         "        if (gc < %s) ((float *)P->ptr[%d])[gc * P->s0[%d] + m_tile] = x;\n"
+                         "    }\n    CODA_EPI_SYNC();\n",
+                      tile_w, n_w, k, k);
+        }
+    }
+    sb_printf(b, "}\n");
+}
+
+coda_status_t coda__codegen_cuda(const coda_program_t *p, char **out) {
+    if (!out) return coda__fail(CODA_ERR_INVALID_ARG, "codegen: out is NULL");
+    *out = NULL;
+    if (!p || !p->verified) return coda__fail(CODA_ERR_INVALID_ARG, "codegen: program is NULL or not verified");
+    if (p->n_args > CODA_EPI_MAX_ARGS)
+        return coda__fail(CODA_ERR_UNSUPPORTED, "codegen: %d arguments; the GPU epilogue takes at most %d",
+                          p->n_args, CODA_EPI_MAX_ARGS);
+    sb_t b = {0};
+    sb_printf(&b, "%s\n/* ---- generated from epilogue program '%s' ---- */\n", PRELUDE, p->name);
+    gen_state(&b, p);
+    CODA_TRY(gen_pair(&b, p));
+    gen_end(&b, p);
+    if (b.oom) {
+        free(b.buf);
+        return coda__fail(CODA_ERR_NO_MEMORY, "codegen: out of memory");
+    }
+    *out = b.buf;
+    return CODA_OK;
+}
