@@ -1,0 +1,75 @@
+/* llama_cpu.c - the layer's few steps that are not GEMMs, as plain CPU loops.
+ *
+ * They are memory-bound and tiny next to the GEMMs. On the GPU each becomes a
+ * small elementwise kernel (or is fused elsewhere: the norm prologue into the
+ * embedding gather or the previous layer's down-projection epilogue, the RoPE
+ * backward into the attention backward's epilogue). */
+#include "layer/llama.h"
+
+#include <math.h>
+
+/* GPU kernel goes here: one block per row, x read once. */
+void coda__llama_norm_prologue(const coda_tensor_t *x, const coda_tensor_t *g, coda_tensor_t *xg,
+                               coda_tensor_t *ss) {
+    int64_t m = x->shape[0], d = x->shape[1];
+    for (int64_t i = 0; i < m; i++) {
+        const uint16_t *xr = coda__at2(x, i, 0);
+        uint16_t *out = coda__at2(xg, i, 0);
+        float acc = 0.0f;
+        for (int64_t j = 0; j < d; j++) {
+            float v = coda__bf16_to_f32(xr[j]);
+            float gv = coda__bf16_to_f32(*(const uint16_t *)coda__at1(g, j));
+            out[j] = coda__f32_to_bf16(v * gv);
+            acc += v * v;
+        }
+        *(float *)coda__at2(ss, i, 0) = acc;
+    }
+}
+
+void coda__llama_rope_tables(const coda_llama_config_t *cfg, int64_t batch, int64_t seq,
+                             float *pos, float *freq) {
+    for (int64_t i = 0; i < batch * seq; i++) pos[i] = (float)(i % seq);
+    int64_t hd = cfg->head_dim, half = hd / 2;
+    int64_t pairs_qk = (cfg->n_heads + cfg->n_kv_heads) * half;
+    int64_t pairs = pairs_qk + cfg->n_kv_heads * half;
+    for (int64_t p = 0; p < pairs; p++) {
+        if (p >= pairs_qk) {
+            freq[p] = 0.0f; /* v: cos 0 = 1, sin 0 = 0, passes unchanged */
+            continue;
+        }
+        int64_t i = p % half; /* pair i of its head: columns (i, i + hd/2) unpacked */
+        freq[p] = (float)pow((double)cfg->rope_theta, -2.0 * (double)i / (double)hd);
+    }
+}
+
+/* GPU kernel goes here (or the attention backward's epilogue). The angle is
+ * computed exactly as the qkv_rope program does, in f32: th = pos * freq. */
+void coda__llama_rope_backward(const coda_tensor_t *dy, const coda_tensor_t *y, const float *pos,
+                               const float *freq, coda_tensor_t *dz, float *s) {
+    int64_t m = dy->shape[0], n = dy->shape[1];
+    for (int64_t i = 0; i < m; i++) {
+        const float *dyr = coda__at2(dy, i, 0);
+        const uint16_t *yr = coda__at2(y, i, 0);
+        uint16_t *out = coda__at2(dz, i, 0);
+        float acc = 0.0f;
+        for (int64_t p = 0; p < n / 2; p++) {
+            float de = dyr[2 * p], dd = dyr[2 * p + 1];
+            acc += coda__bf16_to_f32(yr[2 * p]) * de + coda__bf16_to_f32(yr[2 * p + 1]) * dd;
+            float th = pos[i] * freq[p];
+            float c = cosf(th), sn = sinf(th);
+            /* forward: (ye, yo) = (ze c - zo s, ze s + zo c); backward is R^T. */
+            out[2 * p] = coda__f32_to_bf16(de * c + dd * sn);
+            out[2 * p + 1] = coda__f32_to_bf16(dd * c - de * sn);
+        }
+        s[i] = acc;
+    }
+}
+
+void coda__llama_copy_vec(const float *in, coda_tensor_t *out) {
+    for (int64_t i = 0; i < out->shape[0]; i++) coda__store_f32(coda__at1(out, i), out->dtype, in[i]);
+}
+
+void coda__llama_copy_2d(const coda_tensor_t *src, coda_tensor_t *dst) {
+    size_t row = (size_t)src->shape[1] * coda_dtype_size(src->dtype);
+    for (int64_t i = 0; i < src->shape[0]; i++) memcpy(coda__at2(dst, i, 0), coda__at2(src, i, 0), row);
+}
