@@ -456,7 +456,7 @@ coda_status_t coda_llama_backward(coda_llama_t *L, const coda_llama_weights_t *w
     if (L->have_loss) {
         /* LM head recomputed: dlogits and the final norm's statistic sf. */
         coda_tensor_t sp = L->rowp[G_LM];
-        coda_binding_t bs[] = {bind("r", &L->rf), bind("lse", &L->lse), bind("t", &L->targets),
+        coda_binding_t bs[] = {bind("r", &L->rf), bind("logz", &L->lse), bind("t", &L->targets),
                                bind_scalar("scale", loss_scale), bind("dl", &L->dl), bind("s", &sp)};
         CODA_TRY(epilogue(L, G_LM, P_LM_BWD, CODA_LAYOUT_NT, &L->yg, &w->wlm, bs, 6, stream));
         CODA_TRY(coda_finish_reduce(L->ctx, CODA_REDUCE_SUM, &sp, &L->svec, stream));
