@@ -40,7 +40,8 @@
  *   coda__ref_forward(L, CODA__REF_F64);             // L->y, L->loss
  *   coda__ref_backward(L);                           // L->dx, L->grad.*
  * For both modes, make a second layer with coda__ref_copy_inputs().
- * Not thread-safe per layer object; single-threaded; O(M*seq) attention.
+ * One layer object per thread at a time; single-threaded loops; attention
+ * probabilities are recomputed per row (memory O(M), time O(M*seq)).
  */
 #ifndef CODA_LAYER_REFERENCE_H
 #define CODA_LAYER_REFERENCE_H
