@@ -12,10 +12,12 @@
 #include <cuda.h>
 
 #define CODA_CUDA_MAX_DEVICES 16
+#define CODA_CUDA_GEMM_NCFG 3
 
 /* A compiled and loaded kernel, cached per device by key. */
 typedef struct coda_cuda_kernel {
-    uint64_t key[2];
+    uint64_t key[2];       /* hash of the full source, options, NVRTC version */
+    uint64_t quick[2];     /* caller's cheaper key (e.g. epilogue hash + variant), or 0 */
     CUmodule module;
     CUfunction fn;
     struct coda_cuda_kernel *next;
@@ -30,6 +32,7 @@ typedef struct coda_cuda_device {
     int cc_major, cc_minor;
     char name[128];
     coda_cuda_kernel_t *kernels;
+    CUfunction plain_fn[3][CODA_CUDA_GEMM_NCFG]; /* plain GEMM by layout and config */
 } coda_cuda_device_t;
 
 /* Driver entry points, by their ABI symbol names (cuda.h maps some to _v2). */
@@ -86,10 +89,16 @@ coda_status_t coda__nvrtc_compile(const char *src, const char *const *opts, int 
 /* Hash of source, options and the NVRTC version: the cache key. */
 void coda__nvrtc_key(const char *src, const char *const *opts, int n_opts, uint64_t key[2]);
 /* Compile (or find in the memory or disk cache) and load `src`; return the
- * kernel named `entry` on device d. The caller has d's context current. */
+ * kernel named `entry` on device d, its dynamic shared memory limit raised
+ * to the device maximum. `quick` (may be NULL) is remembered with it for
+ * coda__cuda_kernel_find. The caller has d's context current. */
 coda_status_t coda__cuda_kernel(coda_context_t *ctx, coda_cuda_device_t *d, const char *src,
                                 const char *const *opts, int n_opts, const char *entry,
-                                CUfunction *fn);
+                                const uint64_t quick[2], CUfunction *fn);
+/* A kernel loaded before under the quick key, or NULL. */
+CUfunction coda__cuda_kernel_find(coda_cuda_device_t *d, const uint64_t quick[2]);
+/* FNV-1a 64 continued from h (for quick keys). */
+uint64_t coda__hash(uint64_t h, const void *p, size_t n);
 
 /* Embedded kernel source by file name (build/gen/kernels.c), or NULL. */
 const char *coda__cuda_source(const char *name);
@@ -104,7 +113,6 @@ typedef struct coda_cuda_gemm_cfg {
     int cluster_m;    /* CTAs per cluster along M (1 or 2); B tile multicast */
 } coda_cuda_gemm_cfg_t;
 
-#define CODA_CUDA_GEMM_NCFG 2
 extern const coda_cuda_gemm_cfg_t coda__cuda_gemm_cfgs[CODA_CUDA_GEMM_NCFG];
 
 /* Pick the configuration for a problem (index into coda__cuda_gemm_cfgs). */
@@ -118,12 +126,15 @@ int coda__cuda_gemm_options(coda_layout_t layout, const coda_cuda_gemm_cfg_t *cf
                             const char **opts, char *optbuf, size_t optcap);
 
 /* Run the GEMM with an epilogue: the epilogue source defines struct
- * coda_epi_params (docs/gpu.md) and `params` (params_size bytes) is passed to
- * the kernel by value. A, B are validated CUDA tensors; m, n, k the extents. */
+ * coda_epi_params (docs/gpu.md) and `params` (params_size bytes, the same
+ * layout) is passed to the kernel by value; scratch_bytes of shared memory
+ * are given to the epilogue (coda_epi_tile.scratch). A, B are descriptors
+ * already checked by the front end; this checks them for the copy engine. */
 coda_status_t coda__cuda_gemm_run(coda_context_t *ctx, coda_layout_t layout,
                                   const coda_tensor_t *a, const coda_tensor_t *b,
                                   const char *epilogue_src, const void *params,
-                                  size_t params_size, int cfg_index, void *stream);
+                                  size_t params_size, size_t scratch_bytes, int cfg_index,
+                                  void *stream);
 
 /* Check A and B for the GPU copy engine: bf16, 16-byte aligned base, row
  * stride a multiple of 16 bytes, K a multiple of 8. */

@@ -1,9 +1,319 @@
-/* gemm.c - the CUDA GEMM front (work in progress). */
+/* gemm.c - the CUDA GEMM: operand checks, tile choice, tensor maps, launch.
+ *
+ * The kernel (src/cuda/kernels/gemm_*.cuh) is one source per epilogue,
+ * specialised per layout and tile configuration with -D options, compiled by
+ * NVRTC on first use and cached (nvrtc.c). coda__cuda_gemm runs it with the
+ * plain alpha/beta epilogue (kernels/epi_plain.cuh); fused epilogues use
+ * coda__cuda_gemm_run with their own source and parameter block. */
 #include "cuda/backend.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+/* Measured on an H200 (bench/RESULTS.md): 128x256 tiles with 4 stages for
+ * shapes with enough tiles to fill the chip, 128x128 with 6 stages for small
+ * ones; the 2-CTA cluster variant multicasts B to a pair of tile rows. */
+const coda_cuda_gemm_cfg_t coda__cuda_gemm_cfgs[CODA_CUDA_GEMM_NCFG] = {
+    {128, 256, 64, 4, 1},
+    {128, 128, 64, 6, 1},
+    {128, 256, 64, 4, 2},
+};
+
+int coda__cuda_gemm_pick(int64_t m, int64_t n, int64_t k, int sm_count) {
+    (void)k;
+    int64_t tiles256 = coda__cdiv(m, 128) * coda__cdiv(n, 256);
+    /* Fewer big tiles than SMs leaves the chip idle: take smaller tiles. */
+    if (tiles256 < sm_count) return 1;
+    return 0;
+}
+
+static const char *const kernel_files[] = {"gemm_prelude.cuh", "gemm_wgmma.cuh", NULL,
+                                           "gemm_mainloop.cuh"};
+
+char *coda__cuda_gemm_source(const char *epilogue_src) {
+    const char *parts[4];
+    size_t len = 1;
+    for (int i = 0; i < 4; i++) {
+        parts[i] = kernel_files[i] ? coda__cuda_source(kernel_files[i]) : epilogue_src;
+        if (!parts[i]) {
+            coda__fail(CODA_ERR_INTERNAL, "CUDA GEMM: kernel source %s is not embedded",
+                       kernel_files[i] ? kernel_files[i] : "(epilogue)");
+            return NULL;
+        }
+        len += strlen(parts[i]) + 1;
+    }
+    char *src = malloc(len);
+    if (!src) {
+        coda__fail(CODA_ERR_NO_MEMORY, "CUDA GEMM: out of memory");
+        return NULL;
+    }
+    size_t off = 0;
+    for (int i = 0; i < 4; i++) {
+        size_t n = strlen(parts[i]);
+        memcpy(src + off, parts[i], n);
+        off += n;
+        src[off++] = '\n';
+    }
+    src[off] = 0;
+    return src;
+}
+
+int coda__cuda_gemm_options(coda_layout_t layout, const coda_cuda_gemm_cfg_t *cfg,
+                            const char **opts, char *optbuf, size_t optcap) {
+    int n = 0;
+    opts[n++] = "--gpu-architecture=sm_90a";
+    opts[n++] = "--std=c++17";
+    opts[n++] = "-default-device";
+    int ta = layout == CODA_LAYOUT_TN, tb = layout != CODA_LAYOUT_NT;
+    int w = snprintf(optbuf, optcap, "-DCODA_BN=%d%c-DCODA_STAGES=%d%c-DCODA_TA=%d%c-DCODA_TB=%d%c"
+                     "-DCODA_CLUSTER=%d",
+                     cfg->bn, 0, cfg->stages, 0, ta, 0, tb, 0, cfg->cluster_m);
+    (void)w;
+    const char *p = optbuf;
+    for (int i = 0; i < 5; i++) {
+        opts[n++] = p;
+        p += strlen(p) + 1;
+    }
+    return n;
+}
+
+coda_status_t coda__cuda_check_operands(coda_layout_t layout, const coda_tensor_t *a,
+                                        const coda_tensor_t *b) {
+    int64_t m = 0, n = 0, k = 0;
+    coda__gemm_extents(layout, a, b, &m, &n, &k);
+    if (a->dtype != CODA_BF16)
+        return coda__fail(CODA_ERR_DTYPE, "a: CUDA GEMM operands must be bf16, got %s",
+                          coda_dtype_name(a->dtype) ? coda_dtype_name(a->dtype) : "?");
+    if (b->dtype != CODA_BF16)
+        return coda__fail(CODA_ERR_DTYPE, "b: CUDA GEMM operands must be bf16, got %s",
+                          coda_dtype_name(b->dtype) ? coda_dtype_name(b->dtype) : "?");
+    if (k % 8 != 0)
+        return coda__fail(CODA_ERR_SHAPE,
+                          "K = %lld is not a multiple of 8 (the CUDA GEMM copies 16-byte rows)",
+                          (long long)k);
+    const coda_tensor_t *ops[2] = {a, b};
+    const char *names[2] = {"a", "b"};
+    for (int i = 0; i < 2; i++) {
+        if ((uintptr_t)ops[i]->data % 16 != 0)
+            return coda__fail(CODA_ERR_STRIDE, "%s: data pointer %p is not 16-byte aligned",
+                              names[i], ops[i]->data);
+        if (ops[i]->stride[0] % 16 != 0)
+            return coda__fail(CODA_ERR_STRIDE,
+                              "%s: row stride %lld bytes is not a multiple of 16 (the GPU copy "
+                              "engine needs 16-byte rows: pad the rows to a multiple of 8 elements)",
+                              names[i], (long long)ops[i]->stride[0]);
+        if (ops[i]->stride[0] >= ((int64_t)1 << 40))
+            return coda__fail(CODA_ERR_STRIDE, "%s: row stride %lld bytes is too large (max 2^40)",
+                              names[i], (long long)ops[i]->stride[0]);
+        if (ops[i]->shape[0] > INT32_MAX || ops[i]->shape[1] > INT32_MAX)
+            return coda__fail(CODA_ERR_SHAPE, "%s: extents beyond 2^31-1 are not supported",
+                              names[i]);
+    }
+    return CODA_OK;
+}
+
+static coda_status_t encode(struct coda_cuda *cu, CUtensorMap *map, const coda_tensor_t *t,
+                            int64_t inner, int64_t outer, int box_inner, int box_outer,
+                            const char *what) {
+    cuuint64_t dims[2] = {(cuuint64_t)(inner > 0 ? inner : 1), (cuuint64_t)(outer > 0 ? outer : 1)};
+    cuuint64_t strides[1] = {(cuuint64_t)t->stride[0]};
+    cuuint32_t box[2] = {(cuuint32_t)box_inner, (cuuint32_t)box_outer};
+    cuuint32_t estr[2] = {1, 1};
+    CODA_CU(cu,
+            cu->cu.TensorMapEncodeTiled(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, t->data, dims,
+                                        strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                        CU_TENSOR_MAP_SWIZZLE_128B,
+                                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+            what);
+    return CODA_OK;
+}
+
+/* The kernel for an epilogue, layout and config: the plain epilogue's are
+ * remembered per device; others are found by a hash of the epilogue text
+ * (cheap next to hashing the whole source), else compiled or read from the
+ * disk cache. */
+static coda_status_t get_kernel(coda_context_t *ctx, coda_cuda_device_t *d, coda_layout_t layout,
+                                int cfg_index, const char *epilogue_src, CUfunction *fn) {
+    const char *plain = coda__cuda_source("epi_plain.cuh");
+    int is_plain = epilogue_src == plain;
+    if (is_plain && d->plain_fn[layout][cfg_index]) {
+        *fn = d->plain_fn[layout][cfg_index];
+        return CODA_OK;
+    }
+    uint64_t quick[2];
+    uint32_t variant = (uint32_t)layout * 64u + (uint32_t)cfg_index;
+    quick[0] = coda__hash(0xcbf29ce484222325ull, &variant, sizeof variant);
+    quick[1] = coda__hash(0x84222325cbf29ce4ull, &variant, sizeof variant);
+    quick[0] = coda__hash(quick[0], epilogue_src, strlen(epilogue_src));
+    quick[1] = coda__hash(quick[1], epilogue_src, strlen(epilogue_src));
+    CUfunction f = coda__cuda_kernel_find(d, quick);
+    if (!f) {
+        char *src = coda__cuda_gemm_source(epilogue_src);
+        if (!src) return CODA_ERR_INTERNAL;
+        const char *opts[16];
+        char optbuf[512];
+        int n_opts = coda__cuda_gemm_options(layout, &coda__cuda_gemm_cfgs[cfg_index], opts,
+                                             optbuf, sizeof optbuf);
+        coda_status_t s = coda__cuda_kernel(ctx, d, src, opts, n_opts, "coda_gemm_kernel", quick, &f);
+        free(src);
+        CODA_TRY(s);
+    }
+    if (is_plain) d->plain_fn[layout][cfg_index] = f;
+    *fn = f;
+    return CODA_OK;
+}
+
+/* Launch with d's primary context current (pushed by the caller). */
+static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_layout_t layout,
+                            const coda_tensor_t *a, const coda_tensor_t *b,
+                            const char *epilogue_src, const void *params, int cfg_index,
+                            size_t scratch_bytes, void *stream) {
+    struct coda_cuda *cu = ctx->cuda;
+    const coda_cuda_gemm_cfg_t *cfg = &coda__cuda_gemm_cfgs[cfg_index];
+    int64_t m = 0, n = 0, k = 0;
+    coda__gemm_extents(layout, a, b, &m, &n, &k);
+
+    CUfunction fn;
+    CODA_TRY(get_kernel(ctx, d, layout, cfg_index, epilogue_src, &fn));
+
+    /* Tensor maps (inner dimension first); boxes match gemm_mainloop.cuh. */
+    CUtensorMap map_a, map_b;
+    if (layout == CODA_LAYOUT_TN)
+        CODA_TRY(encode(cu, &map_a, a, m, k, 64, 64, "cuTensorMapEncodeTiled(a)"));
+    else
+        CODA_TRY(encode(cu, &map_a, a, k, m, 64, cfg->bm, "cuTensorMapEncodeTiled(a)"));
+    if (layout == CODA_LAYOUT_NT)
+        CODA_TRY(encode(cu, &map_b, b, k, n, 64, cfg->bn / cfg->cluster_m,
+                        "cuTensorMapEncodeTiled(b)"));
+    else
+        CODA_TRY(encode(cu, &map_b, b, n, k, 64, 64, "cuTensorMapEncodeTiled(b)"));
+
+    size_t stage = (size_t)(cfg->bm + cfg->bn) * cfg->bk * 2;
+    size_t smem = cfg->stages * stage + 16 * (size_t)cfg->stages + 1024 + scratch_bytes;
+    if (smem > (size_t)d->smem_optin)
+        return coda__fail(CODA_ERR_INTERNAL, "CUDA GEMM: %zu bytes of shared memory > %d", smem,
+                          d->smem_optin);
+
+    int64_t tiles_m2 = coda__cdiv(coda__cdiv(m, cfg->bm), cfg->cluster_m);
+    int64_t units = tiles_m2 * coda__cdiv(n, cfg->bn);
+    int64_t clusters = d->sm_count / cfg->cluster_m;
+    if (units < clusters) clusters = units;
+    if (clusters < 1) clusters = 1;
+    int Mi = (int)m, Ni = (int)n, Ki = (int)k;
+    void *args[] = {&map_a, &map_b, &Mi, &Ni, &Ki, (void *)params};
+
+    CUlaunchAttribute attr[1];
+    attr[0].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr[0].value.clusterDim.x = (unsigned)cfg->cluster_m;
+    attr[0].value.clusterDim.y = 1;
+    attr[0].value.clusterDim.z = 1;
+    CUlaunchConfig lc;
+    memset(&lc, 0, sizeof lc);
+    lc.gridDimX = (unsigned)(clusters * cfg->cluster_m);
+    lc.gridDimY = 1;
+    lc.gridDimZ = 1;
+    lc.blockDimX = 384;
+    lc.blockDimY = 1;
+    lc.blockDimZ = 1;
+    lc.sharedMemBytes = (unsigned)smem;
+    lc.hStream = (CUstream)stream;
+    lc.attrs = attr;
+    lc.numAttrs = 1;
+    CODA_CU(cu, cu->cu.LaunchKernelEx(&lc, fn, args, NULL), "cuLaunchKernelEx(coda_gemm_kernel)");
+    return CODA_OK;
+}
+
+/* The device a tensor's pointer really lives on (catches host pointers). */
+static coda_status_t check_pointer(struct coda_cuda *cu, const coda_tensor_t *t, const char *what) {
+    int ordinal = -1;
+    CUresult r = cu->cu.PointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                            (CUdeviceptr)(uintptr_t)t->data);
+    if (r != CUDA_SUCCESS)
+        return coda__fail(CODA_ERR_DEVICE, "%s: data %p is not CUDA device memory", what, t->data);
+    if (ordinal != t->device_index)
+        return coda__fail(CODA_ERR_DEVICE, "%s: data is on CUDA device %d, descriptor says %d",
+                          what, ordinal, t->device_index);
+    return CODA_OK;
+}
+
+coda_status_t coda__cuda_gemm_run(coda_context_t *ctx, coda_layout_t layout,
+                                  const coda_tensor_t *a, const coda_tensor_t *b,
+                                  const char *epilogue_src, const void *params,
+                                  size_t params_size, size_t scratch_bytes, int cfg_index,
+                                  void *stream) {
+    (void)params_size;
+    if (cfg_index < 0 || cfg_index >= CODA_CUDA_GEMM_NCFG)
+        return coda__fail(CODA_ERR_INVALID_ARG, "CUDA GEMM: tile configuration %d out of range",
+                          cfg_index);
+    if (a->device_index != b->device_index)
+        return coda__fail(CODA_ERR_DEVICE, "a is on cuda:%d, b on cuda:%d", a->device_index,
+                          b->device_index);
+    CODA_TRY(coda__cuda_check_operands(layout, a, b));
+    coda_cuda_device_t *d;
+    CODA_TRY(coda__cuda_device(ctx, a->device_index, &d));
+    struct coda_cuda *cu = ctx->cuda;
+    CODA_CU(cu, cu->cu.CtxPushCurrent(d->pctx), "cuCtxPushCurrent");
+    coda_status_t s = check_pointer(cu, a, "a");
+    if (s == CODA_OK) s = check_pointer(cu, b, "b");
+    if (s == CODA_OK) s = launch(ctx, d, layout, a, b, epilogue_src, params, cfg_index, scratch_bytes, stream);
+    CUcontext prev;
+    cu->cu.CtxPopCurrent(&prev);
+    return s;
+}
+
+/* Host mirror of struct coda_epi_params in kernels/epi_plain.cuh. */
+typedef struct plain_params {
+    void *c;
+    long long ldc;
+    float alpha, beta;
+    int c_f32;
+    int pad_;
+} plain_params_t;
 
 coda_status_t coda__cuda_gemm(coda_context_t *ctx, coda_layout_t layout, const coda_tensor_t *a,
                               const coda_tensor_t *b, coda_tensor_t *c, float alpha, float beta,
                               void *stream) {
-    (void)ctx; (void)layout; (void)a; (void)b; (void)c; (void)alpha; (void)beta; (void)stream;
-    return coda__fail(CODA_ERR_DEVICE, "coda_gemm on CUDA: not implemented yet");
+    if (c->dtype != CODA_BF16 && c->dtype != CODA_F32)
+        return coda__fail(CODA_ERR_DTYPE, "c: CUDA GEMM output must be bf16 or f32, got %s",
+                          coda_dtype_name(c->dtype) ? coda_dtype_name(c->dtype) : "?");
+    if (c->device_index != a->device_index)
+        return coda__fail(CODA_ERR_DEVICE, "c is on cuda:%d, a on cuda:%d", c->device_index,
+                          a->device_index);
+    if ((uintptr_t)c->data % 16 != 0)
+        return coda__fail(CODA_ERR_STRIDE, "c: data pointer %p is not 16-byte aligned", c->data);
+    if (c->stride[0] % 16 != 0)
+        return coda__fail(CODA_ERR_STRIDE, "c: row stride %lld bytes is not a multiple of 16",
+                          (long long)c->stride[0]);
+    int64_t m = 0, n = 0, k = 0;
+    coda__gemm_extents(layout, a, b, &m, &n, &k);
+    CODA_TRY(coda__cuda_check_operands(layout, a, b));
+    if (m == 0 || n == 0) return CODA_OK;
+
+    coda_cuda_device_t *d;
+    CODA_TRY(coda__cuda_device(ctx, a->device_index, &d));
+    int cfg = coda__cuda_gemm_pick(m, n, k, d->sm_count);
+    const char *env = getenv("CODA_GEMM_CFG"); /* benchmarking override */
+    if (env && *env >= '0' && *env < '0' + CODA_CUDA_GEMM_NCFG && !env[1]) cfg = *env - '0';
+
+    plain_params_t p;
+    memset(&p, 0, sizeof p);
+    p.c = c->data;
+    p.ldc = c->stride[0] / (int64_t)coda_dtype_size(c->dtype);
+    p.alpha = alpha;
+    p.beta = beta;
+    p.c_f32 = c->dtype == CODA_F32;
+    struct coda_cuda *cu = ctx->cuda;
+    CODA_CU(cu, cu->cu.CtxPushCurrent(d->pctx), "cuCtxPushCurrent");
+    coda_status_t s = check_pointer(cu, c, "c");
+    if (s == CODA_OK) s = check_pointer(cu, a, "a");
+    if (s == CODA_OK) s = check_pointer(cu, b, "b");
+    if (s == CODA_OK) {
+        const char *epi = coda__cuda_source("epi_plain.cuh");
+        s = epi ? launch(ctx, d, layout, a, b, epi, &p, cfg, 0, stream)
+                : coda__fail(CODA_ERR_INTERNAL, "CUDA GEMM: epi_plain.cuh is not embedded");
+    }
+    CUcontext prev;
+    cu->cu.CtxPopCurrent(&prev);
+    return s;
 }

@@ -22,7 +22,7 @@ const char *coda__cuda_source(const char *name) {
 }
 
 /* FNV-1a, 64 bit, continued from h. Two different seeds give a 128-bit key. */
-static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+uint64_t coda__hash(uint64_t h, const void *p, size_t n) {
     const unsigned char *s = p;
     for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 0x100000001b3ull;
     return h;
@@ -34,10 +34,10 @@ void coda__nvrtc_key(const char *src, const char *const *opts, int n_opts, uint6
     uint64_t seeds[2] = {0xcbf29ce484222325ull, 0x84222325cbf29ce4ull};
     for (int s = 0; s < 2; s++) {
         uint64_t h = seeds[s];
-        h = fnv(h, src, strlen(src) + 1);
-        for (int i = 0; i < n_opts; i++) h = fnv(h, opts[i], strlen(opts[i]) + 1);
-        h = fnv(h, &major, sizeof major);
-        h = fnv(h, &minor, sizeof minor);
+        h = coda__hash(h, src, strlen(src) + 1);
+        for (int i = 0; i < n_opts; i++) h = coda__hash(h, opts[i], strlen(opts[i]) + 1);
+        h = coda__hash(h, &major, sizeof major);
+        h = coda__hash(h, &minor, sizeof minor);
         key[s] = h;
     }
 }
@@ -118,9 +118,15 @@ static void write_file_atomic(const char *path, const char *data, size_t size) {
     if (!ok || rename(tmp, path) != 0) unlink(tmp);
 }
 
+CUfunction coda__cuda_kernel_find(coda_cuda_device_t *d, const uint64_t quick[2]) {
+    for (coda_cuda_kernel_t *k = d->kernels; k; k = k->next)
+        if (k->quick[0] == quick[0] && k->quick[1] == quick[1]) return k->fn;
+    return NULL;
+}
+
 coda_status_t coda__cuda_kernel(coda_context_t *ctx, coda_cuda_device_t *d, const char *src,
                                 const char *const *opts, int n_opts, const char *entry,
-                                CUfunction *fn) {
+                                const uint64_t quick[2], CUfunction *fn) {
     struct coda_cuda *c = ctx->cuda;
     uint64_t key[2];
     coda__nvrtc_key(src, opts, n_opts, key);
@@ -158,14 +164,21 @@ coda_status_t coda__cuda_kernel(coda_context_t *ctx, coda_cuda_device_t *d, cons
     free(cubin);
     CUfunction f;
     CUresult r = c->cu.ModuleGetFunction(&f, mod, entry);
+    if (r == CUDA_SUCCESS)
+        r = c->cu.FuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                   d->smem_optin);
     coda_cuda_kernel_t *k = r == CUDA_SUCCESS ? calloc(1, sizeof *k) : NULL;
     if (!k) {
         c->cu.ModuleUnload(mod);
-        return r != CUDA_SUCCESS ? coda__cu_fail(c, r, "cuModuleGetFunction")
+        return r != CUDA_SUCCESS ? coda__cu_fail(c, r, "cuModuleGetFunction / cuFuncSetAttribute")
                                  : coda__fail(CODA_ERR_NO_MEMORY, "CUDA backend: out of memory");
     }
     k->key[0] = key[0];
     k->key[1] = key[1];
+    if (quick) {
+        k->quick[0] = quick[0];
+        k->quick[1] = quick[1];
+    }
     k->module = mod;
     k->fn = f;
     k->next = d->kernels;

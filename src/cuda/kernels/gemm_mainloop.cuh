@@ -1,0 +1,234 @@
+/* gemm_mainloop.cuh - persistent, warp-specialised Hopper GEMM mainloop.
+ *
+ *   C (M, N) = epilogue( op(A) op(B) ),  bf16 operands, f32 accumulators.
+ *
+ * Compile-time parameters (NVRTC -D options, set by src/cuda/gemm.c):
+ *   CODA_BN        block tile columns: 128 or 256 (block rows CODA_BM = 128)
+ *   CODA_STAGES    shared-memory pipeline depth
+ *   CODA_TA        0: A is K-major (M, K) [NT, NN];  1: A is M-major (K, M) [TN]
+ *   CODA_TB        0: B is K-major (N, K) [NT];      1: B is N-major (K, N) [NN, TN]
+ *   CODA_CLUSTER   CTAs per cluster along M (1 or 2); the pair shares B tiles,
+ *                  each CTA loads half of B and multicasts it to both
+ *
+ * Threads: 3 warpgroups. Warpgroup 0 is the producer (one thread issues TMA
+ * loads); warpgroups 1 and 2 are consumers, each owning 64 rows of the
+ * 128-row tile and issuing m64nBNk16 wgmma on them. The grid is persistent:
+ * CTA i takes tiles i, i + gridDim.x, ... in a grouped order (CODA_GROUP_M
+ * tile rows at a time) so that concurrently running tiles share A and B
+ * blocks in L2.
+ *
+ * Shared memory, per stage (1024-byte aligned for the 128B swizzle):
+ *   A: 2 halves of 64 rows x 64 k (8 KiB each). K-major: 64 rows of 128 B.
+ *      M-major: 64 k-rows of 64 m (128 B) - one 64-wide MN atom column.
+ *   B: K-major: BN rows of 128 B (64 k). N-major: BN/64 chunks of 64 k-rows x 64 n.
+ * K tails and M/N edges come in as zeros from TMA (out-of-bounds fill). */
+
+#define CODA_BM 128
+#define CODA_BK 64
+#ifndef CODA_GROUP_M
+#define CODA_GROUP_M 8
+#endif
+#ifndef CODA_CLUSTER
+#define CODA_CLUSTER 1
+#endif
+
+#define CODA_A_BYTES (CODA_BM * CODA_BK * 2)
+#define CODA_B_BYTES (CODA_BN * CODA_BK * 2)
+#define CODA_STAGE_BYTES (CODA_A_BYTES + CODA_B_BYTES)
+
+#if CODA_BN == 256
+#define coda_wgmma coda_wgmma_n256
+#elif CODA_BN == 128
+#define coda_wgmma coda_wgmma_n128
+#else
+#error "CODA_BN must be 128 or 256"
+#endif
+
+/* Tile index -> (tile row, tile column), grouped by CODA_GROUP_M tile rows. */
+static __device__ __forceinline__ void coda_tile_coords(int tile, int tiles_m, int tiles_n,
+                                                        int *tm, int *tn) {
+    const int per_group = CODA_GROUP_M * tiles_n;
+    const int first_m = (tile / per_group) * CODA_GROUP_M;
+    const int rows = min(tiles_m - first_m, CODA_GROUP_M);
+    const int r = tile % per_group;
+    *tm = first_m + r % rows;
+    *tn = r / rows;
+}
+
+/* Descriptors for k16 step kk of a stage. K-major: the k16 slice is 32 bytes
+ * into each 128-byte row; MN-major: 16 k-rows further, i.e. two 1024-byte
+ * swizzle atoms. LBO (MN-major): 8 KiB between 64-wide MN chunks; SBO: 1 KiB
+ * between groups of 8 rows (K-major) or 8 k-rows (MN-major). */
+static __device__ __forceinline__ u64 coda_desc_a(u32 a_half, int kk) {
+#if CODA_TA
+    return coda_desc(a_half + kk * 2048, 8192, 1024);
+#else
+    return coda_desc(a_half + kk * 32, 16, 1024);
+#endif
+}
+static __device__ __forceinline__ u64 coda_desc_b(u32 b, int kk) {
+#if CODA_TB
+    return coda_desc(b + kk * 2048, 8192, 1024);
+#else
+    return coda_desc(b + kk * 32, 16, 1024);
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant__ coda_tmap tma_b,
+                 int M, int N, int K, const __grid_constant__ coda_epi_params epi) {
+    extern __shared__ unsigned char coda_smem_raw[];
+    /* 1024-byte alignment for the swizzle atoms (the host adds the slack). */
+    const u32 raw = coda_smem_addr(coda_smem_raw);
+    const u32 base = (raw + 1023u) & ~1023u;
+    const u32 bars = base + CODA_STAGES * CODA_STAGE_BYTES;  /* full[s], then empty[s] */
+#define FULL(s) (bars + 8u * (s))
+#define EMPTY(s) (bars + 8u * (CODA_STAGES + (s)))
+    unsigned char *scratch = coda_smem_raw + (bars + 16u * CODA_STAGES - raw);
+
+    const int tiles_m = (M + CODA_BM - 1) / CODA_BM;
+    const int tiles_n = (N + CODA_BN - 1) / CODA_BN;
+    /* With clusters, tiles go out in pairs of vertically adjacent tile rows
+     * (same tile column): cluster c takes tile pair c, c + clusters, ... */
+    const int tiles_m2 = (tiles_m + CODA_CLUSTER - 1) / CODA_CLUSTER;
+    const int n_units = tiles_m2 * tiles_n;
+    const int kiters = (K + CODA_BK - 1) / CODA_BK;
+    const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+    const u32 crank = CODA_CLUSTER > 1 ? coda_cluster_rank() : 0;
+    const int unit0 = blockIdx.x / CODA_CLUSTER, unit_step = gridDim.x / CODA_CLUSTER;
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < CODA_STAGES; s++) {
+            coda_mbar_init(FULL(s), 1);
+            /* every consumer warp of every CTA in the cluster frees a stage:
+             * B in this CTA's stage s is also written by the peer's multicast */
+            coda_mbar_init(EMPTY(s), 8 * CODA_CLUSTER);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+#if CODA_CLUSTER > 1
+    coda_cluster_sync();
+#endif
+
+    if (wg == 0) {
+        /* ---- producer ---- */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+        if (tid == 0) {
+            int it = 0;
+            for (int unit = unit0; unit < n_units; unit += unit_step) {
+                int tm2, tn;
+                coda_tile_coords(unit, tiles_m2, tiles_n, &tm2, &tn);
+                const int tm = tm2 * CODA_CLUSTER + (int)crank;
+                const int m0 = tm * CODA_BM, n0 = tn * CODA_BN;
+                for (int kb = 0; kb < kiters; kb++, it++) {
+                    const int s = it % CODA_STAGES;
+                    coda_mbar_wait(EMPTY(s), ((it / CODA_STAGES) & 1) ^ 1);
+                    const u32 sa = base + s * CODA_STAGE_BYTES, sb = sa + CODA_A_BYTES;
+                    const int k0 = kb * CODA_BK;
+                    coda_mbar_expect_tx(FULL(s), CODA_STAGE_BYTES);
+#if CODA_TA
+                    coda_tma_load(sa, &tma_a, m0, k0, FULL(s));
+                    coda_tma_load(sa + 8192, &tma_a, m0 + 64, k0, FULL(s));
+#else
+                    coda_tma_load(sa, &tma_a, k0, m0, FULL(s));
+#endif
+#if CODA_CLUSTER == 1
+#if CODA_TB
+                    for (int c = 0; c < CODA_BN / 64; c++)
+                        coda_tma_load(sb + c * 8192, &tma_b, n0 + 64 * c, k0, FULL(s));
+#else
+                    coda_tma_load(sb, &tma_b, k0, n0, FULL(s));
+#endif
+#else
+                    /* this CTA loads its half of B into both CTAs of the pair */
+#if CODA_TB
+                    for (int c = (int)crank * (CODA_BN / 128); c < ((int)crank + 1) * (CODA_BN / 128); c++)
+                        coda_tma_load_mc(sb + c * 8192, &tma_b, n0 + 64 * c, k0, FULL(s), 3);
+#else
+                    coda_tma_load_mc(sb + crank * (CODA_B_BYTES / 2), &tma_b, k0,
+                                     n0 + (int)crank * (CODA_BN / 2), FULL(s), 3);
+#endif
+#endif
+                }
+            }
+        }
+    } else {
+        /* ---- consumers ---- */
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+        const int c = wg - 1;
+        float acc[CODA_BN / 2];
+        int it = 0;
+        for (int unit = unit0; unit < n_units; unit += unit_step) {
+            int tm2, tn;
+            coda_tile_coords(unit, tiles_m2, tiles_n, &tm2, &tn);
+            const int tm = tm2 * CODA_CLUSTER + (int)crank;
+#pragma unroll
+            for (int i = 0; i < CODA_BN / 2; i++) acc[i] = 0.0f;
+            for (int kb = 0; kb < kiters; kb++, it++) {
+                const int s = it % CODA_STAGES;
+                coda_mbar_wait(FULL(s), (it / CODA_STAGES) & 1);
+                const u32 sa = base + s * CODA_STAGE_BYTES + c * 8192;
+                const u32 sb = base + s * CODA_STAGE_BYTES + CODA_A_BYTES;
+#pragma unroll
+                for (int i = 0; i < CODA_BN / 2; i++) coda_fence_reg(acc[i]);
+                coda_wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < CODA_BK / 16; kk++)
+                    coda_wgmma(acc, coda_desc_a(sa, kk), coda_desc_b(sb, kk), 1);
+                coda_wgmma_commit();
+#pragma unroll
+                for (int i = 0; i < CODA_BN / 2; i++) coda_fence_reg(acc[i]);
+                /* keep one wgmma group in flight; free the stage before it */
+                coda_wgmma_wait(1);
+                if (kb > 0 && tid % 32 == 0) {
+                    const int ps = (it + CODA_STAGES - 1) % CODA_STAGES;
+#if CODA_CLUSTER > 1
+                    for (u32 r = 0; r < CODA_CLUSTER; r++) coda_mbar_arrive_cluster(EMPTY(ps), r);
+#else
+                    coda_mbar_arrive(EMPTY(ps));
+#endif
+                }
+            }
+            coda_wgmma_wait(0);
+#pragma unroll
+            for (int i = 0; i < CODA_BN / 2; i++) coda_fence_reg(acc[i]);
+            if (kiters > 0 && tid % 32 == 0) {
+                const int ps = (it + CODA_STAGES - 1) % CODA_STAGES;
+#if CODA_CLUSTER > 1
+                for (u32 r = 0; r < CODA_CLUSTER; r++) coda_mbar_arrive_cluster(EMPTY(ps), r);
+#else
+                coda_mbar_arrive(EMPTY(ps));
+#endif
+            }
+
+            /* ---- epilogue: the spliced-in program sees each adjacent column pair ---- */
+            coda_epi_tile t;
+            t.m = M;
+            t.n = N;
+            t.tile_m = tm;
+            t.tile_n = tn;
+            t.row = tm * CODA_BM + 64 * c + 16 * (tid / 32) + (tid % 32) / 4;
+            t.col = tn * CODA_BN + 2 * (tid % 4);
+            t.wg = c;
+            t.tid = tid;
+            t.scratch = scratch;
+            coda_epi_state st;
+            coda_epi_begin(epi, t, st);
+#pragma unroll
+            for (int j = 0; j < CODA_BN / 8; j++) {
+                coda_epi_pair(epi, t, st, 0, j, t.row, t.col + 8 * j, acc[4 * j], acc[4 * j + 1]);
+                coda_epi_pair(epi, t, st, 1, j, t.row + 8, t.col + 8 * j, acc[4 * j + 2],
+                              acc[4 * j + 3]);
+            }
+            coda_epi_end(epi, t, st);
+        }
+    }
+#if CODA_CLUSTER > 1
+    /* a CTA must not exit while its peer may still multicast into it or
+     * arrive on its barriers */
+    coda_cluster_sync();
+#endif
+#undef FULL
+#undef EMPTY
+}

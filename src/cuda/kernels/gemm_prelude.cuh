@@ -1,0 +1,137 @@
+/* gemm_prelude.cuh - PTX helpers for the Hopper GEMM (compiled by NVRTC, sm_90a).
+ *
+ * No CUDA headers: NVRTC does not find them by itself, so bf16 conversion,
+ * TMA, mbarriers and wgmma are all inline PTX here. The kernel source is
+ * this file, gemm_wgmma.cuh, the epilogue (the splice point, docs/gpu.md)
+ * and gemm_mainloop.cuh, concatenated in that order. */
+
+#define CODA_STR(x) #x
+#define CODA_XSTR(x) CODA_STR(x)
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+/* A CUtensorMap (128 bytes, 64-byte aligned), passed by value as a
+ * __grid_constant__ parameter so TMA can read it from parameter space. */
+struct __align__(64) coda_tmap { u64 opaque[16]; };
+
+/* ---- bf16 (round to nearest even, NaN stays NaN: cvt.rn does both) ---- */
+static __device__ __forceinline__ float coda_bf16_lo(u32 v) { return __uint_as_float(v << 16); }
+static __device__ __forceinline__ float coda_bf16_hi(u32 v) { return __uint_as_float(v & 0xffff0000u); }
+/* Two floats to packed bf16x2: lo (lower address) = a, hi = b. */
+static __device__ __forceinline__ u32 coda_pack_bf16x2(float a, float b) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
+    return r;
+}
+static __device__ __forceinline__ unsigned short coda_f32_to_bf16(float a) {
+    unsigned short r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(a));
+    return r;
+}
+static __device__ __forceinline__ float coda_bf16_to_f32(unsigned short h) {
+    return __uint_as_float((u32)h << 16);
+}
+/* What a bf16 store keeps of v. */
+static __device__ __forceinline__ float coda_round_bf16(float v) {
+    return coda_bf16_to_f32(coda_f32_to_bf16(v));
+}
+
+static __device__ __forceinline__ u32 coda_smem_addr(const void *p) {
+    return (u32)__cvta_generic_to_shared(p);
+}
+
+/* ---- mbarrier ---- */
+static __device__ __forceinline__ void coda_mbar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void coda_mbar_expect_tx(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+static __device__ __forceinline__ void coda_mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+/* Arrive on the barrier at the same offset in CTA `cta` of the cluster. */
+static __device__ __forceinline__ void coda_mbar_arrive_cluster(u32 bar, u32 cta) {
+    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}" ::"r"(bar), "r"(cta)
+                 : "memory");
+}
+static __device__ __forceinline__ void coda_mbar_wait(u32 bar, u32 parity) {
+    u32 done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+
+/* ---- TMA: 2-D tile load into shared memory, completing on an mbarrier ---- */
+static __device__ __forceinline__ void coda_tma_load(u32 dst, const coda_tmap *map, int c0, int c1,
+                                                     u32 bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
+                 "l"((u64)map), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
+}
+/* The same, written into the same offset of every CTA in `mask` of the cluster. */
+static __device__ __forceinline__ void coda_tma_load_mc(u32 dst, const coda_tmap *map, int c0,
+                                                        int c1, u32 bar, unsigned short mask) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(dst),
+                 "l"((u64)map), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
+                 : "memory");
+}
+
+/* ---- cluster ---- */
+static __device__ __forceinline__ u32 coda_cluster_rank(void) {
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+static __device__ __forceinline__ void coda_cluster_sync(void) {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::
+                     : "memory");
+}
+
+/* ---- wgmma ---- */
+static __device__ __forceinline__ void coda_wgmma_fence(void) {
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+static __device__ __forceinline__ void coda_wgmma_commit(void) {
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+#define coda_wgmma_wait(n) asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(n) : "memory")
+/* Keep the compiler from moving accumulator reads/writes across wgmma waits. */
+static __device__ __forceinline__ void coda_fence_reg(float &r) {
+    asm volatile("" : "+f"(r)::"memory");
+}
+
+/* Shared-memory matrix descriptor, 128-byte swizzle (PTX ISA, "Matrix
+ * Descriptor Format"): start address, leading and stride byte offsets, all
+ * in 16-byte units; bits 62-63 = 1 selects the 128B swizzle. */
+static __device__ __forceinline__ u64 coda_desc(u32 addr, u32 lbo, u32 sbo) {
+    return (u64)((addr & 0x3ffff) >> 4) | ((u64)(lbo >> 4) << 16) | ((u64)(sbo >> 4) << 32) |
+           (1ull << 62);
+}
+
+/* Named barrier among the two consumer warpgroups (256 threads), for
+ * epilogues that combine values across warpgroups through shared memory. */
+static __device__ __forceinline__ void coda_consumer_sync(void) {
+    asm volatile("bar.sync 1, 256;" ::: "memory");
+}
+
+/* What the mainloop tells the epilogue about the tile a consumer thread holds
+ * (docs/gpu.md has the fragment picture). */
+struct coda_epi_tile {
+    int m, n;           /* problem extents: rows and columns of C               */
+    int tile_m, tile_n; /* tile indices (the tile is CODA_BM x CODA_BN)          */
+    int row;            /* this thread's first row; its second row is row + 8  */
+    int col;            /* this thread's first column; chunk j starts col + 8j */
+    int wg;             /* consumer warpgroup, 0 or 1 (rows 64*wg .. +63 of the tile) */
+    int tid;            /* thread in its warpgroup, 0..127                      */
+    unsigned char *scratch; /* shared memory scratch, scratch_bytes long (host-chosen) */
+};
