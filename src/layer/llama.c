@@ -36,7 +36,7 @@
 #include <stdlib.h>
 
 #define IGNORE_INDEX (-100)
-#define MAX_BUFS 48
+#define MAX_BUFS 96
 
 /* The built-in programs the layer runs, parsed once per layer. */
 enum { P_RESID_NORM, P_RESID_ADD, P_QKV, P_GATEUP, P_LSE, P_LM_BWD, P_SWIGLU_BWD, P_RMS_BWD, P_COUNT };
