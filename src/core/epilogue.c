@@ -1,0 +1,205 @@
+/* epilogue.c - coda_gemm_epilogue and coda_choose_tiling: every check of a
+ * fused GEMM call in one place, before anything is written, then dispatch.
+ *
+ * The checks: the GEMM operands (as coda_gemm), a verified program, the
+ * tiling, every program argument bound exactly once by name, each bound
+ * tensor's exact shape / dtype / device for its argument kind, N even when a
+ * half-space value or a full-space pair swap needs pairs, and no output
+ * overlapping another output, A, B, or an input. */
+#include "core/gemm_check.h"
+
+#include <math.h>
+#include <stdio.h>
+
+#define DEFAULT_TILE_M 128
+#define DEFAULT_TILE_N 128
+#define MAX_TILE 1024
+
+coda_status_t coda_choose_tiling(coda_context_t *ctx, coda_device_t device, coda_layout_t layout,
+                                 int64_t m, int64_t n, int64_t k, coda_tiling_t *tiling) {
+    if (!ctx) return coda__fail(CODA_ERR_INVALID_ARG, "coda_choose_tiling: ctx is NULL");
+    if (!tiling) return coda__fail(CODA_ERR_INVALID_ARG, "coda_choose_tiling: tiling is NULL");
+    if (device != CODA_DEVICE_CPU && device != CODA_DEVICE_CUDA)
+        return coda__fail(CODA_ERR_INVALID_ARG, "coda_choose_tiling: device %d is not CPU (0) or CUDA (1)",
+                          (int)device);
+    if (layout != CODA_LAYOUT_NT && layout != CODA_LAYOUT_NN && layout != CODA_LAYOUT_TN)
+        return coda__fail(CODA_ERR_INVALID_ARG, "coda_choose_tiling: layout %d is not NT (0), NN (1) or TN (2)",
+                          (int)layout);
+    if (m < 0 || n < 0 || k < 0)
+        return coda__fail(CODA_ERR_SHAPE, "coda_choose_tiling: negative extent (m %lld, n %lld, k %lld)",
+                          (long long)m, (long long)n, (long long)k);
+    /* One default for both backends for now, so partial buffers sized for one
+     * device fit the other. */
+    tiling->tile_m = DEFAULT_TILE_M;
+    tiling->tile_n = DEFAULT_TILE_N;
+    return CODA_OK;
+}
+
+static const char *kind_text(coda_arg_kind_t k) {
+    switch (k) {
+    case CODA_IN_TILE: return "in tile";
+    case CODA_IN_ROW: return "in row";
+    case CODA_IN_COL: return "in col";
+    case CODA_IN_SCALAR: return "in scalar";
+    case CODA_OUT_TILE: return "out tile";
+    case CODA_OUT_ROWRED: return "out row reduction";
+    case CODA_OUT_COLRED: return "out column reduction";
+    case CODA_OUT_LSE: return "out lse";
+    }
+    return "?";
+}
+
+/* Does the program need N even: a value or argument in the half space, or a
+ * swap of full-space pairs (an odd N would leave the last column unpaired). */
+static int needs_even_n(const coda_program_t *p) {
+    for (int i = 0; i < p->n_args; i++) {
+        coda_arg_kind_t k = p->args[i].kind;
+        if ((k == CODA_IN_TILE || k == CODA_IN_COL || k == CODA_OUT_TILE || k == CODA_OUT_COLRED) &&
+            p->args[i].space == CODA_SPACE_HALF)
+            return 1;
+    }
+    for (int i = 0; i < p->n_insts; i++) {
+        const coda_inst_t *in = &p->insts[i];
+        if (coda__op_arity(in->op) < 0) continue;
+        if ((in->shape & CODA_SHAPE_COL) && in->vspace == CODA_SPACE_HALF) return 1;
+        if (in->op == CODA_OP_SWAP && in->vspace == CODA_SPACE_FULL) return 1;
+    }
+    return 0;
+}
+
+/* The expected shape and dtype of argument i's tensor. */
+static coda_status_t check_bound(const coda_program_t *p, int i, const coda_tensor_t *t,
+                                 const coda_tensor_t *a, int64_t m, int64_t n, int64_t m_tiles,
+                                 int64_t n_tiles) {
+    const coda_arg_t *arg = &p->args[i];
+    char what[CODA_NAME_MAX + 48];
+    snprintf(what, sizeof what, "coda_gemm_epilogue: binding '%s' (%s)", arg->name, kind_text(arg->kind));
+    CODA_TRY(coda__check_tensor(t, what));
+    int64_t w = coda__space_width(arg->space, n);
+    int ndim = 2;
+    int64_t shape[3] = {m, w, 3};
+    coda_dtype_t want = arg->dtype;
+    switch (arg->kind) {
+    case CODA_IN_TILE: case CODA_OUT_TILE: break;
+    case CODA_IN_ROW: ndim = 1; break;
+    case CODA_IN_COL: ndim = 1; shape[0] = w; break;
+    case CODA_OUT_ROWRED: shape[1] = n_tiles; want = CODA_F32; break;
+    case CODA_OUT_COLRED: shape[0] = w; shape[1] = m_tiles; want = CODA_F32; break;
+    case CODA_OUT_LSE: ndim = 3; shape[1] = n_tiles; want = CODA_F32; break;
+    default: return coda__fail(CODA_ERR_INTERNAL, "%s: unexpected kind", what);
+    }
+    if (t->ndim != ndim)
+        return coda__fail(CODA_ERR_SHAPE, "%s: expected %d dims, got %d", what, ndim, t->ndim);
+    for (int d = 0; d < ndim; d++)
+        if (t->shape[d] != shape[d]) {
+            if (ndim == 1)
+                return coda__fail(CODA_ERR_SHAPE, "%s: shape (%lld), expected (%lld)", what,
+                                  (long long)t->shape[0], (long long)shape[0]);
+            if (ndim == 2)
+                return coda__fail(CODA_ERR_SHAPE, "%s: shape (%lld, %lld), expected (%lld, %lld)", what,
+                                  (long long)t->shape[0], (long long)t->shape[1], (long long)shape[0],
+                                  (long long)shape[1]);
+            return coda__fail(CODA_ERR_SHAPE, "%s: shape (%lld, %lld, %lld), expected (%lld, %lld, 3)",
+                              what, (long long)t->shape[0], (long long)t->shape[1],
+                              (long long)t->shape[2], (long long)shape[0], (long long)shape[1]);
+        }
+    if (t->dtype != want)
+        return coda__fail(CODA_ERR_DTYPE, "%s: dtype %s, expected %s", what,
+                          coda_dtype_name(t->dtype), coda_dtype_name(want));
+    if (t->device != a->device || t->device_index != a->device_index)
+        return coda__fail(CODA_ERR_DEVICE, "%s: not on the device of a and b", what);
+    return CODA_OK;
+}
+
+static int is_output(coda_arg_kind_t k) { return k >= CODA_OUT_TILE; }
+
+coda_status_t coda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout, const coda_tensor_t *a,
+                                 const coda_tensor_t *b, const coda_program_t *program,
+                                 const coda_binding_t *bindings, int n_bindings,
+                                 const coda_tiling_t *tiling, void *stream) {
+    static const char fn[] = "coda_gemm_epilogue";
+    if (!ctx) return coda__fail(CODA_ERR_INVALID_ARG, "%s: ctx is NULL", fn);
+    int64_t m = 0, n = 0, k = 0;
+    CODA_TRY(coda__check_gemm_operands(fn, layout, a, b, &m, &n, &k));
+    if (!program) return coda__fail(CODA_ERR_INVALID_ARG, "%s: program is NULL", fn);
+    const coda_program_t *p = program;
+    if (!p->verified || p->n_args < 0 || p->n_args > CODA_MAX_ARGS || p->n_insts < 0 ||
+        p->n_insts > CODA_MAX_INSTS)
+        return coda__fail(CODA_ERR_VERIFY, "%s: program '%s' is not verified (build it with "
+                          "coda_program_finish or coda_program_parse)", fn, p->name);
+
+    /* tiling: 0 in a field means the backend default */
+    coda_tiling_t tl = {0, 0}, def;
+    CODA_TRY(coda_choose_tiling(ctx, a->device, layout, m, n, k, &def));
+    if (tiling) tl = *tiling;
+    if (tl.tile_m == 0) tl.tile_m = def.tile_m;
+    if (tl.tile_n == 0) tl.tile_n = def.tile_n;
+    if (tl.tile_m < 1 || tl.tile_m > MAX_TILE)
+        return coda__fail(CODA_ERR_INVALID_ARG, "%s: tiling.tile_m %d outside 1..%d", fn, tl.tile_m, MAX_TILE);
+    if (tl.tile_n < 2 || tl.tile_n > MAX_TILE || tl.tile_n % 2 != 0)
+        return coda__fail(CODA_ERR_INVALID_ARG, "%s: tiling.tile_n %d must be even and in 2..%d", fn,
+                          tl.tile_n, MAX_TILE);
+    int64_t m_tiles = coda__cdiv(m, tl.tile_m), n_tiles = coda__cdiv(n, tl.tile_n);
+
+    /* bindings: each argument exactly once, by name */
+    if (n_bindings < 0) return coda__fail(CODA_ERR_INVALID_ARG, "%s: n_bindings %d < 0", fn, n_bindings);
+    if (n_bindings > 0 && !bindings)
+        return coda__fail(CODA_ERR_INVALID_ARG, "%s: bindings is NULL but n_bindings is %d", fn, n_bindings);
+    int which[CODA_MAX_ARGS];
+    for (int i = 0; i < p->n_args; i++) which[i] = -1;
+    for (int j = 0; j < n_bindings; j++) {
+        const char *name = bindings[j].name;
+        if (!name) return coda__fail(CODA_ERR_INVALID_ARG, "%s: bindings[%d].name is NULL", fn, j);
+        int i = coda_program_find_arg(p, name);
+        if (i < 0 || i >= p->n_args)
+            return coda__fail(CODA_ERR_BINDING, "%s: bindings[%d]: program '%s' has no argument '%.64s'",
+                              fn, j, p->name, name);
+        if (which[i] >= 0)
+            return coda__fail(CODA_ERR_BINDING, "%s: argument '%s' is bound twice (bindings[%d] and [%d])",
+                              fn, p->args[i].name, which[i], j);
+        which[i] = j;
+    }
+    for (int i = 0; i < p->n_args; i++)
+        if (which[i] < 0)
+            return coda__fail(CODA_ERR_BINDING, "%s: argument '%s' (%s) is not bound", fn, p->args[i].name,
+                              kind_text(p->args[i].kind));
+
+    if (needs_even_n(p) && n % 2 != 0)
+        return coda__fail(CODA_ERR_SHAPE, "%s: program '%s' works on column pairs (half space or swap), "
+                          "but N = %lld is odd", fn, p->name, (long long)n);
+
+    const coda_tensor_t *bound[CODA_MAX_ARGS];
+    float scalars[CODA_MAX_ARGS];
+    for (int i = 0; i < p->n_args; i++) {
+        const coda_binding_t *bd = &bindings[which[i]];
+        bound[i] = NULL;
+        scalars[i] = 0.0f;
+        if (p->args[i].kind == CODA_IN_SCALAR) {
+            if (!isfinite(bd->scalar))
+                return coda__fail(CODA_ERR_INVALID_ARG, "%s: scalar '%s' is not finite", fn, p->args[i].name);
+            scalars[i] = bd->scalar;
+            continue;
+        }
+        bound[i] = &bd->tensor;
+        CODA_TRY(check_bound(p, i, bound[i], a, m, n, m_tiles, n_tiles));
+    }
+
+    /* no output may overlap another output, A, B, or an input */
+    for (int i = 0; i < p->n_args; i++) {
+        if (!is_output(p->args[i].kind)) continue;
+        if (coda__tensors_overlap(bound[i], a))
+            return coda__fail(CODA_ERR_OVERLAP, "%s: output '%s' overlaps a", fn, p->args[i].name);
+        if (coda__tensors_overlap(bound[i], b))
+            return coda__fail(CODA_ERR_OVERLAP, "%s: output '%s' overlaps b", fn, p->args[i].name);
+        for (int j = 0; j < p->n_args; j++) {
+            if (j == i || !bound[j] || (is_output(p->args[j].kind) && j < i)) continue;
+            if (coda__tensors_overlap(bound[i], bound[j]))
+                return coda__fail(CODA_ERR_OVERLAP, "%s: output '%s' overlaps %s '%s'", fn, p->args[i].name,
+                                  is_output(p->args[j].kind) ? "output" : "input", p->args[j].name);
+        }
+    }
+
+    if (a->device == CODA_DEVICE_CPU) return coda__cpu_gemm_epilogue(ctx, layout, a, b, p, bound, scalars, tl);
+    (void)stream;
+    return coda__fail(CODA_ERR_UNSUPPORTED, "%s: fused GEMM on CUDA not implemented yet", fn);
+}
