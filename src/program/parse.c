@@ -412,6 +412,8 @@ coda_status_t coda_program_parse(const char *text, coda_program_t **out) {
     ps.p = coda__program_alloc();
     if (!ps.p) return coda__fail(CODA_ERR_NO_MEMORY, "coda_program_parse: out of memory");
     coda_status_t st = parse_all(&ps, text);
+    if (st == CODA_OK && ps.p->n_args == 0 && ps.p->n_insts == 0)
+        st = perr(&ps, CODA_ERR_VERIFY, "program is empty (it must write an output)");
     if (st == CODA_OK) st = coda__program_verify(ps.p);
     if (st != CODA_OK) {
         coda_program_free(ps.p);

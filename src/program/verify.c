@@ -27,8 +27,9 @@ static int has_cols(coda_shape_t s) { return (s & CODA_SHAPE_COL) != 0; }
 
 /* Words of an argument kind, as the text form declares them. */
 static const char *kind_words(const coda_arg_t *a) {
-    static const char *const red[2][3] = {{"out rowsum", "out rowmax", "out rowsumsq"},
-                                          {"out colsum", "out colmax", "out colsumsq"}};
+    static const char *const red[2][3] = {
+        {"an out rowsum", "an out rowmax", "an out rowsumsq"},
+        {"an out colsum", "an out colmax", "an out colsumsq"}};
     switch (a->kind) {
     case CODA_IN_TILE: return "an in tile";
     case CODA_IN_ROW: return "an in row";
