@@ -68,9 +68,13 @@ int coda__cuda_gemm_options(coda_layout_t layout, const coda_cuda_gemm_cfg_t *cf
     int w = snprintf(optbuf, optcap, "-DCODA_BN=%d%c-DCODA_STAGES=%d%c-DCODA_TA=%d%c-DCODA_TB=%d%c"
                      "-DCODA_CLUSTER=%d",
                      cfg->bn, 0, cfg->stages, 0, ta, 0, tb, 0, cfg->cluster_m);
-    (void)w;
+    int nd = 5;
+    if (getenv("CODA_DEBUG_MN_SWAP") && w > 0 && (size_t)w + 20 < optcap) {
+        memcpy(optbuf + w + 1, "-DCODA_MN_SWAP=1", 17);
+        nd = 6;
+    }
     const char *p = optbuf;
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < nd; i++) {
         opts[n++] = p;
         p += strlen(p) + 1;
     }

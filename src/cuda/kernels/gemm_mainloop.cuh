@@ -59,16 +59,23 @@ static __device__ __forceinline__ void coda_tile_coords(int tile, int tiles_m, i
  * into each 128-byte row; MN-major: 16 k-rows further, i.e. two 1024-byte
  * swizzle atoms. LBO (MN-major): 8 KiB between 64-wide MN chunks; SBO: 1 KiB
  * between groups of 8 rows (K-major) or 8 k-rows (MN-major). */
+#ifdef CODA_MN_SWAP /* debugging aid: the other reading of LBO/SBO for MN-major */
+#define CODA_MN_LBO 1024
+#define CODA_MN_SBO 8192
+#else
+#define CODA_MN_LBO 8192
+#define CODA_MN_SBO 1024
+#endif
 static __device__ __forceinline__ u64 coda_desc_a(u32 a_half, int kk) {
 #if CODA_TA
-    return coda_desc(a_half + kk * 2048, 8192, 1024);
+    return coda_desc(a_half + kk * 2048, CODA_MN_LBO, CODA_MN_SBO);
 #else
     return coda_desc(a_half + kk * 32, 16, 1024);
 #endif
 }
 static __device__ __forceinline__ u64 coda_desc_b(u32 b, int kk) {
 #if CODA_TB
-    return coda_desc(b + kk * 2048, 8192, 1024);
+    return coda_desc(b + kk * 2048, CODA_MN_LBO, CODA_MN_SBO);
 #else
     return coda_desc(b + kk * 32, 16, 1024);
 #endif

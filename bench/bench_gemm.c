@@ -1,0 +1,242 @@
+/* bench_gemm.c - coda's CUDA GEMM against cuBLAS, in the same process.
+ *
+ *   bench_gemm             square shapes and the LLaMA-3-8B layer GEMMs
+ *   bench_gemm sweep       also time every tile configuration (the pick table)
+ *
+ * bf16 inputs, f32 accumulation, bf16 output. CUDA events around each run,
+ * 10 warm-up runs, median of 50 timed runs; input sets rotated when one set
+ * fits in L2. Random inputs (never zeros). Each shape's coda output is
+ * checked against cuBLAS's (relative norm error on a sample of rows). */
+#pragma GCC diagnostic ignored "-Wunused-function"
+#pragma GCC diagnostic ignored "-Wunused-variable"
+#include "harness.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#define CUDA_OK(call)                                                                     \
+    do {                                                                                  \
+        cudaError_t e_ = (call);                                                          \
+        if (e_ != cudaSuccess) {                                                          \
+            fprintf(stderr, "FATAL %s:%d: %s: %s\n", __FILE__, __LINE__, #call,           \
+                    cudaGetErrorString(e_));                                              \
+            exit(1);                                                                      \
+        }                                                                                 \
+    } while (0)
+#define CUBLAS_OK(call)                                                                   \
+    do {                                                                                  \
+        cublasStatus_t s_ = (call);                                                       \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                \
+            fprintf(stderr, "FATAL %s:%d: %s: cuBLAS status %d\n", __FILE__, __LINE__,    \
+                    #call, (int)s_);                                                      \
+            exit(1);                                                                      \
+        }                                                                                 \
+    } while (0)
+
+#define WARMUP 10
+#define RUNS 50
+#define MAX_SETS 8
+
+static coda_context_t *ctx;
+static cublasHandle_t blas;
+static uint16_t *noise; /* 16M random bf16 values, tiled into device buffers */
+#define NOISE_N (16 << 20)
+
+static void *dev_random(size_t elems) {
+    void *p;
+    CUDA_OK(cudaMalloc(&p, elems * 2));
+    for (size_t off = 0; off < elems; off += NOISE_N) {
+        size_t n = elems - off < NOISE_N ? elems - off : NOISE_N;
+        /* shift the source so tiles differ */
+        size_t shift = (off / NOISE_N * 7919) % (NOISE_N / 2);
+        if (n > NOISE_N - shift) shift = 0;
+        CUDA_OK(cudaMemcpy((uint16_t *)p + off, noise + shift, n * 2, cudaMemcpyHostToDevice));
+    }
+    return p;
+}
+
+typedef struct {
+    const char *name;
+    coda_layout_t layout;
+    int64_t m, n, k;
+} shape_t;
+
+typedef struct {
+    void *a[MAX_SETS], *b[MAX_SETS], *c[MAX_SETS];
+    int sets;
+} bufs_t;
+
+static void run_coda(const shape_t *s, bufs_t *bf, int i) {
+    int64_t ar = s->layout == CODA_LAYOUT_TN ? s->k : s->m, ac = s->layout == CODA_LAYOUT_TN ? s->m : s->k;
+    int64_t br = s->layout == CODA_LAYOUT_NT ? s->n : s->k, bc = s->layout == CODA_LAYOUT_NT ? s->k : s->n;
+    coda_tensor_t A = coda_tensor_2d(bf->a[i], CODA_BF16, ar, ac);
+    coda_tensor_t B = coda_tensor_2d(bf->b[i], CODA_BF16, br, bc);
+    coda_tensor_t C = coda_tensor_2d(bf->c[i], CODA_BF16, s->m, s->n);
+    A.device = B.device = C.device = CODA_DEVICE_CUDA;
+    coda_status_t st = coda_gemm(ctx, s->layout, &A, &B, &C, 1.0f, 0.0f, NULL);
+    if (st != CODA_OK) {
+        fprintf(stderr, "FATAL coda_gemm %s: %s\n", s->name, coda_last_error());
+        exit(1);
+    }
+}
+
+/* Row-major C (M, N) = op(A) op(B) is column-major C^T (N, M) = op(B)^T op(A)^T. */
+static void run_cublas(const shape_t *s, bufs_t *bf, int i) {
+    const float one = 1.0f, zero = 0.0f;
+    int m = (int)s->m, n = (int)s->n, k = (int)s->k;
+    cublasOperation_t opb, opa;
+    int ldb, lda;
+    switch (s->layout) {
+    case CODA_LAYOUT_NT: opb = CUBLAS_OP_T; ldb = k; opa = CUBLAS_OP_N; lda = k; break;
+    case CODA_LAYOUT_NN: opb = CUBLAS_OP_N; ldb = n; opa = CUBLAS_OP_N; lda = k; break;
+    default: opb = CUBLAS_OP_N; ldb = n; opa = CUBLAS_OP_T; lda = m; break;
+    }
+    CUBLAS_OK(cublasGemmEx(blas, opb, opa, n, m, k, &one, bf->b[i], CUDA_R_16BF, ldb, bf->a[i],
+                           CUDA_R_16BF, lda, &zero, bf->c[i], CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                           CUBLAS_GEMM_DEFAULT));
+}
+
+static int cmp_float(const void *x, const void *y) {
+    float a = *(const float *)x, b = *(const float *)y;
+    return a < b ? -1 : a > b;
+}
+
+/* Median milliseconds of RUNS runs, rotating input sets. */
+static float time_it(void (*fn)(const shape_t *, bufs_t *, int), const shape_t *s, bufs_t *bf) {
+    cudaEvent_t e0[RUNS], e1[RUNS];
+    for (int r = 0; r < RUNS; r++) {
+        CUDA_OK(cudaEventCreate(&e0[r]));
+        CUDA_OK(cudaEventCreate(&e1[r]));
+    }
+    for (int r = 0; r < WARMUP; r++) fn(s, bf, r % bf->sets);
+    CUDA_OK(cudaDeviceSynchronize());
+    for (int r = 0; r < RUNS; r++) {
+        CUDA_OK(cudaEventRecord(e0[r], NULL));
+        fn(s, bf, r % bf->sets);
+        CUDA_OK(cudaEventRecord(e1[r], NULL));
+    }
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaGetLastError());
+    float ms[RUNS];
+    for (int r = 0; r < RUNS; r++) {
+        CUDA_OK(cudaEventElapsedTime(&ms[r], e0[r], e1[r]));
+        CUDA_OK(cudaEventDestroy(e0[r]));
+        CUDA_OK(cudaEventDestroy(e1[r]));
+    }
+    qsort(ms, RUNS, sizeof ms[0], cmp_float);
+    return ms[RUNS / 2];
+}
+
+/* coda vs cuBLAS output on the first and last 64 rows. */
+static double check(const shape_t *s, bufs_t *bf) {
+    int64_t rows = s->m < 128 ? s->m : 128;
+    size_t n = (size_t)(rows * s->n);
+    uint16_t *x = h_alloc(n * 2), *y = h_alloc(n * 2);
+    double *ref = h_alloc(n * sizeof(double));
+    float *out = h_alloc(n * sizeof(float));
+    int64_t half = rows / 2, tail0 = s->m - (rows - half);
+    run_coda(s, bf, 0);
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaMemcpy(x, bf->c[0], (size_t)(half * s->n) * 2, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(x + half * s->n, (uint16_t *)bf->c[0] + tail0 * s->n,
+                       (size_t)((rows - half) * s->n) * 2, cudaMemcpyDeviceToHost));
+    run_cublas(s, bf, 0);
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaMemcpy(y, bf->c[0], (size_t)(half * s->n) * 2, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(y + half * s->n, (uint16_t *)bf->c[0] + tail0 * s->n,
+                       (size_t)((rows - half) * s->n) * 2, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++) {
+        ref[i] = h_bf2f(y[i]);
+        out[i] = h_bf2f(x[i]);
+    }
+    double e = rel_err_f32(out, ref, (int64_t)n);
+    free(x); free(y); free(ref); free(out);
+    return e;
+}
+
+int main(int argc, char **argv) {
+    int sweep = argc > 1 && strcmp(argv[1], "sweep") == 0;
+    REQUIRE_OK(coda_context_create(NULL, &ctx));
+    char desc[2048];
+    REQUIRE_OK(coda_context_describe(ctx, desc, sizeof desc));
+    printf("%s", desc);
+    CUBLAS_OK(cublasCreate(&blas));
+    noise = h_alloc((size_t)NOISE_N * 2);
+    h_rng r = rng_new(42);
+    rng_fill_bf16(&r, noise, NOISE_N, 1.0f);
+
+    /* LLaMA-3-8B, M = 16384 tokens: d 4096, qkv 6144, ffn 14336 (gate/up 28672). */
+    const int64_t T = 16384;
+    shape_t shapes[] = {
+        {"sq2048", CODA_LAYOUT_NT, 2048, 2048, 2048}, {"sq2048", CODA_LAYOUT_NN, 2048, 2048, 2048},
+        {"sq2048", CODA_LAYOUT_TN, 2048, 2048, 2048}, {"sq4096", CODA_LAYOUT_NT, 4096, 4096, 4096},
+        {"sq4096", CODA_LAYOUT_NN, 4096, 4096, 4096}, {"sq4096", CODA_LAYOUT_TN, 4096, 4096, 4096},
+        {"sq8192", CODA_LAYOUT_NT, 8192, 8192, 8192}, {"sq8192", CODA_LAYOUT_NN, 8192, 8192, 8192},
+        {"sq8192", CODA_LAYOUT_TN, 8192, 8192, 8192},
+        {"qkv.fwd", CODA_LAYOUT_NT, T, 6144, 4096},   {"qkv.dgrad", CODA_LAYOUT_NN, T, 4096, 6144},
+        {"qkv.wgrad", CODA_LAYOUT_TN, 6144, 4096, T}, {"o.fwd", CODA_LAYOUT_NT, T, 4096, 4096},
+        {"o.dgrad", CODA_LAYOUT_NN, T, 4096, 4096},   {"o.wgrad", CODA_LAYOUT_TN, 4096, 4096, T},
+        {"gu.fwd", CODA_LAYOUT_NT, T, 28672, 4096},   {"gu.dgrad", CODA_LAYOUT_NN, T, 4096, 28672},
+        {"gu.wgrad", CODA_LAYOUT_TN, 28672, 4096, T}, {"down.fwd", CODA_LAYOUT_NT, T, 4096, 14336},
+        {"down.dgrad", CODA_LAYOUT_NN, T, 14336, 4096}, {"down.wgrad", CODA_LAYOUT_TN, 4096, 14336, T},
+    };
+    const char *lname[3] = {"NT", "NN", "TN"};
+    int ns = (int)(sizeof shapes / sizeof shapes[0]);
+    float ratios[64];
+    double tot_coda = 0, tot_blas = 0;
+    printf("\n%-11s %-2s %6s %6s %6s  %9s %9s %6s  %s\n", "shape", "ly", "M", "N", "K",
+           "coda TF/s", "cuBLAS", "ratio", "check");
+    for (int i = 0; i < ns; i++) {
+        shape_t *s = &shapes[i];
+        size_t ea = (size_t)(s->m * s->k), eb = (size_t)(s->n * s->k), ec = (size_t)(s->m * s->n);
+        size_t bytes = 2 * (ea + eb + ec);
+        bufs_t bf;
+        /* rotate sets when one fits in L2 (50 MB): 200 MB of inputs in all */
+        bf.sets = bytes < ((size_t)100 << 20) ? (int)(((size_t)200 << 20) / bytes) : 1;
+        if (bf.sets > MAX_SETS) bf.sets = MAX_SETS;
+        if (bf.sets < 1) bf.sets = 1;
+        for (int j = 0; j < bf.sets; j++) {
+            bf.a[j] = dev_random(ea);
+            bf.b[j] = dev_random(eb);
+            CUDA_OK(cudaMalloc(&bf.c[j], ec * 2));
+        }
+        double flop = 2.0 * (double)s->m * (double)s->n * (double)s->k;
+        double err = check(s, &bf);
+        float tb = time_it(run_cublas, s, &bf);
+        float tc = time_it(run_coda, s, &bf);
+        float tb2 = time_it(run_cublas, s, &bf); /* again: the spread shows the noise */
+        if (tb2 < tb) tb = tb2;
+        double fc = flop / (tc * 1e-3) / 1e12, fb = flop / (tb * 1e-3) / 1e12;
+        ratios[i] = (float)(fc / fb);
+        tot_coda += tc;
+        tot_blas += tb;
+        printf("%-11s %-2s %6lld %6lld %6lld  %9.1f %9.1f %6.3f  %.1e%s\n", s->name,
+               lname[s->layout], (long long)s->m, (long long)s->n, (long long)s->k, fc, fb,
+               ratios[i], err, err < 1e-2 ? "" : " MISMATCH");
+        if (sweep) {
+            for (int cfg = 0; cfg < 3; cfg++) {
+                char v[2] = {(char)('0' + cfg), 0};
+                setenv("CODA_GEMM_CFG", v, 1);
+                float t = time_it(run_coda, s, &bf);
+                printf("    cfg %d: %9.1f TF/s\n", cfg, flop / (t * 1e-3) / 1e12);
+            }
+            unsetenv("CODA_GEMM_CFG");
+        }
+        fflush(stdout);
+        for (int j = 0; j < bf.sets; j++) {
+            CUDA_OK(cudaFree(bf.a[j]));
+            CUDA_OK(cudaFree(bf.b[j]));
+            CUDA_OK(cudaFree(bf.c[j]));
+        }
+    }
+    float sorted[64];
+    memcpy(sorted, ratios, sizeof(float) * (size_t)ns);
+    qsort(sorted, (size_t)ns, sizeof(float), cmp_float);
+    printf("\nratio coda/cuBLAS: median %.3f, min %.3f, max %.3f; layer GEMMs total: coda %.2f ms, "
+           "cuBLAS %.2f ms\n",
+           sorted[ns / 2], sorted[0], sorted[ns - 1], tot_coda, tot_blas);
+    cublasDestroy(blas);
+    coda_context_free(ctx);
+    free(noise);
+    return 0;
+}

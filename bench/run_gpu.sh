@@ -1,0 +1,24 @@
+#!/bin/bash
+# run_gpu.sh - build, test and benchmark the CUDA GEMM on an sm_90a machine.
+#   bench/run_gpu.sh [quick]     (logs under $OUT, or ./gpu-logs)
+# Steps: build; the NVRTC test; the GPU test (small set under
+# compute-sanitizer memcheck and racecheck, then the full set); the benchmark.
+set -u
+OUT=${OUT:-gpu-logs}
+mkdir -p "$OUT"
+export CODA_CACHE_DIR=${CODA_CACHE_DIR:-/tmp/coda-cache}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/device.txt"
+make -j16 lib build/tests/test_nvrtc build/tests/gpu/test_gemm_gpu build/bench/bench_gemm \
+    > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+echo "== test_nvrtc"; timeout 120 build/tests/test_nvrtc 2>&1 | tail -3
+echo "== gpu test (small)"
+timeout 120 build/tests/gpu/test_gemm_gpu small > "$OUT/small.log" 2>&1; echo "rc=$?"; tail -4 "$OUT/small.log"
+if [ "${1:-}" != "quick" ]; then
+  CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  echo "== memcheck"; timeout 200 $CS --tool memcheck build/tests/gpu/test_gemm_gpu small > "$OUT/memcheck.log" 2>&1; echo "rc=$?"; tail -3 "$OUT/memcheck.log"
+  echo "== racecheck"; timeout 200 $CS --tool racecheck build/tests/gpu/test_gemm_gpu small > "$OUT/racecheck.log" 2>&1; echo "rc=$?"; tail -3 "$OUT/racecheck.log"
+fi
+echo "== gpu test (full)"
+timeout 300 build/tests/gpu/test_gemm_gpu > "$OUT/full.log" 2>&1; echo "rc=$?"; grep -E "FAIL" "$OUT/full.log" | head -20; tail -2 "$OUT/full.log"
+echo "== bench"
+timeout 400 build/bench/bench_gemm ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep -v "^    cfg" | tail -40

@@ -1,0 +1,250 @@
+/* test_gemm_gpu.c - the CUDA GEMM against the CPU reference, every layout.
+ *
+ *   test_gemm_gpu          full suite (every tile configuration)
+ *   test_gemm_gpu small    a few small shapes (for compute-sanitizer)
+ *
+ * Fresh random data for every case, outputs poisoned with NaN before the
+ * run. The error versus a float64 reference must be within twice the error of
+ * the CPU backend's (DESIGN.md section 5). Needs an sm_90a GPU. */
+#pragma GCC diagnostic ignored "-Wunused-function"
+#include "harness.h"
+
+#include <cuda_runtime_api.h>
+
+#define CUDA_OK(call)                                                                 \
+    do {                                                                              \
+        cudaError_t e_ = (call);                                                      \
+        if (e_ != cudaSuccess) {                                                      \
+            fprintf(stderr, "FATAL %s:%d: %s: %s\n", __FILE__, __LINE__, #call,       \
+                    cudaGetErrorString(e_));                                          \
+            exit(1);                                                                  \
+        }                                                                             \
+    } while (0)
+
+static coda_context_t *ctx;
+static uint64_t seed = 1;
+static const char *lname[3] = {"NT", "NN", "TN"};
+
+static int64_t round8(int64_t x) { return (x + 7) / 8 * 8; }
+
+/* float64 reference: ref = alpha * op(A) op(B) + beta * C0, from bf16 bits. */
+static void reference(coda_layout_t layout, int64_t m, int64_t n, int64_t k, const uint16_t *a,
+                      int64_t lda, const uint16_t *b, int64_t ldb, const double *c0, double alpha,
+                      double beta, double *ref) {
+    double *row = h_alloc(sizeof(double) * (size_t)n);
+    for (int64_t i = 0; i < m; i++) {
+        for (int64_t j = 0; j < n; j++) row[j] = 0;
+        for (int64_t p = 0; p < k; p++) {
+            double av = layout == CODA_LAYOUT_TN ? h_bf2f(a[p * lda + i]) : h_bf2f(a[i * lda + p]);
+            if (av == 0) continue;
+            if (layout == CODA_LAYOUT_NT)
+                for (int64_t j = 0; j < n; j++) row[j] += av * h_bf2f(b[j * ldb + p]);
+            else
+                for (int64_t j = 0; j < n; j++) row[j] += av * h_bf2f(b[p * ldb + j]);
+        }
+        for (int64_t j = 0; j < n; j++)
+            ref[i * n + j] = alpha * row[j] + (beta != 0 ? beta * c0[i * n + j] : 0);
+    }
+    free(row);
+}
+
+/* One case: returns 1 if it passed. */
+static int run_case(coda_layout_t layout, int64_t m, int64_t n, int64_t k, coda_dtype_t cdt,
+                    float alpha, float beta, int cfg) {
+    h_rng r = rng_new(seed++);
+    /* Stored shapes; row strides padded to 16 bytes where the extent is not. */
+    int64_t ar = layout == CODA_LAYOUT_TN ? k : m, ac = layout == CODA_LAYOUT_TN ? m : k;
+    int64_t br = layout == CODA_LAYOUT_NT ? n : k, bc = layout == CODA_LAYOUT_NT ? k : n;
+    int64_t lda = round8(ac), ldb = round8(bc);
+    size_t esz = coda_dtype_size(cdt);
+    int64_t ldc = cdt == CODA_F32 ? (n + 3) / 4 * 4 : round8(n);
+    uint16_t *ha = h_alloc(2 * (size_t)(ar * lda)), *hb = h_alloc(2 * (size_t)(br * ldb));
+    rng_fill_bf16(&r, ha, ar * lda, 1.0f);
+    rng_fill_bf16(&r, hb, br * ldb, 1.0f);
+    void *hc0 = h_alloc(esz * (size_t)(m * ldc)), *hc = h_alloc(esz * (size_t)(m * ldc));
+    if (cdt == CODA_F32) rng_fill_f32(&r, hc0, m * ldc, 1.0f);
+    else rng_fill_bf16(&r, hc0, m * ldc, 1.0f);
+    if (beta == 0) { /* C must not be read: poison it */
+        if (cdt == CODA_F32) poison_f32(hc0, m * ldc);
+        else poison_bf16(hc0, m * ldc);
+    }
+    void *da, *db, *dc;
+    CUDA_OK(cudaMalloc(&da, 2 * (size_t)(ar * lda) + 16));
+    CUDA_OK(cudaMalloc(&db, 2 * (size_t)(br * ldb) + 16));
+    CUDA_OK(cudaMalloc(&dc, esz * (size_t)(m * ldc) + 16));
+    CUDA_OK(cudaMemcpy(da, ha, 2 * (size_t)(ar * lda), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(db, hb, 2 * (size_t)(br * ldb), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dc, hc0, esz * (size_t)(m * ldc), cudaMemcpyHostToDevice));
+
+    coda_tensor_t A = coda_tensor_2d(da, CODA_BF16, ar, ac), B = coda_tensor_2d(db, CODA_BF16, br, bc);
+    coda_tensor_t C = coda_tensor_2d(dc, cdt, m, n);
+    A.stride[0] = 2 * lda;
+    B.stride[0] = 2 * ldb;
+    C.stride[0] = (int64_t)esz * ldc;
+    A.device = B.device = C.device = CODA_DEVICE_CUDA;
+    char cfgs[2] = {(char)('0' + cfg), 0};
+    if (cfg >= 0) setenv("CODA_GEMM_CFG", cfgs, 1);
+    else unsetenv("CODA_GEMM_CFG");
+    coda_status_t s = coda_gemm(ctx, layout, &A, &B, &C, alpha, beta, NULL);
+    CUDA_OK(cudaGetLastError());
+    CUDA_OK(cudaDeviceSynchronize());
+    unsetenv("CODA_GEMM_CFG");
+    CUDA_OK(cudaMemcpy(hc, dc, esz * (size_t)(m * ldc), cudaMemcpyDeviceToHost));
+
+    /* CPU backend on the same data: the baseline error. */
+    void *hcpu = h_alloc(esz * (size_t)(m * ldc));
+    memcpy(hcpu, hc0, esz * (size_t)(m * ldc));
+    coda_tensor_t Ah = A, Bh = B, Ch = C;
+    Ah.data = ha; Bh.data = hb; Ch.data = hcpu;
+    Ah.device = Bh.device = Ch.device = CODA_DEVICE_CPU;
+    coda_status_t scpu = coda_gemm(ctx, layout, &Ah, &Bh, &Ch, alpha, beta, NULL);
+
+    double *c0 = h_alloc(sizeof(double) * (size_t)(m * n)), *ref = h_alloc(sizeof(double) * (size_t)(m * n));
+    float *out = h_alloc(sizeof(float) * (size_t)(m * n)), *cpu = h_alloc(sizeof(float) * (size_t)(m * n));
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            int64_t x = i * ldc + j;
+            c0[i * n + j] = cdt == CODA_F32 ? ((float *)hc0)[x] : h_bf2f(((uint16_t *)hc0)[x]);
+            out[i * n + j] = cdt == CODA_F32 ? ((float *)hc)[x] : h_bf2f(((uint16_t *)hc)[x]);
+            cpu[i * n + j] = cdt == CODA_F32 ? ((float *)hcpu)[x] : h_bf2f(((uint16_t *)hcpu)[x]);
+        }
+    reference(layout, m, n, k, ha, lda, hb, ldb, c0, alpha, beta, ref);
+    double err = rel_err_f32(out, ref, m * n), base = rel_err_f32(cpu, ref, m * n);
+    /* f32 output: the CPU's error is f32 rounding alone; allow the tensor
+     * cores' own f32 accumulation order 1e-5 on top. */
+    double tol = 2 * base + (cdt == CODA_F32 ? 1e-5 : 1e-6);
+    int ok = s == CODA_OK && scpu == CODA_OK && err <= tol;
+    CHECK(s == CODA_OK, "%s M=%lld N=%lld K=%lld: %s", lname[layout], (long long)m, (long long)n,
+          (long long)k, coda_last_error());
+    CHECK(scpu == CODA_OK, "CPU reference: %s", coda_last_error());
+    CHECK(err <= tol, "%s M=%lld N=%lld K=%lld %s a=%g b=%g cfg=%d: err %.3g > tol %.3g (cpu %.3g)",
+          lname[layout], (long long)m, (long long)n, (long long)k, coda_dtype_name(cdt), alpha, beta,
+          cfg, err, tol, base);
+    printf("%-2s M=%-6lld N=%-5lld K=%-5lld %-4s alpha=%-4g beta=%-4g cfg=%-2d err %.2e (cpu %.2e) %s\n",
+           lname[layout], (long long)m, (long long)n, (long long)k, coda_dtype_name(cdt), alpha,
+           beta, cfg, err, base, ok ? "ok" : "FAIL");
+    free(ha); free(hb); free(hc0); free(hc); free(hcpu); free(c0); free(ref); free(out); free(cpu);
+    CUDA_OK(cudaFree(da));
+    CUDA_OK(cudaFree(db));
+    CUDA_OK(cudaFree(dc));
+    return ok;
+}
+
+/* Bad arguments: clear errors, C untouched. */
+static void bad_args(void) {
+    void *da, *db, *dc;
+    CUDA_OK(cudaMalloc(&da, 1 << 20));
+    CUDA_OK(cudaMalloc(&db, 1 << 20));
+    CUDA_OK(cudaMalloc(&dc, 1 << 20));
+    CUDA_OK(cudaMemset(dc, 0x7f, 1 << 20));
+    coda_tensor_t A = coda_tensor_2d(da, CODA_BF16, 64, 12), B = coda_tensor_2d(db, CODA_BF16, 64, 12);
+    coda_tensor_t C = coda_tensor_2d(dc, CODA_BF16, 64, 64);
+    A.device = B.device = C.device = CODA_DEVICE_CUDA;
+    /* K = 12 with 16-byte rows (padded stride): K % 8 */
+    A.stride[0] = B.stride[0] = 32;
+    CHECK_STATUS(coda_gemm(ctx, CODA_LAYOUT_NT, &A, &B, &C, 1, 0, NULL), CODA_ERR_SHAPE);
+    CHECK(strstr(coda_last_error(), "multiple of 8") != NULL, "K message: %s", coda_last_error());
+    /* misaligned pointer */
+    A = coda_tensor_2d((char *)da + 2, CODA_BF16, 64, 16);
+    B = coda_tensor_2d(db, CODA_BF16, 64, 16);
+    A.device = B.device = CODA_DEVICE_CUDA;
+    CHECK_STATUS(coda_gemm(ctx, CODA_LAYOUT_NT, &A, &B, &C, 1, 0, NULL), CODA_ERR_STRIDE);
+    CHECK(strstr(coda_last_error(), "aligned") != NULL, "align message: %s", coda_last_error());
+    /* row stride not a multiple of 16 bytes */
+    A = coda_tensor_2d(da, CODA_BF16, 64, 16);
+    A.device = CODA_DEVICE_CUDA;
+    A.stride[0] = 40;
+    CHECK_STATUS(coda_gemm(ctx, CODA_LAYOUT_NT, &A, &B, &C, 1, 0, NULL), CODA_ERR_STRIDE);
+    CHECK(strstr(coda_last_error(), "stride") != NULL, "stride message: %s", coda_last_error());
+    /* NN with N = 60: B (K, 60) rows of 120 bytes */
+    A = coda_tensor_2d(da, CODA_BF16, 64, 16);
+    B = coda_tensor_2d(db, CODA_BF16, 16, 60);
+    coda_tensor_t C60 = coda_tensor_2d(dc, CODA_BF16, 64, 60);
+    C60.stride[0] = 128;
+    A.device = B.device = C60.device = CODA_DEVICE_CUDA;
+    CHECK_STATUS(coda_gemm(ctx, CODA_LAYOUT_NN, &A, &B, &C60, 1, 0, NULL), CODA_ERR_STRIDE);
+    /* C misaligned */
+    B = coda_tensor_2d(db, CODA_BF16, 64, 16);
+    B.device = CODA_DEVICE_CUDA;
+    coda_tensor_t Cm = coda_tensor_2d((char *)dc + 4, CODA_BF16, 64, 64);
+    Cm.device = CODA_DEVICE_CUDA;
+    CHECK_STATUS(coda_gemm(ctx, CODA_LAYOUT_NT, &A, &B, &Cm, 1, 0, NULL), CODA_ERR_STRIDE);
+    /* a host pointer in a CUDA descriptor */
+    static uint16_t host[64 * 16] __attribute__((aligned(16)));
+    coda_tensor_t Ah = coda_tensor_2d(host, CODA_BF16, 64, 16);
+    Ah.device = CODA_DEVICE_CUDA;
+    CHECK_STATUS(coda_gemm(ctx, CODA_LAYOUT_NT, &Ah, &B, &C, 1, 0, NULL), CODA_ERR_DEVICE);
+    /* f32 operands are CPU-only */
+    coda_tensor_t Af = coda_tensor_2d(da, CODA_F32, 64, 16);
+    Af.device = CODA_DEVICE_CUDA;
+    coda_status_t s = coda_gemm(ctx, CODA_LAYOUT_NT, &Af, &B, &C, 1, 0, NULL);
+    CHECK(s == CODA_ERR_DTYPE, "f32 operand on CUDA -> %s: %s", coda_status_name(s), coda_last_error());
+    /* nothing was written */
+    CUDA_OK(cudaDeviceSynchronize());
+    unsigned char *h = h_alloc(1 << 20);
+    CUDA_OK(cudaMemcpy(h, dc, 1 << 20, cudaMemcpyDeviceToHost));
+    int untouched = 1;
+    for (int i = 0; i < 1 << 20; i++) untouched &= h[i] == 0x7f;
+    CHECK(untouched, "C untouched by failing calls");
+    free(h);
+    CUDA_OK(cudaFree(da));
+    CUDA_OK(cudaFree(db));
+    CUDA_OK(cudaFree(dc));
+}
+
+int main(int argc, char **argv) {
+    int small = argc > 1 && strcmp(argv[1], "small") == 0;
+    REQUIRE_OK(coda_context_create(NULL, &ctx));
+    char desc[2048];
+    REQUIRE_OK(coda_context_describe(ctx, desc, sizeof desc));
+    printf("%s", desc);
+    if (!coda_context_has_cuda(ctx)) {
+        fprintf(stderr, "no usable CUDA device: %s\n", coda_last_error());
+        return 1;
+    }
+    if (small) {
+        for (int l = 0; l < 3; l++) {
+            run_case((coda_layout_t)l, 130, 264, 200, CODA_BF16, 1.0f, 0.0f, -1);
+            run_case((coda_layout_t)l, 257, 136, 72, CODA_F32, 0.5f, 1.5f, 0);
+            run_case((coda_layout_t)l, 300, 392, 136, CODA_BF16, 1.0f, 0.25f, 2);
+        }
+        bad_args();
+        TEST_MAIN_END();
+    }
+    /* every layout, every configuration, M in {1, 127, 1000, 4096, 16384},
+     * N and K not multiples of the tile (N odd where the layout allows) */
+    static const int64_t shapes[][3] = {
+        {1, 264, 136},    {127, 520, 1000}, {1000, 392, 264}, {4096, 520, 256},
+        {16384, 264, 136}, {128, 256, 64},  {300, 200, 8},    {777, 1544, 520},
+    };
+    int nshapes = (int)(sizeof shapes / sizeof shapes[0]);
+    for (int cfg = -1; cfg < 3; cfg++)
+        for (int l = 0; l < 3; l++)
+            for (int i = 0; i < nshapes; i++) {
+                if (cfg >= 0 && shapes[i][0] > 4096) continue; /* big M: default config only */
+                run_case((coda_layout_t)l, shapes[i][0], shapes[i][1], shapes[i][2], CODA_BF16,
+                         1.0f, 0.0f, cfg);
+            }
+    for (int l = 0; l < 3; l++) {
+        /* f32 output, alpha/beta, odd N (NT: B is (N, K) so any N works) */
+        run_case((coda_layout_t)l, 1000, 392, 264, CODA_F32, 1.0f, 0.0f, -1);
+        run_case((coda_layout_t)l, 1000, 392, 264, CODA_F32, -0.5f, 2.0f, -1);
+        run_case((coda_layout_t)l, 1000, 392, 264, CODA_BF16, 2.0f, -1.0f, -1);
+        run_case((coda_layout_t)l, 513, 1000, 1032, CODA_F32, 0.75f, 0.5f, 1);
+    }
+    run_case(CODA_LAYOUT_NT, 1000, 13, 264, CODA_BF16, 1.0f, 0.5f, -1);
+    run_case(CODA_LAYOUT_NT, 1000, 301, 264, CODA_F32, 1.0f, 0.0f, -1);
+    run_case(CODA_LAYOUT_TN, 1, 8, 8, CODA_BF16, 1.0f, 0.0f, -1);
+    bad_args();
+
+    /* a second context with the same cache directory loads cubins from disk */
+    coda_context_t *ctx2;
+    REQUIRE_OK(coda_context_create(NULL, &ctx2));
+    coda_context_t *keep = ctx;
+    ctx = ctx2;
+    run_case(CODA_LAYOUT_NT, 256, 256, 64, CODA_BF16, 1.0f, 0.0f, -1);
+    ctx = keep;
+    coda_context_free(ctx2);
+    coda_context_free(ctx);
+    TEST_MAIN_END();
+}
