@@ -302,8 +302,53 @@ def run_case(ctx, name, cfg, B, S, with_loss=True, with_dy=True, loss_scale=0.5)
                                                      "ok" if ok and ok_ref and ok_r16 else "FAIL"))
 
 
+def binding_checks(ctx):
+    """The binding itself: plain GEMM layouts, errors, program text, a fused GEMM."""
+    M, N, K = 7, 24, 40
+    a, w = torch.randn(M, K).bfloat16(), torch.randn(N, K).bfloat16()
+    c = torch.empty(M, N)
+    coda.gemm(ctx, "nt", a, w, c)
+    check(rel(c, a.double() @ w.double().t()) < 1e-6, "binding: gemm nt")
+    dy = torch.randn(M, N).bfloat16()
+    dx = torch.empty(M, K)
+    coda.gemm(ctx, "nn", dy, w, dx)
+    check(rel(dx, dy.double() @ w.double()) < 1e-6, "binding: gemm nn")
+    dw = torch.empty(N, K)
+    coda.gemm(ctx, "tn", dy, a, dw)
+    check(rel(dw, dy.double().t() @ a.double()) < 1e-6, "binding: gemm tn")
+    before = c.clone()
+    try:
+        coda.gemm(ctx, "nt", a, w, torch.empty(M + 1, N))
+        check(False, "binding: a bad shape did not raise")
+    except coda.Error as e:
+        check(e.name == "CODA_ERR_SHAPE" and "c" in e.message, "binding: error %s" % e)
+    check(torch.equal(before, c), "binding: failing call modified c")
+    try:
+        coda.Program("in x tile bf16\nv = frobnicate x\n")
+        check(False, "binding: a bad program did not raise")
+    except coda.Error as e:
+        check(e.name == "CODA_ERR_PARSE" and "line 2" in e.message, "binding: parse error %s" % e)
+    text = coda.builtin_program("resid_norm")
+    p = coda.Program(text)
+    check(str(coda.Program(str(p))) == str(p), "binding: print/parse round trip")
+    check([x[0] for x in p.args] == ["res", "g", "h", "hg", "ss"], "binding: args %s" % p.args)
+    tm, tn = coda.choose_tiling(ctx, "cpu", "nt", M, N, K)
+    res, g = torch.randn(M, N).bfloat16(), torch.randn(N).bfloat16()
+    h, hg = (torch.full((M, N), float("nan"), dtype=torch.bfloat16) for _ in range(2))
+    ss = torch.full((M, -(-N // tn)), float("nan"))
+    coda.gemm_epilogue(ctx, "nt", a, w, p, {"res": res, "g": g, "h": h, "hg": hg, "ss": ss})
+    href = (a.double() @ w.double().t() + res.double()).bfloat16()
+    check(rel(h, href.double()) < 1e-2 and torch.isfinite(h.float()).all(), "binding: epilogue h")
+    check(rel(hg, (href * g).double()) < 1e-2, "binding: epilogue hg")
+    rstd = coda.finish_rstd(ctx, ss, N, 1e-5, torch.empty(M))
+    rref = torch.rsqrt(h.double().pow(2).mean(-1) + 1e-5)
+    check(rel(rstd, rref) < 1e-5, "binding: finish_rstd %.3e" % rel(rstd, rref))
+    print("binding: gemm (3 layouts), errors, program text, fused GEMM + finish_rstd checked")
+
+
 def main():
     ctx = coda.Context(cpu_threads=2)
+    binding_checks(ctx)
     C = coda.LlamaConfig
     # GQA with the LM head and both loss terms; M = 26 is no multiple of any tile.
     run_case(ctx, "gqa+lm", C(d=48, n_heads=4, n_kv_heads=2, head_dim=12, ffn=80, vocab=72,

@@ -422,7 +422,7 @@ def unpack_grads(cfg, grads):
     return out
 
 
-def _weights_struct(cfg, w, dtype=None):
+def _weights_struct(w):
     s = LlamaWeights()
     for name in _WEIGHT_NAMES:
         if name in w and w[name] is not None:
@@ -452,7 +452,7 @@ class Llama:
         if targets is not None:
             targets = targets.to(self.device, torch.int32).contiguous()
             loss = torch.empty(m, dtype=torch.float32, device=self.device)
-        ws = _weights_struct(self.cfg, w)
+        ws = _weights_struct(w)
         _check(lib.coda_llama_forward(self._h, ctypes.byref(ws), _opt(x), _opt(targets), _opt(y),
                                       _opt(loss), _stream(x, y)))
         return y, loss
@@ -460,11 +460,11 @@ class Llama:
     def backward(self, w, dy=None, loss_scale=1.0, grads=True, grad_dtype=torch.float32):
         m, d = self.batch * self.seq, self.cfg.d
         dx = torch.empty(m, d, dtype=torch.bfloat16, device=self.device)
-        ws = _weights_struct(self.cfg, w)
+        ws = _weights_struct(w)
         g, gs = None, None
         if grads:
             g = {k: torch.empty(v.shape, dtype=grad_dtype, device=self.device) for k, v in w.items()}
-            gs = _weights_struct(self.cfg, g)
+            gs = _weights_struct(g)
         _check(lib.coda_llama_backward(self._h, ctypes.byref(ws), _opt(dy), loss_scale, _opt(dx),
                                        _ref(gs), _stream(dx)))
         return dx, g
