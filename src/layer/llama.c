@@ -155,10 +155,12 @@ static coda_status_t create(coda_llama_t *L) {
     for (int i = 0; i < P_COUNT; i++) {
         const char *text = coda_builtin_program(prog_names[i]);
         if (!text) return coda__fail(CODA_ERR_INTERNAL, "coda_llama_create: no built-in program %s", prog_names[i]);
-        coda_status_t s = coda_program_parse(text, &L->prog[i]);
-        if (s != CODA_OK)
+        if (coda_program_parse(text, &L->prog[i]) != CODA_OK) {
+            char why[256]; /* the message buffer is reused by coda__fail */
+            snprintf(why, sizeof why, "%s", coda_last_error());
             return coda__fail(CODA_ERR_INTERNAL, "coda_llama_create: built-in program %s: %s",
-                              prog_names[i], coda_last_error());
+                              prog_names[i], why);
+        }
     }
     /* GEMM shapes (m, n, k) of the epilogue GEMMs. */
     const struct { coda_layout_t layout; int64_t n, k; } gs[G_COUNT] = {
