@@ -257,7 +257,8 @@ static void bad_args(void) {
     free(qkv); free(o); free(dout); free(lse); free(dq);
 }
 
-/* A strided (padded) qkv and o give the same result as contiguous ones. */
+/* A strided (padded) qkv and o give the same result as contiguous ones, and
+ * more threads than (row, head) tasks change nothing. */
 static void strided(void) {
     shape_t s = mk(1, 9, 2, 1, 4);
     int64_t pad = 8;
@@ -275,7 +276,7 @@ static void strided(void) {
     coda_tensor_t toc = coda_tensor_2d(oc, CODA_BF16, s.m, s.nq);
     coda_tensor_t tl = coda_tensor_2d(lse, CODA_F32, s.m, 2);
     CHECK_OK(coda__attention_forward(&s.cfg, 1, 9, &tq, &to, &tl, 2));
-    CHECK_OK(coda__attention_forward(&s.cfg, 1, 9, &tqc, &toc, &tl, 2));
+    CHECK_OK(coda__attention_forward(&s.cfg, 1, 9, &tqc, &toc, &tl, 50)); /* more threads than tasks */
     int same = 1;
     for (int64_t i = 0; i < s.m; i++) same &= memcmp(o + i * (s.nq + pad), oc + i * s.nq, 2 * (size_t)s.nq) == 0;
     CHECK(same, "strided and contiguous results differ");
@@ -287,6 +288,8 @@ int main(void) {
     run_case(mk(3, 5, 3, 3, 4), 2);   /* plain multi-head */
     run_case(mk(1, 13, 4, 1, 8), 3);  /* multi-query */
     run_case(mk(4, 1, 2, 1, 2), 4);   /* seq 1: softmax over one key */
+    run_case(mk(2, 9, 4, 2, 20), 5);  /* head_dim 20: 8-wide partial sums plus a tail */
+    run_case(mk(1, 33, 2, 1, 64), 6); /* LLaMA-like head_dim, longer sequence */
     bad_args();
     strided();
     TEST_MAIN_END();
