@@ -15,7 +15,7 @@
  *     O-proj       resid_norm(o Wo^T; res x, g2)           h, hg, ss2 -> r2
  *     gate/up      gateup_swiglu_train(hg Wgu^T; r2)       z (M, 2I), c (M, I)
  *     down         resid_norm(c Wd^T; res h, gf)           y, yg, ssf -> rf
- *                  (resid_add when there is no LM head)
+ *                  (resid_add when there is no loss to compute)
  *     LM head      lmhead_lse(yg Wlm^T; rf, targets)       -> lse, loss
  *   backward
  *     LM head      lmhead_bwd(yg Wlm^T)                    dl (M, V), sf
@@ -375,7 +375,7 @@ coda_status_t coda_llama_forward(coda_llama_t *L, const coda_llama_weights_t *w,
         coda_binding_t bs[] = {bind("r", &L->r2), bind("z", &L->z), bind("c", &L->c)};
         CODA_TRY(epilogue(L, G_GU, P_GATEUP, CODA_LAYOUT_NT, &L->hg, &w->wgu, bs, 3, stream));
     }
-    if (V > 0) {   /* down + residual + final norm partials */
+    if (with_loss) {   /* down + residual + final norm partials */
         coda_tensor_t ss = L->rowp[G_DOWN];
         coda_binding_t bs[] = {bind("res", &L->h), bind("g", &w->gf), bind("h", &L->y),
                                bind("hg", &L->yg), bind("ss", &ss)};
@@ -497,5 +497,10 @@ coda_status_t coda_llama_backward(coda_llama_t *L, const coda_llama_weights_t *w
     CODA_TRY(norm_backward(L, G_QKV_DGRAD, &L->dzq, &w->wqkv, &L->dh, &L->x, &w->g1, &L->r1, &L->svec, dx,
                            grads ? &grads->g1 : NULL, stream));
     if (grads) CODA_TRY(coda_gemm(L->ctx, CODA_LAYOUT_TN, &L->dzq, &L->b, &grads->wqkv, 1.0f, 0.0f, stream));
+    if (grads && cfg->vocab > 0 && !L->have_loss) {
+        /* No loss in the forward pass: the LM head did not take part. */
+        coda__llama_zero(&grads->gf);
+        coda__llama_zero(&grads->wlm);
+    }
     return CODA_OK;
 }

@@ -39,6 +39,9 @@ void coda__llama_rope_backward(const coda_tensor_t *dy, const coda_tensor_t *y, 
 /* out (n) = in (n) f32, converted to out's dtype (bf16 or f32). */
 void coda__llama_copy_vec(const float *in, coda_tensor_t *out);
 
+/* Zero a 1-D or 2-D tensor (any strides). */
+void coda__llama_zero(coda_tensor_t *t);
+
 /* Copy a 2-D tensor (same dtype, same extents, any strides). */
 void coda__llama_copy_2d(const coda_tensor_t *src, coda_tensor_t *dst);
 
