@@ -384,6 +384,26 @@ static void test_round_trips(void) {
     p = round_trip("limits", big, NULL);
     CHECK(p && coda_program_num_args(p) == 64, "64 args");
     coda_program_free(p);
+
+    /* the longest lines: ternary ops on 31-character names */
+#define L31(c) c "bcdefghijklmnopqrstuvwxyz01234"
+    const char *longest =
+        "program " L31("p") "\n"
+        "in " L31("x") " tile bf16 double\n"
+        "out " L31("o") " tile bf16 double\n"
+        "out " L31("r") " colsumsq double\n"
+        L31("a") " = load " L31("x") "\n"
+        L31("b") " = colidx double\n"
+        L31("c") " = select " L31("a") " " L31("b") " " L31("a") "\n"
+        L31("d") " = fma " L31("c") " " L31("c") " " L31("c") "\n"
+        L31("e") " = const -1.17549435e-38\n"
+        L31("f") " = even " L31("d") "\n"
+        L31("g") " = interleave " L31("f") " " L31("f") "\n"
+        "store " L31("o") " " L31("g") "\n"
+        "reduce " L31("r") " " L31("g") "\n";
+#undef L31
+    p = round_trip("longest lines", longest, longest);
+    coda_program_free(p);
     free(big);
 }
 

@@ -17,13 +17,15 @@ typedef struct out {
 
 static void put(out_t *o, const char *fmt, ...) CODA_PRINTF(2, 3);
 static void put(out_t *o, const char *fmt, ...) {
-    char tmp[128];
+    /* The longest line, "N = select A B C" with 31-character names, needs
+     * 5 * 31 + 14 bytes; consts need at most 16 characters. */
+    char tmp[256];
     va_list ap;
     va_start(ap, fmt);
     int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
     if (n <= 0) return;
-    if ((size_t)n >= sizeof tmp) n = sizeof tmp - 1; /* lines are short: names <= 31 */
+    if ((size_t)n >= sizeof tmp) n = sizeof tmp - 1; /* cannot happen: see above */
     if (o->len < o->cap) {
         size_t room = o->cap - o->len; /* includes the byte kept for the NUL */
         size_t k = (size_t)n < room ? (size_t)n : room - 1;
