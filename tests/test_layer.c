@@ -213,6 +213,119 @@ static void test_bad_args(coda_context_t *ctx) {
     free(wb); free(x); free(y); free(dx); free(tg); free(loss);
 }
 
+/* ---- strides, thread counts, repeated runs: bitwise the same results ---- */
+
+typedef struct {
+    uint16_t *y, *dx;
+    float *loss, *g[8];
+} run_out_t;
+
+/* A 2-D tensor over a fresh buffer with `pad` extra elements per row. */
+static coda_tensor_t padded(coda_dtype_t dt, int64_t rows, int64_t cols, int64_t pad) {
+    size_t es = dt == CODA_BF16 ? 2 : 4;
+    coda_tensor_t t = coda_tensor_2d(h_alloc((size_t)(rows * (cols + pad)) * es), dt, rows, cols);
+    t.stride[0] = (cols + pad) * (int64_t)es;
+    memset(t.data, 0xff, (size_t)(rows * (cols + pad)) * es);
+    return t;
+}
+
+static void run_strided(coda_context_t *ctx, const coda_llama_config_t *c, const coda_llama_weights_t *w,
+                        const uint16_t *x, const uint16_t *dy, const int32_t *tg, int64_t pad, run_out_t *out) {
+    int64_t m = 14, d = c->d, V = c->vocab;
+    coda_llama_t *L;
+    REQUIRE_OK(coda_llama_create(ctx, c, 2, 7, CODA_DEVICE_CPU, &L));
+    coda_tensor_t tx = padded(CODA_BF16, m, d, pad), tdy = padded(CODA_BF16, m, d, pad);
+    coda_tensor_t ty = padded(CODA_BF16, m, d, pad), tdx = padded(CODA_BF16, m, d, pad);
+    for (int64_t i = 0; i < m; i++) {
+        memcpy((char *)tx.data + i * tx.stride[0], x + i * d, d * 2);
+        memcpy((char *)tdy.data + i * tdy.stride[0], dy + i * d, d * 2);
+    }
+    coda_tensor_t tt = coda_tensor_1d((void *)tg, CODA_I32, m);
+    float *loss = h_alloc(m * 4);
+    coda_tensor_t tl = coda_tensor_1d(loss, CODA_F32, m);
+    coda_llama_weights_t g;
+    const coda_tensor_t *wf[8] = {&w->g1, &w->wqkv, &w->wo, &w->g2, &w->wgu, &w->wd, &w->gf, &w->wlm};
+    coda_tensor_t *gf[8] = {&g.g1, &g.wqkv, &g.wo, &g.g2, &g.wgu, &g.wd, &g.gf, &g.wlm};
+    for (int i = 0; i < 8; i++) {
+        if (wf[i]->ndim == 1) {
+            *gf[i] = coda_tensor_1d(h_alloc(wf[i]->shape[0] * 4), CODA_F32, wf[i]->shape[0]);
+            poison_f32(gf[i]->data, wf[i]->shape[0]);
+        } else {
+            *gf[i] = padded(CODA_F32, wf[i]->shape[0], wf[i]->shape[1], pad);
+        }
+    }
+    CHECK_OK(coda_llama_forward(L, w, &tx, &tt, &ty, &tl, NULL));
+    CHECK_OK(coda_llama_backward(L, w, &tdy, 0.5f, &tdx, &g, NULL));
+    out->y = h_alloc(m * d * 2);
+    out->dx = h_alloc(m * d * 2);
+    out->loss = loss;
+    for (int64_t i = 0; i < m; i++) {
+        memcpy(out->y + i * d, (char *)ty.data + i * ty.stride[0], d * 2);
+        memcpy(out->dx + i * d, (char *)tdx.data + i * tdx.stride[0], d * 2);
+    }
+    for (int i = 0; i < 8; i++) {
+        int64_t rows = gf[i]->shape[0], cols = gf[i]->ndim == 1 ? 1 : gf[i]->shape[1];
+        out->g[i] = h_alloc(rows * cols * 4);
+        for (int64_t r = 0; r < rows; r++)
+            memcpy(out->g[i] + r * cols, (char *)gf[i]->data + r * gf[i]->stride[0], cols * 4);
+        free(gf[i]->data);
+    }
+    (void)V;
+    free(tx.data); free(tdy.data); free(ty.data); free(tdx.data);
+    coda_llama_free(L);
+}
+
+static void test_strides_threads(coda_context_t *ctx2) {
+    coda_llama_config_t c = small_cfg();
+    int64_t m = 14, d = c.d, n = 64 + 2 * 32, I = c.ffn, V = c.vocab;
+    h_rng r = rng_new(11);
+    coda_llama_weights_t w;
+    const int64_t shp[8][2] = {{d, 0}, {n, d}, {d, 64}, {d, 0}, {2 * I, d}, {d, I}, {d, 0}, {V, d}};
+    coda_tensor_t *wf[8] = {&w.g1, &w.wqkv, &w.wo, &w.g2, &w.wgu, &w.wd, &w.gf, &w.wlm};
+    for (int i = 0; i < 8; i++) {
+        int64_t cnt = shp[i][0] * (shp[i][1] ? shp[i][1] : 1);
+        uint16_t *p = h_alloc(cnt * 2);
+        rng_fill_bf16(&r, p, cnt, shp[i][1] ? 0.15f : 1.0f);
+        *wf[i] = shp[i][1] ? coda_tensor_2d(p, CODA_BF16, shp[i][0], shp[i][1]) : coda_tensor_1d(p, CODA_BF16, d);
+    }
+    uint16_t *x = h_alloc(m * d * 2), *dy = h_alloc(m * d * 2);
+    rng_fill_bf16(&r, x, m * d, 1);
+    rng_fill_bf16(&r, dy, m * d, 0.1f);
+    int32_t tg[14];
+    for (int i = 0; i < 14; i++) tg[i] = i == 3 ? -100 : (i * 71 + 5) % (int)V;
+
+    coda_context_t *ctx1;
+    coda_context_options_t o1 = {.cpu_threads = 1};
+    REQUIRE_OK(coda_context_create(&o1, &ctx1));
+    run_out_t a, b, e;
+    run_strided(ctx2, &c, &w, x, dy, tg, 0, &a);
+    run_strided(ctx2, &c, &w, x, dy, tg, 0, &e);
+    run_strided(ctx1, &c, &w, x, dy, tg, 8, &b);
+    int64_t gn[8] = {d, n * d, d * 64, d, 2 * I * d, d * I, d, V * d};
+    int same_rep = !memcmp(a.y, e.y, m * d * 2) && !memcmp(a.dx, e.dx, m * d * 2) && !memcmp(a.loss, e.loss, m * 4);
+    int same_str = !memcmp(a.y, b.y, m * d * 2) && !memcmp(a.dx, b.dx, m * d * 2) && !memcmp(a.loss, b.loss, m * 4);
+    for (int i = 0; i < 8; i++) {
+        same_rep &= !memcmp(a.g[i], e.g[i], gn[i] * 4);
+        same_str &= !memcmp(a.g[i], b.g[i], gn[i] * 4);
+        int finite = 1;
+        for (int64_t j = 0; j < gn[i]; j++) finite &= isfinite(a.g[i][j]);
+        CHECK(finite, "gradient %d has NaN/inf (unwritten?)", i);
+    }
+    CHECK(same_rep, "two identical runs differ (not reproducible)");
+    CHECK(same_str, "padded strides + 1 thread differ from contiguous + 2 threads");
+    CHECK(a.loss[3] == 0.0f && a.loss[4] > 0.0f, "loss[3] (ignored) %g, loss[4] %g", a.loss[3], a.loss[4]);
+    printf("strides and threads: padded rows + 1 thread == contiguous + 2 threads, bitwise: %s; "
+           "repeat run bitwise equal: %s\n", same_str ? "yes" : "NO", same_rep ? "yes" : "NO");
+    run_out_t *all[3] = {&a, &b, &e};
+    for (int k = 0; k < 3; k++) {
+        free(all[k]->y); free(all[k]->dx); free(all[k]->loss);
+        for (int i = 0; i < 8; i++) free(all[k]->g[i]);
+    }
+    for (int i = 0; i < 8; i++) free(wf[i]->data);
+    free(x); free(dy);
+    coda_context_free(ctx1);
+}
+
 /* ---- end to end against the reference ---- */
 
 static void run_case(coda_context_t *ctx, const char *title, coda_llama_config_t c, int64_t batch, int64_t seq,
@@ -245,6 +358,7 @@ int main(void) {
     REQUIRE_OK(coda_context_create(&opts, &ctx));
     test_pack();
     test_bad_args(ctx);
+    test_strides_threads(ctx);
 
     coda__llama_check_opts_t o = {.seed = 1, .use_loss = 1, .use_dy = 1, .loss_scale = 1.0f,
                                   .ignore_every = 5, .grad_dtype = CODA_F32};
