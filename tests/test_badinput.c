@@ -1,0 +1,358 @@
+/* test_badinput.c - bad arguments to coda_gemm, coda_gemm_epilogue,
+ * coda_choose_tiling and the finishing steps: each returns the right status
+ * with a message naming the problem, and leaves every buffer the caller owns
+ * byte-identical (all buffers are snapshotted before and compared after). */
+#include "harness.h"
+
+/* ---- buffers under watch ---- */
+#define MAX_BUF 32
+static struct { void *p; size_t n; unsigned char *copy; } g_buf[MAX_BUF];
+static int g_nbuf;
+
+static void *watched(size_t bytes, h_rng *r) {
+    unsigned char *p = h_alloc(bytes + 64);
+    for (size_t i = 0; i < bytes + 64; i++) p[i] = (unsigned char)(rng_uniform(r) * 127 + 128);
+    g_buf[g_nbuf].p = p;
+    g_buf[g_nbuf].n = bytes + 64;
+    g_buf[g_nbuf].copy = h_alloc(bytes + 64);
+    g_nbuf++;
+    return p;
+}
+static void snap(void) { for (int i = 0; i < g_nbuf; i++) memcpy(g_buf[i].copy, g_buf[i].p, g_buf[i].n); }
+static int unchanged(void) {
+    for (int i = 0; i < g_nbuf; i++)
+        if (memcmp(g_buf[i].copy, g_buf[i].p, g_buf[i].n) != 0) return 0;
+    return 1;
+}
+
+/* The call fails with `st`, its message mentions `word`, nothing changed. */
+#define BAD(call, st, word)                                                              \
+    do {                                                                                 \
+        snap();                                                                          \
+        CHECK_STATUS(call, st);                                                          \
+        CHECK(strstr(coda_last_error(), word) != NULL, "%s: message '%s' lacks '%s'", #call, \
+              coda_last_error(), word);                                                  \
+        CHECK(unchanged(), "%s: a caller's buffer changed", #call);                      \
+    } while (0)
+
+static coda_context_t *ctx;
+
+enum { M = 37, N = 40, K = 24, TM = 16, TN = 16, MT = 3, NT = 3 };
+
+static void bad_gemm(h_rng *r) {
+    void *A = watched(M * K * 2, r), *B = watched(N * K * 2, r), *C = watched(M * N * 4, r);
+    const coda_tensor_t a = coda_tensor_2d(A, CODA_BF16, M, K), b = coda_tensor_2d(B, CODA_BF16, N, K),
+                        c = coda_tensor_2d(C, CODA_F32, M, N);
+    coda_tensor_t x, y;
+    /* the good call works (then restore C) */
+    snap();
+    x = c;
+    CHECK_OK(coda_gemm(ctx, CODA_LAYOUT_NT, &a, &b, &x, 1, 0, NULL));
+    memcpy(C, g_buf[2].copy, M * N * 4);
+
+    x = c;
+    BAD(coda_gemm(NULL, CODA_LAYOUT_NT, &a, &b, &x, 1, 0, NULL), CODA_ERR_INVALID_ARG, "ctx");
+    BAD(coda_gemm(ctx, (coda_layout_t)3, &a, &b, &x, 1, 0, NULL), CODA_ERR_INVALID_ARG, "layout");
+    BAD(coda_gemm(ctx, (coda_layout_t)-1, &a, &b, &x, 1, 0, NULL), CODA_ERR_INVALID_ARG, "layout");
+    BAD(coda_gemm(ctx, CODA_LAYOUT_NT, NULL, &b, &x, 1, 0, NULL), CODA_ERR_INVALID_ARG, "a");
+    BAD(coda_gemm(ctx, CODA_LAYOUT_NT, &a, NULL, &x, 1, 0, NULL), CODA_ERR_INVALID_ARG, "b");
+    BAD(coda_gemm(ctx, CODA_LAYOUT_NT, &a, &b, NULL, 1, 0, NULL), CODA_ERR_INVALID_ARG, "c");
+    y = a; y.data = NULL;
+    BAD(coda_gemm(ctx, CODA_LAYOUT_NT, &y, &b, &x, 1, 0, NULL), CODA_ERR_INVALID_ARG, "a");
+    y = a; y.dtype = (coda_dtype_t)99;
+    BAD(coda_gemm(ctx, CODA_LAYOUT_NT, &y, &b, &x, 1, 0, NULL), CODA_ERR_DTYPE, "a");
+    y = b; y.dtype = CODA_F16;
+    BAD(coda_gemm(ctx, CODA_LAYOUT_NT, &a, &y, &x, 1, 0, NULL), CODA_ERR_DTYPE, "b");
+    y = c; y.dtype = CODA_I32;
+    BAD(coda_gemm(ctx, CODA_LAYOUT_NT, &a, &b, &y, 1, 0, NULL), CODA_ERR_DTYPE, "c");
+    y = a; y.ndim = 3; y.shape[2] = 1; y.stride[2] = 2; y.stride[1] = 2; y.stride[0] = 2 * K;
+    BAD(coda_gemm(ctx, CODA_LAYOUT_NT, &y, &b, &x, 1, 0, NULL), CODA_ERR_SHAPE, "2-D");
+    y = a; y.ndim = 0;
+    BAD(coda_gemm(ctx, CODA_LAYOUT_NT, &y, &b, &x, 1, 0, NULL), CODA_ERR_SHAPE, "a");
+    y = a; y.shape[1] = K - 8; /* K disagrees */
+    BAD(coda_gemm(ctx, CODA_LAYOUT_NT, &y, &b, &x, 1, 0, NULL), CODA_ERR_SHAPE, "K");
+    BAD(coda_gemm(ctx, CODA_LAYOUT_NN, &a, &b, &x, 1, 0, NULL), CODA_ERR_SHAPE, "K");
+    y = c; y.shape[0] = M - 1;
+    BAD(coda_gemm(ctx, CODA_LAYOUT_NT, &a, &b, &y, 1, 0, NULL), CODA_ERR_SHAPE, "c");
+    y = c; y.shape[1] = N - 8; y.stride[0] = (N - 8) * 4;
+    BAD(coda_gemm(ctx, CODA_LAYOUT_NT, &a, &b, &y, 1, 0, NULL), CODA_ERR_SHAPE, "c");
+    y = a; y.shape[0] = -3;
+    BAD(coda_gemm(ctx, CODA_LAYOUT_NT, &y, &b, &x, 1, 0, NULL), CODA_ERR_SHAPE, "a");
+    y = a; y.data = (char *)A + 1; /* misaligned */
+    BAD(coda_gemm(ctx, CODA_LAYOUT_NT, &y, &b, &x, 1, 0, NULL), CODA_ERR_STRIDE, "align");
+    y = c; y.data = (char *)C + 2;
+    BAD(coda_gemm(ctx, CODA_LAYOUT_NT, &a, &b, &y, 1, 0, NULL), CODA_ERR_STRIDE, "c");
+    y = a; y.stride[1] = 4;
+    BAD(coda_gemm(ctx, CODA_LAYOUT_NT, &y, &b, &x, 1, 0, NULL), CODA_ERR_STRIDE, "a");
+    y = a; y.stride[0] = 2 * K - 2; /* rows overlap */
+    BAD(coda_gemm(ctx, CODA_LAYOUT_NT, &y, &b, &x, 1, 0, NULL), CODA_ERR_STRIDE, "a");
+    y = b; y.stride[0] = 3;
+    BAD(coda_gemm(ctx, CODA_LAYOUT_NT, &a, &y, &x, 1, 0, NULL), CODA_ERR_STRIDE, "b");
+    y = c; y.stride[0] = -(int64_t)N * 4;
+    BAD(coda_gemm(ctx, CODA_LAYOUT_NT, &a, &b, &y, 1, 0, NULL), CODA_ERR_STRIDE, "c");
+    /* c aliasing a or b: an f32 (M', N) view over their bytes */
+    {
+        /* a real overlap: C's second half is B */
+        void *big = watched((size_t)(M * N * 4 + N * K * 2), r);
+        coda_tensor_t bb = coda_tensor_2d((char *)big + M * N * 4 - 64, CODA_BF16, N, K);
+        coda_tensor_t cc = coda_tensor_2d(big, CODA_F32, M, N);
+        BAD(coda_gemm(ctx, CODA_LAYOUT_NT, &a, &bb, &cc, 1, 0, NULL), CODA_ERR_OVERLAP, "overlap");
+        coda_tensor_t aa = coda_tensor_2d((char *)big + 128, CODA_BF16, M, K);
+        BAD(coda_gemm(ctx, CODA_LAYOUT_NT, &aa, &b, &cc, 1, 0, NULL), CODA_ERR_OVERLAP, "overlap");
+    }
+    BAD(coda_gemm(ctx, CODA_LAYOUT_NT, &a, &b, &x, NAN, 0, NULL), CODA_ERR_INVALID_ARG, "alpha");
+    BAD(coda_gemm(ctx, CODA_LAYOUT_NT, &a, &b, &x, 1, INFINITY, NULL), CODA_ERR_INVALID_ARG, "beta");
+    y = b; y.device = CODA_DEVICE_CUDA;
+    BAD(coda_gemm(ctx, CODA_LAYOUT_NT, &a, &y, &x, 1, 0, NULL), CODA_ERR_DEVICE, "device");
+    y = c; y.device = CODA_DEVICE_CUDA;
+    BAD(coda_gemm(ctx, CODA_LAYOUT_NT, &a, &b, &y, 1, 0, NULL), CODA_ERR_DEVICE, "device");
+    y = a; y.device = (coda_device_t)7;
+    BAD(coda_gemm(ctx, CODA_LAYOUT_NT, &y, &b, &x, 1, 0, NULL), CODA_ERR_DEVICE, "device");
+}
+
+/* A program with every kind of argument. */
+static const char prog_text[] =
+    "program all\n"
+    "in  x  tile bf16\n"
+    "in  r  row f32\n"
+    "in  tg row i32\n"
+    "in  g  col bf16 half\n"
+    "in  sc scalar\n"
+    "out h  tile bf16\n"
+    "out ss rowsum\n"
+    "out cs colsum\n"
+    "out L  lse\n"
+    "a  = acc\n"
+    "xv = load x\n"
+    "rv = load r\n"
+    "s  = fma a rv xv\n"
+    "store h s\n"
+    "reduce ss s\n"
+    "e  = even a\n"
+    "gv = load g\n"
+    "eg = mul e gv\n"
+    "reduce cs a\n"
+    "t  = load tg\n"
+    "sv = load sc\n"
+    "z  = mul eg sv\n"
+    "lse L z t\n";
+
+static void bad_epilogue(h_rng *rng) {
+    coda_program_t *p = NULL;
+    REQUIRE_OK(coda_program_parse(prog_text, &p));
+    void *A = watched(M * K * 2, rng), *B = watched(N * K * 2, rng);
+    void *X = watched(M * N * 2, rng), *R = watched(M * 4, rng), *TG = watched(M * 4, rng),
+         *G = watched(N / 2 * 2, rng), *H = watched(M * N * 2, rng), *SS = watched(M * NT * 4, rng),
+         *CS = watched(N * MT * 4, rng), *L = watched(M * NT * 3 * 4, rng);
+    for (int i = 0; i < M; i++) ((int32_t *)TG)[i] = i % N;
+    const coda_tensor_t a = coda_tensor_2d(A, CODA_BF16, M, K), b = coda_tensor_2d(B, CODA_BF16, N, K);
+    enum { BX, BR, BTG, BG, BSC, BH, BSS, BCS, BL, NB };
+    coda_binding_t good[NB] = {
+        {"x", coda_tensor_2d(X, CODA_BF16, M, N), 0},       {"r", coda_tensor_1d(R, CODA_F32, M), 0},
+        {"tg", coda_tensor_1d(TG, CODA_I32, M), 0},         {"g", coda_tensor_1d(G, CODA_BF16, N / 2), 0},
+        {"sc", {0}, 0.5f},                                  {"h", coda_tensor_2d(H, CODA_BF16, M, N), 0},
+        {"ss", coda_tensor_2d(SS, CODA_F32, M, NT), 0},     {"cs", coda_tensor_2d(CS, CODA_F32, N, MT), 0},
+        {"L", coda_tensor_3d(L, CODA_F32, M, NT, 3), 0},
+    };
+    const coda_tiling_t tl = {TM, TN};
+    coda_binding_t bd[NB + 1];
+#define RESET() memcpy(bd, good, sizeof good)
+    RESET();
+    snap();
+    CHECK_OK(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB, &tl, NULL));
+    /* outputs were written; take the written state as the baseline from here on */
+
+    BAD(coda_gemm_epilogue(NULL, CODA_LAYOUT_NT, &a, &b, p, bd, NB, &tl, NULL), CODA_ERR_INVALID_ARG, "ctx");
+    BAD(coda_gemm_epilogue(ctx, (coda_layout_t)5, &a, &b, p, bd, NB, &tl, NULL), CODA_ERR_INVALID_ARG, "layout");
+    BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, NULL, &b, p, bd, NB, &tl, NULL), CODA_ERR_INVALID_ARG, "a");
+    BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NN, &a, &b, p, bd, NB, &tl, NULL), CODA_ERR_SHAPE, "K");
+    BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, NULL, bd, NB, &tl, NULL), CODA_ERR_INVALID_ARG, "program");
+    {
+        coda_program_t *q = NULL;
+        REQUIRE_OK(coda_program_new("unfinished", &q));
+        coda_program_arg(q, "h", CODA_OUT_TILE, CODA_BF16, CODA_SPACE_FULL, CODA_REDUCE_SUM);
+        BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, q, bd, 1, &tl, NULL), CODA_ERR_VERIFY, "verified");
+        coda_program_free(q);
+    }
+    BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, -1, &tl, NULL), CODA_ERR_INVALID_ARG, "n_bindings");
+    BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, NULL, NB, &tl, NULL), CODA_ERR_INVALID_ARG, "bindings");
+    RESET(); bd[3].name = NULL;
+    BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB, &tl, NULL), CODA_ERR_INVALID_ARG, "name");
+    /* unbound, duplicate, unknown */
+    RESET();
+    BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB - 1, &tl, NULL), CODA_ERR_BINDING, "'L'");
+    RESET(); bd[BSC] = bd[BR];
+    BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB, &tl, NULL), CODA_ERR_BINDING, "'r'");
+    RESET(); bd[NB] = bd[BH];
+    BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB + 1, &tl, NULL), CODA_ERR_BINDING, "twice");
+    RESET(); bd[NB] = bd[BH]; bd[NB].name = "nosuch";
+    BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB + 1, &tl, NULL), CODA_ERR_BINDING, "nosuch");
+    /* shapes, one per argument kind */
+    RESET(); bd[BX].tensor.shape[1] = N - 2;
+    BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB, &tl, NULL), CODA_ERR_SHAPE, "'x'");
+    RESET(); bd[BR].tensor.shape[0] = M + 1;
+    BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB, &tl, NULL), CODA_ERR_SHAPE, "'r'");
+    RESET(); bd[BG].tensor.shape[0] = N; /* g is in the half space: N/2 */
+    BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB, &tl, NULL), CODA_ERR_SHAPE, "'g'");
+    RESET(); bd[BH].tensor = coda_tensor_1d(H, CODA_BF16, M * N);
+    BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB, &tl, NULL), CODA_ERR_SHAPE, "'h'");
+    RESET(); bd[BSS].tensor.shape[1] = NT - 1;
+    BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB, &tl, NULL), CODA_ERR_SHAPE, "'ss'");
+    RESET(); bd[BCS].tensor = coda_tensor_2d(CS, CODA_F32, MT, N); /* transposed */
+    BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB, &tl, NULL), CODA_ERR_SHAPE, "'cs'");
+    RESET(); bd[BL].tensor = coda_tensor_3d(L, CODA_F32, M, NT, 2);
+    BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB, &tl, NULL), CODA_ERR_SHAPE, "'L'");
+    RESET(); bd[BL].tensor = coda_tensor_2d(L, CODA_F32, M, NT * 3);
+    BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB, &tl, NULL), CODA_ERR_SHAPE, "'L'");
+    /* partial shapes follow the tiling: the default (128 x 128) gives 1 tile, not 3 */
+    RESET();
+    BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB, NULL, NULL), CODA_ERR_SHAPE, "'ss'");
+    /* dtypes */
+    RESET(); bd[BX].tensor = coda_tensor_2d(X, CODA_F32, M, N / 2); bd[BX].tensor.shape[1] = N;
+    bd[BX].tensor.stride[0] = N * 4;
+    BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB, &tl, NULL), CODA_ERR_DTYPE, "'x'");
+    RESET(); bd[BR].tensor.dtype = CODA_I32;
+    BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB, &tl, NULL), CODA_ERR_DTYPE, "'r'");
+    RESET(); bd[BTG].tensor.dtype = CODA_F32;
+    BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB, &tl, NULL), CODA_ERR_DTYPE, "'tg'");
+    RESET(); bd[BSS].tensor = coda_tensor_2d(SS, CODA_BF16, M, NT);
+    BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB, &tl, NULL), CODA_ERR_DTYPE, "'ss'");
+    RESET(); bd[BH].tensor.dtype = CODA_FP8_E4M3; bd[BH].tensor.stride[1] = 1; bd[BH].tensor.stride[0] = N;
+    BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB, &tl, NULL), CODA_ERR_DTYPE, "'h'");
+    /* strides and pointers */
+    RESET(); bd[BX].tensor.data = (char *)X + 1;
+    BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB, &tl, NULL), CODA_ERR_STRIDE, "'x'");
+    RESET(); bd[BH].tensor.stride[0] = 2 * N - 2;
+    BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB, &tl, NULL), CODA_ERR_STRIDE, "'h'");
+    RESET(); bd[BSS].tensor.stride[1] = 8;
+    BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB, &tl, NULL), CODA_ERR_STRIDE, "'ss'");
+    RESET(); bd[BL].tensor.data = NULL;
+    BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB, &tl, NULL), CODA_ERR_INVALID_ARG, "'L'");
+    /* scalars */
+    RESET(); bd[BSC].scalar = NAN;
+    BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB, &tl, NULL), CODA_ERR_INVALID_ARG, "'sc'");
+    /* devices */
+    RESET(); bd[BG].tensor.device = CODA_DEVICE_CUDA;
+    BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB, &tl, NULL), CODA_ERR_DEVICE, "'g'");
+    {
+        coda_tensor_t ca = a, cb = b;
+        ca.device = cb.device = CODA_DEVICE_CUDA;
+        RESET();
+        for (int i = 0; i < NB; i++) bd[i].tensor.device = CODA_DEVICE_CUDA;
+        BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &ca, &cb, p, bd, NB, &tl, NULL), CODA_ERR_UNSUPPORTED, "CUDA");
+    }
+    /* tilings */
+    const coda_tiling_t bad_tl[] = {{-1, 16}, {16, -2}, {16, 3}, {16, 1}, {2000, 16}, {16, 2048}};
+    for (int i = 0; i < 6; i++) {
+        RESET();
+        BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB, &bad_tl[i], NULL), CODA_ERR_INVALID_ARG, "tiling");
+    }
+    /* odd N with a half-space program */
+    {
+        coda_tensor_t b2 = coda_tensor_2d(B, CODA_BF16, N - 1, K);
+        RESET();
+        bd[BX].tensor.shape[1] = N - 1;
+        BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b2, p, bd, NB, &tl, NULL), CODA_ERR_SHAPE, "odd");
+    }
+    /* overlaps: output on an input, two outputs, output on A */
+    RESET(); bd[BH].tensor.data = X;
+    BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB, &tl, NULL), CODA_ERR_OVERLAP, "'x'");
+    RESET(); bd[BCS].tensor.data = (char *)SS + 8;
+    BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB, &tl, NULL), CODA_ERR_OVERLAP, "overlaps");
+    RESET(); bd[BSS].tensor.data = (char *)A + 4;
+    BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB, &tl, NULL), CODA_ERR_OVERLAP, "overlaps a");
+    RESET(); bd[BTG].tensor.data = (char *)L + 12; /* an input inside an output */
+    BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB, &tl, NULL), CODA_ERR_OVERLAP, "'tg'");
+#undef RESET
+    coda_program_free(p);
+}
+
+static void bad_tiling(void) {
+    coda_tiling_t t = {77, 99};
+    BAD(coda_choose_tiling(NULL, CODA_DEVICE_CPU, CODA_LAYOUT_NT, 8, 8, 8, &t), CODA_ERR_INVALID_ARG, "ctx");
+    BAD(coda_choose_tiling(ctx, CODA_DEVICE_CPU, CODA_LAYOUT_NT, 8, 8, 8, NULL), CODA_ERR_INVALID_ARG, "tiling");
+    BAD(coda_choose_tiling(ctx, (coda_device_t)4, CODA_LAYOUT_NT, 8, 8, 8, &t), CODA_ERR_INVALID_ARG, "device");
+    BAD(coda_choose_tiling(ctx, CODA_DEVICE_CPU, (coda_layout_t)9, 8, 8, 8, &t), CODA_ERR_INVALID_ARG, "layout");
+    BAD(coda_choose_tiling(ctx, CODA_DEVICE_CPU, CODA_LAYOUT_NT, -1, 8, 8, &t), CODA_ERR_SHAPE, "negative");
+    CHECK(t.tile_m == 77 && t.tile_n == 99, "coda_choose_tiling wrote its output on failure");
+    CHECK_OK(coda_choose_tiling(ctx, CODA_DEVICE_CUDA, CODA_LAYOUT_TN, 1000, 264, 7, &t));
+    CHECK(t.tile_m >= 1 && t.tile_n >= 2 && t.tile_n % 2 == 0, "default tiling %dx%d", t.tile_m, t.tile_n);
+}
+
+static void bad_finish(h_rng *r) {
+    void *P = watched(M * NT * 4, r), *O = watched(M * 4, r), *P3 = watched(M * NT * 3 * 4, r),
+         *TG = watched(M * 4, r), *LS = watched(M * 4, r), *LO = watched(M * 4, r);
+    const coda_tensor_t p = coda_tensor_2d(P, CODA_F32, M, NT), o = coda_tensor_1d(O, CODA_F32, M);
+    const coda_tensor_t p3 = coda_tensor_3d(P3, CODA_F32, M, NT, 3), tg = coda_tensor_1d(TG, CODA_I32, M),
+                        ls = coda_tensor_1d(LS, CODA_F32, M), lo = coda_tensor_1d(LO, CODA_F32, M);
+    coda_tensor_t x = o, y, z = ls, w = lo;
+    BAD(coda_finish_reduce(NULL, CODA_REDUCE_SUM, &p, &x, NULL), CODA_ERR_INVALID_ARG, "ctx");
+    BAD(coda_finish_reduce(ctx, (coda_reduce_t)3, &p, &x, NULL), CODA_ERR_INVALID_ARG, "op");
+    BAD(coda_finish_reduce(ctx, CODA_REDUCE_SUM, NULL, &x, NULL), CODA_ERR_INVALID_ARG, "partials");
+    BAD(coda_finish_reduce(ctx, CODA_REDUCE_SUM, &p, NULL, NULL), CODA_ERR_INVALID_ARG, "out");
+    BAD(coda_finish_reduce(ctx, CODA_REDUCE_SUM, &p3, &x, NULL), CODA_ERR_SHAPE, "partials");
+    y = p; y.dtype = CODA_BF16; y.stride[1] = 2; y.stride[0] = NT * 2;
+    BAD(coda_finish_reduce(ctx, CODA_REDUCE_SUM, &y, &x, NULL), CODA_ERR_DTYPE, "f32");
+    y = o; y.shape[0] = M - 1;
+    BAD(coda_finish_reduce(ctx, CODA_REDUCE_MAX, &p, &y, NULL), CODA_ERR_SHAPE, "out");
+    y = o; y.dtype = CODA_I32;
+    BAD(coda_finish_reduce(ctx, CODA_REDUCE_MAX, &p, &y, NULL), CODA_ERR_DTYPE, "out");
+    y = coda_tensor_1d((char *)P + 4, CODA_F32, M);
+    BAD(coda_finish_reduce(ctx, CODA_REDUCE_SUMSQ, &p, &y, NULL), CODA_ERR_OVERLAP, "overlaps");
+    y = o; y.data = (char *)O + 2;
+    BAD(coda_finish_reduce(ctx, CODA_REDUCE_SUM, &p, &y, NULL), CODA_ERR_STRIDE, "out");
+    {
+        coda_tensor_t cp = p, co = o;
+        cp.device = co.device = CODA_DEVICE_CUDA;
+        BAD(coda_finish_reduce(ctx, CODA_REDUCE_SUM, &cp, &co, NULL), CODA_ERR_UNSUPPORTED, "CUDA");
+        BAD(coda_finish_reduce(ctx, CODA_REDUCE_SUM, &cp, &x, NULL), CODA_ERR_DEVICE, "device");
+        BAD(coda_finish_rstd(ctx, &cp, 64, 1e-5f, &co, NULL), CODA_ERR_UNSUPPORTED, "CUDA");
+    }
+
+    BAD(coda_finish_rstd(NULL, &p, 64, 1e-5f, &x, NULL), CODA_ERR_INVALID_ARG, "ctx");
+    BAD(coda_finish_rstd(ctx, &p, 0, 1e-5f, &x, NULL), CODA_ERR_INVALID_ARG, "d");
+    BAD(coda_finish_rstd(ctx, &p, 64, NAN, &x, NULL), CODA_ERR_INVALID_ARG, "eps");
+    BAD(coda_finish_rstd(ctx, &p, 64, -1.0f, &x, NULL), CODA_ERR_INVALID_ARG, "eps");
+    BAD(coda_finish_rstd(ctx, &p, 64, 1e-5f, NULL, NULL), CODA_ERR_INVALID_ARG, "rstd");
+    y = o; y.shape[0] = M + 1;
+    BAD(coda_finish_rstd(ctx, &p, 64, 1e-5f, &y, NULL), CODA_ERR_SHAPE, "rstd");
+
+    BAD(coda_finish_lse(NULL, &p3, &tg, -100, &z, &w, NULL), CODA_ERR_INVALID_ARG, "ctx");
+    BAD(coda_finish_lse(ctx, &p, &tg, -100, &z, &w, NULL), CODA_ERR_SHAPE, "partials");
+    y = coda_tensor_3d(P3, CODA_F32, M, NT * 3 / 2, 2);
+    BAD(coda_finish_lse(ctx, &y, &tg, -100, &z, &w, NULL), CODA_ERR_SHAPE, "partials");
+    BAD(coda_finish_lse(ctx, &p3, NULL, -100, &z, &w, NULL), CODA_ERR_INVALID_ARG, "targets");
+    y = tg; y.dtype = CODA_F32;
+    BAD(coda_finish_lse(ctx, &p3, &y, -100, &z, &w, NULL), CODA_ERR_DTYPE, "targets");
+    BAD(coda_finish_lse(ctx, &p3, &tg, -100, NULL, &w, NULL), CODA_ERR_INVALID_ARG, "lse");
+    BAD(coda_finish_lse(ctx, &p3, &tg, -100, &z, NULL, NULL), CODA_ERR_INVALID_ARG, "loss");
+    y = lo; y.shape[0] = 1;
+    BAD(coda_finish_lse(ctx, &p3, &tg, -100, &z, &y, NULL), CODA_ERR_SHAPE, "loss");
+    BAD(coda_finish_lse(ctx, &p3, &tg, -100, &z, &z, NULL), CODA_ERR_OVERLAP, "overlap");
+    y = coda_tensor_1d(TG, CODA_F32, M);
+    BAD(coda_finish_lse(ctx, &p3, &tg, -100, &y, &w, NULL), CODA_ERR_OVERLAP, "overlaps");
+    y = coda_tensor_1d((char *)P3 + 64, CODA_F32, M);
+    BAD(coda_finish_lse(ctx, &p3, &tg, -100, &z, &y, NULL), CODA_ERR_OVERLAP, "overlaps");
+    {
+        coda_tensor_t c1 = p3, c2 = tg, c3 = ls, c4 = lo;
+        c1.device = c2.device = c3.device = c4.device = CODA_DEVICE_CUDA;
+        BAD(coda_finish_lse(ctx, &c1, &c2, -100, &c3, &c4, NULL), CODA_ERR_UNSUPPORTED, "CUDA");
+        BAD(coda_finish_lse(ctx, &c1, &c2, -100, &c3, &w, NULL), CODA_ERR_DEVICE, "device");
+    }
+}
+
+int main(void) {
+    coda_context_options_t o = {2, NULL};
+    REQUIRE_OK(coda_context_create(&o, &ctx));
+    h_rng r = rng_new(2024);
+    bad_gemm(&r);
+    bad_epilogue(&r);
+    bad_tiling();
+    bad_finish(&r);
+    /* frees of NULL are harmless */
+    coda_context_free(NULL);
+    coda_program_free(NULL);
+    coda_context_free(ctx);
+    for (int i = 0; i < g_nbuf; i++) { free(g_buf[i].p); free(g_buf[i].copy); }
+    TEST_MAIN_END();
+}
