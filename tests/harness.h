@@ -64,7 +64,7 @@ static int h_checks, h_failures;
         return h_failures ? 1 : 0;                                              \
     } while (0)
 
-static void *h_alloc(size_t bytes) {
+static inline void *h_alloc(size_t bytes) {
     void *p = malloc(bytes ? bytes : 1);
     if (!p) {
         fprintf(stderr, "out of memory (%zu bytes)\n", bytes);
@@ -75,31 +75,31 @@ static void *h_alloc(size_t bytes) {
 
 /* ---- random data: xorshift64*, uniform in [-scale, scale), never all zero ---- */
 typedef struct { uint64_t s; } h_rng;
-static h_rng rng_new(uint64_t seed) { h_rng r = {seed * 0x9E3779B97F4A7C15ull + 1}; return r; }
-static float rng_uniform(h_rng *r) {
+static inline h_rng rng_new(uint64_t seed) { h_rng r = {seed * 0x9E3779B97F4A7C15ull + 1}; return r; }
+static inline float rng_uniform(h_rng *r) {
     r->s ^= r->s >> 12; r->s ^= r->s << 25; r->s ^= r->s >> 27;
     uint64_t x = r->s * 0x2545F4914F6CDD1Dull;
     return (float)((x >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
 }
-static uint16_t h_f2bf(float f) {
+static inline uint16_t h_f2bf(float f) {
     uint32_t u; memcpy(&u, &f, 4);
     if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
     u += 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
 }
-static float h_bf2f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
-static void rng_fill_bf16(h_rng *r, uint16_t *p, int64_t n, float scale) {
+static inline float h_bf2f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline void rng_fill_bf16(h_rng *r, uint16_t *p, int64_t n, float scale) {
     for (int64_t i = 0; i < n; i++) p[i] = h_f2bf(rng_uniform(r) * scale);
 }
-static void rng_fill_f32(h_rng *r, float *p, int64_t n, float scale) {
+static inline void rng_fill_f32(h_rng *r, float *p, int64_t n, float scale) {
     for (int64_t i = 0; i < n; i++) p[i] = rng_uniform(r) * scale;
 }
 /* NaN poison, so that unwritten outputs show. */
-static void poison_bf16(uint16_t *p, int64_t n) { for (int64_t i = 0; i < n; i++) p[i] = 0x7fc1; }
-static void poison_f32(float *p, int64_t n) { for (int64_t i = 0; i < n; i++) p[i] = NAN; }
+static inline void poison_bf16(uint16_t *p, int64_t n) { for (int64_t i = 0; i < n; i++) p[i] = 0x7fc1; }
+static inline void poison_f32(float *p, int64_t n) { for (int64_t i = 0; i < n; i++) p[i] = NAN; }
 
 /* ||out - ref|| / ||ref|| (ref in float64); NaN anywhere in out gives INFINITY. */
-static double rel_err_f32(const float *out, const double *ref, int64_t n) {
+static inline double rel_err_f32(const float *out, const double *ref, int64_t n) {
     double num = 0, den = 0;
     for (int64_t i = 0; i < n; i++) {
         if (isnan(out[i])) return INFINITY;
@@ -109,7 +109,7 @@ static double rel_err_f32(const float *out, const double *ref, int64_t n) {
     }
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
-static double rel_err_bf16(const uint16_t *out, const double *ref, int64_t n) {
+static inline double rel_err_bf16(const uint16_t *out, const double *ref, int64_t n) {
     double num = 0, den = 0;
     for (int64_t i = 0; i < n; i++) {
         float o = h_bf2f(out[i]);
@@ -121,6 +121,6 @@ static double rel_err_bf16(const uint16_t *out, const double *ref, int64_t n) {
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 /* The tolerance rule of DESIGN.md section 5. */
-static int within_tol(double err, double baseline_err) { return err <= 2.0 * baseline_err + 1e-6; }
+static inline int within_tol(double err, double baseline_err) { return err <= 2.0 * baseline_err + 1e-6; }
 
 #endif
