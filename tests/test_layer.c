@@ -377,7 +377,8 @@ int main(void) {
     run_case(ctx, "LM head present, no targets, dy only", c, 1, 9, o);
 
     coda_llama_config_t big = c;
-    big.n_kv_heads = 4; big.ffn = 136; big.vocab = 328; big.head_dim = 8; big.n_heads = 8;
+    /* d, N_qkv = 160, 2 ffn, vocab: none a multiple of the 128-wide default tile */
+    big.d = 200; big.n_kv_heads = 5; big.ffn = 136; big.vocab = 328; big.head_dim = 8; big.n_heads = 10;
     o.seed = 4; o.use_loss = 1; o.use_dy = 1; o.loss_scale = 1.0f / 999; o.ignore_every = 11;
     o.grad_dtype = CODA_F32;
     run_case(ctx, "M = 999", big, 3, 333, o);
