@@ -202,16 +202,22 @@ def run_reference(cfg, B, S, W16, x16, targets, dy16, loss_scale, mode):
 # ---------------------------------------------------------------------------
 
 
+# Where coda's layer runs: CODA_TEST_DEVICE=cuda runs it on the GPU (needs a
+# CUDA build of torch); the PyTorch layers always run on the CPU.
+DEVICE = os.environ.get("CODA_TEST_DEVICE", "cpu")
+
+
 def run_coda(ctx, cfg, B, S, W16, x16, targets, dy16, loss_scale):
     w = coda.pack_weights(cfg, W16["wq"], W16["wk"], W16["wv"], W16["wo"], W16["w_gate"],
                           W16["w_up"], W16["w_down"], W16["g1"], W16["g2"], W16.get("gf"),
-                          W16.get("wlm"))
-    layer = coda.Llama(ctx, cfg, B, S, "cpu")
-    y, loss = layer.forward(w, x16.contiguous(), targets)
-    dx, g = layer.backward(w, dy16.contiguous() if dy16 is not None else None, loss_scale)
-    res = {"y": y, "dx": dx}
+                          W16.get("wlm"), device=DEVICE)
+    layer = coda.Llama(ctx, cfg, B, S, DEVICE)
+    dev = lambda t: None if t is None else t.to(DEVICE).contiguous()
+    y, loss = layer.forward(w, dev(x16), dev(targets))
+    dx, g = layer.backward(w, dev(dy16), loss_scale)
+    res = {"y": y.cpu(), "dx": dx.cpu()}
     if loss is not None:
-        res["loss"] = loss
+        res["loss"] = loss.cpu()
     res.update(coda.unpack_grads(cfg, g))
     return res
 
@@ -348,6 +354,10 @@ def binding_checks(ctx):
 
 def main():
     ctx = coda.Context(cpu_threads=2)
+    print("coda layer on: %s" % DEVICE)
+    if DEVICE != "cpu" and not ctx.has_cuda:
+        check(False, "CODA_TEST_DEVICE=%s but the coda context has no CUDA device" % DEVICE)
+        return 1
     binding_checks(ctx)
     C = coda.LlamaConfig
     # GQA with the LM head and both loss terms; M = 26 is no multiple of any tile.
