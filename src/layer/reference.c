@@ -26,14 +26,25 @@ static void rd_all(double *p, int64_t n) {
 
 /* ---- dense products (row-major), results rounded once per element ---- */
 
+/* sum_t a[t] b[t] in float64; four partial sums only so that the compiler
+ * can overlap the additions (a few times faster, same float64 accuracy). */
+static double dotd(const double *a, const double *b, int64_t n) {
+    double p0 = 0, p1 = 0, p2 = 0, p3 = 0;
+    int64_t t = 0;
+    for (; t + 4 <= n; t += 4) {
+        p0 += a[t] * b[t];
+        p1 += a[t + 1] * b[t + 1];
+        p2 += a[t + 2] * b[t + 2];
+        p3 += a[t + 3] * b[t + 3];
+    }
+    for (; t < n; t++) p0 += a[t] * b[t];
+    return (p0 + p1) + (p2 + p3);
+}
+
 /* out (m, n) = a (m, k) . b (n, k)^T */
 static void mm_nt(double *out, const double *a, const double *b, int64_t m, int64_t n, int64_t k) {
     for (int64_t i = 0; i < m; i++)
-        for (int64_t j = 0; j < n; j++) {
-            double s = 0;
-            for (int64_t t = 0; t < k; t++) s += a[i * k + t] * b[j * k + t];
-            out[i * n + j] = rd(s);
-        }
+        for (int64_t j = 0; j < n; j++) out[i * n + j] = rd(dotd(a + i * k, b + j * k, k));
 }
 
 /* out (m, k) = a (m, n) . b (n, k) */
@@ -139,8 +150,7 @@ static void attn_probs(const coda__ref_layer_t *L, int64_t i, int64_t h, double 
     int64_t r0 = i - i % L->seq;
     double sq = sqrt((double)hd), mx = -INFINITY, l = 0;
     for (int64_t j = r0; j <= i; j++) {
-        double dot = 0;
-        for (int64_t c = 0; c < hd; c++) dot += L->q[i * L->nq + h * hd + c] * L->k[j * L->nkv + kvh * hd + c];
+        double dot = dotd(L->q + i * L->nq + h * hd, L->k + j * L->nkv + kvh * hd, hd);
         s[j - r0] = rd(rd(dot) / sq);
         if (s[j - r0] > mx) mx = s[j - r0];
     }
@@ -182,9 +192,7 @@ static void attention_backward(coda__ref_layer_t *L, const double *dout, double 
             attn_probs(L, i, h, s, pf, p);
             double sum = 0;
             for (int64_t j = r0; j <= i; j++) {
-                double acc = 0;
-                for (int64_t c = 0; c < hd; c++) acc += doi[c] * L->v[j * L->nkv + kvh * hd + c];
-                dp[j - r0] = rd(acc);
+                dp[j - r0] = rd(dotd(doi, L->v + j * L->nkv + kvh * hd, hd));
                 sum += pf[j - r0] * dp[j - r0];
             }
             for (int64_t j = r0; j <= i; j++) {
