@@ -509,6 +509,24 @@ static void test_builder(void) {
     CHECK(strcmp(print_into(p, buf_a), oproj_canonical) == 0, "builder text:\n%s", buf_a);
     coda_program_free(p);
 
+    /* gate/up with pairs, built in C: the parser's text again */
+    REQUIRE_OK(coda_program_new("gate_up", &p));
+    int r2 = coda_program_arg(p, "r2", CODA_IN_ROW, CODA_F32, CODA_SPACE_FULL, CODA_REDUCE_SUM);
+    int z = coda_program_arg(p, "z", CODA_OUT_TILE, CODA_BF16, CODA_SPACE_FULL, CODA_REDUCE_SUM);
+    int c = coda_program_arg(p, "c", CODA_OUT_TILE, CODA_BF16, CODA_SPACE_HALF, CODA_REDUCE_SUM);
+    int a = coda_program_value(p, "a", CODA_OP_ACC, -1, -1, -1);
+    int r = coda_program_load(p, "r", r2);
+    int zz = coda_program_value(p, "zz", CODA_OP_MUL, a, r, -1);
+    coda_program_store(p, z, zz);
+    int g = coda_program_value(p, "g", CODA_OP_EVEN, zz, -1, -1);
+    int u = coda_program_value(p, "u", CODA_OP_ODD, zz, -1, -1);
+    int sg = coda_program_value(p, "sg", CODA_OP_SILU, g, -1, -1);
+    int cc = coda_program_value(p, "cc", CODA_OP_MUL, sg, u, -1);
+    coda_program_store(p, c, cc);
+    CHECK_OK(coda_program_finish(p));
+    CHECK(strcmp(print_into(p, buf_a), swiglu_text) == 0, "builder gate_up:\n%s", buf_a);
+    coda_program_free(p);
+
     /* made-up names: the printed program parses and prints the same */
     p = build_oproj(0);
     CHECK_OK(coda_program_finish(p));
@@ -638,6 +656,11 @@ static const bad_t bads[] = {
     {HDR "reduce h a a\n", P, 4, "expected 'reduce OUT VALUE'"},
     {HDR "lse h a\n", P, 4, "expected 'lse OUT VALUE TARGET'"},
     {HDR "store h 2\n", P, 4, "'2' is not a name"},
+    {"out h tile bf16\r\n# c\r\n\r\na = acc\r\nb = frob a\r\n", P, 5, "unknown op 'frob'"},
+    {"\tin x tile bf16 # c\n\n  \n\tx = acc # again\n", V, 4, "name 'x' is already defined (line 1)"},
+    {HDR "b = add acc a\n", P, 4, "add: 'acc' is a reserved word, not a name (write 'a = acc'"},
+    {HDR "b = load tile\n", P, 4, "load: 'tile' is a reserved word"},
+    {HDR "store lse a\n", P, 4, "store: 'lse' is a reserved word"},
     /* names */
     {HDR "x = neg a\n", V, 4, "name 'x' is already defined (line 1)"},
     {HDR "a = neg a\n", V, 4, "name 'a' is already defined (line 3)"},

@@ -136,10 +136,14 @@ static coda_status_t check_new_name(const parser_t *ps, token_t tk) {
     return CODA_OK;
 }
 
-/* A token that refers to a name: must look like one. */
+/* A token that refers to a name: must look like one, and not be a keyword
+ * (`add acc x` is a common slip: acc is an op, not a value). */
 static coda_status_t check_ref_syntax(const parser_t *ps, token_t tk, const char *opname) {
     if (coda__ident_problem(tk.s, tk.n))
         return perr(ps, CODA_ERR_PARSE, "%s: '%.*s' is not a name", opname, TOK(tk));
+    if (coda__name_problem(tk.s, tk.n))
+        return perr(ps, CODA_ERR_PARSE, "%s: '%.*s' is a reserved word, not a name%s", opname,
+                    TOK(tk), is(tk, "acc") ? " (write 'a = acc', then use a)" : "");
     return CODA_OK;
 }
 
