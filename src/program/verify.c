@@ -130,7 +130,7 @@ static coda_status_t join_operands(coda_program_t *p, int i, int n, const char *
     coda_space_t space = CODA_SPACE_FULL;
     for (int k = 0; k < n; k++) {
         const coda_inst_t *s = &p->insts[in->src[k]];
-        shape |= s->shape;
+        shape |= (int)s->shape;
         if (!has_cols(s->shape)) continue;
         if (have_space && s->vspace != space)
             return fail_inst(p, i, "%s: operands are in column spaces %s and %s", opname,
