@@ -79,6 +79,8 @@ typedef struct coda__ref_param {
     int64_t rows, cols; /* vectors: (d, 1) */
 } coda__ref_param_t;
 
+/* tests/test_layer_torch.py mirrors the fields up to `grad` with ctypes: keep
+ * them in this order (append new fields after `grad`). */
 typedef struct coda__ref_layer {
     coda_llama_config_t cfg;
     int64_t batch, seq, m;       /* m = batch * seq                          */
