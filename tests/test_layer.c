@@ -175,6 +175,10 @@ static void test_bad_args(coda_context_t *ctx) {
     tg[5] = -100;
     coda_tensor_t over = coda_tensor_2d(x, CODA_BF16, m, d);
     CHECK_STATUS(coda_llama_forward(L, &w, &tx, &tt, &over, &tl, NULL), CODA_ERR_OVERLAP);
+    over = coda_tensor_2d(w.wd.data, CODA_BF16, m, d); /* y over a weight */
+    CHECK_STATUS(coda_llama_forward(L, &w, &tx, &tt, &over, &tl, NULL), CODA_ERR_OVERLAP);
+    coda_tensor_t lover = coda_tensor_1d(w.wo.data, CODA_F32, m);
+    CHECK_STATUS(coda_llama_forward(L, &w, &tx, &tt, &ty, &lover, NULL), CODA_ERR_OVERLAP);
     int untouched = 1;
     for (int64_t i = 0; i < m * d; i++) untouched &= y[i] == 0x7fc1;
     for (int64_t i = 0; i < m; i++) untouched &= isnan(loss[i]);
@@ -187,6 +191,8 @@ static void test_bad_args(coda_context_t *ctx) {
     CHECK_STATUS(coda_llama_backward(L, &w, &tx, 1.0f, NULL, NULL, NULL), CODA_ERR_INVALID_ARG);
     CHECK_STATUS(coda_llama_backward(L, &w, &tx, NAN, &tdx, NULL, NULL), CODA_ERR_INVALID_ARG);
     CHECK_STATUS(coda_llama_backward(L, &w, &tx, 1.0f, &tx, NULL, NULL), CODA_ERR_OVERLAP);
+    coda_tensor_t dover = coda_tensor_2d(w.wgu.data, CODA_BF16, m, d); /* dx over a weight */
+    CHECK_STATUS(coda_llama_backward(L, &w, &tx, 1.0f, &dover, NULL, NULL), CODA_ERR_OVERLAP);
     coda_llama_weights_t g = w; /* gradients over the weights: overlap */
     CHECK_STATUS(coda_llama_backward(L, &w, NULL, 1.0f, &tdx, &g, NULL), CODA_ERR_OVERLAP);
     g.wd = coda_tensor_2d(w.wd.data, CODA_I32, d, I / 2);

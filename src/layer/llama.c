@@ -316,6 +316,17 @@ static coda_status_t check_weights(const coda_llama_t *L, const coda_llama_weigh
     return CODA_OK;
 }
 
+/* An output must not share bytes with any weight (it is written while they are read). */
+static coda_status_t check_apart_weights(const coda_llama_t *L, const coda_tensor_t *t, const char *fn,
+                                         const char *what, const coda_llama_weights_t *w) {
+    wshape_t ws[8];
+    int n = weight_shapes(L, ws);
+    for (int i = 0; i < n; i++)
+        if (coda__tensors_overlap(t, weight_field((coda_llama_weights_t *)w, i)))
+            return coda__fail(CODA_ERR_OVERLAP, "%s: %s overlaps w->%s", fn, what, ws[i].name);
+    return CODA_OK;
+}
+
 /* ---- forward ---- */
 
 coda_status_t coda_llama_forward(coda_llama_t *L, const coda_llama_weights_t *w, const coda_tensor_t *x,
@@ -348,6 +359,10 @@ coda_status_t coda_llama_forward(coda_llama_t *L, const coda_llama_weights_t *w,
                           V == 0 ? "LM head (cfg->vocab is 0)" : "targets");
     }
     if (coda__tensors_overlap(y, x)) return coda__fail(CODA_ERR_OVERLAP, "%s: y overlaps x", fn);
+    if (with_loss && coda__tensors_overlap(y, targets))
+        return coda__fail(CODA_ERR_OVERLAP, "%s: y overlaps targets", fn);
+    CODA_TRY(check_apart_weights(L, y, fn, "y", w));
+    if (with_loss) CODA_TRY(check_apart_weights(L, loss, fn, "loss", w));
 
     /* From here on, any failure is the library's own; the saved state is invalid. */
     L->have_forward = 0;
@@ -438,6 +453,7 @@ coda_status_t coda_llama_backward(coda_llama_t *L, const coda_llama_weights_t *w
         return coda__fail(CODA_ERR_INVALID_ARG, "%s: loss_scale is not finite", fn);
     CODA_TRY(check_arg(L, dx, fn, "dx", m, d, BF16, 1));
     if (dy && coda__tensors_overlap(dx, dy)) return coda__fail(CODA_ERR_OVERLAP, "%s: dx overlaps dy", fn);
+    CODA_TRY(check_apart_weights(L, dx, fn, "dx", w));
     wshape_t ws[8];
     int nw = weight_shapes(L, ws);
     if (grads) {
