@@ -24,11 +24,12 @@ int main(void) {
     if (!src) TEST_MAIN_END();
     const char *lname[3] = {"NT", "NN", "TN"};
     for (int cfg = 0; cfg < CODA_CUDA_GEMM_NCFG; cfg++) {
-        for (int layout = 0; layout < 3; layout++) {
+        for (int v = 0; v < 6; v++) {
+            int layout = v % 3, c_f32 = v / 3;
             const char *opts[16];
             char optbuf[512];
-            int n = coda__cuda_gemm_options((coda_layout_t)layout, &coda__cuda_gemm_cfgs[cfg], opts,
-                                            optbuf, sizeof optbuf);
+            int n = coda__cuda_gemm_options((coda_layout_t)layout, &coda__cuda_gemm_cfgs[cfg], 1,
+                                            c_f32, opts, optbuf, sizeof optbuf);
             char *cubin = NULL;
             size_t size = 0;
             double t0 = now();
@@ -36,10 +37,11 @@ int main(void) {
             CHECK(s == CODA_OK, "cfg %d layout %s: %s", cfg, lname[layout], coda_last_error());
             CHECK(s != CODA_OK || size > 1000, "cfg %d layout %s: cubin of %zu bytes", cfg,
                   lname[layout], size);
-            printf("cfg %d (%dx%d, %d stages, cluster %d) %s: %s, %zu bytes, %.1f s\n", cfg,
+            printf("cfg %d (%dx%d, %d stages, cluster %d) %s C %s: %s, %zu bytes, %.1f s\n", cfg,
                    coda__cuda_gemm_cfgs[cfg].bm, coda__cuda_gemm_cfgs[cfg].bn,
                    coda__cuda_gemm_cfgs[cfg].stages, coda__cuda_gemm_cfgs[cfg].cluster_m,
-                   lname[layout], s == CODA_OK ? "ok" : "FAILED", size, now() - t0);
+                   lname[layout], c_f32 ? "f32" : "bf16", s == CODA_OK ? "ok" : "FAILED", size,
+                   now() - t0);
             free(cubin);
         }
     }

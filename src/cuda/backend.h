@@ -32,7 +32,7 @@ typedef struct coda_cuda_device {
     int cc_major, cc_minor;
     char name[128];
     coda_cuda_kernel_t *kernels;
-    CUfunction plain_fn[3][CODA_CUDA_GEMM_NCFG]; /* plain GEMM by layout and config */
+    CUfunction plain_fn[3][CODA_CUDA_GEMM_NCFG][2]; /* plain GEMM: layout, config, C f32 */
 } coda_cuda_device_t;
 
 /* Driver entry points, by their ABI symbol names (cuda.h maps some to _v2). */
@@ -122,19 +122,26 @@ int coda__cuda_gemm_pick(int64_t m, int64_t n, int64_t k, int sm_count);
  * and the NVRTC options for a layout and config. Returns a malloc'd string;
  * opts[] point into static storage or into optbuf (>= 512 bytes). */
 char *coda__cuda_gemm_source(const char *epilogue_src);
-int coda__cuda_gemm_options(coda_layout_t layout, const coda_cuda_gemm_cfg_t *cfg,
-                            const char **opts, char *optbuf, size_t optcap);
+/* store_c: the mainloop stores the main output C by TMA (dtype f32 if c_f32). */
+int coda__cuda_gemm_options(coda_layout_t layout, const coda_cuda_gemm_cfg_t *cfg, int store_c,
+                            int c_f32, const char **opts, char *optbuf, size_t optcap);
 
 /* Run the GEMM with an epilogue: the epilogue source defines struct
  * coda_epi_params (docs/gpu.md) and `params` (params_size bytes, the same
  * layout) is passed to the kernel by value; scratch_bytes of shared memory
- * are given to the epilogue (coda_epi_tile.scratch). A, B are descriptors
- * already checked by the front end; this checks them for the copy engine. */
+ * are given to the epilogue (coda_epi_tile.scratch). c_out (may be NULL):
+ * the main (M, N) output, bf16 or f32, stored by the mainloop with TMA from
+ * the values the epilogue's pair hook leaves. A, B are descriptors already
+ * checked by the front end; this checks them (and c_out) for the copy engine. */
 coda_status_t coda__cuda_gemm_run(coda_context_t *ctx, coda_layout_t layout,
                                   const coda_tensor_t *a, const coda_tensor_t *b,
+                                  const coda_tensor_t *c_out,
                                   const char *epilogue_src, const void *params,
                                   size_t params_size, size_t scratch_bytes, int cfg_index,
                                   void *stream);
+
+/* Shared memory the mainloop uses besides the epilogue's scratch. */
+size_t coda__cuda_gemm_smem(const coda_cuda_gemm_cfg_t *cfg);
 
 /* Check A and B for the GPU copy engine: bf16, 16-byte aligned base, row
  * stride a multiple of 16 bytes, K a multiple of 8. */

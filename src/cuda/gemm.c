@@ -58,20 +58,26 @@ char *coda__cuda_gemm_source(const char *epilogue_src) {
     return src;
 }
 
-int coda__cuda_gemm_options(coda_layout_t layout, const coda_cuda_gemm_cfg_t *cfg,
-                            const char **opts, char *optbuf, size_t optcap) {
+size_t coda__cuda_gemm_smem(const coda_cuda_gemm_cfg_t *cfg) {
+    size_t stage = (size_t)(cfg->bm + cfg->bn) * cfg->bk * 2;
+    /* stages, C staging (2 consumers x 2 x 8 KiB), barriers, alignment slack */
+    return cfg->stages * stage + 32768 + 16 * (size_t)cfg->stages + 1024;
+}
+
+int coda__cuda_gemm_options(coda_layout_t layout, const coda_cuda_gemm_cfg_t *cfg, int store_c,
+                            int c_f32, const char **opts, char *optbuf, size_t optcap) {
     int n = 0;
     opts[n++] = "--gpu-architecture=sm_90a";
     opts[n++] = "--std=c++17";
     opts[n++] = "-default-device";
     int ta = layout == CODA_LAYOUT_TN, tb = layout != CODA_LAYOUT_NT;
     int w = snprintf(optbuf, optcap, "-DCODA_BN=%d%c-DCODA_STAGES=%d%c-DCODA_TA=%d%c-DCODA_TB=%d%c"
-                     "-DCODA_CLUSTER=%d",
-                     cfg->bn, 0, cfg->stages, 0, ta, 0, tb, 0, cfg->cluster_m);
-    int nd = 5;
+                     "-DCODA_CLUSTER=%d%c-DCODA_EPI_STORE_C=%d%c-DCODA_C_F32=%d",
+                     cfg->bn, 0, cfg->stages, 0, ta, 0, tb, 0, cfg->cluster_m, 0, store_c, 0, c_f32);
+    int nd = 7;
     if (getenv("CODA_DEBUG_MN_SWAP") && w > 0 && (size_t)w + 20 < optcap) {
         memcpy(optbuf + w + 1, "-DCODA_MN_SWAP=1", 17);
-        nd = 6;
+        nd = 8;
     }
     const char *p = optbuf;
     for (int i = 0; i < nd; i++) {
@@ -119,12 +125,14 @@ coda_status_t coda__cuda_check_operands(coda_layout_t layout, const coda_tensor_
 static coda_status_t encode(struct coda_cuda *cu, CUtensorMap *map, const coda_tensor_t *t,
                             int64_t inner, int64_t outer, int box_inner, int box_outer,
                             const char *what) {
+    CUtensorMapDataType dt = t->dtype == CODA_F32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                                  : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
     cuuint64_t dims[2] = {(cuuint64_t)(inner > 0 ? inner : 1), (cuuint64_t)(outer > 0 ? outer : 1)};
     cuuint64_t strides[1] = {(cuuint64_t)t->stride[0]};
     cuuint32_t box[2] = {(cuuint32_t)box_inner, (cuuint32_t)box_outer};
     cuuint32_t estr[2] = {1, 1};
     CODA_CU(cu,
-            cu->cu.TensorMapEncodeTiled(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, t->data, dims,
+            cu->cu.TensorMapEncodeTiled(map, dt, 2, t->data, dims,
                                         strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                         CU_TENSOR_MAP_SWIZZLE_128B,
                                         CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
@@ -138,15 +146,17 @@ static coda_status_t encode(struct coda_cuda *cu, CUtensorMap *map, const coda_t
  * (cheap next to hashing the whole source), else compiled or read from the
  * disk cache. */
 static coda_status_t get_kernel(coda_context_t *ctx, coda_cuda_device_t *d, coda_layout_t layout,
-                                int cfg_index, const char *epilogue_src, CUfunction *fn) {
+                                int cfg_index, int store_c, int c_f32, const char *epilogue_src,
+                                CUfunction *fn) {
     const char *plain = coda__cuda_source("epi_plain.cuh");
-    int is_plain = epilogue_src == plain;
-    if (is_plain && d->plain_fn[layout][cfg_index]) {
-        *fn = d->plain_fn[layout][cfg_index];
+    int is_plain = epilogue_src == plain && store_c;
+    if (is_plain && d->plain_fn[layout][cfg_index][c_f32]) {
+        *fn = d->plain_fn[layout][cfg_index][c_f32];
         return CODA_OK;
     }
     uint64_t quick[2];
-    uint32_t variant = (uint32_t)layout * 64u + (uint32_t)cfg_index;
+    uint32_t variant = (uint32_t)layout * 64u + (uint32_t)cfg_index * 4u + (uint32_t)store_c * 2u +
+                       (uint32_t)c_f32;
     quick[0] = coda__hash(0xcbf29ce484222325ull, &variant, sizeof variant);
     quick[1] = coda__hash(0x84222325cbf29ce4ull, &variant, sizeof variant);
     quick[0] = coda__hash(quick[0], epilogue_src, strlen(epilogue_src));
@@ -157,13 +167,13 @@ static coda_status_t get_kernel(coda_context_t *ctx, coda_cuda_device_t *d, coda
         if (!src) return CODA_ERR_INTERNAL;
         const char *opts[16];
         char optbuf[512];
-        int n_opts = coda__cuda_gemm_options(layout, &coda__cuda_gemm_cfgs[cfg_index], opts,
-                                             optbuf, sizeof optbuf);
+        int n_opts = coda__cuda_gemm_options(layout, &coda__cuda_gemm_cfgs[cfg_index], store_c,
+                                             c_f32, opts, optbuf, sizeof optbuf);
         coda_status_t s = coda__cuda_kernel(ctx, d, src, opts, n_opts, "coda_gemm_kernel", quick, &f);
         free(src);
         CODA_TRY(s);
     }
-    if (is_plain) d->plain_fn[layout][cfg_index] = f;
+    if (is_plain) d->plain_fn[layout][cfg_index][c_f32] = f;
     *fn = f;
     return CODA_OK;
 }
@@ -171,18 +181,23 @@ static coda_status_t get_kernel(coda_context_t *ctx, coda_cuda_device_t *d, coda
 /* Launch with d's primary context current (pushed by the caller). */
 static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_layout_t layout,
                             const coda_tensor_t *a, const coda_tensor_t *b,
-                            const char *epilogue_src, const void *params, int cfg_index,
-                            size_t scratch_bytes, void *stream) {
+                            const coda_tensor_t *c_out, const char *epilogue_src,
+                            const void *params, int cfg_index, size_t scratch_bytes,
+                            void *stream) {
     struct coda_cuda *cu = ctx->cuda;
     const coda_cuda_gemm_cfg_t *cfg = &coda__cuda_gemm_cfgs[cfg_index];
     int64_t m = 0, n = 0, k = 0;
     coda__gemm_extents(layout, a, b, &m, &n, &k);
 
+    int store_c = c_out != NULL, c_f32 = c_out && c_out->dtype == CODA_F32;
     CUfunction fn;
-    CODA_TRY(get_kernel(ctx, d, layout, cfg_index, epilogue_src, &fn));
+    CODA_TRY(get_kernel(ctx, d, layout, cfg_index, store_c, c_f32, epilogue_src, &fn));
 
     /* Tensor maps (inner dimension first); boxes match gemm_mainloop.cuh. */
-    CUtensorMap map_a, map_b;
+    CUtensorMap map_a, map_b, map_c;
+    memset(&map_c, 0, sizeof map_c);
+    if (c_out) /* 64 rows x 128 bytes: one staging buffer */
+        CODA_TRY(encode(cu, &map_c, c_out, n, m, c_f32 ? 32 : 64, 64, "cuTensorMapEncodeTiled(c)"));
     if (layout == CODA_LAYOUT_TN)
         CODA_TRY(encode(cu, &map_a, a, m, k, 64, 64, "cuTensorMapEncodeTiled(a)"));
     else
@@ -193,8 +208,7 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
     else
         CODA_TRY(encode(cu, &map_b, b, n, k, 64, 64, "cuTensorMapEncodeTiled(b)"));
 
-    size_t stage = (size_t)(cfg->bm + cfg->bn) * cfg->bk * 2;
-    size_t smem = cfg->stages * stage + 16 * (size_t)cfg->stages + 1024 + scratch_bytes;
+    size_t smem = coda__cuda_gemm_smem(cfg) + scratch_bytes;
     if (smem > (size_t)d->smem_optin)
         return coda__fail(CODA_ERR_INTERNAL, "CUDA GEMM: %zu bytes of shared memory > %d", smem,
                           d->smem_optin);
@@ -205,7 +219,7 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
     if (units < clusters) clusters = units;
     if (clusters < 1) clusters = 1;
     int Mi = (int)m, Ni = (int)n, Ki = (int)k;
-    void *args[] = {&map_a, &map_b, &Mi, &Ni, &Ki, (void *)params};
+    void *args[] = {&map_a, &map_b, &map_c, &Mi, &Ni, &Ki, (void *)params};
 
     CUlaunchAttribute attr[1];
     attr[0].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
@@ -241,8 +255,28 @@ static coda_status_t check_pointer(struct coda_cuda *cu, const coda_tensor_t *t,
     return CODA_OK;
 }
 
+/* C (the TMA-stored main output): bf16 or f32, 16-byte aligned rows. */
+static coda_status_t check_c(const coda_tensor_t *c, const coda_tensor_t *a) {
+    if (c->dtype != CODA_BF16 && c->dtype != CODA_F32)
+        return coda__fail(CODA_ERR_DTYPE, "c: CUDA GEMM output must be bf16 or f32, got %s",
+                          coda_dtype_name(c->dtype) ? coda_dtype_name(c->dtype) : "?");
+    if (c->device_index != a->device_index)
+        return coda__fail(CODA_ERR_DEVICE, "c is on cuda:%d, a on cuda:%d", c->device_index,
+                          a->device_index);
+    if ((uintptr_t)c->data % 16 != 0)
+        return coda__fail(CODA_ERR_STRIDE, "c: data pointer %p is not 16-byte aligned", c->data);
+    if (c->stride[0] % 16 != 0)
+        return coda__fail(CODA_ERR_STRIDE, "c: row stride %lld bytes is not a multiple of 16",
+                          (long long)c->stride[0]);
+    if (c->stride[0] >= ((int64_t)1 << 40))
+        return coda__fail(CODA_ERR_STRIDE, "c: row stride %lld bytes is too large (max 2^40)",
+                          (long long)c->stride[0]);
+    return CODA_OK;
+}
+
 coda_status_t coda__cuda_gemm_run(coda_context_t *ctx, coda_layout_t layout,
                                   const coda_tensor_t *a, const coda_tensor_t *b,
+                                  const coda_tensor_t *c_out,
                                   const char *epilogue_src, const void *params,
                                   size_t params_size, size_t scratch_bytes, int cfg_index,
                                   void *stream) {
@@ -254,13 +288,20 @@ coda_status_t coda__cuda_gemm_run(coda_context_t *ctx, coda_layout_t layout,
         return coda__fail(CODA_ERR_DEVICE, "a is on cuda:%d, b on cuda:%d", a->device_index,
                           b->device_index);
     CODA_TRY(coda__cuda_check_operands(layout, a, b));
+    if (c_out) CODA_TRY(check_c(c_out, a));
+    int64_t m = 0, n = 0, k = 0;
+    coda__gemm_extents(layout, a, b, &m, &n, &k);
+    if (m == 0 || n == 0) return CODA_OK;
     coda_cuda_device_t *d;
     CODA_TRY(coda__cuda_device(ctx, a->device_index, &d));
     struct coda_cuda *cu = ctx->cuda;
     CODA_CU(cu, cu->cu.CtxPushCurrent(d->pctx), "cuCtxPushCurrent");
     coda_status_t s = check_pointer(cu, a, "a");
     if (s == CODA_OK) s = check_pointer(cu, b, "b");
-    if (s == CODA_OK) s = launch(ctx, d, layout, a, b, epilogue_src, params, cfg_index, scratch_bytes, stream);
+    if (s == CODA_OK && c_out) s = check_pointer(cu, c_out, "c");
+    if (s == CODA_OK)
+        s = launch(ctx, d, layout, a, b, c_out, epilogue_src, params, cfg_index, scratch_bytes,
+                   stream);
     CUcontext prev;
     cu->cu.CtxPopCurrent(&prev);
     return s;
@@ -278,17 +319,7 @@ typedef struct plain_params {
 coda_status_t coda__cuda_gemm(coda_context_t *ctx, coda_layout_t layout, const coda_tensor_t *a,
                               const coda_tensor_t *b, coda_tensor_t *c, float alpha, float beta,
                               void *stream) {
-    if (c->dtype != CODA_BF16 && c->dtype != CODA_F32)
-        return coda__fail(CODA_ERR_DTYPE, "c: CUDA GEMM output must be bf16 or f32, got %s",
-                          coda_dtype_name(c->dtype) ? coda_dtype_name(c->dtype) : "?");
-    if (c->device_index != a->device_index)
-        return coda__fail(CODA_ERR_DEVICE, "c is on cuda:%d, a on cuda:%d", c->device_index,
-                          a->device_index);
-    if ((uintptr_t)c->data % 16 != 0)
-        return coda__fail(CODA_ERR_STRIDE, "c: data pointer %p is not 16-byte aligned", c->data);
-    if (c->stride[0] % 16 != 0)
-        return coda__fail(CODA_ERR_STRIDE, "c: row stride %lld bytes is not a multiple of 16",
-                          (long long)c->stride[0]);
+    CODA_TRY(check_c(c, a));
     int64_t m = 0, n = 0, k = 0;
     coda__gemm_extents(layout, a, b, &m, &n, &k);
     CODA_TRY(coda__cuda_check_operands(layout, a, b));
@@ -314,7 +345,7 @@ coda_status_t coda__cuda_gemm(coda_context_t *ctx, coda_layout_t layout, const c
     if (s == CODA_OK) s = check_pointer(cu, b, "b");
     if (s == CODA_OK) {
         const char *epi = coda__cuda_source("epi_plain.cuh");
-        s = epi ? launch(ctx, d, layout, a, b, epi, &p, cfg, 0, stream)
+        s = epi ? launch(ctx, d, layout, a, b, c, epi, &p, cfg, 0, stream)
                 : coda__fail(CODA_ERR_INTERNAL, "CUDA GEMM: epi_plain.cuh is not embedded");
     }
     CUcontext prev;

@@ -9,6 +9,10 @@
  *   CODA_TB        0: B is K-major (N, K) [NT];      1: B is N-major (K, N) [NN, TN]
  *   CODA_CLUSTER   CTAs per cluster along M (1 or 2); the pair shares B tiles,
  *                  each CTA loads half of B and multicasts it to both
+ *   CODA_EPI_STORE_C  1: the values the epilogue leaves in each pair are the
+ *                  main output C, stored through shared memory by TMA (tma_c);
+ *                  0: the epilogue does all its own stores
+ *   CODA_C_F32     C's type when stored: 1 f32, 0 bf16
  *
  * Threads: 3 warpgroups. Warpgroup 0 is the producer (one thread issues TMA
  * loads); warpgroups 1 and 2 are consumers, each owning 64 rows of the
@@ -21,7 +25,11 @@
  *   A: 2 halves of 64 rows x 64 k (8 KiB each). K-major: 64 rows of 128 B.
  *      M-major: 64 k-rows of 64 m (128 B) - one 64-wide MN atom column.
  *   B: K-major: BN rows of 128 B (64 k). N-major: BN/64 chunks of 64 k-rows x 64 n.
- * K tails and M/N edges come in as zeros from TMA (out-of-bounds fill). */
+ * After the stages: C staging, per consumer two 64-row x 128-byte buffers
+ * (8 KiB each, 128B-swizzled like TMA's view), then the mbarriers, then the
+ * epilogue's scratch.
+ * K tails and M/N edges come in as zeros from TMA (out-of-bounds fill); TMA
+ * stores drop rows >= M and columns >= N. */
 
 #define CODA_BM 128
 #define CODA_BK 64
@@ -31,6 +39,17 @@
 #ifndef CODA_CLUSTER
 #define CODA_CLUSTER 1
 #endif
+
+#ifndef CODA_EPI_STORE_C
+#define CODA_EPI_STORE_C 0
+#endif
+#ifndef CODA_C_F32
+#define CODA_C_F32 0
+#endif
+#define CODA_C_ESZ (CODA_C_F32 ? 4 : 2)
+#define CODA_C_CHUNK_COLS (128 / CODA_C_ESZ)             /* columns per 128-byte chunk */
+#define CODA_C_NCHUNK (CODA_BN / CODA_C_CHUNK_COLS)
+#define CODA_CBUF_BYTES (2 * 2 * 8192)                   /* 2 consumers x 2 buffers */
 
 #define CODA_A_BYTES (CODA_BM * CODA_BK * 2)
 #define CODA_B_BYTES (CODA_BN * CODA_BK * 2)
@@ -83,12 +102,14 @@ static __device__ __forceinline__ u64 coda_desc_b(u32 b, int kk) {
 
 extern "C" __global__ void __launch_bounds__(384, 1)
 coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant__ coda_tmap tma_b,
-                 int M, int N, int K, const __grid_constant__ coda_epi_params epi) {
+                 const __grid_constant__ coda_tmap tma_c, int M, int N, int K,
+                 const __grid_constant__ coda_epi_params epi) {
     extern __shared__ unsigned char coda_smem_raw[];
     /* 1024-byte alignment for the swizzle atoms (the host adds the slack). */
     const u32 raw = coda_smem_addr(coda_smem_raw);
     const u32 base = (raw + 1023u) & ~1023u;
-    const u32 bars = base + CODA_STAGES * CODA_STAGE_BYTES;  /* full[s], then empty[s] */
+    const u32 cbufs = base + CODA_STAGES * CODA_STAGE_BYTES;
+    const u32 bars = cbufs + CODA_CBUF_BYTES;  /* full[s], then empty[s] */
 #define FULL(s) (bars + 8u * (s))
 #define EMPTY(s) (bars + 8u * (CODA_STAGES + (s)))
     unsigned char *scratch = coda_smem_raw + (bars + 16u * CODA_STAGES - raw);
@@ -222,14 +243,55 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
             t.scratch = scratch;
             coda_epi_state st;
             coda_epi_begin(epi, t, st);
+#if CODA_EPI_STORE_C
+            /* C goes out in 128-byte-wide column chunks through two staging
+             * buffers: while TMA stores one, the threads fill the other. */
+            const int lrow = 16 * (tid / 32) + (tid % 32) / 4; /* row in this consumer's 64 */
+#pragma unroll
+            for (int q = 0; q < CODA_C_NCHUNK; q++) {
+                const u32 buf = cbufs + c * 16384 + (q & 1) * 8192;
+                if (tid == 0) coda_bulk_wait_read(1); /* the store from this buffer is done */
+                coda_wg_sync(2 + c);
+#pragma unroll
+                for (int jj = 0; jj < CODA_C_CHUNK_COLS / 8; jj++) {
+                    const int j = q * (CODA_C_CHUNK_COLS / 8) + jj;
+                    float v0 = acc[4 * j], v1 = acc[4 * j + 1], v2 = acc[4 * j + 2], v3 = acc[4 * j + 3];
+                    coda_epi_pair(epi, t, st, 0, j, t.row, t.col + 8 * j, v0, v1);
+                    coda_epi_pair(epi, t, st, 1, j, t.row + 8, t.col + 8 * j, v2, v3);
+                    /* 128B swizzle: 16-byte unit u of row r sits at u ^ (r % 8);
+                     * rows lrow and lrow + 8 share r % 8 */
+                    const u32 b = (u32)(jj * 8 + 2 * (tid % 4)) * CODA_C_ESZ;
+                    const u32 off = ((((b >> 4) ^ (u32)(lrow & 7)) << 4) | (b & 15));
+                    const u32 a0 = buf + (u32)lrow * 128 + off, a1 = a0 + 8 * 128;
+#if CODA_C_F32
+                    coda_st_shared_f32x2(a0, v0, v1);
+                    coda_st_shared_f32x2(a1, v2, v3);
+#else
+                    coda_st_shared_b32(a0, coda_pack_bf16x2(v0, v1));
+                    coda_st_shared_b32(a1, coda_pack_bf16x2(v2, v3));
+#endif
+                }
+                coda_fence_proxy_async();
+                coda_wg_sync(2 + c);
+                if (tid == 0) {
+                    coda_tma_store(&tma_c, buf, tn * CODA_BN + q * CODA_C_CHUNK_COLS,
+                                   tm * CODA_BM + 64 * c);
+                    coda_bulk_commit();
+                }
+            }
+#else
 #pragma unroll
             for (int j = 0; j < CODA_BN / 8; j++) {
                 coda_epi_pair(epi, t, st, 0, j, t.row, t.col + 8 * j, acc[4 * j], acc[4 * j + 1]);
                 coda_epi_pair(epi, t, st, 1, j, t.row + 8, t.col + 8 * j, acc[4 * j + 2],
                               acc[4 * j + 3]);
             }
+#endif
             coda_epi_end(epi, t, st);
         }
+#if CODA_EPI_STORE_C
+        if (tid == 0) coda_bulk_wait(0); /* stores done before the CTA's memory goes */
+#endif
     }
 #if CODA_CLUSTER > 1
     /* a CTA must not exit while its peer may still multicast into it or

@@ -86,6 +86,33 @@ static __device__ __forceinline__ void coda_tma_load_mc(u32 dst, const coda_tmap
                  : "memory");
 }
 
+/* ---- TMA store of a 2-D tile from shared memory (bulk group) ---- */
+static __device__ __forceinline__ void coda_tma_store(const coda_tmap *map, u32 src, int c0, int c1) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group [%0, {%2, %3}], [%1];"
+                 ::"l"((u64)map), "r"(src), "r"(c0), "r"(c1)
+                 : "memory");
+}
+static __device__ __forceinline__ void coda_bulk_commit(void) {
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+/* Wait until at most n bulk groups still read their shared-memory source. */
+#define coda_bulk_wait_read(n) asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(n) : "memory")
+#define coda_bulk_wait(n) asm volatile("cp.async.bulk.wait_group %0;" ::"n"(n) : "memory")
+/* Ordinary shared-memory stores, then read by TMA (the async proxy). */
+static __device__ __forceinline__ void coda_fence_proxy_async(void) {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+static __device__ __forceinline__ void coda_st_shared_b32(u32 addr, u32 v) {
+    asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+static __device__ __forceinline__ void coda_st_shared_f32x2(u32 addr, float a, float b) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(a), "f"(b) : "memory");
+}
+/* Barrier among the 128 threads of one warpgroup (ids 2, 3: consumers 0, 1). */
+static __device__ __forceinline__ void coda_wg_sync(int id) {
+    asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory");
+}
+
 /* ---- cluster ---- */
 static __device__ __forceinline__ u32 coda_cluster_rank(void) {
     u32 r;
