@@ -14,6 +14,7 @@
 #include "harness.h"
 
 #include <dirent.h>
+#include <locale.h>
 
 #define BUF 65536
 static char buf_a[BUF], buf_b[BUF];
@@ -1249,6 +1250,26 @@ static void test_example_files(void) {
     printf("example files: %d good, %d bad\n", n_good, n_bad);
 }
 
+/* Consts read and print with '.' even under a locale whose decimal point is
+ * ','. Needs such a locale installed; skipped (and said so) otherwise. */
+static void test_locale(void) {
+    const char *names[] = {"de_DE.UTF-8", "de_DE.utf8", "fr_FR.UTF-8", "ru_RU.UTF-8"};
+    const char *got = NULL;
+    for (size_t i = 0; i < sizeof names / sizeof names[0] && !got; i++)
+        got = setlocale(LC_NUMERIC, names[i]);
+    if (!got) {
+        printf("locale test skipped: no locale with a ',' decimal point installed\n");
+        return;
+    }
+    char name[64];
+    snprintf(name, sizeof name, "%s", got); /* setlocale's string dies with the next call */
+    coda_program_t *p = round_trip("consts under a ',' locale", consts_text, NULL);
+    CHECK(p == NULL || strstr(buf_a, "a = const 0.100000001\n") != NULL, "locale:\n%s", buf_a);
+    coda_program_free(p);
+    setlocale(LC_NUMERIC, "C");
+    printf("locale test ran under %s\n", name);
+}
+
 int main(void) {
     test_round_trips();
     test_annotations();
@@ -1259,5 +1280,6 @@ int main(void) {
     test_random_programs();
     test_mutations();
     test_example_files();
+    test_locale();
     TEST_MAIN_END();
 }

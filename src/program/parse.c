@@ -11,7 +11,6 @@
  * is checked before the names. */
 #include "program/program.h"
 
-#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -302,8 +301,7 @@ static coda_status_t parse_number(const parser_t *ps, token_t tk, float *out) {
     memcpy(buf, tk.s, tk.n);
     buf[tk.n] = 0;
     char *end;
-    errno = 0;
-    float f = strtof(buf, &end);
+    float f = coda__strtof(buf, &end);
     if (end == buf || *end != 0)
         return perr(ps, CODA_ERR_PARSE, "const: '%.*s' is not a number", TOK(tk));
     if (!isfinite(f))

@@ -64,7 +64,12 @@ static void print_inst(out_t *o, const coda_program_t *p, const coda_inst_t *in)
     case CODA_OP_ACC:
     case CODA_OP_ROWIDX: put(o, "%s = %s\n", in->name, op); return;
     case CODA_OP_LOAD: put(o, "%s = load %s\n", in->name, p->args[in->arg].name); return;
-    case CODA_OP_CONST: put(o, "%s = const %.9g\n", in->name, (double)in->imm); return;
+    case CODA_OP_CONST: {
+        char num[32];
+        coda__format_float(num, sizeof num, in->imm);
+        put(o, "%s = const %s\n", in->name, num);
+        return;
+    }
     case CODA_OP_COLIDX: put(o, "%s = colidx%s\n", in->name, space_suffix(in->space)); return;
     case CODA_OP_STORE:
     case CODA_OP_REDUCE: put(o, "%s %s %s\n", op, p->args[in->arg].name, s0); return;

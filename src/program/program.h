@@ -30,6 +30,12 @@ void coda__program_lookup(const coda_program_t *p, const char *s, size_t len, in
  * users may well pick them too: the clash check is what makes them unique. */
 void coda__program_name_unnamed(coda_program_t *p);
 
+/* strtof and "%.9g" in the "C" locale, whatever the host program set: the
+ * text form always writes 1.5, never 1,5 (number.c). Nine significant digits
+ * identify every float, so format-then-parse gives the same bits. */
+float coda__strtof(const char *s, char **end);
+int coda__format_float(char *buf, size_t cap, float f);
+
 /* The made-up name of the program when it has none. */
 #define CODA__ANON_PROGRAM "anonymous"
 
