@@ -1,6 +1,6 @@
 /* test_builtin_programs.c - every built-in program of the layer parses,
  * verifies, and round-trips through the printer; the declared arguments are
- * the ones the layer binds. */
+ * the ones the layer binds; the CUDA code generator accepts it. */
 /* Uses few of the harness helpers. */
 #if defined(__GNUC__)
 #pragma GCC diagnostic push
@@ -10,6 +10,7 @@
 #if defined(__GNUC__)
 #pragma GCC diagnostic pop
 #endif
+#include "codegen/codegen.h"
 
 /* name, then the expected arguments "name:kind:space" (kind as coda_arg_kind_t) */
 typedef struct { const char *prog; const char *args[10]; } expect_t;
@@ -90,7 +91,12 @@ int main(void) {
         }
         for (int e = 0; e < N_EXPECTED; e++)
             if (strcmp(expected[e].prog, names[i]) == 0) check_args(p, &expected[e]);
-        printf("%-20s %2d args, %4zu bytes printed: parse, verify, print round trip ok\n", names[i],
+        /* the GPU code generator takes it (NVRTC compiles are tested with the CUDA backend) */
+        char *cu = NULL;
+        CHECK_OK(coda__codegen_cuda(p, &cu));
+        CHECK(cu && strstr(cu, "coda_epi_pair"), "%s: generated CUDA C lacks coda_epi_pair", names[i]);
+        free(cu);
+        printf("%-20s %2d args, %4zu bytes printed: parse, verify, print round trip, codegen ok\n", names[i],
                coda_program_num_args(p), len);
         free(buf1);
         free(buf2);
