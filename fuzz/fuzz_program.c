@@ -3,16 +3,41 @@
  *
  * Any input: parse must return (no crash, no leak, no UB). If it parses,
  * print it, parse the printed text (must succeed) and print again (must be
- * identical): the canonical form is a fixed point. A mismatch aborts, which
+ * identical): the canonical form is a fixed point. Then rebuild it with the C
+ * builder: same text, same shapes. A mismatch aborts, which
  * is how a fuzz target reports a finding. Build and run: make fuzz. */
 #include "coda.h"
+#include "program/ir.h" /* to rebuild a parsed program with the builder */
 
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static char text_a[1 << 17], text_b[1 << 17];
+static char text_a[1 << 17], text_b[1 << 17], text_c[1 << 17];
+
+/* The same program through the C builder, from the parsed IR. */
+static coda_program_t *rebuild(const coda_program_t *p) {
+    coda_program_t *q = NULL;
+    if (coda_program_new(p->name, &q) != CODA_OK) return NULL;
+    for (int i = 0; i < p->n_args; i++) {
+        const coda_arg_t *a = &p->args[i];
+        coda_program_arg(q, a->name, a->kind, a->dtype, a->space, a->reduce);
+    }
+    for (int i = 0; i < p->n_insts; i++) {
+        const coda_inst_t *in = &p->insts[i];
+        switch (in->op) {
+        case CODA_OP_LOAD: coda_program_load(q, in->name, in->arg); break;
+        case CODA_OP_CONST: coda_program_const(q, in->name, in->imm); break;
+        case CODA_OP_COLIDX: coda_program_colidx(q, in->name, in->space); break;
+        case CODA_OP_STORE:
+        case CODA_OP_REDUCE: coda_program_store(q, in->arg, in->src[0]); break;
+        case CODA_OP_LSE: coda_program_lse(q, in->arg, in->src[0], in->src[1]); break;
+        default: coda_program_value(q, in->name, in->op, in->src[0], in->src[1], in->src[2]);
+        }
+    }
+    return q;
+}
 
 static void fail(const char *what, const char *input, const char *printed) {
     fprintf(stderr, "fuzz_program: %s: %s\n--- input\n%s\n--- printed\n%s\n", what,
@@ -47,6 +72,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (len_a != len_b || strcmp(text_a, text_b) != 0)
         fail("second print differs", text_a, text_b);
     if (coda_program_num_args(q) != coda_program_num_args(p)) fail("arg count", input, text_a);
+
+    /* the builder makes the same program: same text, same annotations */
+    coda_program_t *b = rebuild(p);
+    if (!b || coda_program_finish(b) != CODA_OK) fail("builder rejects a parsed program", input, text_a);
+    if (coda_program_print(b, text_c, sizeof text_c, NULL) != CODA_OK || strcmp(text_a, text_c) != 0)
+        fail("builder prints differently", text_a, text_c);
+    for (int i = 0; i < p->n_insts; i++)
+        if (b->insts[i].shape != p->insts[i].shape || b->insts[i].vspace != p->insts[i].vspace)
+            fail("builder annotations differ", input, text_a);
+    coda_program_free(b);
 
     coda_program_free(q);
     coda_program_free(p);
