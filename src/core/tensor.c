@@ -34,7 +34,7 @@ static coda_tensor_t make(void *data, coda_dtype_t dtype, int ndim, const int64_
     for (int d = ndim - 1; d >= 0; d--) {
         t.shape[d] = shape[d];
         t.stride[d] = s;
-        s *= shape[d];
+        s *= shape[d] > 1 ? shape[d] : 1; /* an empty dim keeps outer strides valid */
     }
     return t;
 }
