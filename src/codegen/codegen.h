@@ -9,30 +9,25 @@
  * so every pairwise map (even, odd, interleave, swap on full/double values)
  * stays in registers.
  *
- * The contract with the kernel (docs/epilogue-codegen.md has the long form).
- * Before the generated text the kernel defines:
+ * The contract with the kernel is the epilogue splice point of
+ * src/cuda/kernels/gemm_mainloop.cuh (docs/gpu.md): the generated text
+ * defines struct coda_epi_params, struct coda_epi_state and
  *
- *   CODA_EPI_ROW_SLOTS   rows one thread holds in a tile
- *   CODA_EPI_COL_SLOTS   accumulator pairs one thread holds in each row
- *   CODA_EPI_TILE_N      accumulator columns of a tile (the partials' tile_n)
- *   CODA_EPI_NWARPS      warps that hold the tile (for column reductions)
- *   CODA_EPI_SYNC()      a barrier over exactly those warps
- *
- * and the generated text defines (names fixed, so the kernel never changes):
- *
- *   struct coda_epi_state;                       per-thread reduction state
- *   coda_epi_begin(S)                            once per tile
- *   coda_epi_pair(P, S, rs, cs, row, col, a0, a1)
- *        for every pair the thread holds: row slot rs, column slot cs,
- *        global row, global even accumulator column col, the two values;
- *        it masks row >= M and col >= N itself
- *   coda_epi_end(P, S, rows, cols, m_tile, n_tile, lane, warp, tid, scratch)
- *        once per tile, by every thread of the CODA_EPI_NWARPS warps:
- *        finishes row reductions across the 4 lanes that share a row (lanes
- *        4q..4q+3 hold all of a row's columns in the wgmma layout) and column
- *        reductions across lanes and warps (scratch: shared memory of
- *        CODA_EPI_NWARPS * 4 * CODA_EPI_TILE_N floats), and writes the
- *        partials of tile (m_tile, n_tile).
+ *   coda_epi_begin(P, t, S)                   once per tile
+ *   coda_epi_pair(P, t, S, h, j, row, col, a0, a1)
+ *        for every accumulator pair a thread holds: row slot h (rows t.row
+ *        and t.row + 8), column chunk j (col = t.col + 8j), the global row,
+ *        the global even accumulator column, the two values. It masks
+ *        row >= M and col >= N itself and writes every output itself
+ *        (the kernel is built with CODA_EPI_STORE_C = 0).
+ *   coda_epi_end(P, t, S)                     once per tile, every thread:
+ *        row reductions and lse states are combined over the 4 lanes that
+ *        share a row (in the wgmma layout they hold all the tile's columns of
+ *        it) and written as the partials of tile (row, t.tile_n); column
+ *        reductions are combined over the 8 lanes that share columns, i.e.
+ *        over one warp's 16 rows, and written as the partials of 16-row tile
+ *        (row / 16). So on the GPU the tiling is tile_m = 16 (for column
+ *        partials; row partials do not depend on it), tile_n = CODA_BN.
  *
  * Arguments reach the kernel in struct coda_epi_params (coda_epi_params_t
  * below, the same layout on host and device): one pointer, two element

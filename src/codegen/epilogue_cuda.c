@@ -82,7 +82,7 @@ static void elem_col(coda_space_t s, int e, char *buf, size_t cap) {
 static void load_text(const coda_arg_t *a, int k, const char *idx, char *buf, size_t cap) {
     switch (a->dtype) {
     case CODA_BF16:
-        snprintf(buf, cap, "coda_bf16_to_f32(((const unsigned short *)P->ptr[%d])[%s])", k, idx);
+        snprintf(buf, cap, "cg_bf16_to_f32(((const unsigned short *)P->ptr[%d])[%s])", k, idx);
         break;
     case CODA_I32: snprintf(buf, cap, "(float)(((const int *)P->ptr[%d])[%s])", k, idx); break;
     default: snprintf(buf, cap, "((const float *)P->ptr[%d])[%s]", k, idx); break;
@@ -101,11 +101,11 @@ static const char *map_fn(coda_op_t op) {
     case CODA_OP_SIN: return "sinf(%s)";
     case CODA_OP_COS: return "cosf(%s)";
     case CODA_OP_TANH: return "tanhf(%s)";
-    case CODA_OP_SIGMOID: return "coda_sigmoid(%s)";
-    case CODA_OP_SILU: return "coda_silu(%s)";
-    case CODA_OP_DSILU: return "coda_dsilu(%s)";
-    case CODA_OP_SQUARE: return "coda_square(%s)";
-    case CODA_OP_ROUND_BF16: return "coda_round_bf16(%s)";
+    case CODA_OP_SIGMOID: return "cg_sigmoid(%s)";
+    case CODA_OP_SILU: return "cg_silu(%s)";
+    case CODA_OP_DSILU: return "cg_dsilu(%s)";
+    case CODA_OP_SQUARE: return "cg_square(%s)";
+    case CODA_OP_ROUND_BF16: return "cg_round_bf16(%s)";
     case CODA_OP_ADD: return "(%s + %s)";
     case CODA_OP_SUB: return "(%s - %s)";
     case CODA_OP_MUL: return "(%s * %s)";
@@ -126,55 +126,59 @@ static const char *PRELUDE =
     "/* ---- coda epilogue prelude ---- */\n"
     "#ifndef CODA_EPI_PRELUDE\n"
     "#define CODA_EPI_PRELUDE\n"
-    "typedef struct coda_epi_params {\n"
+    "struct coda_epi_params {\n"
     "    unsigned long long ptr[16];\n"
     "    long long s0[16];\n"
     "    long long s1[16];\n"
     "    float scalar[16];\n"
     "    int m, n;\n"
-    "} coda_epi_params;\n"
-    "static __device__ __forceinline__ float coda_bf16_to_f32(unsigned short h) {\n"
+    "};\n"
+    "/* the kernel's fragment geometry (src/cuda/kernels/gemm_mainloop.cuh) */\n"
+    "#define CODA_EPI_ROW_SLOTS 2\n"
+    "#define CODA_EPI_COL_SLOTS (CODA_BN / 8)\n"
+    "#define CODA_EPI_TILE_N CODA_BN\n"
+    "static __device__ __forceinline__ float cg_bf16_to_f32(unsigned short h) {\n"
     "    return __uint_as_float(((unsigned)h) << 16);\n"
     "}\n"
     "/* round to nearest even; NaN stays NaN (as the CPU backend) */\n"
-    "static __device__ __forceinline__ unsigned short coda_f32_to_bf16(float f) {\n"
+    "static __device__ __forceinline__ unsigned short cg_f32_to_bf16(float f) {\n"
     "    unsigned u = __float_as_uint(f);\n"
     "    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);\n"
     "    u += 0x7fffu + ((u >> 16) & 1u);\n"
     "    return (unsigned short)(u >> 16);\n"
     "}\n"
-    "static __device__ __forceinline__ float coda_round_bf16(float f) {\n"
-    "    return coda_bf16_to_f32(coda_f32_to_bf16(f));\n"
+    "static __device__ __forceinline__ float cg_round_bf16(float f) {\n"
+    "    return cg_bf16_to_f32(cg_f32_to_bf16(f));\n"
     "}\n"
-    "static __device__ __forceinline__ float coda_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }\n"
-    "static __device__ __forceinline__ float coda_silu(float x) { return x / (1.0f + expf(-x)); }\n"
-    "static __device__ __forceinline__ float coda_dsilu(float x) {\n"
-    "    float s = coda_sigmoid(x);\n"
+    "static __device__ __forceinline__ float cg_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }\n"
+    "static __device__ __forceinline__ float cg_silu(float x) { return x / (1.0f + expf(-x)); }\n"
+    "static __device__ __forceinline__ float cg_dsilu(float x) {\n"
+    "    float s = cg_sigmoid(x);\n"
     "    return s * (1.0f + x * (1.0f - s));\n"
     "}\n"
-    "static __device__ __forceinline__ float coda_square(float x) { return x * x; }\n"
-    "#define CODA_NEG_INF __int_as_float(0xff800000)\n"
+    "static __device__ __forceinline__ float cg_square(float x) { return x * x; }\n"
+    "#define CG_NEG_INF __int_as_float(0xff800000)\n"
     "/* online log-sum-exp: fold element v into (m, l) */\n"
-    "static __device__ __forceinline__ void coda_lse_add(float *m, float *l, float v) {\n"
+    "static __device__ __forceinline__ void cg_lse_add(float *m, float *l, float v) {\n"
     "    if (v > *m) {\n"
-    "        *l = (*m == CODA_NEG_INF ? 0.0f : *l * expf(*m - v)) + 1.0f;\n"
+    "        *l = (*m == CG_NEG_INF ? 0.0f : *l * expf(*m - v)) + 1.0f;\n"
     "        *m = v;\n"
     "    } else {\n"
     "        *l += expf(v - *m);\n"
     "    }\n"
     "}\n"
     "/* merge state (m2, l2) into (m, l) */\n"
-    "static __device__ __forceinline__ void coda_lse_merge(float *m, float *l, float m2, float l2) {\n"
+    "static __device__ __forceinline__ void cg_lse_merge(float *m, float *l, float m2, float l2) {\n"
     "    float mn = fmaxf(*m, m2);\n"
-    "    if (mn == CODA_NEG_INF) return;\n"
-    "    float a = *m == CODA_NEG_INF ? 0.0f : *l * expf(*m - mn);\n"
-    "    float b = m2 == CODA_NEG_INF ? 0.0f : l2 * expf(m2 - mn);\n"
+    "    if (mn == CG_NEG_INF) return;\n"
+    "    float a = *m == CG_NEG_INF ? 0.0f : *l * expf(*m - mn);\n"
+    "    float b = m2 == CG_NEG_INF ? 0.0f : l2 * expf(m2 - mn);\n"
     "    *l = a + b;\n"
     "    *m = mn;\n"
     "}\n"
     "#endif\n";
 
-static const char *red_init(coda_reduce_t r) { return r == CODA_REDUCE_MAX ? "CODA_NEG_INF" : "0.0f"; }
+static const char *red_init(coda_reduce_t r) { return r == CODA_REDUCE_MAX ? "CG_NEG_INF" : "0.0f"; }
 
 /* "x = x OP y" for a reduction. */
 static void red_fold(sb_t *b, coda_reduce_t r, const char *x, const char *y) {
@@ -185,7 +189,7 @@ static void red_fold(sb_t *b, coda_reduce_t r, const char *x, const char *y) {
 /* ---- the three functions ---- */
 
 static void gen_state(sb_t *b, const coda_program_t *p) {
-    sb_printf(b, "typedef struct coda_epi_state {\n    int unused_;\n");
+    sb_printf(b, "struct coda_epi_state {\n    int unused_;\n");
     for (int k = 0; k < p->n_args; k++) {
         const coda_arg_t *a = &p->args[k];
         if (a->kind == CODA_OUT_ROWRED)
@@ -197,9 +201,11 @@ static void gen_state(sb_t *b, const coda_program_t *p) {
             sb_printf(b, "    float c%d[CODA_EPI_COL_SLOTS * %d];  /* %s: column partials */\n", k,
                       space_width(a->space), a->name);
     }
-    sb_printf(b, "} coda_epi_state;\n\n");
+    sb_printf(b, "};\n\n");
 
-    sb_printf(b, "static __device__ __forceinline__ void coda_epi_begin(coda_epi_state *S) {\n");
+    sb_printf(b, "static __device__ __forceinline__ void coda_epi_begin(const coda_epi_params &P_,\n"
+                 "        const coda_epi_tile &t, coda_epi_state &S_) {\n"
+                 "    coda_epi_state *S = &S_;\n    (void)P_; (void)t;\n");
     for (int k = 0; k < p->n_args; k++) {
         const coda_arg_t *a = &p->args[k];
         if (a->kind == CODA_OUT_ROWRED)
@@ -208,7 +214,7 @@ static void gen_state(sb_t *b, const coda_program_t *p) {
         else if (a->kind == CODA_OUT_LSE)
             sb_printf(b,
                       "#pragma unroll\n    for (int i = 0; i < CODA_EPI_ROW_SLOTS; i++) {\n"
-                      "        S->lm%d[i] = CODA_NEG_INF; S->ll%d[i] = 0.0f; S->lp%d[i] = 0.0f;\n    }\n",
+                      "        S->lm%d[i] = CG_NEG_INF; S->ll%d[i] = 0.0f; S->lp%d[i] = 0.0f;\n    }\n",
                       k, k, k);
         else if (a->kind == CODA_OUT_COLRED)
             sb_printf(b, "#pragma unroll\n    for (int i = 0; i < CODA_EPI_COL_SLOTS * %d; i++) S->c%d[i] = %s;\n",
@@ -220,8 +226,12 @@ static void gen_state(sb_t *b, const coda_program_t *p) {
 static coda_status_t gen_pair(sb_t *b, const coda_program_t *p) {
     char e0[48], e1[48], e2[48], idx[160], ld[256], col[48];
     sb_printf(b,
-              "static __device__ __forceinline__ void coda_epi_pair(const coda_epi_params *P, coda_epi_state *S,\n"
-              "        int rs, int cs, int row, int col, float a0, float a1) {\n"
+              "static __device__ __forceinline__ void coda_epi_pair(const coda_epi_params &P_,\n"
+              "        const coda_epi_tile &t, coda_epi_state &S_, int rs, int cs, int row, int col,\n"
+              "        float &a0, float &a1) {\n"
+              "    const coda_epi_params *P = &P_;\n"
+              "    coda_epi_state *S = &S_;\n"
+              "    (void)t;\n"
               "    if (row >= P->m || col >= P->n) return;\n"
               "    const int ok1 = col + 1 < P->n;\n"
               "    const long long r = row;\n"
@@ -293,7 +303,7 @@ static coda_status_t gen_pair(sb_t *b, const coda_program_t *p) {
                 elem_col(a->space, e, col, sizeof col);
                 el(p, in->src[0], e, e0, sizeof e0);
                 if (a->dtype == CODA_BF16)
-                    sb_printf(b, "    if (%s) ((unsigned short *)P->ptr[%d])[r * P->s0[%d] + %s] = coda_f32_to_bf16(%s);\n",
+                    sb_printf(b, "    if (%s) ((unsigned short *)P->ptr[%d])[r * P->s0[%d] + %s] = cg_f32_to_bf16(%s);\n",
                               elem_ok(a->space, e), in->arg, in->arg, col, e0);
                 else
                     sb_printf(b, "    if (%s) ((float *)P->ptr[%d])[r * P->s0[%d] + %s] = %s;\n",
@@ -325,7 +335,7 @@ static coda_status_t gen_pair(sb_t *b, const coda_program_t *p) {
             for (int e = 0; e < wv; e++) {
                 el(p, in->src[0], e, e0, sizeof e0);
                 elem_col(v->vspace, e, col, sizeof col);
-                sb_printf(b, "    if (%s) {\n        coda_lse_add(&S->lm%d[rs], &S->ll%d[rs], %s);\n"
+                sb_printf(b, "    if (%s) {\n        cg_lse_add(&S->lm%d[rs], &S->ll%d[rs], %s);\n"
                              "        if ((float)%s == %s) S->lp%d[rs] += %s;\n    }\n",
                           elem_ok(v->vspace, e), in->arg, in->arg, e0, col, e1, in->arg, e0);
             }
@@ -356,11 +366,15 @@ static coda_status_t gen_pair(sb_t *b, const coda_program_t *p) {
 
 static void gen_end(sb_t *b, const coda_program_t *p) {
     sb_printf(b,
-              "static __device__ __forceinline__ void coda_epi_end(const coda_epi_params *P, coda_epi_state *S,\n"
-              "        const int *rows, const int *cols, int m_tile, int n_tile,\n"
-              "        int lane, int warp, int tid, float *scratch) {\n"
-              "    (void)P; (void)S; (void)rows; (void)cols; (void)m_tile; (void)n_tile;\n"
-              "    (void)lane; (void)warp; (void)tid; (void)scratch;\n");
+              "static __device__ __forceinline__ void coda_epi_end(const coda_epi_params &P_,\n"
+              "        const coda_epi_tile &t, coda_epi_state &S_) {\n"
+              "    const coda_epi_params *P = &P_;\n"
+              "    coda_epi_state *S = &S_;\n"
+              "    const int rows[2] = {t.row, t.row + 8};\n"
+              "    const int m_tile = t.tile_m, n_tile = t.tile_n;\n"
+              "    const int lane = t.tid & 31;\n"
+              "    const int m16 = (m_tile * 128 + 64 * t.wg + 16 * (t.tid >> 5)) / 16; /* 16-row tile */\n"
+              "    (void)P; (void)S; (void)rows; (void)m_tile; (void)n_tile; (void)lane; (void)m16;\n");
     for (int k = 0; k < p->n_args; k++) {
         const coda_arg_t *a = &p->args[k];
         if (a->kind == CODA_OUT_ROWRED) {
@@ -381,21 +395,23 @@ static void gen_end(sb_t *b, const coda_program_t *p) {
                          "        float m = S->lm%d[i], l = S->ll%d[i], pk = S->lp%d[i];\n", k, k, k);
             for (int sh = 1; sh <= 2; sh *= 2)
                 sb_printf(b, "        { float m2 = __shfl_xor_sync(0xffffffffu, m, %d), l2 = __shfl_xor_sync(0xffffffffu, l, %d);\n"
-                             "          pk += __shfl_xor_sync(0xffffffffu, pk, %d); coda_lse_merge(&m, &l, m2, l2); }\n",
+                             "          pk += __shfl_xor_sync(0xffffffffu, pk, %d); cg_lse_merge(&m, &l, m2, l2); }\n",
                           sh, sh, sh);
             sb_printf(b, "        if ((lane & 3) == 0 && rows[i] < P->m) {\n"
                          "            float *o = (float *)P->ptr[%d] + (long long)rows[i] * P->s0[%d] + (long long)n_tile * P->s1[%d];\n"
                          "            o[0] = m; o[1] = l; o[2] = pk;\n        }\n    }\n",
                       k, k, k);
         } else if (a->kind == CODA_OUT_COLRED) {
+            /* A warp holds 16 whole rows of the tile (lanes with equal lane%4
+             * share columns), so its column sums are the partials of one
+             * 16-row tile: on the GPU tile_m is 16 (coda_choose_tiling), and
+             * no shared memory or barrier is needed. */
             int w = space_width(a->space);
-            /* columns of this space in one tile, and where tile n_tile starts */
-            const char *tile_w = a->space == CODA_SPACE_HALF ? "(CODA_EPI_TILE_N / 2)"
-                               : a->space == CODA_SPACE_FULL ? "CODA_EPI_TILE_N" : "(CODA_EPI_TILE_N * 2)";
             const char *n_w = a->space == CODA_SPACE_HALF ? "(P->n / 2)" : a->space == CODA_SPACE_FULL ? "P->n" : "(P->n * 2)";
-            sb_printf(b, "    /* %s: lanes with equal lane%%4 share columns; then warps, in order */\n", a->name);
-            sb_printf(b, "#pragma unroll\n    for (int j = 0; j < CODA_EPI_COL_SLOTS; j++) {\n"
-                         "        const int c0 = cols[j] - n_tile * CODA_EPI_TILE_N;  /* in-tile acc column */\n");
+            sb_printf(b, "    /* %s: column partials of this warp's 16 rows */\n", a->name);
+            sb_printf(b, "    if (m16 * 16 < P->m) {\n"
+                         "#pragma unroll\n    for (int j = 0; j < CODA_EPI_COL_SLOTS; j++) {\n"
+                         "        const long long c0 = t.col + 8 * j;  /* global even acc column */\n");
             for (int e = 0; e < w; e++) {
                 char col[48];
                 if (a->space == CODA_SPACE_HALF) snprintf(col, sizeof col, "(c0 >> 1)");
@@ -409,19 +425,11 @@ static void gen_end(sb_t *b, const coda_program_t *p) {
                     red_fold(b, a->reduce, "x", "y_");
                     sb_printf(b, " }\n");
                 }
-                sb_printf(b, "          if (lane < 4) scratch[warp * %s + %s] = x; }\n", tile_w, col);
+                sb_printf(b, "          const long long gc = %s;\n"
+                             "          if (lane < 4 && gc < %s) ((float *)P->ptr[%d])[gc * P->s0[%d] + m16] = x; }\n",
+                          col, n_w, k, k);
             }
-            sb_printf(b, "    }\n    CODA_EPI_SYNC();\n");
-            sb_printf(b, "    for (int c = tid; c < %s; c += CODA_EPI_NWARPS * 32) {\n"
-                         "        float x = scratch[c];\n"
-                         "        for (int w = 1; w < CODA_EPI_NWARPS; w++) { float y_ = scratch[w * %s + c]; ",
-                      tile_w, tile_w);
-            red_fold(b, a->reduce, "x", "y_");
-            sb_printf(b, " }\n"
-                         "        const long long gc = (long long)n_tile * %s + c;\n"
-                         "        if (gc < %s) ((float *)P->ptr[%d])[gc * P->s0[%d] + m_tile] = x;\n"
-                         "    }\n    CODA_EPI_SYNC();\n",
-                      tile_w, n_w, k, k);
+            sb_printf(b, "    }\n    }\n");
         }
     }
     sb_printf(b, "}\n");
