@@ -214,7 +214,8 @@ int main(int argc, char **argv) {
                lname[s->layout], (long long)s->m, (long long)s->n, (long long)s->k, fc, fb,
                ratios[i], err, err < 1e-2 ? "" : " MISMATCH");
         if (sweep) {
-            for (int cfg = 0; cfg < 3; cfg++) {
+            printf("    default: %9.1f TF/s\n", fc);
+            for (int cfg = 0; cfg < 4; cfg++) {
                 char v[2] = {(char)('0' + cfg), 0};
                 setenv("CODA_GEMM_CFG", v, 1);
                 float t = time_it(run_coda, s, &bf);

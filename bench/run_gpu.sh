@@ -8,8 +8,25 @@ OUT=${OUT:-gpu-logs}
 mkdir -p "$OUT"
 export CODA_CACHE_DIR=${CODA_CACHE_DIR:-/tmp/coda-cache}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/device.txt"
-make -j16 lib build/tests/test_nvrtc build/tests/gpu/test_gemm_gpu build/bench/bench_gemm \
-    > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+BINS="build/tests/test_nvrtc build/tests/gpu/test_gemm_gpu build/bench/bench_gemm"
+if ! make -j16 lib $BINS > "$OUT/build.log" 2>&1; then
+  # Someone's half-finished file elsewhere in the tree: build a scratch
+  # library from the sources that compile (the GEMM needs none of the rest).
+  echo "make failed; scratch build without: $(grep -o '^src/[^:]*\.c' "$OUT/build.log" | sort -u | tr '\n' ' ')"
+  CUDA=${CUDA_HOME:-/usr/local/cuda}
+  FLAGS="-Iinclude -Isrc -Itests -DCODA_WITH_CUDA=1 -I$CUDA/include -Ibuild/gen -O2 -g -std=c11 -fPIC -pthread -D_GNU_SOURCE"
+  LIBS="-lm -lpthread -ldl -L$CUDA/lib64 -lnvrtc -lcudart -lcublas -Wl,-rpath,$CUDA/lib64"
+  make build/gen/kernels.c >> "$OUT/build.log" 2>&1 || exit 1
+  mkdir -p build/scratch build/tests/gpu build/bench; rm -f build/scratch/*.o
+  for f in src/*/*.c build/gen/kernels.c; do
+    cc $FLAGS -c "$f" -o "build/scratch/$(echo "$f" | tr / _).o" 2>>"$OUT/build.log" || echo "  skipped $f"
+  done
+  rm -f build/scratch/libcoda.a; ar rcs build/scratch/libcoda.a build/scratch/*.o
+  for t in $BINS; do
+    src=$(echo "$t" | sed 's|^build/||; s|^tests/|tests/|').c
+    cc $FLAGS -o "$t" "$src" build/scratch/libcoda.a $LIBS >> "$OUT/build.log" 2>&1 || { echo "link $t failed"; tail -20 "$OUT/build.log"; exit 1; }
+  done
+fi
 echo "== test_nvrtc"; timeout 120 build/tests/test_nvrtc 2>&1 | tail -3
 echo "== gpu test (small)"
 timeout 120 build/tests/gpu/test_gemm_gpu small > "$OUT/small.log" 2>&1; echo "rc=$?"; tail -4 "$OUT/small.log"

@@ -12,7 +12,7 @@
 #include <cuda.h>
 
 #define CODA_CUDA_MAX_DEVICES 16
-#define CODA_CUDA_GEMM_NCFG 3
+#define CODA_CUDA_GEMM_NCFG 4
 
 /* A compiled and loaded kernel, cached per device by key. */
 typedef struct coda_cuda_kernel {
@@ -33,6 +33,7 @@ typedef struct coda_cuda_device {
     char name[128];
     coda_cuda_kernel_t *kernels;
     CUfunction plain_fn[3][CODA_CUDA_GEMM_NCFG][2]; /* plain GEMM: layout, config, C f32 */
+    int max_clusters[CODA_CUDA_GEMM_NCFG];  /* co-resident clusters per config; 0: not asked yet */
 } coda_cuda_device_t;
 
 /* Driver entry points, by their ABI symbol names (cuda.h maps some to _v2). */
@@ -59,6 +60,8 @@ typedef struct coda_cuda_api {
     CUresult (*PointerGetAttribute)(void *, CUpointer_attribute, CUdeviceptr);
     CUresult (*GetErrorString)(CUresult, const char **);
     CUresult (*GetErrorName)(CUresult, const char **);
+    /* optional (NULL if the driver lacks it) */
+    CUresult (*OccupancyMaxActiveClusters)(int *, CUfunction, const CUlaunchConfig *);
 } coda_cuda_api_t;
 
 struct coda_cuda {
@@ -111,6 +114,7 @@ typedef struct coda_cuda_gemm_cfg {
     int bm, bn, bk;   /* block tile; bm is 128 (two consumer warpgroups of 64 rows) */
     int stages;       /* shared-memory pipeline depth */
     int cluster_m;    /* CTAs per cluster along M (1 or 2); B tile multicast */
+    int group_m;      /* tile rows (in clusters) per group of the tile order */
 } coda_cuda_gemm_cfg_t;
 
 extern const coda_cuda_gemm_cfg_t coda__cuda_gemm_cfgs[CODA_CUDA_GEMM_NCFG];

@@ -51,6 +51,7 @@ static coda_status_t load_api(struct coda_cuda *c) {
                               "CUDA driver too old: libcuda.so.1 has no %s (need CUDA 12.0+)",
                               t[i].sym);
     }
+    *(void **)&c->cu.OccupancyMaxActiveClusters = dlsym(c->lib, "cuOccupancyMaxActiveClusters");
     return CODA_OK;
 }
 

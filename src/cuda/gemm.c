@@ -14,9 +14,10 @@
  * shapes with enough tiles to fill the chip, 128x128 with 6 stages for small
  * ones; the 2-CTA cluster variant multicasts B to a pair of tile rows. */
 const coda_cuda_gemm_cfg_t coda__cuda_gemm_cfgs[CODA_CUDA_GEMM_NCFG] = {
-    {128, 256, 64, 4, 1},
-    {128, 128, 64, 6, 1},
-    {128, 256, 64, 4, 2},
+    {128, 256, 64, 4, 1, 8},
+    {128, 128, 64, 6, 1, 8},
+    {128, 256, 64, 4, 2, 8},
+    {128, 256, 64, 4, 2, 16},
 };
 
 int coda__cuda_gemm_pick(int64_t m, int64_t n, int64_t k, int sm_count) {
@@ -72,12 +73,13 @@ int coda__cuda_gemm_options(coda_layout_t layout, const coda_cuda_gemm_cfg_t *cf
     opts[n++] = "-default-device";
     int ta = layout == CODA_LAYOUT_TN, tb = layout != CODA_LAYOUT_NT;
     int w = snprintf(optbuf, optcap, "-DCODA_BN=%d%c-DCODA_STAGES=%d%c-DCODA_TA=%d%c-DCODA_TB=%d%c"
-                     "-DCODA_CLUSTER=%d%c-DCODA_EPI_STORE_C=%d%c-DCODA_C_F32=%d",
-                     cfg->bn, 0, cfg->stages, 0, ta, 0, tb, 0, cfg->cluster_m, 0, store_c, 0, c_f32);
-    int nd = 7;
+                     "-DCODA_CLUSTER=%d%c-DCODA_EPI_STORE_C=%d%c-DCODA_C_F32=%d%c-DCODA_GROUP_M=%d",
+                     cfg->bn, 0, cfg->stages, 0, ta, 0, tb, 0, cfg->cluster_m, 0, store_c, 0, c_f32,
+                     0, cfg->group_m);
+    int nd = 8;
     if (getenv("CODA_DEBUG_MN_SWAP") && w > 0 && (size_t)w + 20 < optcap) {
         memcpy(optbuf + w + 1, "-DCODA_MN_SWAP=1", 17);
-        nd = 8;
+        nd = 9;
     }
     const char *p = optbuf;
     for (int i = 0; i < nd; i++) {
@@ -215,9 +217,6 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
 
     int64_t tiles_m2 = coda__cdiv(coda__cdiv(m, cfg->bm), cfg->cluster_m);
     int64_t units = tiles_m2 * coda__cdiv(n, cfg->bn);
-    int64_t clusters = d->sm_count / cfg->cluster_m;
-    if (units < clusters) clusters = units;
-    if (clusters < 1) clusters = 1;
     int Mi = (int)m, Ni = (int)n, Ki = (int)k;
     void *args[] = {&map_a, &map_b, &map_c, &Mi, &Ni, &Ki, (void *)params};
 
@@ -228,7 +227,7 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
     attr[0].value.clusterDim.z = 1;
     CUlaunchConfig lc;
     memset(&lc, 0, sizeof lc);
-    lc.gridDimX = (unsigned)(clusters * cfg->cluster_m);
+    lc.gridDimX = (unsigned)d->sm_count;
     lc.gridDimY = 1;
     lc.gridDimZ = 1;
     lc.blockDimX = 384;
@@ -238,6 +237,25 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
     lc.hStream = (CUstream)stream;
     lc.attrs = attr;
     lc.numAttrs = 1;
+    /* Persistent grid: as many clusters as can be resident at once. Not all
+     * SMs can host a 2-CTA cluster (GPCs with odd SM counts), and a cluster
+     * that waits for a free slot would run its tiles after everyone else. */
+    int64_t clusters = d->sm_count / cfg->cluster_m;
+    if (cfg->cluster_m > 1) {
+        if (!d->max_clusters[cfg_index]) {
+            int mc = 0;
+            lc.gridDimX = (unsigned)(clusters * cfg->cluster_m);
+            if (cu->cu.OccupancyMaxActiveClusters &&
+                cu->cu.OccupancyMaxActiveClusters(&mc, fn, &lc) == CUDA_SUCCESS && mc > 0)
+                d->max_clusters[cfg_index] = mc;
+            else
+                d->max_clusters[cfg_index] = (int)clusters;
+        }
+        if (d->max_clusters[cfg_index] < clusters) clusters = d->max_clusters[cfg_index];
+    }
+    if (units < clusters) clusters = units;
+    if (clusters < 1) clusters = 1;
+    lc.gridDimX = (unsigned)(clusters * cfg->cluster_m);
     CODA_CU(cu, cu->cu.LaunchKernelEx(&lc, fn, args, NULL), "cuLaunchKernelEx(coda_gemm_kernel)");
     return CODA_OK;
 }

@@ -207,6 +207,7 @@ int main(int argc, char **argv) {
             run_case((coda_layout_t)l, 130, 264, 200, CODA_BF16, 1.0f, 0.0f, -1);
             run_case((coda_layout_t)l, 257, 136, 72, CODA_F32, 0.5f, 1.5f, 0);
             run_case((coda_layout_t)l, 300, 392, 136, CODA_BF16, 1.0f, 0.25f, 2);
+            run_case((coda_layout_t)l, 700, 136, 520, CODA_F32, 1.0f, 0.0f, 3);
         }
         bad_args();
         TEST_MAIN_END();
@@ -218,7 +219,7 @@ int main(int argc, char **argv) {
         {16384, 264, 136}, {128, 256, 64},  {300, 200, 8},    {777, 1544, 520},
     };
     int nshapes = (int)(sizeof shapes / sizeof shapes[0]);
-    for (int cfg = -1; cfg < 3; cfg++)
+    for (int cfg = -1; cfg < 4; cfg++)
         for (int l = 0; l < 3; l++)
             for (int i = 0; i < nshapes; i++) {
                 if (cfg >= 0 && shapes[i][0] > 4096) continue; /* big M: default config only */

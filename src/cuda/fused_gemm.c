@@ -1,0 +1,88 @@
+/* fused_gemm.c - a GEMM whose epilogue is a program, on the GPU.
+ *
+ * The program is turned into CUDA C (src/codegen) and spliced into the
+ * Hopper mainloop (kernels/gemm_mainloop.cuh) at its epilogue hook; NVRTC
+ * compiles it once per (program text, layout, tile configuration), and the
+ * compiled module is cached in memory and on disk (nvrtc.c), so a second run
+ * of the same program starts fast and a new program needs no rebuild.
+ *
+ * Tiling on the GPU: tile_n is the mainloop's block width (128 or 256);
+ * tile_m is 16, the rows one warp holds, because column partials are
+ * combined within a warp (codegen.h). Row partials do not depend on tile_m. */
+#include "codegen/codegen.h"
+#include "cuda/backend.h"
+
+#include <stdlib.h>
+
+#define GPU_TILE_M 16
+
+/* Configuration index for a tiling, preferring the mainloop's own pick. */
+static int cfg_for_tiling(coda_tiling_t tl, int pick) {
+    if (coda__cuda_gemm_cfgs[pick].bn == tl.tile_n) return pick;
+    for (int i = 0; i < CODA_CUDA_GEMM_NCFG; i++)
+        if (coda__cuda_gemm_cfgs[i].bn == tl.tile_n && coda__cuda_gemm_cfgs[i].cluster_m == 1) return i;
+    return -1;
+}
+
+coda_status_t coda__cuda_choose_tiling(coda_context_t *ctx, int index, int64_t m, int64_t n,
+                                       int64_t k, coda_tiling_t *tiling) {
+    coda_cuda_device_t *d;
+    CODA_TRY(coda__cuda_device(ctx, index, &d));
+    int pick = coda__cuda_gemm_pick(m, n, k, d->sm_count);
+    tiling->tile_m = GPU_TILE_M;
+    tiling->tile_n = coda__cuda_gemm_cfgs[pick].bn;
+    return CODA_OK;
+}
+
+/* The parameter block: one pointer, two element strides, one scalar per
+ * program argument (codegen.h). */
+static void fill_params(const coda_program_t *p, const coda_tensor_t *const *bound,
+                        const float *scalars, int64_t m, int64_t n, coda_epi_params_t *P) {
+    memset(P, 0, sizeof *P);
+    for (int k = 0; k < p->n_args; k++) {
+        const coda_tensor_t *t = bound[k];
+        P->scalar[k] = scalars[k];
+        if (!t) continue;
+        int64_t es = (int64_t)coda_dtype_size(t->dtype);
+        P->ptr[k] = (uint64_t)(uintptr_t)t->data;
+        P->s0[k] = t->stride[0] / es;
+        P->s1[k] = t->ndim > 1 ? t->stride[1] / es : 1;
+    }
+    P->m = (int32_t)m;
+    P->n = (int32_t)n;
+}
+
+coda_status_t coda__cuda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout,
+                                       const coda_tensor_t *a, const coda_tensor_t *b,
+                                       const coda_program_t *p, const coda_tensor_t *const *bound,
+                                       const float *scalars, coda_tiling_t tiling, void *stream) {
+    int64_t m = 0, n = 0, k = 0;
+    coda__gemm_extents(layout, a, b, &m, &n, &k);
+    if (m > INT32_MAX / 4 || n > INT32_MAX / 4)
+        return coda__fail(CODA_ERR_SHAPE, "fused GEMM on CUDA: extents %lld x %lld are too large",
+                          (long long)m, (long long)n);
+    if (tiling.tile_m != GPU_TILE_M)
+        return coda__fail(CODA_ERR_UNSUPPORTED,
+                          "fused GEMM on CUDA: tiling.tile_m %d; the GPU epilogue uses %d (coda_choose_tiling)",
+                          tiling.tile_m, GPU_TILE_M);
+    coda_cuda_device_t *d;
+    CODA_TRY(coda__cuda_device(ctx, a->device_index, &d));
+    int cfg = cfg_for_tiling(tiling, coda__cuda_gemm_pick(m, n, k, d->sm_count));
+    if (cfg < 0)
+        return coda__fail(CODA_ERR_UNSUPPORTED,
+                          "fused GEMM on CUDA: tiling.tile_n %d; the GPU mainloop has 128 or 256",
+                          tiling.tile_n);
+    for (int i = 0; i < p->n_args; i++)
+        if (bound[i] && bound[i]->device_index != a->device_index)
+            return coda__fail(CODA_ERR_DEVICE, "argument %s is on cuda:%d, a on cuda:%d",
+                              p->args[i].name, bound[i]->device_index, a->device_index);
+
+    char *src = NULL;
+    CODA_TRY(coda__codegen_cuda(p, &src));
+    coda_epi_params_t params;
+    fill_params(p, bound, scalars, m, n, &params);
+    coda_status_t s = coda__cuda_gemm_run(ctx, layout, a, b, NULL, src, &params, sizeof params, 0,
+                                          cfg, stream);
+    free(src);
+    return s;
+}
