@@ -5,7 +5,9 @@
  * coda_gemm_epilogue with the built-in programs of programs.c,
  * coda_finish_*), so the same chain runs on any backend that implements
  * them. The non-GEMM steps (norm prologue, attention, RoPE backward, tiny
- * vector copies) are CPU functions for now (llama_cpu.c, attention.c).
+ * vector copies) are CPU functions for now (llama_cpu.c, attention.c); on a
+ * CUDA layer they run on host copies ("shadows") of the buffers they touch,
+ * moved with llama_mem.c, until they have GPU kernels.
  *
  * The chain (DESIGN.md section 3; M tokens, N_qkv = nq + 2 nkv):
  *   forward
@@ -48,6 +50,8 @@ static const char *const prog_names[P_COUNT] = {
 /* The epilogue GEMMs, each with its tiling (sizes its partials). */
 enum { G_QKV, G_O, G_GU, G_DOWN, G_LM, G_LM_DGRAD, G_DOWN_DGRAD, G_GU_DGRAD, G_QKV_DGRAD, G_COUNT };
 
+typedef struct { coda_tensor_t d, h; } pair_t;
+
 struct coda_llama {
     coda_context_t *ctx;
     coda_llama_config_t cfg;
@@ -57,17 +61,22 @@ struct coda_llama {
     coda_program_t *prog[P_COUNT];
     coda_tiling_t tiling[G_COUNT];
 
-    void *bufs[MAX_BUFS];       /* every allocation, freed by coda_llama_free */
+    coda__llama_mem_t *mem;     /* allocations and copies on `device`       */
+    int device_index;
+    struct { void *p; int host; } bufs[MAX_BUFS]; /* freed by coda_llama_free */
     int n_bufs;
 
+    /* Buffers the CPU steps touch come in pairs: .d on the layer's device,
+     * .h its host shadow (the same memory on a CPU layer). */
+
     /* Saved by the forward pass for the backward pass. */
-    coda_tensor_t x;            /* (M, d) bf16   copy of the layer input       */
+    pair_t x;                   /* (M, d) bf16   copy of the layer input       */
     coda_tensor_t r1;           /* (M) f32       rstd of x                     */
-    coda_tensor_t pos;          /* (M) f32       position of each token        */
-    coda_tensor_t freq;         /* (nqkv/2) f32  RoPE frequency per column pair */
-    coda_tensor_t qkv;          /* (M, nqkv) bf16 roped q, k and v             */
-    coda_tensor_t o;            /* (M, nq) bf16  attention output              */
-    coda_tensor_t alse;         /* (M, n_heads) f32 attention log-sum-exp      */
+    pair_t pos;                 /* (M) f32       position of each token        */
+    pair_t freq;                /* (nqkv/2) f32  RoPE frequency per column pair */
+    pair_t qkv;                 /* (M, nqkv) bf16 roped q, k and v             */
+    pair_t o;                   /* (M, nq) bf16  attention output              */
+    coda_tensor_t alse;         /* (M, n_heads) f32 attention lse (host)       */
     coda_tensor_t h;            /* (M, d) bf16   residual stream after attention */
     coda_tensor_t r2;           /* (M) f32       rstd of h                     */
     coda_tensor_t z;            /* (M, 2I) bf16  gate/up pre-activation        */
@@ -75,27 +84,30 @@ struct coda_llama {
     coda_tensor_t yg;           /* (M, d) bf16   y * gf (LM head)              */
     coda_tensor_t rf;           /* (M) f32       rstd of y (LM head)           */
     coda_tensor_t lse;          /* (M) f32       logits' log-sum-exp (LM head) */
-    coda_tensor_t targets;      /* (M) i32       copy of the targets (LM head) */
+    pair_t targets;             /* (M) i32       copy of the targets (LM head) */
 
     /* Scratch. */
-    coda_tensor_t xg;           /* (M, d) bf16   x * g1; zeros in the backward */
+    pair_t xg;                  /* (M, d) bf16   x * g1; zeros in the backward */
+    pair_t ss1;                 /* (M, 1) f32    sum of squares of x           */
+    coda_tensor_t g1h;          /* (d) bf16      host copy of g1 (CUDA layer)  */
+    coda_tensor_t tcheck;       /* (M) i32       host copy of targets, checked */
+    coda_tensor_t gtmp;         /* (d) f32/bf16  host gradient vector staging  */
     coda_tensor_t hg;           /* (M, d) bf16   h * g2                        */
     coda_tensor_t c;            /* (M, I) bf16   SwiGLU output                 */
-    coda_tensor_t ss1;          /* (M, 1) f32    sum of squares of x           */
     coda_tensor_t rowp[G_COUNT];/* (M, n_tiles) f32 row partials per GEMM      */
     coda_tensor_t colp[G_COUNT];/* (d, m_tiles) f32 column partials per GEMM   */
     coda_tensor_t lsep;         /* (M, n_tiles, 3) f32 lse partials            */
     coda_tensor_t loss;         /* (M) f32                                     */
-    coda_tensor_t svec;         /* (M) f32 a finished row statistic            */
-    coda_tensor_t gvec;         /* (d) f32 a finished norm-weight gradient     */
+    pair_t svec;                /* (M) f32 a finished row statistic            */
+    pair_t gvec;                /* (d) f32 a finished norm-weight gradient     */
     coda_tensor_t dl;           /* (M, V) bf16   dL/dlogits                    */
     coda_tensor_t dY;           /* (M, d) bf16   dL/dy, through both paths     */
     coda_tensor_t b;            /* (M, d) bf16   normalised input, for wgrads  */
     coda_tensor_t dz;           /* (M, 2I) bf16  gate/up gradient              */
     coda_tensor_t dh;           /* (M, d) bf16   dL/dh                         */
-    coda_tensor_t do_;          /* (M, nq) bf16  dL/do                         */
-    coda_tensor_t dqkv;         /* (M, nqkv) f32 attention input gradient      */
-    coda_tensor_t dzq;          /* (M, nqkv) bf16 gradient before RoPE         */
+    pair_t do_;                 /* (M, nq) bf16  dL/do                         */
+    coda_tensor_t dqkv;         /* (M, nqkv) f32 attention input gradient (host) */
+    pair_t dzq;                 /* (M, nqkv) bf16 gradient before RoPE         */
 
     int have_forward;           /* a forward pass saved its activations        */
     int have_loss;              /* ... and computed a loss                     */
@@ -103,21 +115,52 @@ struct coda_llama {
 
 /* ---- small helpers ---- */
 
-static coda_status_t alloc_tensor(coda_llama_t *L, coda_tensor_t *t, coda_dtype_t dt, int ndim,
+/* A buffer on the layer's device (host = 0) or on the host (host = 1). */
+static coda_status_t alloc_tensor(coda_llama_t *L, coda_tensor_t *t, int host, coda_dtype_t dt, int ndim,
                                   int64_t d0, int64_t d1, int64_t d2) {
     if (L->n_bufs == MAX_BUFS) return coda__fail(CODA_ERR_INTERNAL, "coda_llama_create: too many buffers");
     int64_t n = d0 * (ndim > 1 ? d1 : 1) * (ndim > 2 ? d2 : 1);
-    /* 64-byte aligned, so that the GPU copy engine's 16-byte rule holds too. */
     size_t bytes = (size_t)(n > 0 ? n : 1) * coda_dtype_size(dt);
-    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
-    if (!p) return coda__fail(CODA_ERR_NO_MEMORY, "coda_llama_create: out of memory (%zu bytes)", bytes);
-    L->bufs[L->n_bufs++] = p;
+    void *p = NULL;
+    if (host) {
+        p = aligned_alloc(256, (bytes + 255) / 256 * 256);
+        if (!p) return coda__fail(CODA_ERR_NO_MEMORY, "coda_llama_create: out of memory (%zu bytes)", bytes);
+    } else {
+        CODA_TRY(coda__llama_mem_alloc(L->mem, bytes, &p));
+    }
+    L->bufs[L->n_bufs].p = p;
+    L->bufs[L->n_bufs++].host = host;
     *t = ndim == 1 ? coda_tensor_1d(p, dt, d0) : ndim == 2 ? coda_tensor_2d(p, dt, d0, d1)
                                                            : coda_tensor_3d(p, dt, d0, d1, d2);
+    if (!host) {
+        t->device = L->device;
+        t->device_index = L->device_index;
+    }
     return CODA_OK;
 }
-#define ALLOC1(t, dt, n) CODA_TRY(alloc_tensor(L, &(t), dt, 1, n, 0, 0))
-#define ALLOC2(t, dt, r, c) CODA_TRY(alloc_tensor(L, &(t), dt, 2, r, c, 0))
+/* A device buffer and its host shadow (the same buffer on a CPU layer). */
+static coda_status_t alloc_pair(coda_llama_t *L, pair_t *p, coda_dtype_t dt, int ndim, int64_t d0, int64_t d1) {
+    CODA_TRY(alloc_tensor(L, &p->d, 0, dt, ndim, d0, d1, 0));
+    if (L->device == CODA_DEVICE_CPU) {
+        p->h = p->d;
+        return CODA_OK;
+    }
+    return alloc_tensor(L, &p->h, 1, dt, ndim, d0, d1, 0);
+}
+#define ALLOC1(t, dt, n) CODA_TRY(alloc_tensor(L, &(t), 0, dt, 1, n, 0, 0))
+#define ALLOC2(t, dt, r, c) CODA_TRY(alloc_tensor(L, &(t), 0, dt, 2, r, c, 0))
+#define HOST1(t, dt, n) CODA_TRY(alloc_tensor(L, &(t), 1, dt, 1, n, 0, 0))
+#define HOST2(t, dt, r, c) CODA_TRY(alloc_tensor(L, &(t), 1, dt, 2, r, c, 0))
+#define PAIR1(p, dt, n) CODA_TRY(alloc_pair(L, &(p), dt, 1, n, 0))
+#define PAIR2(p, dt, r, c) CODA_TRY(alloc_pair(L, &(p), dt, 2, r, c))
+
+/* Shadow <-> device (nothing on a CPU layer). */
+static coda_status_t down(coda_llama_t *L, pair_t *p, void *stream) {
+    return coda__llama_mem_copy(L->mem, &p->d, &p->h, stream);
+}
+static coda_status_t up(coda_llama_t *L, pair_t *p, void *stream) {
+    return coda__llama_mem_copy(L->mem, &p->h, &p->d, stream);
+}
 
 static coda_binding_t bind(const char *name, const coda_tensor_t *t) {
     coda_binding_t b;
@@ -145,7 +188,11 @@ static coda_status_t epilogue(coda_llama_t *L, int g, int p, coda_layout_t layou
 void coda_llama_free(coda_llama_t *L) {
     if (!L) return;
     for (int i = 0; i < P_COUNT; i++) coda_program_free(L->prog[i]);
-    for (int i = 0; i < L->n_bufs; i++) free(L->bufs[i]);
+    for (int i = 0; i < L->n_bufs; i++) {
+        if (L->bufs[i].host) free(L->bufs[i].p);
+        else coda__llama_mem_free(L->mem, L->bufs[i].p);
+    }
+    coda__llama_mem_close(L->mem);
     free(L);
 }
 
@@ -182,40 +229,45 @@ static coda_status_t create(coda_llama_t *L) {
         ALLOC2(L->colp[g], CODA_F32, d, mt);
     }
 
-    ALLOC2(L->x, CODA_BF16, m, d);
+    PAIR2(L->x, CODA_BF16, m, d);
     ALLOC1(L->r1, CODA_F32, m);
-    ALLOC1(L->pos, CODA_F32, m);
-    ALLOC1(L->freq, CODA_F32, L->nqkv / 2);
-    ALLOC2(L->qkv, CODA_BF16, m, L->nqkv);
-    ALLOC2(L->o, CODA_BF16, m, L->nq);
-    ALLOC2(L->alse, CODA_F32, m, cfg->n_heads);
+    PAIR1(L->pos, CODA_F32, m);
+    PAIR1(L->freq, CODA_F32, L->nqkv / 2);
+    PAIR2(L->qkv, CODA_BF16, m, L->nqkv);
+    PAIR2(L->o, CODA_BF16, m, L->nq);
+    HOST2(L->alse, CODA_F32, m, cfg->n_heads);
     ALLOC2(L->h, CODA_BF16, m, d);
     ALLOC1(L->r2, CODA_F32, m);
     ALLOC2(L->z, CODA_BF16, m, 2 * I);
     ALLOC2(L->y, CODA_BF16, m, d);
-    ALLOC2(L->xg, CODA_BF16, m, d);
+    PAIR2(L->xg, CODA_BF16, m, d);
+    PAIR2(L->ss1, CODA_F32, m, 1);
+    HOST1(L->g1h, CODA_BF16, d);
+    HOST1(L->gtmp, CODA_F32, d);
     ALLOC2(L->hg, CODA_BF16, m, d);
     ALLOC2(L->c, CODA_BF16, m, I);
-    ALLOC2(L->ss1, CODA_F32, m, 1);
-    ALLOC1(L->svec, CODA_F32, m);
-    ALLOC1(L->gvec, CODA_F32, d);
+    PAIR1(L->svec, CODA_F32, m);
+    PAIR1(L->gvec, CODA_F32, d);
     ALLOC2(L->dY, CODA_BF16, m, d);
     ALLOC2(L->b, CODA_BF16, m, d);
     ALLOC2(L->dz, CODA_BF16, m, 2 * I);
     ALLOC2(L->dh, CODA_BF16, m, d);
-    ALLOC2(L->do_, CODA_BF16, m, L->nq);
-    ALLOC2(L->dqkv, CODA_F32, m, L->nqkv);
-    ALLOC2(L->dzq, CODA_BF16, m, L->nqkv);
+    PAIR2(L->do_, CODA_BF16, m, L->nq);
+    HOST2(L->dqkv, CODA_F32, m, L->nqkv);
+    PAIR2(L->dzq, CODA_BF16, m, L->nqkv);
     if (V > 0) {
         ALLOC2(L->yg, CODA_BF16, m, d);
         ALLOC1(L->rf, CODA_F32, m);
         ALLOC1(L->lse, CODA_F32, m);
         ALLOC1(L->loss, CODA_F32, m);
-        ALLOC1(L->targets, CODA_I32, m);
-        CODA_TRY(alloc_tensor(L, &L->lsep, CODA_F32, 3, m, coda__cdiv(V, L->tiling[G_LM].tile_n), 3));
+        PAIR1(L->targets, CODA_I32, m);
+        HOST1(L->tcheck, CODA_I32, m);
+        CODA_TRY(alloc_tensor(L, &L->lsep, 0, CODA_F32, 3, m, coda__cdiv(V, L->tiling[G_LM].tile_n), 3));
         ALLOC2(L->dl, CODA_BF16, m, V);
     }
-    coda__llama_rope_tables(cfg, L->batch, L->seq, L->pos.data, L->freq.data);
+    coda__llama_rope_tables(cfg, L->batch, L->seq, L->pos.h.data, L->freq.h.data);
+    CODA_TRY(up(L, &L->pos, NULL));
+    CODA_TRY(up(L, &L->freq, NULL));
     return CODA_OK;
 }
 
@@ -230,11 +282,6 @@ coda_status_t coda_llama_create(coda_context_t *ctx, const coda_llama_config_t *
                           "batch * seq at most 2^31", fn, (long long)batch, (long long)seq);
     if (device != CODA_DEVICE_CPU && device != CODA_DEVICE_CUDA)
         return coda__fail(CODA_ERR_INVALID_ARG, "%s: device %d is neither CPU (0) nor CUDA (1)", fn, (int)device);
-    if (device == CODA_DEVICE_CUDA)
-        /* The GEMMs would run there already; attention, the norm prologue and
-         * the RoPE backward have no GPU kernels yet. */
-        return coda__fail(CODA_ERR_UNSUPPORTED, "%s: the layer runs on the CPU backend only in this "
-                          "version (attention has no GPU kernel yet)", fn);
     coda_llama_t *L = calloc(1, sizeof *L);
     if (!L) return coda__fail(CODA_ERR_NO_MEMORY, "%s: out of memory", fn);
     L->ctx = ctx;
@@ -246,7 +293,13 @@ coda_status_t coda_llama_create(coda_context_t *ctx, const coda_llama_config_t *
     L->nkv = cfg->n_kv_heads * cfg->head_dim;
     L->nqkv = L->nq + 2 * L->nkv;
     L->device = device;
-    coda_status_t s = create(L);
+    L->device_index = 0; /* CUDA: device 0 of the context */
+    coda_status_t s = coda__llama_mem_open(ctx, device, L->device_index, &L->mem);
+    if (s != CODA_OK) {
+        free(L);
+        return s;
+    }
+    s = create(L);
     if (s != CODA_OK) {
         coda_llama_free(L);
         return s;
@@ -271,6 +324,9 @@ static coda_status_t check_arg(const coda_llama_t *L, const coda_tensor_t *t, co
         return coda__fail(CODA_ERR_DEVICE, "%s is on the %s, the layer on the %s", name,
                           t->device == CODA_DEVICE_CPU ? "CPU" : "GPU",
                           L->device == CODA_DEVICE_CPU ? "CPU" : "GPU");
+    if (t->device == CODA_DEVICE_CUDA && t->device_index != L->device_index)
+        return coda__fail(CODA_ERR_DEVICE, "%s is on cuda:%d, the layer on cuda:%d", name, t->device_index,
+                          L->device_index);
     return CODA_OK;
 }
 
@@ -345,12 +401,6 @@ coda_status_t coda_llama_forward(coda_llama_t *L, const coda_llama_weights_t *w,
     if (with_loss) {
         CODA_TRY(check_arg(L, targets, fn, "targets", m, -1, I32, 1));
         CODA_TRY(check_arg(L, loss, fn, "loss", m, -1, F32, 1));
-        for (int64_t i = 0; i < m; i++) {
-            int32_t t = *(const int32_t *)coda__at1(targets, i);
-            if (t != IGNORE_INDEX && (t < 0 || t >= V))
-                return coda__fail(CODA_ERR_INVALID_ARG, "%s: targets[%lld] = %d is outside 0..%lld "
-                                  "(and not the ignore index -100)", fn, (long long)i, t, (long long)(V - 1));
-        }
         if (coda__tensors_overlap(loss, x) || coda__tensors_overlap(loss, targets) ||
             coda__tensors_overlap(loss, y))
             return coda__fail(CODA_ERR_OVERLAP, "%s: loss overlaps x, targets or y", fn);
@@ -362,28 +412,49 @@ coda_status_t coda_llama_forward(coda_llama_t *L, const coda_llama_weights_t *w,
     if (with_loss && coda__tensors_overlap(y, targets))
         return coda__fail(CODA_ERR_OVERLAP, "%s: y overlaps targets", fn);
     CODA_TRY(check_apart_weights(L, y, fn, "y", w));
-    if (with_loss) CODA_TRY(check_apart_weights(L, loss, fn, "loss", w));
+    if (with_loss) {
+        CODA_TRY(check_apart_weights(L, loss, fn, "loss", w));
+        /* Targets are checked on a host copy (they may live on the GPU). */
+        CODA_TRY(coda__llama_mem_copy(L->mem, targets, &L->tcheck, stream));
+        const int32_t *t = L->tcheck.data;
+        for (int64_t i = 0; i < m; i++)
+            if (t[i] != IGNORE_INDEX && (t[i] < 0 || t[i] >= V))
+                return coda__fail(CODA_ERR_INVALID_ARG, "%s: targets[%lld] = %d is outside 0..%lld "
+                                  "(and not the ignore index -100)", fn, (long long)i, t[i], (long long)(V - 1));
+    }
 
     /* From here on, any failure is the library's own; the saved state is invalid. */
     L->have_forward = 0;
-    coda__llama_copy_2d(x, &L->x);
+    CODA_TRY(coda__llama_mem_copy(L->mem, x, &L->x.d, stream));
 
-    /* RMSNorm prologue of the QKV GEMM (GPU: the embedding gather or the
-     * previous layer's down-projection epilogue emits these). */
-    coda__llama_norm_prologue(&L->x, &w->g1, &L->xg, &L->ss1);
-    CODA_TRY(coda_finish_rstd(L->ctx, &L->ss1, d, cfg->eps, &L->r1, stream));
+    /* RMSNorm prologue of the QKV GEMM, on the CPU. GPU kernel goes here (or:
+     * the embedding gather or the previous layer's down-projection epilogue
+     * emits x*g1 and the sum-of-squares partials). */
+    const coda_tensor_t *g1 = &w->g1;
+    if (L->device != CODA_DEVICE_CPU) {
+        CODA_TRY(coda__llama_mem_copy(L->mem, &w->g1, &L->g1h, stream));
+        g1 = &L->g1h;
+    }
+    CODA_TRY(down(L, &L->x, stream));
+    coda__llama_norm_prologue(&L->x.h, g1, &L->xg.h, &L->ss1.h);
+    CODA_TRY(up(L, &L->xg, stream));
+    CODA_TRY(up(L, &L->ss1, stream));
+    CODA_TRY(coda_finish_rstd(L->ctx, &L->ss1.d, d, cfg->eps, &L->r1, stream));
 
     {   /* QKV + r1 + RoPE */
-        coda_binding_t bs[] = {bind("r", &L->r1), bind("pos", &L->pos), bind("freq", &L->freq),
-                               bind("qkv", &L->qkv)};
-        CODA_TRY(epilogue(L, G_QKV, P_QKV, CODA_LAYOUT_NT, &L->xg, &w->wqkv, bs, 4, stream));
+        coda_binding_t bs[] = {bind("r", &L->r1), bind("pos", &L->pos.d), bind("freq", &L->freq.d),
+                               bind("qkv", &L->qkv.d)};
+        CODA_TRY(epilogue(L, G_QKV, P_QKV, CODA_LAYOUT_NT, &L->xg.d, &w->wqkv, bs, 4, stream));
     }
-    CODA_TRY(coda__attention_forward(cfg, L->batch, L->seq, &L->qkv, &L->o, &L->alse, L->ctx->cpu_threads));
+    /* Attention on the CPU (GPU kernel goes here). */
+    CODA_TRY(down(L, &L->qkv, stream));
+    CODA_TRY(coda__attention_forward(cfg, L->batch, L->seq, &L->qkv.h, &L->o.h, &L->alse, L->ctx->cpu_threads));
+    CODA_TRY(up(L, &L->o, stream));
     {   /* O-proj + residual + FFN norm partials */
         coda_tensor_t ss = L->rowp[G_O];
-        coda_binding_t bs[] = {bind("res", &L->x), bind("g", &w->g2), bind("h", &L->h),
+        coda_binding_t bs[] = {bind("res", &L->x.d), bind("g", &w->g2), bind("h", &L->h),
                                bind("hg", &L->hg), bind("ss", &ss)};
-        CODA_TRY(epilogue(L, G_O, P_RESID_NORM, CODA_LAYOUT_NT, &L->o, &w->wo, bs, 5, stream));
+        CODA_TRY(epilogue(L, G_O, P_RESID_NORM, CODA_LAYOUT_NT, &L->o.d, &w->wo, bs, 5, stream));
         CODA_TRY(coda_finish_rstd(L->ctx, &ss, d, cfg->eps, &L->r2, stream));
     }
     {   /* gate/up + r2 + SwiGLU, saving z */
@@ -401,21 +472,33 @@ coda_status_t coda_llama_forward(coda_llama_t *L, const coda_llama_weights_t *w,
         CODA_TRY(epilogue(L, G_DOWN, P_RESID_ADD, CODA_LAYOUT_NT, &L->c, &w->wd, bs, 2, stream));
     }
     if (with_loss) {   /* LM head + online log-sum-exp; the logits are never stored */
-        for (int64_t i = 0; i < m; i++)
-            ((int32_t *)L->targets.data)[i] = *(const int32_t *)coda__at1(targets, i);
-        coda_binding_t bs[] = {bind("r", &L->rf), bind("t", &L->targets), bind("part", &L->lsep)};
+        CODA_TRY(coda__llama_mem_copy(L->mem, &L->tcheck, &L->targets.d, stream));
+        coda_binding_t bs[] = {bind("r", &L->rf), bind("t", &L->targets.d), bind("part", &L->lsep)};
         CODA_TRY(epilogue(L, G_LM, P_LSE, CODA_LAYOUT_NT, &L->yg, &w->wlm, bs, 3, stream));
-        CODA_TRY(coda_finish_lse(L->ctx, &L->lsep, &L->targets, IGNORE_INDEX, &L->lse, &L->loss, stream));
+        CODA_TRY(coda_finish_lse(L->ctx, &L->lsep, &L->targets.d, IGNORE_INDEX, &L->lse, &L->loss, stream));
     }
     /* Outputs last, so a failure above leaves the caller's tensors untouched. */
-    coda__llama_copy_2d(&L->y, y);
-    if (with_loss) coda__llama_copy_vec(L->loss.data, loss);
+    CODA_TRY(coda__llama_mem_copy(L->mem, &L->y, y, stream));
+    if (with_loss) CODA_TRY(coda__llama_mem_copy(L->mem, &L->loss, loss, stream));
     L->have_forward = 1;
     L->have_loss = with_loss;
     return CODA_OK;
 }
 
 /* ---- backward ---- */
+
+/* A finished norm-weight gradient (gvec, f32 on the device) into gout (f32
+ * or bf16, on the device). */
+static coda_status_t store_gvec(coda_llama_t *L, coda_tensor_t *gout, void *stream) {
+    CODA_TRY(down(L, &L->gvec, stream));
+    if (L->device == CODA_DEVICE_CPU) {
+        coda__llama_copy_vec(L->gvec.h.data, gout);
+        return CODA_OK;
+    }
+    coda_tensor_t tmp = coda_tensor_1d(L->gtmp.data, gout->dtype, L->cfg.d);
+    coda__llama_copy_vec(L->gvec.h.data, &tmp);
+    return coda__llama_mem_copy(L->mem, &tmp, gout, stream);
+}
 
 /* rmsnorm_bwd on acc = a b (dgrad GEMM g): dx, b = r x gw, and the weight's
  * gradient into gout (may be NULL). */
@@ -429,8 +512,8 @@ static coda_status_t norm_backward(coda_llama_t *L, int g, const coda_tensor_t *
                            bind("dx", dx),     bind("b", &L->b), bind("dg", &L->colp[g])};
     CODA_TRY(epilogue(L, g, P_RMS_BWD, CODA_LAYOUT_NN, a, wmat, bs, 9, stream));
     if (gout) {
-        CODA_TRY(coda_finish_reduce(L->ctx, CODA_REDUCE_SUM, &L->colp[g], &L->gvec, stream));
-        coda__llama_copy_vec(L->gvec.data, gout);
+        CODA_TRY(coda_finish_reduce(L->ctx, CODA_REDUCE_SUM, &L->colp[g], &L->gvec.d, stream));
+        CODA_TRY(store_gvec(L, gout, stream));
     }
     return CODA_OK;
 }
@@ -474,16 +557,16 @@ coda_status_t coda_llama_backward(coda_llama_t *L, const coda_llama_weights_t *w
     if (L->have_loss) {
         /* LM head recomputed: dlogits and the final norm's statistic sf. */
         coda_tensor_t sp = L->rowp[G_LM];
-        coda_binding_t bs[] = {bind("r", &L->rf), bind("logz", &L->lse), bind("t", &L->targets),
+        coda_binding_t bs[] = {bind("r", &L->rf), bind("logz", &L->lse), bind("t", &L->targets.d),
                                bind_scalar("scale", loss_scale), bind("dl", &L->dl), bind("s", &sp)};
         CODA_TRY(epilogue(L, G_LM, P_LM_BWD, CODA_LAYOUT_NT, &L->yg, &w->wlm, bs, 6, stream));
-        CODA_TRY(coda_finish_reduce(L->ctx, CODA_REDUCE_SUM, &sp, &L->svec, stream));
+        CODA_TRY(coda_finish_reduce(L->ctx, CODA_REDUCE_SUM, &sp, &L->svec.d, stream));
         const coda_tensor_t *dres = dy;
         if (!dres) { /* no gradient from above: the residual path carries zeros */
-            memset(L->xg.data, 0, (size_t)(m * d) * sizeof(uint16_t));
-            dres = &L->xg;
+            CODA_TRY(coda__llama_mem_zero(L->mem, &L->xg.d, stream));
+            dres = &L->xg.d;
         }
-        CODA_TRY(norm_backward(L, G_LM_DGRAD, &L->dl, &w->wlm, dres, &L->y, &w->gf, &L->rf, &L->svec,
+        CODA_TRY(norm_backward(L, G_LM_DGRAD, &L->dl, &w->wlm, dres, &L->y, &w->gf, &L->rf, &L->svec.d,
                                &L->dY, grads ? &grads->gf : NULL, stream));
         if (grads) CODA_TRY(coda_gemm(L->ctx, CODA_LAYOUT_TN, &L->dl, &L->b, &grads->wlm, 1.0f, 0.0f, stream));
         dY = &L->dY;
@@ -492,31 +575,36 @@ coda_status_t coda_llama_backward(coda_llama_t *L, const coda_llama_weights_t *w
         coda_tensor_t sp = L->rowp[G_DOWN_DGRAD];
         coda_binding_t bs[] = {bind("z", &L->z), bind("dz", &L->dz), bind("c", &L->c), bind("s", &sp)};
         CODA_TRY(epilogue(L, G_DOWN_DGRAD, P_SWIGLU_BWD, CODA_LAYOUT_NN, dY, &w->wd, bs, 4, stream));
-        CODA_TRY(coda_finish_reduce(L->ctx, CODA_REDUCE_SUM, &sp, &L->svec, stream));
+        CODA_TRY(coda_finish_reduce(L->ctx, CODA_REDUCE_SUM, &sp, &L->svec.d, stream));
         if (grads) CODA_TRY(coda_gemm(L->ctx, CODA_LAYOUT_TN, dY, &L->c, &grads->wd, 1.0f, 0.0f, stream));
     }
     /* gate/up dgrad + FFN RMSNorm backward: dh */
-    CODA_TRY(norm_backward(L, G_GU_DGRAD, &L->dz, &w->wgu, dY, &L->h, &w->g2, &L->r2, &L->svec, &L->dh,
+    CODA_TRY(norm_backward(L, G_GU_DGRAD, &L->dz, &w->wgu, dY, &L->h, &w->g2, &L->r2, &L->svec.d, &L->dh,
                            grads ? &grads->g2 : NULL, stream));
     if (grads) CODA_TRY(coda_gemm(L->ctx, CODA_LAYOUT_TN, &L->dz, &L->b, &grads->wgu, 1.0f, 0.0f, stream));
 
     /* O dgrad and wgrad: plain GEMMs. */
-    CODA_TRY(coda_gemm(L->ctx, CODA_LAYOUT_NN, &L->dh, &w->wo, &L->do_, 1.0f, 0.0f, stream));
-    if (grads) CODA_TRY(coda_gemm(L->ctx, CODA_LAYOUT_TN, &L->dh, &L->o, &grads->wo, 1.0f, 0.0f, stream));
+    CODA_TRY(coda_gemm(L->ctx, CODA_LAYOUT_NN, &L->dh, &w->wo, &L->do_.d, 1.0f, 0.0f, stream));
+    if (grads) CODA_TRY(coda_gemm(L->ctx, CODA_LAYOUT_TN, &L->dh, &L->o.d, &grads->wo, 1.0f, 0.0f, stream));
 
-    CODA_TRY(coda__attention_backward(cfg, L->batch, L->seq, &L->qkv, &L->o, &L->alse, &L->do_, &L->dqkv,
+    /* Attention backward, then the RoPE backward and s1, on the CPU (GPU
+     * kernels go here; the RoPE backward could be the attention backward's
+     * epilogue). qkv, o and the attention lse are the forward's host copies. */
+    CODA_TRY(down(L, &L->do_, stream));
+    CODA_TRY(coda__attention_backward(cfg, L->batch, L->seq, &L->qkv.h, &L->o.h, &L->alse, &L->do_.h, &L->dqkv,
                                       L->ctx->cpu_threads));
-    /* RoPE backward and s1 (GPU: a small kernel, or the attention backward's epilogue). */
-    coda__llama_rope_backward(&L->dqkv, &L->qkv, L->pos.data, L->freq.data, &L->dzq, L->svec.data);
+    coda__llama_rope_backward(&L->dqkv, &L->qkv.h, L->pos.h.data, L->freq.h.data, &L->dzq.h, L->svec.h.data);
+    CODA_TRY(up(L, &L->dzq, stream));
+    CODA_TRY(up(L, &L->svec, stream));
 
     /* QKV dgrad + attention RMSNorm backward: dx, written last. */
-    CODA_TRY(norm_backward(L, G_QKV_DGRAD, &L->dzq, &w->wqkv, &L->dh, &L->x, &w->g1, &L->r1, &L->svec, dx,
+    CODA_TRY(norm_backward(L, G_QKV_DGRAD, &L->dzq.d, &w->wqkv, &L->dh, &L->x.d, &w->g1, &L->r1, &L->svec.d, dx,
                            grads ? &grads->g1 : NULL, stream));
-    if (grads) CODA_TRY(coda_gemm(L->ctx, CODA_LAYOUT_TN, &L->dzq, &L->b, &grads->wqkv, 1.0f, 0.0f, stream));
+    if (grads) CODA_TRY(coda_gemm(L->ctx, CODA_LAYOUT_TN, &L->dzq.d, &L->b, &grads->wqkv, 1.0f, 0.0f, stream));
     if (grads && cfg->vocab > 0 && !L->have_loss) {
         /* No loss in the forward pass: the LM head did not take part. */
-        coda__llama_zero(&grads->gf);
-        coda__llama_zero(&grads->wlm);
+        CODA_TRY(coda__llama_mem_zero(L->mem, &grads->gf, stream));
+        CODA_TRY(coda__llama_mem_zero(L->mem, &grads->wlm, stream));
     }
-    return CODA_OK;
+    return coda__llama_mem_sync(L->mem, stream);
 }

@@ -36,13 +36,28 @@ void coda__llama_rope_tables(const coda_llama_config_t *cfg, int64_t batch, int6
 void coda__llama_rope_backward(const coda_tensor_t *dy, const coda_tensor_t *y, const float *pos,
                                const float *freq, coda_tensor_t *dz, float *s);
 
-/* out (n) = in (n) f32, converted to out's dtype (bf16 or f32). */
+/* out (n) = in (n) f32, converted to out's dtype (bf16 or f32). CPU tensors. */
 void coda__llama_copy_vec(const float *in, coda_tensor_t *out);
 
-/* Zero a 1-D or 2-D tensor (any strides). */
-void coda__llama_zero(coda_tensor_t *t);
+/* ---- memory on the layer's device (llama_mem.c) ---- */
 
-/* Copy a 2-D tensor (same dtype, same extents, any strides). */
-void coda__llama_copy_2d(const coda_tensor_t *src, coda_tensor_t *dst);
+typedef struct coda__llama_mem coda__llama_mem_t;
+
+/* A handle for one device (CPU, or CUDA device_index of ctx). */
+coda_status_t coda__llama_mem_open(coda_context_t *ctx, coda_device_t device, int device_index,
+                                   coda__llama_mem_t **out);
+void coda__llama_mem_close(coda__llama_mem_t *m);
+/* bytes on the handle's device, 256-byte aligned. */
+coda_status_t coda__llama_mem_alloc(coda__llama_mem_t *m, size_t bytes, void **p);
+void coda__llama_mem_free(coda__llama_mem_t *m, void *p);
+/* dst = src: same dtype and extents, 1-D or 2-D, any row strides; each on the
+ * CPU or the handle's device. Synchronous (the stream is synchronised first).
+ * Nothing happens when src and dst are the same CPU tensor. */
+coda_status_t coda__llama_mem_copy(coda__llama_mem_t *m, const coda_tensor_t *src, coda_tensor_t *dst,
+                                   void *stream);
+/* Zero a 1-D or 2-D tensor on the CPU or the handle's device. */
+coda_status_t coda__llama_mem_zero(coda__llama_mem_t *m, coda_tensor_t *t, void *stream);
+/* Wait for the stream (no-op on the CPU). */
+coda_status_t coda__llama_mem_sync(coda__llama_mem_t *m, void *stream);
 
 #endif

@@ -69,16 +69,4 @@ void coda__llama_copy_vec(const float *in, coda_tensor_t *out) {
     for (int64_t i = 0; i < out->shape[0]; i++) coda__store_f32(coda__at1(out, i), out->dtype, in[i]);
 }
 
-void coda__llama_copy_2d(const coda_tensor_t *src, coda_tensor_t *dst) {
-    size_t row = (size_t)src->shape[1] * coda_dtype_size(src->dtype);
-    for (int64_t i = 0; i < src->shape[0]; i++) memcpy(coda__at2(dst, i, 0), coda__at2(src, i, 0), row);
-}
 
-void coda__llama_zero(coda_tensor_t *t) {
-    size_t es = coda_dtype_size(t->dtype);
-    if (t->ndim == 1) {
-        for (int64_t i = 0; i < t->shape[0]; i++) memset(coda__at1(t, i), 0, es);
-        return;
-    }
-    for (int64_t i = 0; i < t->shape[0]; i++) memset(coda__at2(t, i, 0), 0, (size_t)t->shape[1] * es);
-}
