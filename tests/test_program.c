@@ -373,6 +373,11 @@ static void test_round_trips(void) {
     p = round_trip("loose", loose, loose_canonical);
     coda_program_free(p);
 
+    /* declarations may follow instructions; the printer moves them first */
+    p = round_trip("late declaration", "a = acc\nout h tile bf16\nb = neg a\nstore h b\n",
+                   "program anonymous\nout h tile bf16\na = acc\nb = neg a\nstore h b\n");
+    coda_program_free(p);
+
     /* limits that are fine: 31-char names, 64 args, 1024 instructions */
     char *big = h_alloc(200000);
     size_t n = 0;
