@@ -35,6 +35,24 @@ coda_status_t coda__cuda_describe(coda_context_t *ctx, char *buf, size_t cap);
 coda_status_t coda__cuda_gemm(coda_context_t *ctx, coda_layout_t layout, const coda_tensor_t *a,
                               const coda_tensor_t *b, coda_tensor_t *c, float alpha, float beta,
                               void *stream);
+/* Fused GEMM (src/cuda/fused_gemm.c): the program compiled into the GEMM's
+ * epilogue. Arguments validated as for coda__cpu_gemm_epilogue. */
+coda_status_t coda__cuda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout,
+                                       const coda_tensor_t *a, const coda_tensor_t *b,
+                                       const coda_program_t *p, const coda_tensor_t *const *bound,
+                                       const float *scalars, coda_tiling_t tiling, void *stream);
+/* The tiling the fused GEMM uses on device `index` for this shape. */
+coda_status_t coda__cuda_choose_tiling(coda_context_t *ctx, int index, int64_t m, int64_t n,
+                                       int64_t k, coda_tiling_t *tiling);
+/* Finishing steps on CUDA tensors (src/cuda/finish_gpu.c); validated. */
+coda_status_t coda__cuda_finish_reduce(coda_context_t *ctx, coda_reduce_t op,
+                                       const coda_tensor_t *partials, coda_tensor_t *out,
+                                       void *stream);
+coda_status_t coda__cuda_finish_rstd(coda_context_t *ctx, const coda_tensor_t *partials, int64_t d,
+                                     float eps, coda_tensor_t *rstd, void *stream);
+coda_status_t coda__cuda_finish_lse(coda_context_t *ctx, const coda_tensor_t *partials,
+                                    const coda_tensor_t *targets, int32_t ignore_index,
+                                    coda_tensor_t *lse, coda_tensor_t *loss, void *stream);
 #endif
 
 /* GEMM extents from the layout and the A, B descriptors (already checked 2-D). */

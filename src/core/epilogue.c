@@ -28,8 +28,10 @@ coda_status_t coda_choose_tiling(coda_context_t *ctx, coda_device_t device, coda
     if (m < 0 || n < 0 || k < 0)
         return coda__fail(CODA_ERR_SHAPE, "coda_choose_tiling: negative extent (m %lld, n %lld, k %lld)",
                           (long long)m, (long long)n, (long long)k);
-    /* One default for both backends for now, so partial buffers sized for one
-     * device fit the other. */
+#ifdef CODA_WITH_CUDA
+    /* The GPU's tile is its mainloop's (src/cuda/fused_gemm.c). */
+    if (device == CODA_DEVICE_CUDA) return coda__cuda_choose_tiling(ctx, 0, m, n, k, tiling);
+#endif
     tiling->tile_m = DEFAULT_TILE_M;
     tiling->tile_n = DEFAULT_TILE_N;
     return CODA_OK;
@@ -200,6 +202,10 @@ coda_status_t coda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout, cons
     }
 
     if (a->device == CODA_DEVICE_CPU) return coda__cpu_gemm_epilogue(ctx, layout, a, b, p, bound, scalars, tl);
+#ifdef CODA_WITH_CUDA
+    return coda__cuda_gemm_epilogue(ctx, layout, a, b, p, bound, scalars, tl, stream);
+#else
     (void)stream;
-    return coda__fail(CODA_ERR_UNSUPPORTED, "%s: fused GEMM on CUDA not implemented yet", fn);
+    return coda__fail(CODA_ERR_UNSUPPORTED, "%s: this build has no CUDA backend", fn);
+#endif
 }

@@ -38,9 +38,10 @@ static coda_status_t check_vec(const char *fn, const coda_tensor_t *t, const cha
     return CODA_OK;
 }
 
+/* Without a CUDA backend in the build, CUDA tensors are refused. */
 static coda_status_t cuda_refused(const char *fn, const coda_tensor_t *partials) {
     if (partials->device == CODA_DEVICE_CPU) return CODA_OK;
-    return coda__fail(CODA_ERR_UNSUPPORTED, "%s: CUDA tensors are not supported yet (CPU only)", fn);
+    return coda__fail(CODA_ERR_UNSUPPORTED, "%s: this build has no CUDA backend", fn);
 }
 
 static float pget(const coda_tensor_t *p, int64_t i, int64_t t) {
@@ -63,6 +64,9 @@ coda_status_t coda_finish_reduce(coda_context_t *ctx, coda_reduce_t op, const co
     CODA_TRY(check_vec(fn, out, "out", partials->shape[0], CODA_F32, partials));
     if (coda__tensors_overlap(out, partials))
         return coda__fail(CODA_ERR_OVERLAP, "%s: out overlaps partials", fn);
+#ifdef CODA_WITH_CUDA
+    if (partials->device == CODA_DEVICE_CUDA) return coda__cuda_finish_reduce(ctx, op, partials, out, stream);
+#endif
     CODA_TRY(cuda_refused(fn, partials));
     (void)stream;
     for (int64_t i = 0; i < partials->shape[0]; i++) {
@@ -91,6 +95,9 @@ coda_status_t coda_finish_rstd(coda_context_t *ctx, const coda_tensor_t *partial
     CODA_TRY(check_vec(fn, rstd, "rstd", partials->shape[0], CODA_F32, partials));
     if (coda__tensors_overlap(rstd, partials))
         return coda__fail(CODA_ERR_OVERLAP, "%s: rstd overlaps partials", fn);
+#ifdef CODA_WITH_CUDA
+    if (partials->device == CODA_DEVICE_CUDA) return coda__cuda_finish_rstd(ctx, partials, d, eps, rstd, stream);
+#endif
     CODA_TRY(cuda_refused(fn, partials));
     (void)stream;
     for (int64_t i = 0; i < partials->shape[0]; i++)
@@ -114,6 +121,10 @@ coda_status_t coda_finish_lse(coda_context_t *ctx, const coda_tensor_t *partials
     if (coda__tensors_overlap(loss, partials) || coda__tensors_overlap(loss, targets))
         return coda__fail(CODA_ERR_OVERLAP, "%s: loss overlaps an input", fn);
     if (coda__tensors_overlap(lse, loss)) return coda__fail(CODA_ERR_OVERLAP, "%s: lse and loss overlap", fn);
+#ifdef CODA_WITH_CUDA
+    if (partials->device == CODA_DEVICE_CUDA)
+        return coda__cuda_finish_lse(ctx, partials, targets, ignore_index, lse, loss, stream);
+#endif
     CODA_TRY(cuda_refused(fn, partials));
     (void)stream;
     int64_t s2 = partials->stride[2];
