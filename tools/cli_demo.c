@@ -23,27 +23,46 @@ int coda_cli_demo(coda_context_t *ctx, int argc, char **argv) {
     coda_llama_config_t cfg = {.d = 256, .n_heads = 8, .n_kv_heads = 4, .head_dim = 32, .ffn = 688,
                                .vocab = 1000, .eps = 1e-5f, .rope_theta = 500000.0f};
     long long batch = 2, seq = 64, seed = 1;
+    const char *dev = "auto";
     for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--device") && i + 1 < argc &&
+            (!strcmp(argv[i + 1], "auto") || !strcmp(argv[i + 1], "cpu") || !strcmp(argv[i + 1], "cuda"))) {
+            dev = argv[++i];
+            continue;
+        }
         long long *dst = !strcmp(argv[i], "--seed") ? &seed : !strcmp(argv[i], "--batch") ? &batch
                        : !strcmp(argv[i], "--seq") ? &seq : NULL;
         if (!dst || i + 1 == argc || !parse_int(argv[i + 1], dst == &seed ? 0 : 1, dst == &seed ? (1ll << 62) : 4096, dst)) {
-            fprintf(stderr, "usage: coda demo [--seed N] [--batch B (1..4096)] [--seq S (1..4096)]\n");
+            fprintf(stderr, "usage: coda demo [--device auto|cpu|cuda] [--seed N] [--batch B (1..4096)] "
+                            "[--seq S (1..4096)]\n");
             return 2;
         }
         i++;
     }
-    /* The layer runs on the CPU backend until attention has a GPU kernel. */
-    const char *backend = "CPU reference backend";
+    /* auto: the GPU when there is one (its GEMMs and epilogues; attention and
+     * the other non-GEMM steps still run on the CPU), else the CPU backend. */
+    coda_device_t device = !strcmp(dev, "cuda") || (!strcmp(dev, "auto") && coda_context_has_cuda(ctx))
+                               ? CODA_DEVICE_CUDA : CODA_DEVICE_CPU;
+    const char *backend = device == CODA_DEVICE_CUDA ? "CUDA (GEMMs + epilogues; attention on the CPU)"
+                                                     : "CPU reference backend";
     printf("coda demo: one LLaMA layer + LM head + cross-entropy, forward and backward\n"
            "  d %lld, heads %lld (kv %lld) x %lld, ffn %lld, vocab %lld, batch %lld x seq %lld, seed %lld\n"
-           "  backend: %s; checked against the unfused reference (float64 and bf16)\n\n",
+           "  backend: %s\n  checked against the unfused reference (float64 and bf16)\n\n",
            (long long)cfg.d, (long long)cfg.n_heads, (long long)cfg.n_kv_heads, (long long)cfg.head_dim,
            (long long)cfg.ffn, (long long)cfg.vocab, batch, seq, seed, backend);
 
     coda__llama_check_opts_t o = {.seed = (uint64_t)seed, .use_loss = 1, .use_dy = 1, .loss_scale = 1.0f / (float)(batch * seq),
                                   .ignore_every = 7, .grad_dtype = CODA_F32};
+    o.device = device;
     coda__llama_check_t r;
     coda_status_t s = coda__llama_check(ctx, &cfg, batch, seq, &o, &r);
+    if (s != CODA_OK && device == CODA_DEVICE_CUDA && !strcmp(dev, "auto")) {
+        printf("  CUDA run failed (%s: %s); running on the CPU backend instead\n\n", coda_status_name(s),
+               coda_last_error());
+        backend = "CPU reference backend";
+        o.device = CODA_DEVICE_CPU;
+        s = coda__llama_check(ctx, &cfg, batch, seq, &o, &r);
+    }
     if (s != CODA_OK) {
         fprintf(stderr, "coda demo: %s: %s\n", coda_status_name(s), coda_last_error());
         return 1;

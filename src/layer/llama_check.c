@@ -1,5 +1,6 @@
 /* llama_check.c - coda's layer against the reference layer (see llama_check.h). */
 #include "layer/llama_check.h"
+#include "layer/llama.h"
 #include "layer/reference.h"
 
 #include <math.h>
@@ -39,6 +40,9 @@ typedef struct {
     coda_llama_t *layer;
     void *mem[64];
     int n_mem;
+    coda__llama_mem_t *dev;   /* device allocations (CUDA runs) */
+    void *dmem[32];
+    int n_dmem;
 } arena_t;
 
 static void *grab(arena_t *A, size_t bytes) {
@@ -53,6 +57,8 @@ static void arena_free(arena_t *A) {
     coda__ref_free(A->ref16);
     coda_llama_free(A->layer);
     for (int i = 0; i < A->n_mem; i++) free(A->mem[i]);
+    for (int i = 0; i < A->n_dmem; i++) coda__llama_mem_free(A->dev, A->dmem[i]);
+    coda__llama_mem_close(A->dev);
 }
 
 /* bf16 random array of n, uniform * scale + offset, and its double copy. */
@@ -70,6 +76,19 @@ static uint16_t *rand_bf16(arena_t *A, uint64_t *s, int64_t n, double scale, dou
 static const char *const grad_names[CODA__REF_N_WEIGHTS] = {
     "dwq", "dwk", "dwv", "dwo", "dw_gate", "dw_up", "dw_down", "dg1", "dg2", "dgf", "dwlm",
 };
+
+/* A device copy of a contiguous host tensor (outputs too: their poison goes up). */
+static coda_status_t mirror(arena_t *A, const coda_tensor_t *h, coda_tensor_t *dv) {
+    if (A->n_dmem == 32) return coda__fail(CODA_ERR_INTERNAL, "coda__llama_check: too many device buffers");
+    void *p;
+    CODA_TRY(coda__llama_mem_alloc(A->dev, (size_t)coda_tensor_span_bytes(h), &p));
+    A->dmem[A->n_dmem++] = p;
+    *dv = *h;
+    dv->data = p;
+    dv->device = CODA_DEVICE_CUDA;
+    dv->device_index = 0;
+    return coda__llama_mem_copy(A->dev, h, dv, NULL);
+}
 
 static void add_row(coda__llama_check_t *out, const char *name, double err, double base) {
     coda__llama_check_row_t *r = &out->rows[out->n_rows++];
@@ -92,7 +111,7 @@ static coda_status_t run(arena_t *A, coda_context_t *ctx, const coda_llama_confi
 
     CODA_TRY(coda__ref_create(cfg, batch, seq, &A->ref64));
     coda__ref_layer_t *R = A->ref64;
-    CODA_TRY(coda_llama_create(ctx, cfg, batch, seq, CODA_DEVICE_CPU, &A->layer));
+    CODA_TRY(coda_llama_create(ctx, cfg, batch, seq, o->device, &A->layer));
 
     /* Weights in PyTorch's layout: scale 1/sqrt(fan_in) keeps activations O(1). */
     const struct { double *dst; int64_t rows, cols; double scale, offset; } spec[11] = {
@@ -168,11 +187,37 @@ static coda_status_t run(arena_t *A, coda_context_t *ctx, const coda_llama_confi
     coda_tensor_t tx = coda_tensor_2d(xb, CODA_BF16, m, d), ty = coda_tensor_2d(y, CODA_BF16, m, d);
     coda_tensor_t tdy = coda_tensor_2d(dyb, CODA_BF16, m, d), tdx = coda_tensor_2d(dx, CODA_BF16, m, d);
     coda_tensor_t ttg = coda_tensor_1d(tg, CODA_I32, m), tl = coda_tensor_1d(loss, CODA_F32, m);
+    /* On CUDA: device copies of everything, outputs copied back after. */
+    coda_llama_weights_t wr = w, gr = g;
+    coda_tensor_t rx = tx, ry = ty, rdy = tdy, rdx = tdx, rtg = ttg, rl = tl;
+    int nw = V > 0 ? 8 : 6;
+    coda_tensor_t *wf[8] = {&w.g1, &w.wqkv, &w.wo, &w.g2, &w.wgu, &w.wd, &w.gf, &w.wlm};
+    coda_tensor_t *wrf[8] = {&wr.g1, &wr.wqkv, &wr.wo, &wr.g2, &wr.wgu, &wr.wd, &wr.gf, &wr.wlm};
+    coda_tensor_t *grf[8] = {&gr.g1, &gr.wqkv, &gr.wo, &gr.g2, &gr.wgu, &gr.wd, &gr.gf, &gr.wlm};
+    if (o->device == CODA_DEVICE_CUDA) {
+        CODA_TRY(coda__llama_mem_open(ctx, CODA_DEVICE_CUDA, 0, &A->dev));
+        for (int i = 0; i < nw; i++) {
+            CODA_TRY(mirror(A, wf[i], wrf[i]));
+            CODA_TRY(mirror(A, gf_[i], grf[i]));
+        }
+        CODA_TRY(mirror(A, &tx, &rx));
+        CODA_TRY(mirror(A, &ty, &ry));
+        CODA_TRY(mirror(A, &tdy, &rdy));
+        CODA_TRY(mirror(A, &tdx, &rdx));
+        CODA_TRY(mirror(A, &ttg, &rtg));
+        CODA_TRY(mirror(A, &tl, &rl));
+    }
     double t0 = now_s();
-    CODA_TRY(coda_llama_forward(A->layer, &w, &tx, use_loss ? &ttg : NULL, &ty, use_loss ? &tl : NULL, NULL));
+    CODA_TRY(coda_llama_forward(A->layer, &wr, &rx, use_loss ? &rtg : NULL, &ry, use_loss ? &rl : NULL, NULL));
     double t1 = now_s();
-    CODA_TRY(coda_llama_backward(A->layer, &w, o->use_dy ? &tdy : NULL, o->loss_scale, &tdx, &g, NULL));
+    CODA_TRY(coda_llama_backward(A->layer, &wr, o->use_dy ? &rdy : NULL, o->loss_scale, &rdx, &gr, NULL));
     double t2 = now_s();
+    if (o->device == CODA_DEVICE_CUDA) {
+        CODA_TRY(coda__llama_mem_copy(A->dev, &ry, &ty, NULL));
+        CODA_TRY(coda__llama_mem_copy(A->dev, &rdx, &tdx, NULL));
+        CODA_TRY(coda__llama_mem_copy(A->dev, &rl, &tl, NULL));
+        for (int i = 0; i < nw; i++) CODA_TRY(coda__llama_mem_copy(A->dev, grf[i], gf_[i], NULL));
+    }
     out->t_forward = t1 - t0;
     out->t_backward = t2 - t1;
 

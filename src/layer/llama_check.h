@@ -18,6 +18,7 @@ typedef struct coda__llama_check_opts {
     float loss_scale;
     int ignore_every;     /* every k-th target is -100 (0: none)             */
     coda_dtype_t grad_dtype; /* CODA_F32 or CODA_BF16                        */
+    coda_device_t device; /* where the layer runs (CUDA: device 0)           */
 } coda__llama_check_opts_t;
 
 #define CODA__LLAMA_CHECK_MAX 16
@@ -33,7 +34,7 @@ typedef struct coda__llama_check_row {
 typedef struct coda__llama_check {
     int n_rows;
     coda__llama_check_row_t rows[CODA__LLAMA_CHECK_MAX];
-    double t_forward, t_backward;   /* seconds, coda                       */
+    double t_forward, t_backward;   /* seconds, coda (CUDA: with its host round trips) */
     double t_reference;             /* seconds, both reference modes        */
     int all_pass;
 } coda__llama_check_t;
