@@ -26,9 +26,11 @@ static int cfg_for_tiling(coda_tiling_t tl, int pick) {
 
 coda_status_t coda__cuda_choose_tiling(coda_context_t *ctx, int index, int64_t m, int64_t n,
                                        int64_t k, coda_tiling_t *tiling) {
+    /* Without a device (sizing buffers on a machine with no GPU), assume an
+     * H100/H200 SXM's 132 multiprocessors. */
     coda_cuda_device_t *d;
-    CODA_TRY(coda__cuda_device(ctx, index, &d));
-    int pick = coda__cuda_gemm_pick(m, n, k, d->sm_count);
+    int sm_count = coda__cuda_device(ctx, index, &d) == CODA_OK ? d->sm_count : 132;
+    int pick = coda__cuda_gemm_pick(m, n, k, sm_count);
     tiling->tile_m = GPU_TILE_M;
     tiling->tile_n = coda__cuda_gemm_cfgs[pick].bn;
     return CODA_OK;
