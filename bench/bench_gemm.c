@@ -221,6 +221,15 @@ int main(int argc, char **argv) {
                 float t = time_it(run_coda, s, &bf);
                 printf("    cfg %d: %9.1f TF/s\n", cfg, flop / (t * 1e-3) / 1e12);
             }
+            /* the cluster configs with a fixed number of clusters */
+            static const char *fixed[] = {"64", "66", "60"};
+            for (int f = 0; f < 3; f++) {
+                setenv("CODA_GEMM_CFG", "2", 1);
+                setenv("CODA_DEBUG_CLUSTERS", fixed[f], 1);
+                float t = time_it(run_coda, s, &bf);
+                printf("    cfg 2 x%s: %9.1f TF/s\n", fixed[f], flop / (t * 1e-3) / 1e12);
+            }
+            unsetenv("CODA_DEBUG_CLUSTERS");
             unsetenv("CODA_GEMM_CFG");
         }
         fflush(stdout);

@@ -252,10 +252,16 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
                 d->max_clusters[cfg_index] = (int)clusters;
         }
         if (d->max_clusters[cfg_index] < clusters) clusters = d->max_clusters[cfg_index];
+        const char *env = getenv("CODA_DEBUG_CLUSTERS"); /* benchmarking override */
+        if (env && atoi(env) > 0 && atoi(env) <= d->sm_count / cfg->cluster_m) clusters = atoi(env);
     }
     if (units < clusters) clusters = units;
     if (clusters < 1) clusters = 1;
     lc.gridDimX = (unsigned)(clusters * cfg->cluster_m);
+    if (getenv("CODA_DEBUG_LAUNCH"))
+        fprintf(stderr, "coda gemm: cfg %d %dx%d cluster %d, %lld units, grid %u, smem %zu, max clusters %d\n",
+                cfg_index, cfg->bm, cfg->bn, cfg->cluster_m, (long long)units, lc.gridDimX, smem,
+                d->max_clusters[cfg_index]);
     CODA_CU(cu, cu->cu.LaunchKernelEx(&lc, fn, args, NULL), "cuLaunchKernelEx(coda_gemm_kernel)");
     return CODA_OK;
 }
