@@ -1,0 +1,18 @@
+#!/bin/bash
+# run_epilogue_gpu.sh - build and run the fused-GEMM GPU tests on an sm_90a
+# machine: the NVRTC/codegen test, the GPU test under compute-sanitizer
+# (small set), then the full GPU test.   tests/gpu/run_epilogue_gpu.sh
+set -u
+OUT=${OUT:-gpu-logs}
+mkdir -p "$OUT"
+export CODA_CACHE_DIR=${CODA_CACHE_DIR:-/tmp/coda-cache}
+make -j16 lib build/tests/test_codegen build/tests/gpu/test_epilogue_gpu > "$OUT/build-epi.log" 2>&1 \
+    || { tail -30 "$OUT/build-epi.log"; exit 1; }
+echo "== test_codegen"; build/tests/test_codegen > "$OUT/codegen.log" 2>&1; echo "rc=$?"; tail -1 "$OUT/codegen.log"
+CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+echo "== epilogue memcheck (small)"
+timeout 240 $CS --tool memcheck build/tests/gpu/test_epilogue_gpu small > "$OUT/epi-memcheck.log" 2>&1
+echo "rc=$?"; grep -E "ERROR SUMMARY|FAIL" "$OUT/epi-memcheck.log" | head -10; tail -1 "$OUT/epi-memcheck.log"
+echo "== epilogue full"
+timeout 300 build/tests/gpu/test_epilogue_gpu > "$OUT/epi-full.log" 2>&1
+echo "rc=$?"; grep -E "FAIL" "$OUT/epi-full.log" | head -30; tail -1 "$OUT/epi-full.log"

@@ -1,0 +1,289 @@
+/* test_epilogue_gpu.c - fused GEMMs on the GPU against the CPU backend.
+ *
+ *   test_epilogue_gpu          every built-in program and one program per
+ *                              primitive class, odd shapes, three layouts
+ *   test_epilogue_gpu small    a few small cases (for compute-sanitizer)
+ *
+ * Each case binds every argument of the program to fresh random data (row
+ * targets are column indices, some -100), runs the program on the CPU and on
+ * the GPU with the same tiling (tile_m 16, tile_n the GPU's), with every
+ * output poisoned with NaN first, and compares every output element by
+ * element, partials included: relative Frobenius error <= 4e-3 (bf16 outputs
+ * may differ by one rounding step where the f32 values differ in the last
+ * bits: the GEMMs sum in different orders) and no NaN the CPU did not
+ * produce. A second GPU run must give identical bits. Needs an sm_90a GPU. */
+#pragma GCC diagnostic ignored "-Wunused-function"
+#include "harness.h"
+
+#include <cuda_runtime_api.h>
+
+#define CUDA_OK(call)                                                                            \
+    do {                                                                                         \
+        cudaError_t e_ = (call);                                                                 \
+        if (e_ != cudaSuccess) {                                                                 \
+            fprintf(stderr, "FATAL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            exit(1);                                                                             \
+        }                                                                                        \
+    } while (0)
+
+static coda_context_t *ctx;
+static uint64_t seed = 7;
+
+/* Programs beyond the built-ins: one per primitive class (as test_codegen.c). */
+static const char *const extra_programs[] = {
+    "program maps\nin s scalar\nout y tile f32\na = acc\nc = const 0.5\nb = mul a c\nss = load s\n"
+    "d = add b ss\ne = exp d\nj = sin a\nk = cos a\nl = tanh a\nm = sigmoid a\nn = silu a\no = dsilu a\n"
+    "q = round_bf16 a\nr = neg a\nt = abs r\nu = sub t q\nv = div u e\nw = max v o\nx = min w n\n"
+    "z2 = lt a c\nz4 = fma x m l\nz5 = select z2 z4 k\nri = rowidx\nci = colidx\nc7 = const 7\n"
+    "z6 = mod ri c7\nz8 = mul ci c\nz9 = add z6 z8\nz7 = add z5 z9\nstore y z7\n",
+    "program pairs\nout h tile bf16 half\nout d tile f32 double\nout s tile bf16\na = acc\ne = even a\n"
+    "o = odd a\nm = mul e o\nstore h m\nw = swap a\nx = interleave a w\nstore d x\nstore s w\n",
+    "program loads\nin r row bf16\nin g col f32\nin gh col bf16 half\nin x tile bf16\n"
+    "in z tile f32 double\nout y tile bf16\nout yh tile f32 half\na = acc\nb = load r\nc = load g\n"
+    "d = load x\nf = fma a b c\ng2 = add f d\nstore y g2\nzz = load z\nze = even zz\nzo = odd zz\n"
+    "q = mul ze zo\nqe = even q\nk = load gh\nl = mul qe k\nstore yh l\n",
+    "program reductions\nout rs rowsum\nout rm rowmax\nout rq rowsumsq\nout cs colsum\nout cm colmax half\n"
+    "out cq colsumsq double\na = acc\nreduce rs a\nreduce rm a\nreduce rq a\nreduce cs a\ne = even a\n"
+    "reduce cm e\nx = interleave a a\nreduce cq x\n",
+    "program lse\nin t row i32\nin r row f32\nout st lse\na = acc\nrr = load r\nz = mul a rr\n"
+    "tt = load t\nlse st z tt\n",
+};
+
+typedef struct buf {
+    coda_tensor_t host, dev;
+    size_t bytes;
+} buf_t;
+
+static int64_t space_w(coda_space_t s, int64_t n) {
+    return s == CODA_SPACE_HALF ? n / 2 : s == CODA_SPACE_DOUBLE ? 2 * n : n;
+}
+
+/* Host + device tensors of a shape; host filled with random data of `dt`. */
+static void make_buf(buf_t *b, coda_dtype_t dt, int ndim, const int64_t *shape, h_rng *r, int is_out,
+                     int64_t target_w) {
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++) n *= shape[d];
+    size_t es = coda_dtype_size(dt);
+    b->bytes = (size_t)(n ? n : 1) * es;
+    void *h = h_alloc(b->bytes);
+    if (is_out) {
+        if (dt == CODA_BF16) poison_bf16(h, n);
+        else poison_f32(h, n);
+    } else if (dt == CODA_BF16) {
+        rng_fill_bf16(r, h, n, 1.0f);
+    } else if (dt == CODA_I32) {
+        for (int64_t i = 0; i < n; i++) {
+            float u = rng_uniform(r);
+            ((int32_t *)h)[i] = u < -0.8f ? -100 : (int32_t)((u + 1.0f) * 0.5f * (float)(target_w - 1));
+        }
+    } else {
+        rng_fill_f32(r, h, n, 1.0f);
+    }
+    b->host = ndim == 1 ? coda_tensor_1d(h, dt, shape[0])
+            : ndim == 2 ? coda_tensor_2d(h, dt, shape[0], shape[1])
+                        : coda_tensor_3d(h, dt, shape[0], shape[1], shape[2]);
+    void *d;
+    CUDA_OK(cudaMalloc(&d, b->bytes));
+    CUDA_OK(cudaMemcpy(d, h, b->bytes, cudaMemcpyHostToDevice));
+    b->dev = b->host;
+    b->dev.data = d;
+    b->dev.device = CODA_DEVICE_CUDA;
+}
+
+/* Compare GPU output (copied back into `got`) with the CPU's. */
+static int compare(const char *what, const coda_tensor_t *cpu, const void *got) {
+    int64_t n = coda_tensor_numel(cpu);
+    double num = 0, den = 0;
+    int64_t bad_nan = 0, worst = -1;
+    double worst_d = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float c, g;
+        if (cpu->dtype == CODA_BF16) {
+            c = h_bf2f(((const uint16_t *)cpu->data)[i]);
+            g = h_bf2f(((const uint16_t *)got)[i]);
+        } else {
+            c = ((const float *)cpu->data)[i];
+            g = ((const float *)got)[i];
+        }
+        if (isnan(c) != isnan(g) || isinf(c) != isinf(g)) {
+            bad_nan++;
+            continue;
+        }
+        if (isnan(c) || isinf(c)) continue;
+        double d = (double)g - c;
+        num += d * d;
+        den += (double)c * c;
+        if (fabs(d) > worst_d) worst_d = fabs(d), worst = i;
+    }
+    double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+    int ok = bad_nan == 0 && rel <= 4e-3;
+    CHECK(ok, "%s: rel err %.3g, %lld NaN/inf mismatches, worst |d| %.3g at %lld", what, rel,
+          (long long)bad_nan, worst_d, (long long)worst);
+    printf("    %-14s rel %.2e%s\n", what, rel, ok ? "" : "  FAIL");
+    return ok;
+}
+
+static void run_case(const char *text, coda_layout_t layout, int64_t m, int64_t n, int64_t k) {
+    coda_program_t *p = NULL;
+    REQUIRE_OK(coda_program_parse(text, &p));
+    h_rng r = rng_new(seed++);
+    coda_tiling_t tl;
+    REQUIRE_OK(coda_choose_tiling(ctx, CODA_DEVICE_CUDA, layout, m, n, k, &tl));
+    int64_t nt = (n + tl.tile_n - 1) / tl.tile_n, mt = (m + tl.tile_m - 1) / tl.tile_m;
+
+    /* operands */
+    int64_t ash[2] = {layout == CODA_LAYOUT_TN ? k : m, layout == CODA_LAYOUT_TN ? m : k};
+    int64_t bsh[2] = {layout == CODA_LAYOUT_NT ? n : k, layout == CODA_LAYOUT_NT ? k : n};
+    buf_t A, B;
+    make_buf(&A, CODA_BF16, 2, ash, &r, 0, 0);
+    make_buf(&B, CODA_BF16, 2, bsh, &r, 0, 0);
+
+    int na = coda_program_num_args(p);
+    buf_t bufs[32];
+    coda_binding_t bc[32], bg[32];
+    for (int i = 0; i < na; i++) {
+        const char *name;
+        coda_arg_kind_t kind;
+        coda_dtype_t dt;
+        coda_space_t sp;
+        coda_reduce_t red;
+        REQUIRE_OK(coda_program_arg_info(p, i, &name, &kind, &dt, &sp, &red));
+        int64_t sh[3] = {0, 0, 0};
+        int nd = 2, out = kind >= CODA_OUT_TILE;
+        switch (kind) {
+        case CODA_IN_TILE: case CODA_OUT_TILE: sh[0] = m; sh[1] = space_w(sp, n); break;
+        case CODA_IN_ROW: nd = 1; sh[0] = m; break;
+        case CODA_IN_COL: nd = 1; sh[0] = space_w(sp, n); break;
+        case CODA_IN_SCALAR: nd = 1; sh[0] = 1; break;
+        case CODA_OUT_ROWRED: sh[0] = m; sh[1] = nt; dt = CODA_F32; break;
+        case CODA_OUT_COLRED: sh[0] = space_w(sp, n); sh[1] = mt; dt = CODA_F32; break;
+        case CODA_OUT_LSE: nd = 3; sh[0] = m; sh[1] = nt; sh[2] = 3; dt = CODA_F32; break;
+        }
+        if (kind == CODA_IN_SCALAR) dt = CODA_F32;
+        make_buf(&bufs[i], dt, nd, sh, &r, out, n);
+        bc[i].name = bg[i].name = name;
+        bc[i].tensor = bufs[i].host;
+        bg[i].tensor = bufs[i].dev;
+        bc[i].scalar = bg[i].scalar = kind == CODA_IN_SCALAR ? 0.25f + rng_uniform(&r) * 0.1f : 0.0f;
+    }
+    CHECK_OK(coda_gemm_epilogue(ctx, layout, &A.host, &B.host, p, bc, na, &tl, NULL));
+    coda_status_t s = coda_gemm_epilogue(ctx, layout, &A.dev, &B.dev, p, bg, na, &tl, NULL);
+    CHECK(s == CODA_OK, "GPU run: %s", coda_last_error());
+    CUDA_OK(cudaDeviceSynchronize());
+    char title[40];
+    snprintf(title, sizeof title, "%.*s", (int)strcspn(text, "\n"), text);
+    printf("  %-28s %s m %lld n %lld k %lld tile %dx%d\n", title, layout == 0 ? "NT" : layout == 1 ? "NN" : "TN",
+           (long long)m, (long long)n, (long long)k, tl.tile_m, tl.tile_n);
+    if (s == CODA_OK) {
+        for (int i = 0; i < na; i++) {
+            const char *name;
+            coda_arg_kind_t kind;
+            coda_dtype_t dt;
+            coda_space_t sp;
+            coda_reduce_t red;
+            REQUIRE_OK(coda_program_arg_info(p, i, &name, &kind, &dt, &sp, &red));
+            if (kind < CODA_OUT_TILE) continue;
+            void *got = h_alloc(bufs[i].bytes), *again = h_alloc(bufs[i].bytes);
+            CUDA_OK(cudaMemcpy(got, bufs[i].dev.data, bufs[i].bytes, cudaMemcpyDeviceToHost));
+            compare(name, &bufs[i].host, got);
+            /* a second run gives the same bits (no atomics, fixed orders) */
+            CHECK_OK(coda_gemm_epilogue(ctx, layout, &A.dev, &B.dev, p, bg, na, &tl, NULL));
+            CUDA_OK(cudaDeviceSynchronize());
+            CUDA_OK(cudaMemcpy(again, bufs[i].dev.data, bufs[i].bytes, cudaMemcpyDeviceToHost));
+            CHECK(memcmp(got, again, bufs[i].bytes) == 0, "%s: second GPU run differs", name);
+            free(got);
+            free(again);
+        }
+    }
+    for (int i = 0; i < na; i++) {
+        free(bufs[i].host.data);
+        CUDA_OK(cudaFree(bufs[i].dev.data));
+    }
+    free(A.host.data);
+    free(B.host.data);
+    CUDA_OK(cudaFree(A.dev.data));
+    CUDA_OK(cudaFree(B.dev.data));
+    coda_program_free(p);
+}
+
+/* Finishing steps on the GPU equal the CPU's bit for bit (same order, no FMA). */
+static void finish_case(int64_t rows, int64_t t) {
+    h_rng r = rng_new(seed++);
+    int64_t sh2[2] = {rows, t}, sh1[1] = {rows}, sh3[3] = {rows, t, 3};
+    buf_t part, out, l3, tg, lse, loss;
+    make_buf(&part, CODA_F32, 2, sh2, &r, 0, 0);
+    make_buf(&out, CODA_F32, 1, sh1, &r, 1, 0);
+    make_buf(&l3, CODA_F32, 3, sh3, &r, 0, 0);
+    make_buf(&tg, CODA_I32, 1, sh1, &r, 0, 50);
+    make_buf(&lse, CODA_F32, 1, sh1, &r, 1, 0);
+    make_buf(&loss, CODA_F32, 1, sh1, &r, 1, 0);
+    for (int64_t i = 0; i < rows * t * 3; i += 3) ((float *)l3.host.data)[i + 1] = fabsf(((float *)l3.host.data)[i + 1]) + 0.5f;
+    CUDA_OK(cudaMemcpy(l3.dev.data, l3.host.data, l3.bytes, cudaMemcpyHostToDevice));
+    float *got = h_alloc(out.bytes), *got2 = h_alloc(out.bytes);
+    for (int op = 0; op < 3; op++) {
+        CHECK_OK(coda_finish_reduce(ctx, (coda_reduce_t)op, &part.host, &out.host, NULL));
+        CHECK_OK(coda_finish_reduce(ctx, (coda_reduce_t)op, &part.dev, &out.dev, NULL));
+        CUDA_OK(cudaMemcpy(got, out.dev.data, out.bytes, cudaMemcpyDeviceToHost));
+        CHECK(memcmp(got, out.host.data, out.bytes) == 0, "finish_reduce op %d: GPU bits differ from CPU", op);
+    }
+    CHECK_OK(coda_finish_rstd(ctx, &part.host, 4096, 1e-5f, &out.host, NULL));
+    poison_f32(out.host.data, rows);
+    CHECK_OK(coda_finish_rstd(ctx, &part.host, 4096, 1e-5f, &out.host, NULL));
+    CHECK_OK(coda_finish_rstd(ctx, &part.dev, 4096, 1e-5f, &out.dev, NULL));
+    CUDA_OK(cudaMemcpy(got, out.dev.data, out.bytes, cudaMemcpyDeviceToHost));
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < rows; i++) {
+        float c = ((float *)out.host.data)[i];
+        num += (got[i] - c) * (double)(got[i] - c);
+        den += (double)c * c;
+    }
+    CHECK(!(sqrt(num / den) > 1e-6), "finish_rstd: GPU vs CPU rel %.3g", sqrt(num / den));
+    CHECK_OK(coda_finish_lse(ctx, &l3.host, &tg.host, -100, &lse.host, &loss.host, NULL));
+    CHECK_OK(coda_finish_lse(ctx, &l3.dev, &tg.dev, -100, &lse.dev, &loss.dev, NULL));
+    CUDA_OK(cudaMemcpy(got, lse.dev.data, lse.bytes, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(got2, loss.dev.data, loss.bytes, cudaMemcpyDeviceToHost));
+    num = den = 0;
+    for (int64_t i = 0; i < rows; i++) {
+        float c = ((float *)lse.host.data)[i], c2 = ((float *)loss.host.data)[i];
+        num += (got[i] - c) * (double)(got[i] - c) + (got2[i] - c2) * (double)(got2[i] - c2);
+        den += (double)c * c + (double)c2 * c2;
+    }
+    CHECK(!(sqrt(num / den) > 1e-6), "finish_lse: GPU vs CPU rel %.3g", sqrt(num / den));
+    printf("  finishing steps, %lld rows x %lld tiles: checked\n", (long long)rows, (long long)t);
+    buf_t *all[] = {&part, &out, &l3, &tg, &lse, &loss};
+    for (int i = 0; i < 6; i++) {
+        free(all[i]->host.data);
+        CUDA_OK(cudaFree(all[i]->dev.data));
+    }
+    free(got);
+    free(got2);
+}
+
+int main(int argc, char **argv) {
+    int small = argc > 1 && strcmp(argv[1], "small") == 0;
+    REQUIRE_OK(coda_context_create(NULL, &ctx));
+    if (!coda_context_has_cuda(ctx)) {
+        fprintf(stderr, "test_epilogue_gpu: no usable CUDA device: %s\n", coda_last_error());
+        return 1;
+    }
+    const char *texts[32];
+    int nt = 0;
+    for (int i = 0; i < (int)(sizeof extra_programs / sizeof extra_programs[0]); i++) texts[nt++] = extra_programs[i];
+    for (const char *const *name = coda_builtin_program_names(); *name && nt < 32; name++)
+        texts[nt++] = coda_builtin_program(*name);
+
+    /* shapes: M odd and tile-crossing, N a multiple of 8 but not of the tile */
+    static const int64_t shapes[][3] = {{1, 264, 200}, {127, 136, 72}, {1000, 520, 264}, {4096, 264, 136}};
+    int nshape = small ? 2 : 4;
+    for (int i = 0; i < nt; i++)
+        for (int s = 0; s < nshape; s++)
+            run_case(texts[i], CODA_LAYOUT_NT, shapes[s][0], shapes[s][1], shapes[s][2]);
+    /* the other layouts, with a program of every primitive class */
+    for (int i = 0; i < (small ? 2 : 5); i++) {
+        run_case(texts[i], CODA_LAYOUT_NN, 127, 264, 136);
+        run_case(texts[i], CODA_LAYOUT_TN, 264, 136, 1000);
+    }
+    finish_case(small ? 100 : 5000, 17);
+    coda_context_free(ctx);
+    TEST_MAIN_END();
+}
