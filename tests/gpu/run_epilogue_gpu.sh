@@ -16,3 +16,7 @@ echo "rc=$?"; grep -E "ERROR SUMMARY|FAIL" "$OUT/epi-memcheck.log" | head -10; t
 echo "== epilogue full"
 timeout 300 build/tests/gpu/test_epilogue_gpu > "$OUT/epi-full.log" 2>&1
 echo "rc=$?"; grep -E "FAIL" "$OUT/epi-full.log" | head -30; tail -1 "$OUT/epi-full.log"
+if [ "${1:-}" = "bench" ]; then
+  make -j16 build/bench/bench_epilogue >> "$OUT/build-epi.log" 2>&1 || { tail -30 "$OUT/build-epi.log"; exit 1; }
+  echo "== bench_epilogue"; build/bench/bench_epilogue 2>&1 | tee "$OUT/bench-epi.log"
+fi

@@ -1,0 +1,213 @@
+/* bench_epilogue.c - what a fused epilogue costs over the GEMM alone.
+ *
+ *   bench_epilogue [sizes...]      default: 2048 4096 8192 (M = N = K)
+ *
+ * For each built-in layer program and each size, in one process: cuBLAS's
+ * bf16 GEMM (bf16 out), coda's plain GEMM (coda_gemm, bf16 out), and coda's
+ * fused GEMM running the program (coda_gemm_epilogue, every argument bound to
+ * random data). Reports milliseconds and fused / plain. CUDA events, 10
+ * warm-up runs, median of 50 timed runs; at 2048 the operands rotate over 4
+ * sets so that timings do not come from L2. Needs an sm_90a GPU. */
+#pragma GCC diagnostic ignored "-Wunused-function"
+#include "harness.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#define CUDA_OK(call)                                                                            \
+    do {                                                                                         \
+        cudaError_t e_ = (call);                                                                 \
+        if (e_ != cudaSuccess) {                                                                 \
+            fprintf(stderr, "FATAL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            exit(1);                                                                             \
+        }                                                                                        \
+    } while (0)
+
+#define WARMUP 10
+#define TIMED 50
+
+static coda_context_t *ctx;
+static cublasHandle_t blas;
+
+static void *dev_random_bytes(size_t bytes, coda_dtype_t dt, h_rng *r, int64_t target_w) {
+    void *h = h_alloc(bytes), *d;
+    size_t n = bytes / coda_dtype_size(dt);
+    if (dt == CODA_BF16) rng_fill_bf16(r, h, (int64_t)n, 1.0f);
+    else if (dt == CODA_I32)
+        for (size_t i = 0; i < n; i++) ((int32_t *)h)[i] = (int32_t)((rng_uniform(r) + 1.0f) * 0.5f * (float)(target_w - 1));
+    else rng_fill_f32(r, h, (int64_t)n, 1.0f);
+    CUDA_OK(cudaMalloc(&d, bytes));
+    CUDA_OK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    free(h);
+    return d;
+}
+
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+typedef enum { RUN_CUBLAS, RUN_PLAIN, RUN_FUSED } run_kind_t;
+
+typedef struct job {
+    run_kind_t kind;
+    int64_t m, n, k;
+    int nsets;
+    coda_tensor_t a[4], b[4], c;
+    const coda_program_t *p;
+    coda_binding_t *bind;
+    int nbind;
+    coda_tiling_t tl;
+} job_t;
+
+static void run_once(job_t *j, int it) {
+    int s = it % j->nsets;
+    if (j->kind == RUN_CUBLAS) {
+        /* row-major C (M,N) = A (M,K) B(N,K)^T  ==  col-major C^T = B A^T */
+        const float alpha = 1.0f, beta = 0.0f;
+        cublasStatus_t st = cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)j->n, (int)j->m, (int)j->k, &alpha,
+                                         j->b[s].data, CUDA_R_16BF, (int)j->k, j->a[s].data, CUDA_R_16BF, (int)j->k,
+                                         &beta, j->c.data, CUDA_R_16BF, (int)j->n, CUBLAS_COMPUTE_32F,
+                                         CUBLAS_GEMM_DEFAULT);
+        if (st != CUBLAS_STATUS_SUCCESS) {
+            fprintf(stderr, "cublasGemmEx failed: %d\n", (int)st);
+            exit(1);
+        }
+    } else if (j->kind == RUN_PLAIN) {
+        REQUIRE_OK(coda_gemm(ctx, CODA_LAYOUT_NT, &j->a[s], &j->b[s], &j->c, 1.0f, 0.0f, NULL));
+    } else {
+        REQUIRE_OK(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &j->a[s], &j->b[s], j->p, j->bind, j->nbind, &j->tl, NULL));
+    }
+}
+
+static float time_job(job_t *j) {
+    cudaEvent_t e0, e1;
+    CUDA_OK(cudaEventCreate(&e0));
+    CUDA_OK(cudaEventCreate(&e1));
+    for (int i = 0; i < WARMUP; i++) run_once(j, i);
+    CUDA_OK(cudaDeviceSynchronize());
+    float ms[TIMED];
+    for (int i = 0; i < TIMED; i++) {
+        CUDA_OK(cudaEventRecord(e0, NULL));
+        run_once(j, i);
+        CUDA_OK(cudaEventRecord(e1, NULL));
+        CUDA_OK(cudaEventSynchronize(e1));
+        CUDA_OK(cudaEventElapsedTime(&ms[i], e0, e1));
+    }
+    CUDA_OK(cudaEventDestroy(e0));
+    CUDA_OK(cudaEventDestroy(e1));
+    qsort(ms, TIMED, sizeof ms[0], cmp_float);
+    return ms[TIMED / 2];
+}
+
+static int64_t space_w(coda_space_t s, int64_t n) {
+    return s == CODA_SPACE_HALF ? n / 2 : s == CODA_SPACE_DOUBLE ? 2 * n : n;
+}
+
+int main(int argc, char **argv) {
+    int64_t sizes[8] = {2048, 4096, 8192};
+    int nsizes = 3;
+    if (argc > 1) {
+        nsizes = 0;
+        for (int i = 1; i < argc && nsizes < 8; i++) sizes[nsizes++] = atoll(argv[i]);
+    }
+    REQUIRE_OK(coda_context_create(NULL, &ctx));
+    if (!coda_context_has_cuda(ctx)) {
+        fprintf(stderr, "bench_epilogue: no usable CUDA device: %s\n", coda_last_error());
+        return 1;
+    }
+    if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "cublasCreate failed\n");
+        return 1;
+    }
+    h_rng r = rng_new(2026);
+    printf("%-20s %6s %10s %10s %10s %8s %8s\n", "program", "M=N=K", "cuBLAS ms", "plain ms", "fused ms",
+           "fused/pl", "fused/cb");
+    for (int si = 0; si < nsizes; si++) {
+        int64_t sz = sizes[si];
+        job_t base;
+        memset(&base, 0, sizeof base);
+        base.m = base.n = base.k = sz;
+        base.nsets = sz <= 2048 ? 4 : 1;
+        for (int s = 0; s < base.nsets; s++) {
+            base.a[s] = coda_tensor_2d(dev_random_bytes((size_t)(sz * sz * 2), CODA_BF16, &r, 0), CODA_BF16, sz, sz);
+            base.b[s] = coda_tensor_2d(dev_random_bytes((size_t)(sz * sz * 2), CODA_BF16, &r, 0), CODA_BF16, sz, sz);
+            base.a[s].device = base.b[s].device = CODA_DEVICE_CUDA;
+        }
+        base.c = coda_tensor_2d(dev_random_bytes((size_t)(sz * sz * 2), CODA_BF16, &r, 0), CODA_BF16, sz, sz);
+        base.c.device = CODA_DEVICE_CUDA;
+        job_t jc = base, jp = base;
+        jc.kind = RUN_CUBLAS;
+        jp.kind = RUN_PLAIN;
+        float t_cb = time_job(&jc), t_pl = time_job(&jp);
+        printf("%-20s %6lld %10.3f %10.3f %10s %8s %8s   (%.0f / %.0f TFLOP/s)\n", "(GEMM alone)", (long long)sz,
+               t_cb, t_pl, "", "", "", 2.0 * sz * sz * sz / t_cb / 1e9, 2.0 * sz * sz * sz / t_pl / 1e9);
+        for (const char *const *name = coda_builtin_program_names(); *name; name++) {
+            coda_program_t *p = NULL;
+            REQUIRE_OK(coda_program_parse(coda_builtin_program(*name), &p));
+            job_t jf = base;
+            jf.kind = RUN_FUSED;
+            jf.p = p;
+            REQUIRE_OK(coda_choose_tiling(ctx, CODA_DEVICE_CUDA, CODA_LAYOUT_NT, sz, sz, sz, &jf.tl));
+            int na = coda_program_num_args(p);
+            coda_binding_t bind[32];
+            void *ptrs[32];
+            for (int i = 0; i < na; i++) {
+                const char *an;
+                coda_arg_kind_t kind;
+                coda_dtype_t dt;
+                coda_space_t sp;
+                coda_reduce_t red;
+                REQUIRE_OK(coda_program_arg_info(p, i, &an, &kind, &dt, &sp, &red));
+                int64_t nt = (sz + jf.tl.tile_n - 1) / jf.tl.tile_n, mt = (sz + jf.tl.tile_m - 1) / jf.tl.tile_m;
+                int64_t w = space_w(sp, sz);
+                coda_tensor_t t;
+                ptrs[i] = NULL;
+                switch (kind) {
+                case CODA_IN_TILE: case CODA_OUT_TILE:
+                    t = coda_tensor_2d(ptrs[i] = dev_random_bytes((size_t)(sz * w) * coda_dtype_size(dt), dt, &r, 0), dt, sz, w);
+                    break;
+                case CODA_IN_ROW:
+                    t = coda_tensor_1d(ptrs[i] = dev_random_bytes((size_t)sz * coda_dtype_size(dt), dt, &r, sz), dt, sz);
+                    break;
+                case CODA_IN_COL:
+                    t = coda_tensor_1d(ptrs[i] = dev_random_bytes((size_t)w * coda_dtype_size(dt), dt, &r, 0), dt, w);
+                    break;
+                case CODA_OUT_ROWRED:
+                    t = coda_tensor_2d(ptrs[i] = dev_random_bytes((size_t)(sz * nt) * 4, CODA_F32, &r, 0), CODA_F32, sz, nt);
+                    break;
+                case CODA_OUT_COLRED:
+                    t = coda_tensor_2d(ptrs[i] = dev_random_bytes((size_t)(w * mt) * 4, CODA_F32, &r, 0), CODA_F32, w, mt);
+                    break;
+                case CODA_OUT_LSE:
+                    t = coda_tensor_3d(ptrs[i] = dev_random_bytes((size_t)(sz * nt * 3) * 4, CODA_F32, &r, 0), CODA_F32, sz, nt, 3);
+                    break;
+                default:
+                    t = coda_tensor_1d(NULL, CODA_F32, 0);
+                    break;
+                }
+                t.device = CODA_DEVICE_CUDA;
+                bind[i].name = an;
+                bind[i].tensor = t;
+                bind[i].scalar = 0.5f;
+            }
+            jf.bind = bind;
+            jf.nbind = na;
+            float t_f = time_job(&jf);
+            printf("%-20s %6lld %10.3f %10.3f %10.3f %8.3f %8.3f\n", *name, (long long)sz, t_cb, t_pl, t_f,
+                   t_f / t_pl, t_f / t_cb);
+            fflush(stdout);
+            for (int i = 0; i < na; i++)
+                if (ptrs[i]) CUDA_OK(cudaFree(ptrs[i]));
+            coda_program_free(p);
+        }
+        for (int s = 0; s < base.nsets; s++) {
+            CUDA_OK(cudaFree(base.a[s].data));
+            CUDA_OK(cudaFree(base.b[s].data));
+        }
+        CUDA_OK(cudaFree(base.c.data));
+    }
+    cublasDestroy(blas);
+    coda_context_free(ctx);
+    return 0;
+}
