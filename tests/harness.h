@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int h_checks, h_failures;
+static int h_checks __attribute__((unused)), h_failures __attribute__((unused));
 
 #define CHECK(cond, ...)                                                   \
     do {                                                                   \
