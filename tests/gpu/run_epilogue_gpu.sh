@@ -20,3 +20,8 @@ if [ "${1:-}" = "bench" ]; then
   make -j16 build/bench/bench_epilogue >> "$OUT/build-epi.log" 2>&1 || { tail -30 "$OUT/build-epi.log"; exit 1; }
   echo "== bench_epilogue"; build/bench/bench_epilogue 2>&1 | tee "$OUT/bench-epi.log"
 fi
+if [ "${1:-}" = "bench" ] || [ "${1:-}" = "torch" ]; then
+  echo "== bench_vs_torch"
+  LIGER_SRC=${LIGER_SRC:-$PWD/.liger/src} CODA_LIB=$PWD/build/libcoda.so PYTHONUNBUFFERED=1 \
+    timeout 420 python3 bench/bench_vs_torch.py 2>&1 | tee "$OUT/bench-torch.log" | tail -40
+fi

@@ -1,0 +1,236 @@
+"""bench_vs_torch.py - coda's fused GEMMs against the tools people use today.
+
+    python3 bench/bench_vs_torch.py [sizes...]     default 2048 4096 8192
+
+Kernel-level, forward, M = N = K, bf16, in one process (DESIGN.md section 6):
+
+  resid_rmsnorm   y = x W^T + res, then RMSNorm of y          (O-proj / down)
+  rmsnorm_swiglu  RMSNorm(x) W_gu^T, then silu(gate) * up      (gate/up)
+  rmsnorm_rope    RMSNorm(x) W_qkv^T, then RoPE on q and k     (QKV)
+
+Peers: the cuBLAS GEMM alone (torch.matmul; the floor), PyTorch eager,
+torch.compile, Liger-Kernel (Triton; imported from $LIGER_SRC if set, else
+skipped) for the memory-bound part after a cuBLAS GEMM. coda: the fused GEMM
+(and the tiny finishing step that turns partials into rstd where the program
+needs one). Every variant is captured in a CUDA graph of 10 calls over 2-4
+rotating input sets and replayed: 5 warm-up replays, median of 50 timed
+replays, per call. Ratios are to the GEMM alone from the same run.
+"""
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import coda  # noqa: E402
+
+EPS = 1e-5
+CALLS = 10
+
+
+def median_ms(fn):
+    """Median per-call time of fn() from graph replays."""
+    torch.cuda.synchronize()
+    for _ in range(3):
+        fn()  # compile / load outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g, stream=s):
+            for _ in range(CALLS):
+                fn()
+    torch.cuda.current_stream().wait_stream(s)
+    for _ in range(5):
+        g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(50):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        g.replay()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) / CALLS)
+    times.sort()
+    return times[len(times) // 2]
+
+
+class Rot:
+    """Cycles through input sets so that repeated calls do not hit L2."""
+
+    def __init__(self, sets):
+        self.sets, self.i = sets, 0
+
+    def next(self):
+        s = self.sets[self.i % len(self.sets)]
+        self.i += 1
+        return s
+
+
+def rms(x, g):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS)).to(x.dtype) * g
+
+
+def load_liger():
+    src = os.environ.get("LIGER_SRC")
+    if not src:
+        return None, "LIGER_SRC not set"
+    sys.path.insert(0, src)
+    try:
+        from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+        from liger_kernel.ops.rope import LigerRopeFunction
+        from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+        return (LigerFusedAddRMSNormFunction, LigerRMSNormFunction, LigerRopeFunction,
+                LigerSiLUMulFunction), None
+    except Exception as e:  # report, do not hide
+        return None, "%s: %s" % (type(e).__name__, e)
+
+
+def bench_size(ctx, n, liger, results):
+    dev, bf = "cuda", torch.bfloat16
+    nsets = 4 if n <= 2048 else 2
+    mk = lambda *s: torch.randn(*s, device=dev, dtype=bf)  # noqa: E731
+    sets = [dict(x=mk(n, n), res=mk(n, n), w=mk(n, n) / n ** 0.5) for _ in range(nsets)]
+    g = torch.rand(n, device=dev, dtype=bf) + 0.5
+    tl = coda.choose_tiling(ctx, "cuda", "nt", n, n, n)
+    n_tiles = (n + tl[1] - 1) // tl[1]
+    out = mk(n, n)
+
+    rot = Rot(sets)
+
+    def gemm_alone(s):
+        return torch.matmul(s["x"], s["w"].t(), out=out)
+
+    floor = median_ms(lambda: gemm_alone(rot.next()))
+    results.append((n, "gemm", "cuBLAS (floor)", floor))
+
+    # ---- resid_rmsnorm ----
+    def eager_rr(s):
+        h = s["x"] @ s["w"].t() + s["res"]
+        return rms(h, g), h
+
+    comp_rr = torch.compile(eager_rr)
+    p_rr = coda.Program.builtin("resid_norm")
+    h_o, hg_o = mk(n, n), mk(n, n)
+    ss = torch.empty(n, n_tiles, device=dev, dtype=torch.float32)
+    rstd = torch.empty(n, device=dev, dtype=torch.float32)
+
+    def coda_rr(s):
+        coda.gemm_epilogue(ctx, "nt", s["x"], s["w"], p_rr, {"res": s["res"], "g": g, "h": h_o, "hg": hg_o,
+                                                            "ss": ss}, tl)
+        coda.finish_rstd(ctx, ss, n, EPS, rstd)
+
+    variants = [("eager", eager_rr), ("torch.compile", comp_rr), ("coda", coda_rr)]
+    if liger:
+        def liger_rr(s):
+            y = s["x"] @ s["w"].t()
+            return liger[0].apply(y, s["res"], g, EPS, 0.0, "llama", False)
+        variants.insert(2, ("liger", liger_rr))
+    for name, fn in variants:
+        r = Rot(sets)
+        results.append((n, "resid_rmsnorm", name, median_ms(lambda: fn(r.next()))))
+
+    # ---- rmsnorm_swiglu: gate/up interleaved for coda, split halves for peers ----
+    def eager_sw(s):
+        z = rms(s["x"], g) @ s["w"].t()
+        a, b = z.chunk(2, dim=-1)
+        return torch.nn.functional.silu(a) * b
+
+    comp_sw = torch.compile(eager_sw)
+    p_sw = coda.Program.builtin("gateup_swiglu")
+    c_o = mk(n, n // 2)
+    ss_in = torch.rand(n, n_tiles, device=dev, dtype=torch.float32) * n / n_tiles
+    r_in = torch.empty(n, device=dev, dtype=torch.float32)
+
+    def coda_sw(s):
+        coda.finish_rstd(ctx, ss_in, n, EPS, r_in)  # the rstd the previous epilogue's partials give
+        coda.gemm_epilogue(ctx, "nt", s["x"], s["w"], p_sw, {"r": r_in, "c": c_o}, tl)
+
+    variants = [("eager", eager_sw), ("torch.compile", comp_sw), ("coda", coda_sw)]
+    if liger:
+        def liger_sw(s):
+            xn = liger[1].apply(s["x"], g, EPS, 0.0, "llama", False)
+            z = xn @ s["w"].t()
+            a, b = z.chunk(2, dim=-1)
+            return liger[3].apply(a, b)
+        variants.insert(2, ("liger", liger_sw))
+    for name, fn in variants:
+        r = Rot(sets)
+        results.append((n, "rmsnorm_swiglu", name, median_ms(lambda: fn(r.next()))))
+
+    # ---- rmsnorm_rope: N = q (n/2) | k (n/4) | v (n/4), head_dim 128 ----
+    hd, T = 128, 2048
+    nq, nk = n // 2, n // 4
+    pos = (torch.arange(n, device=dev) % T).float()
+    inv = 500000.0 ** (-torch.arange(0, hd, 2, device=dev).float() / hd)  # (hd/2)
+    ang = pos[:, None] * inv[None, :]
+    cos = torch.cat([ang.cos(), ang.cos()], -1).to(bf)  # (M, hd)
+    sin = torch.cat([ang.sin(), ang.sin()], -1).to(bf)
+
+    def rot_half(t):
+        t1, t2 = t.chunk(2, -1)
+        return torch.cat([-t2, t1], -1)
+
+    def eager_rope(s):
+        z = rms(s["x"], g) @ s["w"].t()
+        q = z[:, :nq].view(n, -1, hd)
+        k = z[:, nq:nq + nk].view(n, -1, hd)
+        v = z[:, nq + nk:]
+        q = q * cos[:, None] + rot_half(q) * sin[:, None]
+        k = k * cos[:, None] + rot_half(k) * sin[:, None]
+        return q, k, v
+
+    comp_rope = torch.compile(eager_rope)
+    p_rope = coda.Program.builtin("qkv_rope")
+    freq = torch.zeros(n // 2, device=dev, dtype=torch.float32)
+    per_head = inv.repeat((nq + nk) // hd)
+    freq[: per_head.numel()] = per_head
+    qkv_o = mk(n, n)
+
+    def coda_rope(s):
+        coda.finish_rstd(ctx, ss_in, n, EPS, r_in)
+        coda.gemm_epilogue(ctx, "nt", s["x"], s["w"], p_rope, {"r": r_in, "pos": pos, "freq": freq, "qkv": qkv_o}, tl)
+
+    variants = [("eager", eager_rope), ("torch.compile", comp_rope), ("coda", coda_rope)]
+    if liger:
+        def liger_rope(s):
+            xn = liger[1].apply(s["x"], g, EPS, 0.0, "llama", False)
+            z = xn @ s["w"].t()
+            q = z[:, :nq].view(1, n, -1, hd).transpose(1, 2)
+            k = z[:, nq:nq + nk].view(1, n, -1, hd).transpose(1, 2)
+            return liger[2].apply(q, k, cos[None], sin[None])
+        variants.insert(2, ("liger", liger_rope))
+    for name, fn in variants:
+        r = Rot(sets)
+        results.append((n, "rmsnorm_rope", name, median_ms(lambda: fn(r.next()))))
+
+
+def main():
+    sizes = [int(a) for a in sys.argv[1:]] or [2048, 4096, 8192]
+    ctx = coda.Context()
+    if not ctx.has_cuda:
+        print("bench_vs_torch: no usable CUDA device")
+        return 1
+    liger, why = load_liger()
+    print("device: %s; torch %s; Liger-Kernel: %s" % (torch.cuda.get_device_name(), torch.__version__,
+                                                      "yes" if liger else "no (%s)" % why))
+    results = []
+    for n in sizes:
+        try:
+            bench_size(ctx, n, liger, results)
+        except Exception as e:
+            print("size %d failed: %s: %s" % (n, type(e).__name__, e))
+            raise
+    floor = {n: t for (n, k, name, t) in results if k == "gemm"}
+    print("\n%-16s %6s %-16s %9s %9s" % ("kernel", "M=N=K", "variant", "ms", "/ GEMM"))
+    for n, k, name, t in results:
+        print("%-16s %6d %-16s %9.3f %9.3f" % (k, n, name, t, t / floor[n]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
