@@ -222,8 +222,8 @@ int main(int argc, char **argv) {
                 printf("    cfg %d: %9.1f TF/s\n", cfg, flop / (t * 1e-3) / 1e12);
             }
             /* the cluster configs with a fixed number of clusters */
-            static const char *fixed[] = {"64", "66", "60"};
-            for (int f = 0; f < 3; f++) {
+            static const char *fixed[] = {"64"};
+            for (int f = 0; f < 1; f++) {
                 setenv("CODA_GEMM_CFG", "2", 1);
                 setenv("CODA_DEBUG_CLUSTERS", fixed[f], 1);
                 float t = time_it(run_coda, s, &bf);
