@@ -156,6 +156,7 @@ static double check(const shape_t *s, bufs_t *bf) {
 
 int main(int argc, char **argv) {
     int sweep = argc > 1 && strcmp(argv[1], "sweep") == 0;
+    int variants = argc > 1 && strcmp(argv[1], "variants") == 0;
     REQUIRE_OK(coda_context_create(NULL, &ctx));
     char desc[2048];
     REQUIRE_OK(coda_context_describe(ctx, desc, sizeof desc));
@@ -182,6 +183,41 @@ int main(int argc, char **argv) {
     };
     const char *lname[3] = {"NT", "NN", "TN"};
     int ns = (int)(sizeof shapes / sizeof shapes[0]);
+    if (variants) { /* kernel experiments (CODA_X_* switches) on a few shapes */
+        static const int pick[] = {3, 6, 9, 14, 19, 15};
+        static const char *const xs[][2] = {
+            {"3", ""}, {"0", ""}, {"3", "-DCODA_X_NO_STORE"}, {"3", "-DCODA_X_WAIT0"},
+            {"3", "-DCODA_X_GROUP=2"}, {"3", "-DCODA_X_GROUP=4"}, {"3", "-DCODA_X_GROUP=32"},
+            {"0", "-DCODA_X_NO_STORE"}, {"3", "-DCODA_X_ONEARRIVE"}, {"2", "-DCODA_X_ONEARRIVE"},
+            {"3", ""},
+        };
+        for (int pi = 0; pi < (int)(sizeof pick / sizeof pick[0]); pi++) {
+            shape_t *s = &shapes[pick[pi]];
+            size_t ea = (size_t)(s->m * s->k), eb = (size_t)(s->n * s->k), ec = (size_t)(s->m * s->n);
+            bufs_t bf;
+            bf.sets = 1;
+            bf.a[0] = dev_random(ea);
+            bf.b[0] = dev_random(eb);
+            CUDA_OK(cudaMalloc(&bf.c[0], ec * 2));
+            double flop = 2.0 * (double)s->m * (double)s->n * (double)s->k;
+            printf("%-11s %s cuBLAS %.1f\n", s->name, lname[s->layout],
+                   flop / (time_it(run_cublas, s, &bf) * 1e-3) / 1e12);
+            for (int v = 0; v < (int)(sizeof xs / sizeof xs[0]); v++) {
+                setenv("CODA_GEMM_CFG", xs[v][0], 1);
+                setenv("CODA_DEBUG_OPTS", xs[v][1], 1);
+                float t = time_it(run_coda, s, &bf);
+                printf("    cfg %s %-22s %7.1f\n", xs[v][0], xs[v][1], flop / (t * 1e-3) / 1e12);
+            }
+            unsetenv("CODA_GEMM_CFG");
+            unsetenv("CODA_DEBUG_OPTS");
+            printf("    cuBLAS again %.1f\n", flop / (time_it(run_cublas, s, &bf) * 1e-3) / 1e12);
+            fflush(stdout);
+            CUDA_OK(cudaFree(bf.a[0]));
+            CUDA_OK(cudaFree(bf.b[0]));
+            CUDA_OK(cudaFree(bf.c[0]));
+        }
+        return 0;
+    }
     float ratios[64];
     double tot_coda = 0, tot_blas = 0;
     printf("\n%-11s %-2s %6s %6s %6s  %9s %9s %6s  %s\n", "shape", "ly", "M", "N", "K",

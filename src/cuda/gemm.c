@@ -86,6 +86,19 @@ int coda__cuda_gemm_options(coda_layout_t layout, const coda_cuda_gemm_cfg_t *cf
         opts[n++] = p;
         p += strlen(p) + 1;
     }
+    /* CODA_DEBUG_OPTS: up to 4 extra space-separated options (experiments) */
+    const char *x = getenv("CODA_DEBUG_OPTS");
+    size_t used = (size_t)(p - optbuf);
+    while (x && *x && n < 16 && used + 64 < optcap) {
+        while (*x == ' ') x++;
+        size_t len = strcspn(x, " ");
+        if (!len || len > 60) break;
+        memcpy(optbuf + used, x, len);
+        optbuf[used + len] = 0;
+        opts[n++] = optbuf + used;
+        used += len + 1;
+        x += len;
+    }
     return n;
 }
 
@@ -151,7 +164,8 @@ static coda_status_t get_kernel(coda_context_t *ctx, coda_cuda_device_t *d, coda
                                 int cfg_index, int store_c, int c_f32, const char *epilogue_src,
                                 CUfunction *fn) {
     const char *plain = coda__cuda_source("epi_plain.cuh");
-    int is_plain = epilogue_src == plain && store_c;
+    const char *xopts = getenv("CODA_DEBUG_OPTS");
+    int is_plain = epilogue_src == plain && store_c && !(xopts && *xopts);
     if (is_plain && d->plain_fn[layout][cfg_index][c_f32]) {
         *fn = d->plain_fn[layout][cfg_index][c_f32];
         return CODA_OK;
@@ -163,12 +177,16 @@ static coda_status_t get_kernel(coda_context_t *ctx, coda_cuda_device_t *d, coda
     quick[1] = coda__hash(0x84222325cbf29ce4ull, &variant, sizeof variant);
     quick[0] = coda__hash(quick[0], epilogue_src, strlen(epilogue_src));
     quick[1] = coda__hash(quick[1], epilogue_src, strlen(epilogue_src));
+    if (xopts && *xopts) {
+        quick[0] = coda__hash(quick[0], xopts, strlen(xopts));
+        quick[1] = coda__hash(quick[1], xopts, strlen(xopts));
+    }
     CUfunction f = coda__cuda_kernel_find(d, quick);
     if (!f) {
         char *src = coda__cuda_gemm_source(epilogue_src);
         if (!src) return CODA_ERR_INTERNAL;
         const char *opts[16];
-        char optbuf[512];
+        char optbuf[768];
         int n_opts = coda__cuda_gemm_options(layout, &coda__cuda_gemm_cfgs[cfg_index], store_c,
                                              c_f32, opts, optbuf, sizeof optbuf);
         coda_status_t s = coda__cuda_kernel(ctx, d, src, opts, n_opts, "coda_gemm_kernel", quick, &f);

@@ -130,8 +130,10 @@ coda_status_t coda__cuda_kernel(coda_context_t *ctx, coda_cuda_device_t *d, cons
     struct coda_cuda *c = ctx->cuda;
     uint64_t key[2];
     coda__nvrtc_key(src, opts, n_opts, key);
+    /* One module may hold several entry points: the in-memory key names the entry too. */
+    uint64_t mkey1 = coda__hash(key[1], entry, strlen(entry));
     for (coda_cuda_kernel_t *k = d->kernels; k; k = k->next) {
-        if (k->key[0] == key[0] && k->key[1] == key[1]) {
+        if (k->key[0] == key[0] && k->key[1] == mkey1) {
             *fn = k->fn;
             return CODA_OK;
         }
@@ -174,7 +176,7 @@ coda_status_t coda__cuda_kernel(coda_context_t *ctx, coda_cuda_device_t *d, cons
                                  : coda__fail(CODA_ERR_NO_MEMORY, "CUDA backend: out of memory");
     }
     k->key[0] = key[0];
-    k->key[1] = key[1];
+    k->key[1] = mkey1;
     if (quick) {
         k->quick[0] = quick[0];
         k->quick[1] = quick[1];

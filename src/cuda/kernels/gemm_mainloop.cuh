@@ -36,6 +36,20 @@
 #ifndef CODA_GROUP_M
 #define CODA_GROUP_M 8
 #endif
+/* CODA_X_*: experiment switches for bench_gemm's variant runs (never set in
+ * production): group size override, wait for each k-step's wgmma before
+ * freeing its stage, leave the C store out (measures the epilogue's cost). */
+#ifdef CODA_X_ONEARRIVE /* one empty-barrier arrive per consumer warpgroup, not per warp */
+#define CODA_ARRIVERS 2
+#define CODA_IS_ARRIVER (tid == 0)
+#else
+#define CODA_ARRIVERS 8
+#define CODA_IS_ARRIVER (tid % 32 == 0)
+#endif
+#ifdef CODA_X_GROUP
+#undef CODA_GROUP_M
+#define CODA_GROUP_M CODA_X_GROUP
+#endif
 #ifndef CODA_CLUSTER
 #define CODA_CLUSTER 1
 #endif
@@ -130,7 +144,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
             coda_mbar_init(FULL(s), 1);
             /* every consumer warp of every CTA in the cluster frees a stage:
              * B in this CTA's stage s is also written by the peer's multicast */
-            coda_mbar_init(EMPTY(s), 8 * CODA_CLUSTER);
+            coda_mbar_init(EMPTY(s), CODA_ARRIVERS * CODA_CLUSTER);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -207,10 +221,16 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                 coda_wgmma_commit();
 #pragma unroll
                 for (int i = 0; i < CODA_BN / 2; i++) coda_fence_reg(acc[i]);
+#ifdef CODA_X_WAIT0
+                coda_wgmma_wait(0);
+                if (CODA_IS_ARRIVER) {
+                    const int ps = s;
+#else
                 /* keep one wgmma group in flight; free the stage before it */
                 coda_wgmma_wait(1);
-                if (kb > 0 && tid % 32 == 0) {
+                if (kb > 0 && CODA_IS_ARRIVER) {
                     const int ps = (it + CODA_STAGES - 1) % CODA_STAGES;
+#endif
 #if CODA_CLUSTER > 1
                     for (u32 r = 0; r < CODA_CLUSTER; r++) coda_mbar_arrive_cluster(EMPTY(ps), r);
 #else
@@ -221,7 +241,11 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
             coda_wgmma_wait(0);
 #pragma unroll
             for (int i = 0; i < CODA_BN / 2; i++) coda_fence_reg(acc[i]);
-            if (kiters > 0 && tid % 32 == 0) {
+#ifdef CODA_X_WAIT0
+            if (0) {
+#else
+            if (kiters > 0 && CODA_IS_ARRIVER) {
+#endif
                 const int ps = (it + CODA_STAGES - 1) % CODA_STAGES;
 #if CODA_CLUSTER > 1
                 for (u32 r = 0; r < CODA_CLUSTER; r++) coda_mbar_arrive_cluster(EMPTY(ps), r);
@@ -273,7 +297,11 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                 }
                 coda_fence_proxy_async();
                 coda_wg_sync(2 + c);
+#ifdef CODA_X_NO_STORE
+                if (0) {
+#else
                 if (tid == 0) {
+#endif
                     coda_tma_store(&tma_c, buf, tn * CODA_BN + q * CODA_C_CHUNK_COLS,
                                    tm * CODA_BM + 64 * c);
                     coda_bulk_commit();
