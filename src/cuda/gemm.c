@@ -139,6 +139,14 @@ coda_status_t coda__cuda_check_operands(coda_layout_t layout, const coda_tensor_
     return CODA_OK;
 }
 
+/* L2 sector promotion for TMA loads; CODA_DEBUG_L2 (0..3: none, 64, 128,
+ * 256 bytes) is an experiment switch for bench_gemm. */
+static CUtensorMapL2promotion l2_promotion(void) {
+    const char *e = getenv("CODA_DEBUG_L2");
+    if (e && *e >= '0' && *e <= '3' && !e[1]) return (CUtensorMapL2promotion)(*e - '0');
+    return CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+}
+
 static coda_status_t encode(struct coda_cuda *cu, CUtensorMap *map, const coda_tensor_t *t,
                             int64_t inner, int64_t outer, int box_inner, int box_outer,
                             const char *what) {
@@ -151,8 +159,7 @@ static coda_status_t encode(struct coda_cuda *cu, CUtensorMap *map, const coda_t
     CODA_CU(cu,
             cu->cu.TensorMapEncodeTiled(map, dt, 2, t->data, dims,
                                         strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                        CU_TENSOR_MAP_SWIZZLE_128B,
-                                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                        CU_TENSOR_MAP_SWIZZLE_128B, l2_promotion(),
                                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
             what);
     return CODA_OK;

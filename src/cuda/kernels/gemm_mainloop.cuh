@@ -212,15 +212,19 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                 coda_mbar_wait(FULL(s), (it / CODA_STAGES) & 1);
                 const u32 sa = base + s * CODA_STAGE_BYTES + c * 8192;
                 const u32 sb = base + s * CODA_STAGE_BYTES + CODA_A_BYTES;
+#ifndef CODA_X_NOFENCE
 #pragma unroll
                 for (int i = 0; i < CODA_BN / 2; i++) coda_fence_reg(acc[i]);
+#endif
                 coda_wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < CODA_BK / 16; kk++)
                     coda_wgmma(acc, coda_desc_a(sa, kk), coda_desc_b(sb, kk), 1);
                 coda_wgmma_commit();
+#ifndef CODA_X_NOFENCE
 #pragma unroll
                 for (int i = 0; i < CODA_BN / 2; i++) coda_fence_reg(acc[i]);
+#endif
 #ifdef CODA_X_WAIT0
                 coda_wgmma_wait(0);
                 if (CODA_IS_ARRIVER) {
@@ -318,7 +322,9 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
             coda_epi_end(epi, t, st);
         }
 #if CODA_EPI_STORE_C
-        if (tid == 0) coda_bulk_wait(0); /* stores done before the CTA's memory goes */
+        /* TMA must have read the staging buffers before the CTA's shared
+         * memory goes; the global writes complete on their own */
+        if (tid == 0) coda_bulk_wait_read(0);
 #endif
     }
 #if CODA_CLUSTER > 1
