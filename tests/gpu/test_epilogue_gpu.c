@@ -123,12 +123,14 @@ static int compare(const char *what, const coda_tensor_t *cpu, const void *got) 
     return ok;
 }
 
-static void run_case(const char *text, coda_layout_t layout, int64_t m, int64_t n, int64_t k) {
+/* tile_n 0: the backend's choice; else force that tile width */
+static void run_case(const char *text, coda_layout_t layout, int64_t m, int64_t n, int64_t k, int tile_n) {
     coda_program_t *p = NULL;
     REQUIRE_OK(coda_program_parse(text, &p));
     h_rng r = rng_new(seed++);
     coda_tiling_t tl;
     REQUIRE_OK(coda_choose_tiling(ctx, CODA_DEVICE_CUDA, layout, m, n, k, &tl));
+    if (tile_n) tl.tile_n = tile_n;
     int64_t nt = (n + tl.tile_n - 1) / tl.tile_n, mt = (m + tl.tile_m - 1) / tl.tile_m;
 
     /* operands */
@@ -277,11 +279,13 @@ int main(int argc, char **argv) {
     int nshape = small ? 2 : 4;
     for (int i = 0; i < nt; i++)
         for (int s = 0; s < nshape; s++)
-            run_case(texts[i], CODA_LAYOUT_NT, shapes[s][0], shapes[s][1], shapes[s][2]);
+            run_case(texts[i], CODA_LAYOUT_NT, shapes[s][0], shapes[s][1], shapes[s][2], 0);
+    /* the 256-wide tile (big problems), every program */
+    for (int i = 0; i < nt; i++) run_case(texts[i], CODA_LAYOUT_NT, small ? 127 : 1000, 520, 264, 256);
     /* the other layouts, with a program of every primitive class */
     for (int i = 0; i < (small ? 2 : 5); i++) {
-        run_case(texts[i], CODA_LAYOUT_NN, 127, 264, 136);
-        run_case(texts[i], CODA_LAYOUT_TN, 264, 136, 1000);
+        run_case(texts[i], CODA_LAYOUT_NN, 127, 264, 136, 0);
+        run_case(texts[i], CODA_LAYOUT_TN, 264, 136, 1000, 0);
     }
     finish_case(small ? 100 : 5000, 17);
     coda_context_free(ctx);
