@@ -150,8 +150,29 @@ static const char *PRELUDE =
     "static __device__ __forceinline__ float cg_round_bf16(float f) {\n"
     "    return cg_bf16_to_f32(cg_f32_to_bf16(f));\n"
     "}\n"
-    "static __device__ __forceinline__ float cg_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }\n"
-    "static __device__ __forceinline__ float cg_silu(float x) { return x / (1.0f + expf(-x)); }\n"
+    "/* Inputs are read-only for the whole kernel (the front end refuses outputs\n"
+    " * that overlap them), so their loads use the non-coherent path, and as asm\n"
+    " * without a memory clobber the compiler may hoist them above the stores of\n"
+    " * earlier pairs: the loads of many pairs are in flight at once. */\n"
+    "static __device__ __forceinline__ unsigned cg_ld16(const void *p) {\n"
+    "    unsigned short v; asm(\"ld.global.nc.b16 %0, [%1];\" : \"=h\"(v) : \"l\"(p)); return v;\n"
+    "}\n"
+    "static __device__ __forceinline__ unsigned cg_ld32(const void *p) {\n"
+    "    unsigned v; asm(\"ld.global.nc.b32 %0, [%1];\" : \"=r\"(v) : \"l\"(p)); return v;\n"
+    "}\n"
+    "static __device__ __forceinline__ void cg_ld64(const void *p, unsigned *a, unsigned *b) {\n"
+    "    asm(\"ld.global.nc.v2.b32 {%0, %1}, [%2];\" : \"=r\"(*a), \"=r\"(*b) : \"l\"(p));\n"
+    "}\n"
+    "static __device__ __forceinline__ void cg_ld128(const void *p, unsigned *a, unsigned *b, unsigned *c, unsigned *d) {\n"
+    "    asm(\"ld.global.nc.v4.b32 {%0, %1, %2, %3}, [%4];\" : \"=r\"(*a), \"=r\"(*b), \"=r\"(*c), \"=r\"(*d) : \"l\"(p));\n"
+    "}\n"
+    "static __device__ __forceinline__ float cg_lo(unsigned u) { return __uint_as_float(u << 16); }\n"
+    "static __device__ __forceinline__ float cg_hi(unsigned u) { return __uint_as_float(u & 0xffff0000u); }\n"
+    "static __device__ __forceinline__ unsigned cg_pack(float a, float b) {\n"
+    "    return (unsigned)cg_f32_to_bf16(a) | ((unsigned)cg_f32_to_bf16(b) << 16);\n"
+    "}\n"
+    "static __device__ __forceinline__ float cg_sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }\n"
+    "static __device__ __forceinline__ float cg_silu(float x) { return x / (1.0f + __expf(-x)); }\n"
     "static __device__ __forceinline__ float cg_dsilu(float x) {\n"
     "    float s = cg_sigmoid(x);\n"
     "    return s * (1.0f + x * (1.0f - s));\n"
@@ -161,10 +182,10 @@ static const char *PRELUDE =
     "/* online log-sum-exp: fold element v into (m, l) */\n"
     "static __device__ __forceinline__ void cg_lse_add(float *m, float *l, float v) {\n"
     "    if (v > *m) {\n"
-    "        *l = (*m == CG_NEG_INF ? 0.0f : *l * expf(*m - v)) + 1.0f;\n"
+    "        *l = (*m == CG_NEG_INF ? 0.0f : *l * __expf(*m - v)) + 1.0f;\n"
     "        *m = v;\n"
     "    } else {\n"
-    "        *l += expf(v - *m);\n"
+    "        *l += __expf(v - *m);\n"
     "    }\n"
     "}\n"
     "/* merge state (m2, l2) into (m, l) */\n"
@@ -223,6 +244,75 @@ static void gen_state(sb_t *b, const coda_program_t *p) {
     sb_printf(b, "    (void)S;\n}\n\n");
 }
 
+/* First column of the elements a pair covers, in space s, as C text. */
+static const char *first_col(coda_space_t s) {
+    return s == CODA_SPACE_HALF ? "(col >> 1)" : s == CODA_SPACE_FULL ? "col" : "(2 * col)";
+}
+
+/* Vector load of the w elements of value i from element pointer `q`
+ * (bf16 or f32): all w when the pair is whole (ok1), else the first half.
+ * Alignment: rows start 16-byte aligned (fused_gemm.c checks) and col is
+ * even, so a pair's elements are one aligned 2, 4, 8 or 16-byte access. */
+static void gen_vec_load(sb_t *b, int i, int w, coda_dtype_t dt, const char *q) {
+    const char *t = dt == CODA_BF16 ? "unsigned short" : "float";
+    sb_printf(b, "    float v%d_0 = 0.0f", i);
+    for (int e = 1; e < w; e++) sb_printf(b, ", v%d_%d = 0.0f", i, e);
+    sb_printf(b, ";\n    {\n        const %s *q_ = %s;\n", t, q);
+    if (dt == CODA_BF16) {
+        if (w == 1) sb_printf(b, "        v%d_0 = cg_lo(cg_ld16(q_));\n", i);
+        else if (w == 2)
+            sb_printf(b, "        if (ok1) { unsigned u = cg_ld32(q_); v%d_0 = cg_lo(u); v%d_1 = cg_hi(u); }\n"
+                         "        else v%d_0 = cg_lo(cg_ld16(q_));\n", i, i, i);
+        else
+            sb_printf(b, "        if (ok1) { unsigned u0, u1; cg_ld64(q_, &u0, &u1);\n"
+                         "            v%d_0 = cg_lo(u0); v%d_1 = cg_hi(u0); v%d_2 = cg_lo(u1); v%d_3 = cg_hi(u1); }\n"
+                         "        else { unsigned u = cg_ld32(q_); v%d_0 = cg_lo(u); v%d_1 = cg_hi(u); }\n",
+                      i, i, i, i, i, i);
+    } else {
+        if (w == 1) sb_printf(b, "        v%d_0 = __uint_as_float(cg_ld32(q_));\n", i);
+        else if (w == 2)
+            sb_printf(b, "        if (ok1) { unsigned u0, u1; cg_ld64(q_, &u0, &u1);\n"
+                         "            v%d_0 = __uint_as_float(u0); v%d_1 = __uint_as_float(u1); }\n"
+                         "        else v%d_0 = __uint_as_float(cg_ld32(q_));\n", i, i, i);
+        else
+            sb_printf(b, "        if (ok1) { unsigned u0, u1, u2, u3; cg_ld128(q_, &u0, &u1, &u2, &u3);\n"
+                         "            v%d_0 = __uint_as_float(u0); v%d_1 = __uint_as_float(u1);\n"
+                         "            v%d_2 = __uint_as_float(u2); v%d_3 = __uint_as_float(u3); }\n"
+                         "        else { unsigned u0, u1; cg_ld64(q_, &u0, &u1);\n"
+                         "            v%d_0 = __uint_as_float(u0); v%d_1 = __uint_as_float(u1); }\n",
+                      i, i, i, i, i, i);
+    }
+    sb_printf(b, "    }\n");
+}
+
+/* Vector store of w elements (names x[0..w-1]) to element pointer `q`. */
+static void gen_vec_store(sb_t *b, int w, coda_dtype_t dt, const char *q, char x[4][48]) {
+    if (dt == CODA_BF16) {
+        sb_printf(b, "    {\n        unsigned short *q_ = %s;\n", q);
+        if (w == 1) sb_printf(b, "        *q_ = cg_f32_to_bf16(%s);\n", x[0]);
+        else if (w == 2)
+            sb_printf(b, "        if (ok1) *(unsigned *)q_ = cg_pack(%s, %s);\n"
+                         "        else *q_ = cg_f32_to_bf16(%s);\n", x[0], x[1], x[0]);
+        else
+            sb_printf(b, "        if (ok1) asm volatile(\"st.global.v2.b32 [%%0], {%%1, %%2};\" :: \"l\"(q_),\n"
+                         "                 \"r\"(cg_pack(%s, %s)), \"r\"(cg_pack(%s, %s)) : \"memory\");\n"
+                         "        else *(unsigned *)q_ = cg_pack(%s, %s);\n",
+                      x[0], x[1], x[2], x[3], x[0], x[1]);
+    } else {
+        sb_printf(b, "    {\n        float *q_ = %s;\n", q);
+        if (w == 1) sb_printf(b, "        *q_ = %s;\n", x[0]);
+        else if (w == 2)
+            sb_printf(b, "        if (ok1) asm volatile(\"st.global.v2.f32 [%%0], {%%1, %%2};\" :: \"l\"(q_), \"f\"(%s), \"f\"(%s) : \"memory\");\n"
+                         "        else *q_ = %s;\n", x[0], x[1], x[0]);
+        else
+            sb_printf(b, "        if (ok1) asm volatile(\"st.global.v4.f32 [%%0], {%%1, %%2, %%3, %%4};\" :: \"l\"(q_),\n"
+                         "                 \"f\"(%s), \"f\"(%s), \"f\"(%s), \"f\"(%s) : \"memory\");\n"
+                         "        else asm volatile(\"st.global.v2.f32 [%%0], {%%1, %%2};\" :: \"l\"(q_), \"f\"(%s), \"f\"(%s) : \"memory\");\n",
+                      x[0], x[1], x[2], x[3], x[0], x[1]);
+    }
+    sb_printf(b, "    }\n");
+}
+
 static coda_status_t gen_pair(sb_t *b, const coda_program_t *p) {
     char e0[48], e1[48], e2[48], idx[160], ld[256], col[48];
     sb_printf(b,
@@ -264,13 +354,14 @@ static coda_status_t gen_pair(sb_t *b, const coda_program_t *p) {
                 load_text(a, in->arg, idx, ld, sizeof ld);
                 sb_printf(b, "    const float v%d_0 = %s;\n", i, ld);
             } else {
-                for (int e = 0; e < w; e++) {
-                    elem_col(in->vspace, e, col, sizeof col);
-                    if (a->kind == CODA_IN_TILE) snprintf(idx, sizeof idx, "r * P->s0[%d] + %s", in->arg, col);
-                    else snprintf(idx, sizeof idx, "(long long)%s * P->s0[%d]", col, in->arg);
-                    load_text(a, in->arg, idx, ld, sizeof ld);
-                    sb_printf(b, "    const float v%d_%d = %s ? %s : 0.0f;\n", i, e, elem_ok(in->vspace, e), ld);
-                }
+                char q[160];
+                const char *t = a->dtype == CODA_BF16 ? "unsigned short" : "float";
+                if (a->kind == CODA_IN_TILE)
+                    snprintf(q, sizeof q, "(const %s *)P->ptr[%d] + r * P->s0[%d] + %s", t, in->arg, in->arg,
+                             first_col(in->vspace));
+                else /* a column vector: contiguous (innermost stride is one element) */
+                    snprintf(q, sizeof q, "(const %s *)P->ptr[%d] + %s", t, in->arg, first_col(in->vspace));
+                gen_vec_load(b, i, w, a->dtype, q);
             }
             break;
         }
@@ -299,16 +390,11 @@ static coda_status_t gen_pair(sb_t *b, const coda_program_t *p) {
         case CODA_OP_STORE: {
             const coda_arg_t *a = &p->args[in->arg];
             int wa = space_width(a->space);
-            for (int e = 0; e < wa; e++) {
-                elem_col(a->space, e, col, sizeof col);
-                el(p, in->src[0], e, e0, sizeof e0);
-                if (a->dtype == CODA_BF16)
-                    sb_printf(b, "    if (%s) ((unsigned short *)P->ptr[%d])[r * P->s0[%d] + %s] = cg_f32_to_bf16(%s);\n",
-                              elem_ok(a->space, e), in->arg, in->arg, col, e0);
-                else
-                    sb_printf(b, "    if (%s) ((float *)P->ptr[%d])[r * P->s0[%d] + %s] = %s;\n",
-                              elem_ok(a->space, e), in->arg, in->arg, col, e0);
-            }
+            char x[4][48], q[160];
+            for (int e = 0; e < wa; e++) el(p, in->src[0], e, x[e], sizeof x[e]);
+            snprintf(q, sizeof q, "(%s *)P->ptr[%d] + r * P->s0[%d] + %s",
+                     a->dtype == CODA_BF16 ? "unsigned short" : "float", in->arg, in->arg, first_col(a->space));
+            gen_vec_store(b, wa, a->dtype, q, x);
             break;
         }
         case CODA_OP_REDUCE: {

@@ -74,10 +74,26 @@ coda_status_t coda__cuda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout
         return coda__fail(CODA_ERR_UNSUPPORTED,
                           "fused GEMM on CUDA: tiling.tile_n %d; the GPU mainloop has 128 or 256",
                           tiling.tile_n);
-    for (int i = 0; i < p->n_args; i++)
-        if (bound[i] && bound[i]->device_index != a->device_index)
-            return coda__fail(CODA_ERR_DEVICE, "argument %s is on cuda:%d, a on cuda:%d",
-                              p->args[i].name, bound[i]->device_index, a->device_index);
+    for (int i = 0; i < p->n_args; i++) {
+        const coda_tensor_t *t = bound[i];
+        const coda_arg_t *arg = &p->args[i];
+        if (!t) continue;
+        if (t->device_index != a->device_index)
+            return coda__fail(CODA_ERR_DEVICE, "argument %s is on cuda:%d, a on cuda:%d", arg->name,
+                              t->device_index, a->device_index);
+        /* The generated code moves a pair's elements (1, 2 or 4 of them:
+         * half, full, double space) as one access: that many elements'
+         * alignment for the base and the row stride. */
+        if (arg->kind == CODA_IN_TILE || arg->kind == CODA_OUT_TILE || arg->kind == CODA_IN_COL) {
+            int64_t vec = (int64_t)coda_dtype_size(t->dtype) *
+                          (arg->space == CODA_SPACE_HALF ? 1 : arg->space == CODA_SPACE_FULL ? 2 : 4);
+            if ((uintptr_t)t->data % (uintptr_t)vec != 0 || (t->ndim == 2 && t->stride[0] % vec != 0))
+                return coda__fail(CODA_ERR_STRIDE,
+                                  "argument %s: base %p and row stride %lld bytes must be multiples of %lld "
+                                  "on the GPU (one access per accumulator pair)",
+                                  arg->name, t->data, (long long)t->stride[0], (long long)vec);
+        }
+    }
 
     char *src = NULL;
     CODA_TRY(coda__codegen_cuda(p, &src));
