@@ -140,6 +140,12 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
     const int unit0 = blockIdx.x / CODA_CLUSTER, unit_step = gridDim.x / CODA_CLUSTER;
 
     if (threadIdx.x == 0) {
+        /* the descriptors' first fetch would otherwise delay the first loads */
+        coda_prefetch_tmap(&tma_a);
+        coda_prefetch_tmap(&tma_b);
+#if CODA_EPI_STORE_C
+        coda_prefetch_tmap(&tma_c);
+#endif
         for (int s = 0; s < CODA_STAGES; s++) {
             coda_mbar_init(FULL(s), 1);
             /* every consumer warp of every CTA in the cluster frees a stage:

@@ -89,6 +89,11 @@ static __device__ __forceinline__ void coda_tma_load_mc(u32 dst, const coda_tmap
                  : "memory");
 }
 
+/* Fetch a tensor map into the TMA unit's cache ahead of the first copy. */
+static __device__ __forceinline__ void coda_prefetch_tmap(const coda_tmap *map) {
+    asm volatile("prefetch.tensormap [%0];" ::"l"((u64)map) : "memory");
+}
+
 /* ---- TMA store of a 2-D tile from shared memory (bulk group) ---- */
 static __device__ __forceinline__ void coda_tma_store(const coda_tmap *map, u32 src, int c0, int c1) {
     asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group [%0, {%2, %3}], [%1];"
