@@ -1,5 +1,7 @@
-/* test_nvrtc.c - every GEMM kernel variant coda can launch compiles with
- * NVRTC for sm_90a. Needs the CUDA toolkit, not a GPU: CI runs it, so an
+/* test_nvrtc.c - every GEMM mainloop variant coda can launch compiles with
+ * NVRTC for sm_90a (every configuration and layout; C stored by the
+ * mainloop as bf16 or f32, or left to the epilogue as fused GEMMs do; the
+ * generated epilogues themselves are compiled by the codegen tests). Needs the CUDA toolkit, not a GPU: CI runs it, so an
  * NVRTC regression (or crash) shows there and not in a user's process. */
 #pragma GCC diagnostic ignored "-Wunused-function"
 #include "harness.h"
@@ -24,12 +26,13 @@ int main(void) {
     if (!src) TEST_MAIN_END();
     const char *lname[3] = {"NT", "NN", "TN"};
     for (int cfg = 0; cfg < CODA_CUDA_GEMM_NCFG; cfg++) {
-        for (int v = 0; v < 6; v++) {
-            int layout = v % 3, c_f32 = v / 3;
+        /* C stored by the mainloop (bf16, f32), and not (fused epilogues) */
+        for (int v = 0; v < 9; v++) {
+            int layout = v % 3, c_f32 = v / 3 == 1, store_c = v / 3 < 2;
             const char *opts[16];
             char optbuf[512];
-            int n = coda__cuda_gemm_options((coda_layout_t)layout, &coda__cuda_gemm_cfgs[cfg], 1,
-                                            c_f32, opts, optbuf, sizeof optbuf);
+            int n = coda__cuda_gemm_options((coda_layout_t)layout, &coda__cuda_gemm_cfgs[cfg],
+                                            store_c, c_f32, opts, optbuf, sizeof optbuf);
             char *cubin = NULL;
             size_t size = 0;
             double t0 = now();
@@ -40,7 +43,8 @@ int main(void) {
             printf("cfg %d (%dx%d, %d stages, cluster %d) %s C %s: %s, %zu bytes, %.1f s\n", cfg,
                    coda__cuda_gemm_cfgs[cfg].bm, coda__cuda_gemm_cfgs[cfg].bn,
                    coda__cuda_gemm_cfgs[cfg].stages, coda__cuda_gemm_cfgs[cfg].cluster_m,
-                   lname[layout], c_f32 ? "f32" : "bf16", s == CODA_OK ? "ok" : "FAILED", size,
+                   lname[layout], !store_c ? "by epilogue" : c_f32 ? "f32" : "bf16",
+                   s == CODA_OK ? "ok" : "FAILED", size,
                    now() - t0);
             free(cubin);
         }
