@@ -153,7 +153,8 @@ static coda_status_t encode(struct coda_cuda *cu, CUtensorMap *map, const coda_t
     CUtensorMapDataType dt = t->dtype == CODA_F32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
                                                   : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
     cuuint64_t dims[2] = {(cuuint64_t)(inner > 0 ? inner : 1), (cuuint64_t)(outer > 0 ? outer : 1)};
-    cuuint64_t strides[1] = {(cuuint64_t)t->stride[0]};
+    /* K = 0 (C = beta C): the map is never used, but must encode */
+    cuuint64_t strides[1] = {(cuuint64_t)(t->stride[0] >= 16 ? t->stride[0] : 16)};
     cuuint32_t box[2] = {(cuuint32_t)box_inner, (cuuint32_t)box_outer};
     cuuint32_t estr[2] = {1, 1};
     CODA_CU(cu,
