@@ -56,6 +56,7 @@ struct coda_llama {
     coda_context_t *ctx;
     coda_llama_config_t cfg;
     int64_t batch, seq, m;      /* m = batch * seq tokens                  */
+    int64_t mp;                 /* m rounded up to 8: rows of wgrad operands */
     int64_t nq, nkv, nqkv;      /* widths of q, k (= v) and the qkv block  */
     coda_device_t device;
     coda_program_t *prog[P_COUNT];
@@ -138,9 +139,27 @@ static coda_status_t alloc_tensor(coda_llama_t *L, coda_tensor_t *t, int host, c
     }
     return CODA_OK;
 }
-/* A device buffer and its host shadow (the same buffer on a CPU layer). */
-static coda_status_t alloc_pair(coda_llama_t *L, pair_t *p, coda_dtype_t dt, int ndim, int64_t d0, int64_t d1) {
-    CODA_TRY(alloc_tensor(L, &p->d, 0, dt, ndim, d0, d1, 0));
+/* A weight-gradient operand: allocated with mp rows, the rows past m zeroed
+ * once, the tensor a view of the first m rows. The wgrad GEMMs contract over
+ * all mp rows (wgrad_rows), so their K is a multiple of 8, as the GPU's
+ * 16-byte copies need; the zero rows add nothing. */
+static coda_status_t alloc_padded(coda_llama_t *L, coda_tensor_t *t, coda_dtype_t dt, int64_t cols) {
+    CODA_TRY(alloc_tensor(L, t, 0, dt, 2, L->mp, cols, 0));
+    CODA_TRY(coda__llama_mem_zero(L->mem, t, NULL));
+    t->shape[0] = L->m;
+    return CODA_OK;
+}
+static coda_tensor_t wgrad_rows(const coda_llama_t *L, const coda_tensor_t *t) {
+    coda_tensor_t v = *t;
+    v.shape[0] = L->mp;
+    return v;
+}
+/* A device buffer and its host shadow (the same buffer on a CPU layer);
+ * padded: the device buffer is a wgrad operand (alloc_padded). */
+static coda_status_t alloc_pair(coda_llama_t *L, pair_t *p, coda_dtype_t dt, int ndim, int64_t d0, int64_t d1,
+                                int padded) {
+    if (padded) CODA_TRY(alloc_padded(L, &p->d, dt, d1));
+    else CODA_TRY(alloc_tensor(L, &p->d, 0, dt, ndim, d0, d1, 0));
     if (L->device == CODA_DEVICE_CPU) {
         p->h = p->d;
         return CODA_OK;
@@ -148,11 +167,13 @@ static coda_status_t alloc_pair(coda_llama_t *L, pair_t *p, coda_dtype_t dt, int
     return alloc_tensor(L, &p->h, 1, dt, ndim, d0, d1, 0);
 }
 #define ALLOC1(t, dt, n) CODA_TRY(alloc_tensor(L, &(t), 0, dt, 1, n, 0, 0))
+#define PADDED(t, dt, c) CODA_TRY(alloc_padded(L, &(t), dt, c))
 #define ALLOC2(t, dt, r, c) CODA_TRY(alloc_tensor(L, &(t), 0, dt, 2, r, c, 0))
 #define HOST1(t, dt, n) CODA_TRY(alloc_tensor(L, &(t), 1, dt, 1, n, 0, 0))
 #define HOST2(t, dt, r, c) CODA_TRY(alloc_tensor(L, &(t), 1, dt, 2, r, c, 0))
-#define PAIR1(p, dt, n) CODA_TRY(alloc_pair(L, &(p), dt, 1, n, 0))
-#define PAIR2(p, dt, r, c) CODA_TRY(alloc_pair(L, &(p), dt, 2, r, c))
+#define PAIR1(p, dt, n) CODA_TRY(alloc_pair(L, &(p), dt, 1, n, 0, 0))
+#define PAIR2(p, dt, r, c) CODA_TRY(alloc_pair(L, &(p), dt, 2, r, c, 0))
+#define PAIR2_PADDED(p, dt, c) CODA_TRY(alloc_pair(L, &(p), dt, 2, L->m, c, 1))
 
 /* Shadow <-> device (nothing on a CPU layer). */
 static coda_status_t down(coda_llama_t *L, pair_t *p, void *stream) {
@@ -234,7 +255,7 @@ static coda_status_t create(coda_llama_t *L) {
     PAIR1(L->pos, CODA_F32, m);
     PAIR1(L->freq, CODA_F32, L->nqkv / 2);
     PAIR2(L->qkv, CODA_BF16, m, L->nqkv);
-    PAIR2(L->o, CODA_BF16, m, L->nq);
+    PAIR2_PADDED(L->o, CODA_BF16, L->nq);
     HOST2(L->alse, CODA_F32, m, cfg->n_heads);
     ALLOC2(L->h, CODA_BF16, m, d);
     ALLOC1(L->r2, CODA_F32, m);
@@ -245,16 +266,16 @@ static coda_status_t create(coda_llama_t *L) {
     HOST1(L->g1h, CODA_BF16, d);
     HOST1(L->gtmp, CODA_F32, d);
     ALLOC2(L->hg, CODA_BF16, m, d);
-    ALLOC2(L->c, CODA_BF16, m, I);
+    PADDED(L->c, CODA_BF16, I);
     PAIR1(L->svec, CODA_F32, m);
     PAIR1(L->gvec, CODA_F32, d);
-    ALLOC2(L->dY, CODA_BF16, m, d);
-    ALLOC2(L->b, CODA_BF16, m, d);
-    ALLOC2(L->dz, CODA_BF16, m, 2 * I);
-    ALLOC2(L->dh, CODA_BF16, m, d);
+    PADDED(L->dY, CODA_BF16, d);
+    PADDED(L->b, CODA_BF16, d);
+    PADDED(L->dz, CODA_BF16, 2 * I);
+    PADDED(L->dh, CODA_BF16, d);
     PAIR2(L->do_, CODA_BF16, m, L->nq);
     HOST2(L->dqkv, CODA_F32, m, L->nqkv);
-    PAIR2(L->dzq, CODA_BF16, m, L->nqkv);
+    PAIR2_PADDED(L->dzq, CODA_BF16, L->nqkv);
     if (V > 0) {
         ALLOC2(L->yg, CODA_BF16, m, d);
         ALLOC1(L->rf, CODA_F32, m);
@@ -263,7 +284,7 @@ static coda_status_t create(coda_llama_t *L) {
         PAIR1(L->targets, CODA_I32, m);
         HOST1(L->tcheck, CODA_I32, m);
         CODA_TRY(alloc_tensor(L, &L->lsep, 0, CODA_F32, 3, m, coda__cdiv(V, L->tiling[G_LM].tile_n), 3));
-        ALLOC2(L->dl, CODA_BF16, m, V);
+        PADDED(L->dl, CODA_BF16, V);
     }
     coda__llama_rope_tables(cfg, L->batch, L->seq, L->pos.h.data, L->freq.h.data);
     CODA_TRY(up(L, &L->pos, NULL));
@@ -289,6 +310,7 @@ coda_status_t coda_llama_create(coda_context_t *ctx, const coda_llama_config_t *
     L->batch = batch;
     L->seq = seq;
     L->m = batch * seq;
+    L->mp = (L->m + 7) / 8 * 8;
     L->nq = cfg->n_heads * cfg->head_dim;
     L->nkv = cfg->n_kv_heads * cfg->head_dim;
     L->nqkv = L->nq + 2 * L->nkv;
@@ -487,6 +509,13 @@ coda_status_t coda_llama_forward(coda_llama_t *L, const coda_llama_weights_t *w,
 
 /* ---- backward ---- */
 
+/* dW = a^T b over the padded token rows (plain TN GEMM). */
+static coda_status_t wgrad(coda_llama_t *L, const coda_tensor_t *a, const coda_tensor_t *b, coda_tensor_t *dw,
+                           void *stream) {
+    coda_tensor_t ap = wgrad_rows(L, a), bp = wgrad_rows(L, b);
+    return coda_gemm(L->ctx, CODA_LAYOUT_TN, &ap, &bp, dw, 1.0f, 0.0f, stream);
+}
+
 /* A finished norm-weight gradient (gvec, f32 on the device) into gout (f32
  * or bf16, on the device). */
 static coda_status_t store_gvec(coda_llama_t *L, coda_tensor_t *gout, void *stream) {
@@ -553,7 +582,10 @@ coda_status_t coda_llama_backward(coda_llama_t *L, const coda_llama_weights_t *w
         }
     }
 
-    const coda_tensor_t *dY = dy; /* dL/dy through both paths (M, d) bf16 */
+    /* dY: dL/dy through both paths (M, d) bf16; dy itself is copied in when
+     * there is no loss, as dY is a (padded) wgrad operand. */
+    const coda_tensor_t *dY = &L->dY;
+    if (!L->have_loss) CODA_TRY(coda__llama_mem_copy(L->mem, dy, &L->dY, stream));
     if (L->have_loss) {
         /* LM head recomputed: dlogits and the final norm's statistic sf. */
         coda_tensor_t sp = L->rowp[G_LM];
@@ -568,24 +600,23 @@ coda_status_t coda_llama_backward(coda_llama_t *L, const coda_llama_weights_t *w
         }
         CODA_TRY(norm_backward(L, G_LM_DGRAD, &L->dl, &w->wlm, dres, &L->y, &w->gf, &L->rf, &L->svec.d,
                                &L->dY, grads ? &grads->gf : NULL, stream));
-        if (grads) CODA_TRY(coda_gemm(L->ctx, CODA_LAYOUT_TN, &L->dl, &L->b, &grads->wlm, 1.0f, 0.0f, stream));
-        dY = &L->dY;
+        if (grads) CODA_TRY(wgrad(L, &L->dl, &L->b, &grads->wlm, stream));
     }
     {   /* down dgrad + SwiGLU backward: dz, c recomputed, s2 */
         coda_tensor_t sp = L->rowp[G_DOWN_DGRAD];
         coda_binding_t bs[] = {bind("z", &L->z), bind("dz", &L->dz), bind("c", &L->c), bind("s", &sp)};
         CODA_TRY(epilogue(L, G_DOWN_DGRAD, P_SWIGLU_BWD, CODA_LAYOUT_NN, dY, &w->wd, bs, 4, stream));
         CODA_TRY(coda_finish_reduce(L->ctx, CODA_REDUCE_SUM, &sp, &L->svec.d, stream));
-        if (grads) CODA_TRY(coda_gemm(L->ctx, CODA_LAYOUT_TN, dY, &L->c, &grads->wd, 1.0f, 0.0f, stream));
+        if (grads) CODA_TRY(wgrad(L, dY, &L->c, &grads->wd, stream));
     }
     /* gate/up dgrad + FFN RMSNorm backward: dh */
     CODA_TRY(norm_backward(L, G_GU_DGRAD, &L->dz, &w->wgu, dY, &L->h, &w->g2, &L->r2, &L->svec.d, &L->dh,
                            grads ? &grads->g2 : NULL, stream));
-    if (grads) CODA_TRY(coda_gemm(L->ctx, CODA_LAYOUT_TN, &L->dz, &L->b, &grads->wgu, 1.0f, 0.0f, stream));
+    if (grads) CODA_TRY(wgrad(L, &L->dz, &L->b, &grads->wgu, stream));
 
     /* O dgrad and wgrad: plain GEMMs. */
     CODA_TRY(coda_gemm(L->ctx, CODA_LAYOUT_NN, &L->dh, &w->wo, &L->do_.d, 1.0f, 0.0f, stream));
-    if (grads) CODA_TRY(coda_gemm(L->ctx, CODA_LAYOUT_TN, &L->dh, &L->o.d, &grads->wo, 1.0f, 0.0f, stream));
+    if (grads) CODA_TRY(wgrad(L, &L->dh, &L->o.d, &grads->wo, stream));
 
     /* Attention backward, then the RoPE backward and s1, on the CPU (GPU
      * kernels go here; the RoPE backward could be the attention backward's
@@ -600,7 +631,7 @@ coda_status_t coda_llama_backward(coda_llama_t *L, const coda_llama_weights_t *w
     /* QKV dgrad + attention RMSNorm backward: dx, written last. */
     CODA_TRY(norm_backward(L, G_QKV_DGRAD, &L->dzq.d, &w->wqkv, &L->dh, &L->x.d, &w->g1, &L->r1, &L->svec.d, dx,
                            grads ? &grads->g1 : NULL, stream));
-    if (grads) CODA_TRY(coda_gemm(L->ctx, CODA_LAYOUT_TN, &L->dzq.d, &L->b, &grads->wqkv, 1.0f, 0.0f, stream));
+    if (grads) CODA_TRY(wgrad(L, &L->dzq.d, &L->b, &grads->wqkv, stream));
     if (grads && cfg->vocab > 0 && !L->have_loss) {
         /* No loss in the forward pass: the LM head did not take part. */
         CODA_TRY(coda__llama_mem_zero(L->mem, &grads->gf, stream));
