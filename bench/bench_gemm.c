@@ -220,10 +220,9 @@ int main(int argc, char **argv) {
     const char *lname[3] = {"NT", "NN", "TN"};
     int ns = (int)(sizeof shapes / sizeof shapes[0]);
     if (variants) { /* kernel experiments (CODA_X_* switches) on a few shapes */
-        static const int pick[] = {0, 9, 3, 12, 15, 20};
-        static const char *const xs[][2] = {
-            {"3", ""}, {"0", ""}, {"3", "-DCODA_X_NOFENCE"}, {"0", "-DCODA_X_NOFENCE"},
-            {"3", "-DCODA_X_L2=0"}, {"3", "-DCODA_X_L2=2"}, {"1", ""}, {"2", ""},
+        static const int pick[] = {0, 9, 12};
+        static const char *const xs[][3] = { /* cfg, CODA_DEBUG_OPTS, CODA_DEBUG_CLUSTERS */
+            {"3", "", ""}, {"0", "", ""}, {"3", "-DCODA_X_G64", "64"}, {"2", "-DCODA_X_G64", "64"},
         };
         for (int pi = 0; pi < (int)(sizeof pick / sizeof pick[0]); pi++) {
             shape_t *s = &shapes[pick[pi]];
@@ -238,16 +237,19 @@ int main(int argc, char **argv) {
             for (int v = 0; v < (int)(sizeof xs / sizeof xs[0]); v++) {
                 setenv("CODA_GEMM_CFG", xs[v][0], 1);
                 setenv("CODA_DEBUG_OPTS", xs[v][1], 1);
+                if (xs[v][2][0]) setenv("CODA_DEBUG_CLUSTERS", xs[v][2], 1);
+                else unsetenv("CODA_DEBUG_CLUSTERS");
                 const char *l2 = strstr(xs[v][1], "CODA_X_L2=");
                 if (l2) setenv("CODA_DEBUG_L2", l2 + 10, 1);
                 else unsetenv("CODA_DEBUG_L2");
                 float tc, tb;
                 time_pair(s, &bf, &tc, &tb);
-                printf("    cfg %s %-22s %7.1f vs cuBLAS %7.1f  ratio %.3f\n", xs[v][0], xs[v][1],
+                printf("    cfg %s %-14s %2s %7.1f vs cuBLAS %7.1f  ratio %.3f\n", xs[v][0], xs[v][1], xs[v][2],
                        flop / (tc * 1e-3) / 1e12, flop / (tb * 1e-3) / 1e12, tb / tc);
             }
             unsetenv("CODA_GEMM_CFG");
             unsetenv("CODA_DEBUG_OPTS");
+            unsetenv("CODA_DEBUG_CLUSTERS");
             fflush(stdout);
             CUDA_OK(cudaFree(bf.a[0]));
             CUDA_OK(cudaFree(bf.b[0]));

@@ -236,6 +236,9 @@ int main(int argc, char **argv) {
     run_case(CODA_LAYOUT_NT, 1000, 13, 264, CODA_BF16, 1.0f, 0.5f, -1);
     run_case(CODA_LAYOUT_NT, 1000, 301, 264, CODA_F32, 1.0f, 0.0f, -1);
     run_case(CODA_LAYOUT_TN, 1, 8, 8, CODA_BF16, 1.0f, 0.0f, -1);
+    /* K = 0: C = beta C */
+    run_case(CODA_LAYOUT_NT, 100, 64, 0, CODA_BF16, 1.0f, 0.5f, -1);
+    run_case(CODA_LAYOUT_TN, 100, 64, 0, CODA_F32, 1.0f, 2.0f, -1);
     bad_args();
 
     /* a second context with the same cache directory loads cubins from disk */
