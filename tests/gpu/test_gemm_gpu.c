@@ -25,7 +25,9 @@ static coda_context_t *ctx;
 static uint64_t seed = 1;
 static const char *lname[3] = {"NT", "NN", "TN"};
 
-static int64_t round8(int64_t x) { return (x + 7) / 8 * 8; }
+/* Row length rounded up to 8 elements (16 bytes), at least 8: a (rows, 0)
+ * operand still needs a positive stride. */
+static int64_t round8(int64_t x) { return x > 0 ? (x + 7) / 8 * 8 : 8; }
 
 /* float64 reference: ref = alpha * op(A) op(B) + beta * C0, from bf16 bits. */
 static void reference(coda_layout_t layout, int64_t m, int64_t n, int64_t k, const uint16_t *a,
