@@ -122,6 +122,13 @@ static void check_program(const char *name, const char *text, int in_mainloop) {
 #ifdef CODA_WITH_CUDA
         compile_in_harness(name, src);
         if (in_mainloop) compile_in_mainloop(name, src, (coda_layout_t)(in_mainloop - 1), 1);
+        /* the branch-free form for even N, which the GPU runs most */
+        char *even = NULL;
+        CHECK(coda__codegen_cuda_ex(p, 1, &even) == CODA_OK && even && strcmp(even, src) != 0,
+              "%s: even-N form generated: %s", name, coda_last_error());
+        if (even) compile_in_harness(name, even);
+        if (even && in_mainloop) compile_in_mainloop(name, even, CODA_LAYOUT_NT, 0);
+        free(even);
 #else
         (void)in_mainloop;
 #endif

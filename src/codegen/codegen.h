@@ -53,5 +53,8 @@ typedef struct coda_epi_params {
  * CODA_ERR_UNSUPPORTED for a program the GPU cannot run (too many arguments,
  * a pairwise map that would cross threads). */
 coda_status_t coda__codegen_cuda(const coda_program_t *p, char **out);
+/* even_n != 0: the form for an even number of accumulator columns N, whose
+ * pairs are all whole: branch-free, so loads of many pairs overlap. */
+coda_status_t coda__codegen_cuda_ex(const coda_program_t *p, int even_n, char **out);
 
 #endif

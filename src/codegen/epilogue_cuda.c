@@ -248,6 +248,10 @@ static void gen_state(sb_t *b, const coda_program_t *p) {
 static const char *first_col(coda_space_t s) {
     return s == CODA_SPACE_HALF ? "(col >> 1)" : s == CODA_SPACE_FULL ? "col" : "(2 * col)";
 }
+/* The same for loads, from the clamped column cl (always inside the matrix). */
+static const char *first_col_load(coda_space_t s) {
+    return s == CODA_SPACE_HALF ? "(cl >> 1)" : s == CODA_SPACE_FULL ? "cl" : "(2 * cl)";
+}
 
 /* Vector load of the w elements of value i from element pointer `q`
  * (bf16 or f32): all w when the pair is whole (ok1), else the first half.
@@ -313,7 +317,13 @@ static void gen_vec_store(sb_t *b, int w, coda_dtype_t dt, const char *q, char x
     sb_printf(b, "    }\n");
 }
 
-static coda_status_t gen_pair(sb_t *b, const coda_program_t *p) {
+/* even_n: N is even, so every pair is whole. Then the pair code has no
+ * branches: loads read from a clamped row and column (always inside the
+ * matrix) with no condition, so the compiler can hoist the loads of many
+ * pairs above the stores of earlier ones and keep them in flight together;
+ * only stores and reductions are predicated on the pair being inside. The
+ * general form (odd N) returns early for pairs outside and tests ok1. */
+static coda_status_t gen_pair(sb_t *b, const coda_program_t *p, int even_n) {
     char e0[48], e1[48], e2[48], idx[160], ld[256], col[48];
     sb_printf(b,
               "static __device__ __forceinline__ void coda_epi_pair(const coda_epi_params &P_,\n"
@@ -321,11 +331,20 @@ static coda_status_t gen_pair(sb_t *b, const coda_program_t *p) {
               "        float &a0, float &a1) {\n"
               "    const coda_epi_params *P = &P_;\n"
               "    coda_epi_state *S = &S_;\n"
-              "    (void)t;\n"
-              "    if (row >= P->m || col >= P->n) return;\n"
-              "    const int ok1 = col + 1 < P->n;\n"
-              "    const long long r = row;\n"
-              "    (void)S; (void)rs; (void)cs; (void)ok1; (void)r;\n");
+              "    (void)t;\n");
+    if (even_n)
+        sb_printf(b,
+                  "    const int valid = row < P->m && col < P->n;\n"
+                  "    const long long r = row < P->m ? row : P->m - 1;  /* loads stay inside */\n"
+                  "    const int cl = col < P->n ? col : P->n - 2;\n"
+                  "    const int ok1 = 1;\n");
+    else
+        sb_printf(b,
+                  "    if (row >= P->m || col >= P->n) return;\n"
+                  "    const int ok1 = col + 1 < P->n;\n"
+                  "    const long long r = row;\n"
+                  "    const int cl = col, valid = 1;\n");
+    sb_printf(b, "    (void)S; (void)rs; (void)cs; (void)ok1; (void)r; (void)cl; (void)valid;\n");
     for (int i = 0; i < p->n_insts; i++) {
         const coda_inst_t *in = &p->insts[i];
         int w = value_width(in);
@@ -358,9 +377,9 @@ static coda_status_t gen_pair(sb_t *b, const coda_program_t *p) {
                 const char *t = a->dtype == CODA_BF16 ? "unsigned short" : "float";
                 if (a->kind == CODA_IN_TILE)
                     snprintf(q, sizeof q, "(const %s *)P->ptr[%d] + r * P->s0[%d] + %s", t, in->arg, in->arg,
-                             first_col(in->vspace));
+                             first_col_load(in->vspace));
                 else /* a column vector: contiguous (innermost stride is one element) */
-                    snprintf(q, sizeof q, "(const %s *)P->ptr[%d] + %s", t, in->arg, first_col(in->vspace));
+                    snprintf(q, sizeof q, "(const %s *)P->ptr[%d] + %s", t, in->arg, first_col_load(in->vspace));
                 gen_vec_load(b, i, w, a->dtype, q);
             }
             break;
@@ -394,6 +413,7 @@ static coda_status_t gen_pair(sb_t *b, const coda_program_t *p) {
             for (int e = 0; e < wa; e++) el(p, in->src[0], e, x[e], sizeof x[e]);
             snprintf(q, sizeof q, "(%s *)P->ptr[%d] + r * P->s0[%d] + %s",
                      a->dtype == CODA_BF16 ? "unsigned short" : "float", in->arg, in->arg, first_col(a->space));
+            sb_printf(b, "    if (valid)\n");
             gen_vec_store(b, wa, a->dtype, q, x);
             break;
         }
@@ -408,7 +428,7 @@ static coda_status_t gen_pair(sb_t *b, const coda_program_t *p) {
                 else snprintf(y, sizeof y, "%s", e0);
                 if (a->kind == CODA_OUT_ROWRED) snprintf(x, sizeof x, "S->r%d[rs]", in->arg);
                 else snprintf(x, sizeof x, "S->c%d[cs * %d + %d]", in->arg, wv, e);
-                sb_printf(b, "    if (%s) { ", elem_ok(v->vspace, e));
+                sb_printf(b, "    if (valid && %s) { ", elem_ok(v->vspace, e));
                 red_fold(b, a->reduce, x, y);
                 sb_printf(b, " }\n");
             }
@@ -421,7 +441,7 @@ static coda_status_t gen_pair(sb_t *b, const coda_program_t *p) {
             for (int e = 0; e < wv; e++) {
                 el(p, in->src[0], e, e0, sizeof e0);
                 elem_col(v->vspace, e, col, sizeof col);
-                sb_printf(b, "    if (%s) {\n        cg_lse_add(&S->lm%d[rs], &S->ll%d[rs], %s);\n"
+                sb_printf(b, "    if (valid && %s) {\n        cg_lse_add(&S->lm%d[rs], &S->ll%d[rs], %s);\n"
                              "        if ((float)%s == %s) S->lp%d[rs] += %s;\n    }\n",
                           elem_ok(v->vspace, e), in->arg, in->arg, e0, col, e1, in->arg, e0);
             }
@@ -522,6 +542,10 @@ static void gen_end(sb_t *b, const coda_program_t *p) {
 }
 
 coda_status_t coda__codegen_cuda(const coda_program_t *p, char **out) {
+    return coda__codegen_cuda_ex(p, 0, out);
+}
+
+coda_status_t coda__codegen_cuda_ex(const coda_program_t *p, int even_n, char **out) {
     if (!out) return coda__fail(CODA_ERR_INVALID_ARG, "codegen: out is NULL");
     *out = NULL;
     if (!p || !p->verified) return coda__fail(CODA_ERR_INVALID_ARG, "codegen: program is NULL or not verified");
@@ -529,9 +553,10 @@ coda_status_t coda__codegen_cuda(const coda_program_t *p, char **out) {
         return coda__fail(CODA_ERR_UNSUPPORTED, "codegen: %d arguments; the GPU epilogue takes at most %d",
                           p->n_args, CODA_EPI_MAX_ARGS);
     sb_t b = {0};
-    sb_printf(&b, "%s\n/* ---- generated from epilogue program '%s' ---- */\n", PRELUDE, p->name);
+    sb_printf(&b, "%s\n/* ---- generated from epilogue program '%s'%s ---- */\n", PRELUDE, p->name,
+              even_n ? " (N even)" : "");
     gen_state(&b, p);
-    CODA_TRY(gen_pair(&b, p));
+    CODA_TRY(gen_pair(&b, p, even_n));
     gen_end(&b, p);
     if (b.oom) {
         free(b.buf);

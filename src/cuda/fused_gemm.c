@@ -96,7 +96,7 @@ coda_status_t coda__cuda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout
     }
 
     char *src = NULL;
-    CODA_TRY(coda__codegen_cuda(p, &src));
+    CODA_TRY(coda__codegen_cuda_ex(p, n % 2 == 0, &src));
     coda_epi_params_t params;
     fill_params(p, bound, scalars, m, n, &params);
     coda_status_t s = coda__cuda_gemm_run(ctx, layout, a, b, NULL, src, &params, sizeof params, 0,
