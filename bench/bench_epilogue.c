@@ -12,16 +12,8 @@
 #include "harness.h"
 
 #include <cublas_v2.h>
-#include <cuda_runtime_api.h>
+#include "gpu/cuda_check.h"
 
-#define CUDA_OK(call)                                                                            \
-    do {                                                                                         \
-        cudaError_t e_ = (call);                                                                 \
-        if (e_ != cudaSuccess) {                                                                 \
-            fprintf(stderr, "FATAL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                             \
-        }                                                                                        \
-    } while (0)
 
 #define WARMUP 10
 #define TIMED 50
@@ -100,10 +92,6 @@ static float time_job(job_t *j) {
     return ms[TIMED / 2];
 }
 
-static int64_t space_w(coda_space_t s, int64_t n) {
-    return s == CODA_SPACE_HALF ? n / 2 : s == CODA_SPACE_DOUBLE ? 2 * n : n;
-}
-
 int main(int argc, char **argv) {
     int64_t sizes[8] = {2048, 4096, 8192};
     int nsizes = 3;
@@ -166,33 +154,15 @@ int main(int argc, char **argv) {
                 coda_space_t sp;
                 coda_reduce_t red;
                 REQUIRE_OK(coda_program_arg_info(p, i, &an, &kind, &dt, &sp, &red));
-                int64_t nt = (sz + jf.tl.tile_n - 1) / jf.tl.tile_n, mt = (sz + jf.tl.tile_m - 1) / jf.tl.tile_m;
-                int64_t w = space_w(sp, sz);
-                coda_tensor_t t;
-                ptrs[i] = NULL;
-                switch (kind) {
-                case CODA_IN_TILE: case CODA_OUT_TILE:
-                    t = coda_tensor_2d(ptrs[i] = dev_random_bytes((size_t)(sz * w) * coda_dtype_size(dt), dt, &r, 0), dt, sz, w);
-                    break;
-                case CODA_IN_ROW:
-                    t = coda_tensor_1d(ptrs[i] = dev_random_bytes((size_t)sz * coda_dtype_size(dt), dt, &r, sz), dt, sz);
-                    break;
-                case CODA_IN_COL:
-                    t = coda_tensor_1d(ptrs[i] = dev_random_bytes((size_t)w * coda_dtype_size(dt), dt, &r, 0), dt, w);
-                    break;
-                case CODA_OUT_ROWRED:
-                    t = coda_tensor_2d(ptrs[i] = dev_random_bytes((size_t)(sz * nt) * 4, CODA_F32, &r, 0), CODA_F32, sz, nt);
-                    break;
-                case CODA_OUT_COLRED:
-                    t = coda_tensor_2d(ptrs[i] = dev_random_bytes((size_t)(w * mt) * 4, CODA_F32, &r, 0), CODA_F32, w, mt);
-                    break;
-                case CODA_OUT_LSE:
-                    t = coda_tensor_3d(ptrs[i] = dev_random_bytes((size_t)(sz * nt * 3) * 4, CODA_F32, &r, 0), CODA_F32, sz, nt, 3);
-                    break;
-                default:
-                    t = coda_tensor_1d(NULL, CODA_F32, 0);
-                    break;
-                }
+                int nd;
+                int64_t sh[3];
+                REQUIRE_OK(coda_program_arg_shape(p, i, sz, sz, &jf.tl, &nd, sh, &dt));
+                int64_t numel = nd == 0 ? 0 : nd == 1 ? sh[0] : nd == 2 ? sh[0] * sh[1] : sh[0] * sh[1] * sh[2];
+                ptrs[i] = numel ? dev_random_bytes((size_t)numel * coda_dtype_size(dt), dt, &r, sz) : NULL;
+                coda_tensor_t t = nd == 0 ? coda_tensor_1d(NULL, CODA_F32, 0)
+                                : nd == 1 ? coda_tensor_1d(ptrs[i], dt, sh[0])
+                                : nd == 2 ? coda_tensor_2d(ptrs[i], dt, sh[0], sh[1])
+                                          : coda_tensor_3d(ptrs[i], dt, sh[0], sh[1], sh[2]);
                 t.device = CODA_DEVICE_CUDA;
                 bind[i].name = an;
                 bind[i].tensor = t;

@@ -12,17 +12,8 @@
 #include "harness.h"
 
 #include <cublas_v2.h>
-#include <cuda_runtime_api.h>
+#include "gpu/cuda_check.h"
 
-#define CUDA_OK(call)                                                                     \
-    do {                                                                                  \
-        cudaError_t e_ = (call);                                                          \
-        if (e_ != cudaSuccess) {                                                          \
-            fprintf(stderr, "FATAL %s:%d: %s: %s\n", __FILE__, __LINE__, #call,           \
-                    cudaGetErrorString(e_));                                              \
-            exit(1);                                                                      \
-        }                                                                                 \
-    } while (0)
 #define CUBLAS_OK(call)                                                                   \
     do {                                                                                  \
         cublasStatus_t s_ = (call);                                                       \

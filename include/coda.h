@@ -347,6 +347,13 @@ typedef struct coda_tiling {
 coda_status_t coda_choose_tiling(coda_context_t *ctx, coda_device_t device, coda_layout_t layout,
                                  int64_t m, int64_t n, int64_t k, coda_tiling_t *tiling);
 
+/* The tensor program argument `index` must be bound to, for a GEMM of m rows
+ * and n columns cut by `tiling` (NULL or zeros: the CPU default): its number
+ * of dims (0 for a scalar), extents and dtype. Use it to allocate outputs. */
+coda_status_t coda_program_arg_shape(const coda_program_t *p, int index, int64_t m, int64_t n,
+                                     const coda_tiling_t *tiling, int *ndim,
+                                     int64_t shape[3], coda_dtype_t *dtype);
+
 coda_status_t coda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout,
                                  const coda_tensor_t *a, const coda_tensor_t *b,
                                  const coda_program_t *program,

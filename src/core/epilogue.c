@@ -69,27 +69,47 @@ static int needs_even_n(const coda_program_t *p) {
     return 0;
 }
 
-/* The expected shape and dtype of argument i's tensor. */
+coda_status_t coda_program_arg_shape(const coda_program_t *p, int index, int64_t m, int64_t n,
+                                     const coda_tiling_t *tiling, int *ndim, int64_t shape[3],
+                                     coda_dtype_t *dtype) {
+    if (!p || !ndim || !shape || !dtype)
+        return coda__fail(CODA_ERR_INVALID_ARG, "coda_program_arg_shape: NULL argument");
+    if (index < 0 || index >= p->n_args)
+        return coda__fail(CODA_ERR_INVALID_ARG, "coda_program_arg_shape: index %d outside 0..%d", index,
+                          p->n_args - 1);
+    if (m < 0 || n < 0)
+        return coda__fail(CODA_ERR_SHAPE, "coda_program_arg_shape: negative extent (m %lld, n %lld)",
+                          (long long)m, (long long)n);
+    int64_t tm = tiling && tiling->tile_m > 0 ? tiling->tile_m : DEFAULT_TILE_M;
+    int64_t tn = tiling && tiling->tile_n > 0 ? tiling->tile_n : DEFAULT_TILE_N;
+    const coda_arg_t *arg = &p->args[index];
+    int64_t w = coda__space_width(arg->space, n);
+    *ndim = 2;
+    shape[0] = m, shape[1] = w, shape[2] = 3;
+    *dtype = arg->dtype;
+    switch (arg->kind) {
+    case CODA_IN_TILE: case CODA_OUT_TILE: break;
+    case CODA_IN_ROW: *ndim = 1; break;
+    case CODA_IN_COL: *ndim = 1; shape[0] = w; break;
+    case CODA_IN_SCALAR: *ndim = 0; *dtype = CODA_F32; break;
+    case CODA_OUT_ROWRED: shape[1] = coda__cdiv(n, tn); *dtype = CODA_F32; break;
+    case CODA_OUT_COLRED: shape[0] = w; shape[1] = coda__cdiv(m, tm); *dtype = CODA_F32; break;
+    case CODA_OUT_LSE: *ndim = 3; shape[1] = coda__cdiv(n, tn); *dtype = CODA_F32; break;
+    }
+    return CODA_OK;
+}
+
+/* Argument i's tensor against the shape and dtype it must have. */
 static coda_status_t check_bound(const coda_program_t *p, int i, const coda_tensor_t *t,
-                                 const coda_tensor_t *a, int64_t m, int64_t n, int64_t m_tiles,
-                                 int64_t n_tiles) {
+                                 const coda_tensor_t *a, int64_t m, int64_t n, coda_tiling_t tl) {
     const coda_arg_t *arg = &p->args[i];
     char what[CODA_NAME_MAX + 48];
     snprintf(what, sizeof what, "coda_gemm_epilogue: binding '%s' (%s)", arg->name, kind_text(arg->kind));
     CODA_TRY(coda__check_tensor(t, what));
-    int64_t w = coda__space_width(arg->space, n);
-    int ndim = 2;
-    int64_t shape[3] = {m, w, 3};
-    coda_dtype_t want = arg->dtype;
-    switch (arg->kind) {
-    case CODA_IN_TILE: case CODA_OUT_TILE: break;
-    case CODA_IN_ROW: ndim = 1; break;
-    case CODA_IN_COL: ndim = 1; shape[0] = w; break;
-    case CODA_OUT_ROWRED: shape[1] = n_tiles; want = CODA_F32; break;
-    case CODA_OUT_COLRED: shape[0] = w; shape[1] = m_tiles; want = CODA_F32; break;
-    case CODA_OUT_LSE: ndim = 3; shape[1] = n_tiles; want = CODA_F32; break;
-    default: return coda__fail(CODA_ERR_INTERNAL, "%s: unexpected kind", what);
-    }
+    int ndim;
+    int64_t shape[3];
+    coda_dtype_t want;
+    CODA_TRY(coda_program_arg_shape(p, i, m, n, &tl, &ndim, shape, &want));
     if (t->ndim != ndim)
         return coda__fail(CODA_ERR_SHAPE, "%s: expected %d dims, got %d", what, ndim, t->ndim);
     for (int d = 0; d < ndim; d++)
@@ -141,7 +161,6 @@ coda_status_t coda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout, cons
     if (tl.tile_n < 2 || tl.tile_n > MAX_TILE || tl.tile_n % 2 != 0)
         return coda__fail(CODA_ERR_INVALID_ARG, "%s: tiling.tile_n %d must be even and in 2..%d", fn,
                           tl.tile_n, MAX_TILE);
-    int64_t m_tiles = coda__cdiv(m, tl.tile_m), n_tiles = coda__cdiv(n, tl.tile_n);
 
     /* bindings: each argument exactly once, by name */
     if (n_bindings < 0) return coda__fail(CODA_ERR_INVALID_ARG, "%s: n_bindings %d < 0", fn, n_bindings);
@@ -183,7 +202,7 @@ coda_status_t coda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout, cons
             continue;
         }
         bound[i] = &bd->tensor;
-        CODA_TRY(check_bound(p, i, bound[i], a, m, n, m_tiles, n_tiles));
+        CODA_TRY(check_bound(p, i, bound[i], a, m, n, tl));
     }
 
     /* no output may overlap another output, A, B, or an input */

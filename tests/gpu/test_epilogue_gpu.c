@@ -15,16 +15,8 @@
 #pragma GCC diagnostic ignored "-Wunused-function"
 #include "harness.h"
 
-#include <cuda_runtime_api.h>
+#include "gpu/cuda_check.h"
 
-#define CUDA_OK(call)                                                                            \
-    do {                                                                                         \
-        cudaError_t e_ = (call);                                                                 \
-        if (e_ != cudaSuccess) {                                                                 \
-            fprintf(stderr, "FATAL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                             \
-        }                                                                                        \
-    } while (0)
 
 static coda_context_t *ctx;
 static uint64_t seed = 7;
@@ -53,10 +45,6 @@ typedef struct buf {
     coda_tensor_t host, dev;
     size_t bytes;
 } buf_t;
-
-static int64_t space_w(coda_space_t s, int64_t n) {
-    return s == CODA_SPACE_HALF ? n / 2 : s == CODA_SPACE_DOUBLE ? 2 * n : n;
-}
 
 /* Host + device tensors of a shape; host filled with random data of `dt`. */
 /* Rows of 2-D tiles padded to 16 bytes (needed when N is odd); the padding
@@ -139,7 +127,6 @@ static void run_case(const char *text, coda_layout_t layout, int64_t m, int64_t 
     coda_tiling_t tl;
     REQUIRE_OK(coda_choose_tiling(ctx, CODA_DEVICE_CUDA, layout, m, n, k, &tl));
     if (tile_n) tl.tile_n = tile_n;
-    int64_t nt = (n + tl.tile_n - 1) / tl.tile_n, mt = (m + tl.tile_m - 1) / tl.tile_m;
 
     /* operands */
     int64_t ash[2] = {layout == CODA_LAYOUT_TN ? k : m, layout == CODA_LAYOUT_TN ? m : k};
@@ -158,18 +145,10 @@ static void run_case(const char *text, coda_layout_t layout, int64_t m, int64_t 
         coda_space_t sp;
         coda_reduce_t red;
         REQUIRE_OK(coda_program_arg_info(p, i, &name, &kind, &dt, &sp, &red));
-        int64_t sh[3] = {0, 0, 0};
-        int nd = 2, out = kind >= CODA_OUT_TILE;
-        switch (kind) {
-        case CODA_IN_TILE: case CODA_OUT_TILE: sh[0] = m; sh[1] = space_w(sp, n); break;
-        case CODA_IN_ROW: nd = 1; sh[0] = m; break;
-        case CODA_IN_COL: nd = 1; sh[0] = space_w(sp, n); break;
-        case CODA_IN_SCALAR: nd = 1; sh[0] = 1; break;
-        case CODA_OUT_ROWRED: sh[0] = m; sh[1] = nt; dt = CODA_F32; break;
-        case CODA_OUT_COLRED: sh[0] = space_w(sp, n); sh[1] = mt; dt = CODA_F32; break;
-        case CODA_OUT_LSE: nd = 3; sh[0] = m; sh[1] = nt; sh[2] = 3; dt = CODA_F32; break;
-        }
-        if (kind == CODA_IN_SCALAR) dt = CODA_F32;
+        int64_t sh[3];
+        int nd, out = kind >= CODA_OUT_TILE;
+        REQUIRE_OK(coda_program_arg_shape(p, i, m, n, &tl, &nd, sh, &dt));
+        if (nd == 0) nd = 1, sh[0] = 1; /* scalars: an unused one-element tensor */
         make_buf(&bufs[i], dt, nd, sh, &r, out, n);
         bc[i].name = bg[i].name = name;
         bc[i].tensor = bufs[i].host;

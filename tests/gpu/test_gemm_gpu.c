@@ -9,17 +9,8 @@
 #pragma GCC diagnostic ignored "-Wunused-function"
 #include "harness.h"
 
-#include <cuda_runtime_api.h>
+#include "gpu/cuda_check.h"
 
-#define CUDA_OK(call)                                                                 \
-    do {                                                                              \
-        cudaError_t e_ = (call);                                                      \
-        if (e_ != cudaSuccess) {                                                      \
-            fprintf(stderr, "FATAL %s:%d: %s: %s\n", __FILE__, __LINE__, #call,       \
-                    cudaGetErrorString(e_));                                          \
-            exit(1);                                                                  \
-        }                                                                             \
-    } while (0)
 
 static coda_context_t *ctx;
 static uint64_t seed = 1;
