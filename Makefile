@@ -11,10 +11,13 @@ BUILD     := build
 CUDA_HOME ?= /usr/local/cuda
 PYTHON    ?= /usr/bin/python3
 
+# CFLAGS (optimisation, debug, sanitizers) may be set on the command line; the
+# flags the code needs are appended even then ("override").
 CFLAGS   ?= -O2 -g
-CFLAGS   += -std=c11 -Wall -Wextra -Wno-unused-parameter -fPIC -pthread -D_GNU_SOURCE
-CPPFLAGS += -Iinclude -Isrc
-LDLIBS   += -lm -lpthread -ldl
+override CFLAGS   += -std=c11 -Wall -Wextra -Wno-unused-parameter -fPIC -pthread -D_GNU_SOURCE \
+                     -Werror=implicit-function-declaration
+override CPPFLAGS += -Iinclude -Isrc
+override LDLIBS   += -lm -lpthread -ldl
 
 ifneq ($(wildcard $(CUDA_HOME)/include/nvrtc.h),)
 WITH_CUDA ?= 1
@@ -25,8 +28,8 @@ endif
 LIB_SRC := $(wildcard src/core/*.c src/program/*.c src/codegen/*.c src/cpu/*.c src/layer/*.c)
 ifeq ($(WITH_CUDA),1)
 LIB_SRC  += $(wildcard src/cuda/*.c)
-CPPFLAGS += -DCODA_WITH_CUDA=1 -I$(CUDA_HOME)/include -I$(BUILD)/gen
-LDLIBS   += -L$(CUDA_HOME)/lib64 -lnvrtc -Wl,-rpath,$(CUDA_HOME)/lib64
+override CPPFLAGS += -DCODA_WITH_CUDA=1 -I$(CUDA_HOME)/include -I$(BUILD)/gen
+override LDLIBS   += -L$(CUDA_HOME)/lib64 -lnvrtc -Wl,-rpath,$(CUDA_HOME)/lib64
 endif
 
 # CUDA C kernel sources are embedded into the library as strings (for NVRTC).
@@ -41,7 +44,7 @@ TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 GPU_SRC   := $(wildcard tests/gpu/*.c bench/*.c)
 GPU_BIN   := $(GPU_SRC:%.c=$(BUILD)/%)
 
-.PHONY: all lib test test-c test-py demo fuzz gpu-test bench clean help
+.PHONY: all lib test test-c test-py test-sanitize demo fuzz gpu-test bench clean help
 all: lib $(BUILD)/coda $(TEST_BIN)
 
 help:
@@ -49,6 +52,7 @@ help:
 	@echo "make test       run the C tests, then the PyTorch cross-check"
 	@echo "make demo       run 'coda demo' (GPU if present, else CPU backend)"
 	@echo "make fuzz       libFuzzer on the program parser/verifier (clang, 60 s)"
+	@echo "make test-sanitize  the C tests again under AddressSanitizer + UBSan (build-asan/)"
 	@echo "make gpu-test   GPU test suite (needs an sm_90a GPU)"
 	@echo "make bench      GPU benchmarks (needs an sm_90a GPU)"
 
@@ -103,6 +107,12 @@ test-c: $(TEST_BIN) $(BUILD)/coda
 
 test-py: lib
 	@set -e; for t in $(wildcard tests/test_*.py); do echo "== $$t"; $(PYTHON) $$t; done
+
+# The C tests again with AddressSanitizer (leaks included) and UBSan, in a
+# build directory of their own.
+test-sanitize:
+	$(MAKE) BUILD=$(BUILD)-asan CC="$(CC) -fsanitize=address,undefined -fno-sanitize-recover=undefined" \
+	    CFLAGS="-O1 -g -fno-omit-frame-pointer" test-c
 
 demo: $(BUILD)/coda
 	$(BUILD)/coda demo

@@ -5,7 +5,8 @@
 #                    the epilogue programs, checked against the unfused
 #                    reference (on the GPU if there is one, else the CPU backend)
 #   ./run.sh test    build, then every test: C unit tests, the PyTorch autograd
-#                    cross-check, and 60 s of fuzzing the program parser
+#                    cross-checks, the C tests again under ASan + UBSan, and
+#                    60 s of fuzzing the program parser
 #
 # Set-up: installs the Debian packages it needs (gcc, make, clang with its
 # fuzzer runtime, PyTorch for Python 3) when they are missing. The CUDA toolkit
@@ -41,6 +42,7 @@ test)
     setup
     make -j"$jobs" all
     make test
+    make test-sanitize
     FUZZ_SECONDS="${FUZZ_SECONDS:-60}" make fuzz
     ;;
 *)
