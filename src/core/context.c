@@ -5,19 +5,19 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-static void default_cache_dir(char *out, size_t cap) {
+/* The cache directory from the environment; 0 if the path does not fit. */
+static int default_cache_dir(char *out, size_t cap) {
     const char *env = getenv("CODA_CACHE_DIR");
+    int n;
     if (env && *env) {
-        snprintf(out, cap, "%s", env);
-        return;
+        n = snprintf(out, cap, "%s", env);
+    } else if ((env = getenv("XDG_CACHE_HOME")) && *env) {
+        n = snprintf(out, cap, "%s/coda", env);
+    } else {
+        env = getenv("HOME");
+        n = snprintf(out, cap, "%s/.cache/coda", env && *env ? env : "/tmp");
     }
-    env = getenv("XDG_CACHE_HOME");
-    if (env && *env) {
-        snprintf(out, cap, "%s/coda", env);
-        return;
-    }
-    env = getenv("HOME");
-    snprintf(out, cap, "%s/.cache/coda", env && *env ? env : "/tmp");
+    return n >= 0 && (size_t)n < cap;
 }
 
 coda_status_t coda_context_create(const coda_context_options_t *opts, coda_context_t **out) {
@@ -37,8 +37,12 @@ coda_status_t coda_context_create(const coda_context_options_t *opts, coda_conte
     }
     if (opts && opts->cache_dir && *opts->cache_dir)
         snprintf(ctx->cache_dir, sizeof ctx->cache_dir, "%s", opts->cache_dir);
-    else
-        default_cache_dir(ctx->cache_dir, sizeof ctx->cache_dir);
+    else if (!default_cache_dir(ctx->cache_dir, sizeof ctx->cache_dir)) {
+        free(ctx);
+        return coda__fail(CODA_ERR_INVALID_ARG, "coda_context_create: the cache directory from "
+                          "CODA_CACHE_DIR / XDG_CACHE_HOME / HOME is longer than %zu bytes",
+                          sizeof ctx->cache_dir - 1);
+    }
     *out = ctx;
     return CODA_OK;
 }
@@ -53,17 +57,38 @@ void coda_context_free(coda_context_t *ctx) {
 
 int coda_context_has_cuda(const coda_context_t *ctx) {
 #ifdef CODA_WITH_CUDA
+    /* Opening the driver is lazy (it may set the error message): this query
+     * is not a failing call, so the caller's last error is kept. */
+    char saved[1024];
+    snprintf(saved, sizeof saved, "%s", coda_last_error());
     struct coda_cuda *cuda;
-    return ctx && coda__cuda_get((coda_context_t *)ctx, &cuda) == CODA_OK;
+    int ok = ctx && coda__cuda_get((coda_context_t *)ctx, &cuda) == CODA_OK;
+    coda__fail(CODA_OK, "%s", saved);
+    return ok;
 #else
     (void)ctx;
     return 0;
 #endif
 }
 
+static coda_status_t describe(coda_context_t *ctx, char *buf, size_t cap);
+
 coda_status_t coda_context_describe(coda_context_t *ctx, char *buf, size_t cap) {
     if (!ctx || !buf || cap == 0)
         return coda__fail(CODA_ERR_INVALID_ARG, "coda_context_describe: NULL context or buffer");
+    /* built in a local buffer and copied only if it fits: a failing call
+     * leaves buf as it was */
+    char text[4096];
+    coda_status_t s = describe(ctx, text, sizeof text);
+    if (s != CODA_OK) return s;
+    size_t n = strlen(text);
+    if (n >= cap)
+        return coda__fail(CODA_ERR_INVALID_ARG, "coda_context_describe: needs %zu bytes, cap is %zu", n + 1, cap);
+    memcpy(buf, text, n + 1);
+    return CODA_OK;
+}
+
+static coda_status_t describe(coda_context_t *ctx, char *buf, size_t cap) {
     int n = snprintf(buf, cap,
                      "coda %s\n"
                      "build: CUDA backend %s\n"

@@ -15,8 +15,10 @@
 #define DEFAULT_TILE_N 128
 #define MAX_TILE 1024
 
-coda_status_t coda_choose_tiling(coda_context_t *ctx, coda_device_t device, coda_layout_t layout,
-                                 int64_t m, int64_t n, int64_t k, coda_tiling_t *tiling) {
+/* The default tiling on device (kind, index). */
+static coda_status_t choose_tiling(coda_context_t *ctx, coda_device_t device, int index,
+                                   coda_layout_t layout, int64_t m, int64_t n, int64_t k,
+                                   coda_tiling_t *tiling) {
     if (!ctx) return coda__fail(CODA_ERR_INVALID_ARG, "coda_choose_tiling: ctx is NULL");
     if (!tiling) return coda__fail(CODA_ERR_INVALID_ARG, "coda_choose_tiling: tiling is NULL");
     if (device != CODA_DEVICE_CPU && device != CODA_DEVICE_CUDA)
@@ -28,13 +30,23 @@ coda_status_t coda_choose_tiling(coda_context_t *ctx, coda_device_t device, coda
     if (m < 0 || n < 0 || k < 0)
         return coda__fail(CODA_ERR_SHAPE, "coda_choose_tiling: negative extent (m %lld, n %lld, k %lld)",
                           (long long)m, (long long)n, (long long)k);
+    if (device == CODA_DEVICE_CUDA) {
 #ifdef CODA_WITH_CUDA
-    /* The GPU's tile is its mainloop's (src/cuda/fused_gemm.c). */
-    if (device == CODA_DEVICE_CUDA) return coda__cuda_choose_tiling(ctx, 0, m, n, k, tiling);
+        /* The GPU's tile is its mainloop's (src/cuda/fused_gemm.c). */
+        return coda__cuda_choose_tiling(ctx, index, m, n, k, tiling);
+#else
+        (void)index;
+        return coda__fail(CODA_ERR_UNSUPPORTED, "coda_choose_tiling: this build has no CUDA backend");
 #endif
+    }
     tiling->tile_m = DEFAULT_TILE_M;
     tiling->tile_n = DEFAULT_TILE_N;
     return CODA_OK;
+}
+
+coda_status_t coda_choose_tiling(coda_context_t *ctx, coda_device_t device, coda_layout_t layout,
+                                 int64_t m, int64_t n, int64_t k, coda_tiling_t *tiling) {
+    return choose_tiling(ctx, device, 0, layout, m, n, k, tiling);
 }
 
 static const char *kind_text(coda_arg_kind_t k) {
@@ -103,7 +115,7 @@ coda_status_t coda_program_arg_shape(const coda_program_t *p, int index, int64_t
 static coda_status_t check_bound(const coda_program_t *p, int i, const coda_tensor_t *t,
                                  const coda_tensor_t *a, int64_t m, int64_t n, coda_tiling_t tl) {
     const coda_arg_t *arg = &p->args[i];
-    char what[CODA_NAME_MAX + 48];
+    char what[CODA_NAME_MAX + 96];
     snprintf(what, sizeof what, "coda_gemm_epilogue: binding '%s' (%s)", arg->name, kind_text(arg->kind));
     CODA_TRY(coda__check_tensor(t, what));
     int ndim;
@@ -152,7 +164,7 @@ coda_status_t coda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout, cons
 
     /* tiling: 0 in a field means the backend default */
     coda_tiling_t tl = {0, 0}, def;
-    CODA_TRY(coda_choose_tiling(ctx, a->device, layout, m, n, k, &def));
+    CODA_TRY(choose_tiling(ctx, a->device, a->device_index, layout, m, n, k, &def));
     if (tiling) tl = *tiling;
     if (tl.tile_m == 0) tl.tile_m = def.tile_m;
     if (tl.tile_n == 0) tl.tile_n = def.tile_n;

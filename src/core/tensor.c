@@ -34,7 +34,9 @@ static coda_tensor_t make(void *data, coda_dtype_t dtype, int ndim, const int64_
     for (int d = ndim - 1; d >= 0; d--) {
         t.shape[d] = shape[d];
         t.stride[d] = s;
-        s *= shape[d] > 1 ? shape[d] : 1; /* an empty dim keeps outer strides valid */
+        /* an empty dim keeps outer strides valid; an absurd shape saturates
+         * (coda__check_tensor then refuses the descriptor) */
+        if (__builtin_mul_overflow(s, shape[d] > 1 ? shape[d] : 1, &s)) s = INT64_MAX;
     }
     return t;
 }
@@ -55,14 +57,18 @@ coda_tensor_t coda_tensor_3d(void *data, coda_dtype_t dtype, int64_t d0, int64_t
 int64_t coda_tensor_numel(const coda_tensor_t *t) {
     if (!t || t->ndim < 1 || t->ndim > CODA_MAX_DIMS) return 0;
     int64_t n = 1;
-    for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
+    for (int d = 0; d < t->ndim; d++)
+        if (__builtin_mul_overflow(n, t->shape[d], &n)) return INT64_MAX; /* saturate */
     return n;
 }
 
 int64_t coda_tensor_span_bytes(const coda_tensor_t *t) {
     if (!t || coda_tensor_numel(t) == 0) return 0;
-    int64_t last = 0;
-    for (int d = 0; d < t->ndim; d++) last += (t->shape[d] - 1) * t->stride[d];
+    int64_t last = 0, off;
+    for (int d = 0; d < t->ndim; d++)
+        if (__builtin_mul_overflow(t->shape[d] - 1, t->stride[d], &off) ||
+            __builtin_add_overflow(last, off, &last))
+            return INT64_MAX; /* saturate */
     return last + (int64_t)coda_dtype_size(t->dtype);
 }
 
@@ -87,6 +93,16 @@ coda_status_t coda__check_tensor(const coda_tensor_t *t, const char *what) {
     if (t->stride[t->ndim - 1] != es)
         return coda__fail(CODA_ERR_STRIDE, "%s: innermost stride %lld must equal the element size %lld",
                           what, (long long)t->stride[t->ndim - 1], (long long)es);
+    /* numel and the byte span must fit comfortably in 64 bits (every later
+     * size computation relies on it) */
+    int64_t numel = 1, last = 0;
+    for (int d = 0; d < t->ndim; d++) {
+        int64_t off;
+        if (__builtin_mul_overflow(numel, t->shape[d], &numel) || numel > ((int64_t)1 << 56) ||
+            (t->shape[d] > 0 && (__builtin_mul_overflow(t->shape[d] - 1, t->stride[d], &off) ||
+                                 __builtin_add_overflow(last, off, &last) || last > ((int64_t)1 << 56))))
+            return coda__fail(CODA_ERR_SHAPE, "%s: extents and strides describe more than 2^56 bytes", what);
+    }
     for (int d = 0; d + 1 < t->ndim; d++) {
         if (t->shape[d] > 1 && t->stride[d] < t->shape[d + 1] * t->stride[d + 1])
             return coda__fail(CODA_ERR_STRIDE, "%s: stride %lld of dim %d makes rows overlap (needs >= %lld)",

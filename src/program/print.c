@@ -98,6 +98,7 @@ coda_status_t coda_program_print(const coda_program_t *p, char *buf, size_t cap,
     for (int i = 0; i < p->n_args; i++) print_arg(&o, &p->args[i]);
     for (int i = 0; i < p->n_insts; i++) print_inst(&o, p, &p->insts[i]);
     if (len) *len = o.len;
+    if (!buf) return CODA_OK; /* cap == 0: a size query */
     if (cap > 0) buf[o.len < cap ? o.len : cap - 1] = 0;
     if (o.len >= cap)
         return coda__fail(CODA_ERR_INVALID_ARG, "coda_program_print: text needs %zu bytes, "

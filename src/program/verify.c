@@ -229,7 +229,13 @@ static coda_status_t verify_inst(coda_program_t *p, int i, int *written) {
         return pair_space(p, i, opname, +1);
     case CODA_OP_SWAP:
         CODA_TRY(join_operands(p, i, 1, opname));
-        return pair_space(p, i, opname, 0);
+        CODA_TRY(pair_space(p, i, opname, 0));
+        /* A pair of half-space columns is spread over two accumulator pairs
+         * (two GPU threads' registers), and N/2 may be odd: refuse it. */
+        if (in->vspace == CODA_SPACE_HALF)
+            return fail_inst(p, i, "swap: operand is in the half column space; swap pairs full- or "
+                             "double-space columns only");
+        return CODA_OK;
     case CODA_OP_STORE:
     case CODA_OP_REDUCE:
     case CODA_OP_LSE: {
