@@ -3,10 +3,11 @@
  *
  * On the CPU these are malloc / memcpy / memset. On CUDA they use the driver
  * the CUDA backend opened (its dlopen handle; the entry points are looked up
- * here, so the backend's table stays as it is). Copies are synchronous: the
- * caller's stream is synchronised first, so a copy sees every GEMM queued on
- * it before. That is what the layer's host round trips (attention and the
- * other CPU steps, until they have GPU kernels) need. */
+ * here, so the backend's table stays as it is). Copies and fills are queued on
+ * the caller's stream, so they are ordered with the GEMMs on it (also when it
+ * is a non-blocking stream, as PyTorch's side streams are); a copy into host
+ * memory then waits for the stream, because the layer's host steps (attention
+ * and the other CPU steps, until they have GPU kernels) read it next. */
 #include "layer/llama.h"
 #include "core/context.h"
 
@@ -25,8 +26,8 @@ struct coda__llama_mem {
     coda_cuda_device_t *dev;
     CUresult (*MemAlloc)(CUdeviceptr *, size_t);
     CUresult (*MemFree)(CUdeviceptr);
-    CUresult (*Memcpy2D)(const CUDA_MEMCPY2D *);
-    CUresult (*MemsetD2D8)(CUdeviceptr, size_t, unsigned char, size_t, size_t);
+    CUresult (*Memcpy2DAsync)(const CUDA_MEMCPY2D *, CUstream);
+    CUresult (*MemsetD2D8Async)(CUdeviceptr, size_t, unsigned char, size_t, size_t, CUstream);
     CUresult (*StreamSynchronize)(CUstream);
 #endif
 };
@@ -47,8 +48,8 @@ coda_status_t coda__llama_mem_open(coda_context_t *ctx, coda_device_t device, in
     struct { void **slot; const char *sym; } t[] = {
         {(void **)&m->MemAlloc, "cuMemAlloc_v2"},
         {(void **)&m->MemFree, "cuMemFree_v2"},
-        {(void **)&m->Memcpy2D, "cuMemcpy2D_v2"},
-        {(void **)&m->MemsetD2D8, "cuMemsetD2D8_v2"},
+        {(void **)&m->Memcpy2DAsync, "cuMemcpy2DAsync_v2"},
+        {(void **)&m->MemsetD2D8Async, "cuMemsetD2D8Async"},
         {(void **)&m->StreamSynchronize, "cuStreamSynchronize"},
     };
     for (size_t i = 0; s == CODA_OK && i < sizeof t / sizeof t[0]; i++) {
@@ -169,8 +170,9 @@ coda_status_t coda__llama_mem_copy(coda__llama_mem_t *m, const coda_tensor_t *sr
     c.dstPitch = dp;
     c.WidthInBytes = rb;
     c.Height = rows;
-    WITH_CTX(m, m->StreamSynchronize((CUstream)stream), "layer copy: cuStreamSynchronize");
-    WITH_CTX(m, m->Memcpy2D(&c), "layer copy: cuMemcpy2D");
+    WITH_CTX(m, m->Memcpy2DAsync(&c, (CUstream)stream), "layer copy: cuMemcpy2DAsync");
+    if (dst->device == CODA_DEVICE_CPU)
+        WITH_CTX(m, m->StreamSynchronize((CUstream)stream), "layer copy: cuStreamSynchronize");
     return CODA_OK;
 #else
     (void)m;
@@ -188,8 +190,8 @@ coda_status_t coda__llama_mem_zero(coda__llama_mem_t *m, coda_tensor_t *t, void 
     }
 #ifdef CODA_WITH_CUDA
     if (rows == 0 || rb == 0) return CODA_OK;
-    WITH_CTX(m, m->StreamSynchronize((CUstream)stream), "layer zero: cuStreamSynchronize");
-    WITH_CTX(m, m->MemsetD2D8((CUdeviceptr)(uintptr_t)t->data, pitch, 0, rb, rows), "layer zero: cuMemsetD2D8");
+    WITH_CTX(m, m->MemsetD2D8Async((CUdeviceptr)(uintptr_t)t->data, pitch, 0, rb, rows, (CUstream)stream),
+             "layer zero: cuMemsetD2D8Async");
     return CODA_OK;
 #else
     (void)m;
