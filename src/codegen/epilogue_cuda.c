@@ -181,6 +181,7 @@ static const char *PRELUDE =
     "#define CG_NEG_INF __int_as_float(0xff800000)\n"
     "/* online log-sum-exp: fold element v into (m, l) */\n"
     "static __device__ __forceinline__ void cg_lse_add(float *m, float *l, float v) {\n"
+    "    if (v == CG_NEG_INF) return; /* exp(-inf) adds nothing; -inf - -inf would be NaN */\n"
     "    if (v > *m) {\n"
     "        *l = (*m == CG_NEG_INF ? 0.0f : *l * __expf(*m - v)) + 1.0f;\n"
     "        *m = v;\n"
@@ -203,7 +204,8 @@ static const char *red_init(coda_reduce_t r) { return r == CODA_REDUCE_MAX ? "CG
 
 /* "x = x OP y" for a reduction. */
 static void red_fold(sb_t *b, coda_reduce_t r, const char *x, const char *y) {
-    if (r == CODA_REDUCE_MAX) sb_printf(b, "%s = fmaxf(%s, %s);", x, x, y);
+    if (r == CODA_REDUCE_MAX) /* a NaN element makes the max NaN, as on the CPU */
+        sb_printf(b, "%s = (%s != %s || %s != %s) ? __int_as_float(0x7fc00000) : fmaxf(%s, %s);", x, x, x, y, y, x, y);
     else sb_printf(b, "%s = %s + %s;", x, x, y);
 }
 

@@ -38,6 +38,10 @@ typedef struct plan {
     int64_t ld[CODA_MAX_INSTS];     /* its row length (its space's tile width) */
 } plan_t;
 
+/* max that keeps a NaN (fmaxf drops it): a NaN element makes its row's or
+ * column's max partial NaN, on the GPU too (codegen) */
+static inline float nan_max(float a, float b) { return isnan(a) || isnan(b) ? NAN : fmaxf(a, b); }
+
 static int has_row(coda_shape_t s) { return (s & CODA_SHAPE_ROW) != 0; }
 static int has_col(coda_shape_t s) { return (s & CODA_SHAPE_COL) != 0; }
 
@@ -255,7 +259,7 @@ static void run_tile(const plan_t *pl, const tile_t *t, const float *acc, float 
                     const float *x = A.data + r * A.rs;
                     for (int64_t c = 0; c < t->cols[s]; c++) {
                         float e = x[c * A.cs];
-                        acc_r = op == CODA_REDUCE_MAX ? fmaxf(acc_r, e)
+                        acc_r = op == CODA_REDUCE_MAX ? nan_max(acc_r, e)
                               : op == CODA_REDUCE_SUMSQ ? acc_r + e * e : acc_r + e;
                     }
                     *(float *)coda__at2(tt, t->r0 + r, t->tn) = acc_r;
@@ -265,7 +269,7 @@ static void run_tile(const plan_t *pl, const tile_t *t, const float *acc, float 
                     float acc_c = init;
                     for (int64_t r = 0; r < t->rows; r++) {
                         float e = A.data[r * A.rs + c * A.cs];
-                        acc_c = op == CODA_REDUCE_MAX ? fmaxf(acc_c, e)
+                        acc_c = op == CODA_REDUCE_MAX ? nan_max(acc_c, e)
                               : op == CODA_REDUCE_SUMSQ ? acc_c + e * e : acc_c + e;
                     }
                     *(float *)coda__at2(tt, t->c0[s] + c, t->tm) = acc_c;
