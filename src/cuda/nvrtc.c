@@ -108,11 +108,19 @@ static char *read_file(const char *path, size_t *size) {
     return buf;
 }
 
+/* Write to a fresh temporary file (mkstemp: unique across threads and
+ * processes) and rename it into place, so readers see all or nothing. */
 static void write_file_atomic(const char *path, const char *data, size_t size) {
     char tmp[1100];
-    snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return;
+    if (snprintf(tmp, sizeof tmp, "%s.XXXXXX", path) >= (int)sizeof tmp) return;
+    int fd = mkstemp(tmp);
+    if (fd < 0) return;
+    FILE *f = fdopen(fd, "wb");
+    if (!f) {
+        close(fd);
+        unlink(tmp);
+        return;
+    }
     int ok = fwrite(data, 1, size, f) == size;
     ok = (fclose(f) == 0) && ok;
     if (!ok || rename(tmp, path) != 0) unlink(tmp);
