@@ -444,7 +444,10 @@ coda_status_t coda_llama_unpack_gate_up(const coda_llama_config_t *cfg, const co
                                         coda_tensor_t *w_gate, coda_tensor_t *w_up);
 
 /* A layer instance: configuration, batch shape, device, and the activations
- * the forward pass saves for the backward pass. */
+ * the forward pass saves for the backward pass. On CUDA (device 0 of the
+ * context) d, n_heads * head_dim, (n_heads + 2 n_kv_heads) * head_dim, ffn
+ * and vocab must be multiples of 8 (each is some GEMM's contraction);
+ * attention and a few small steps still run on the CPU there. */
 typedef struct coda_llama coda_llama_t;
 
 coda_status_t coda_llama_create(coda_context_t *ctx, const coda_llama_config_t *cfg,

@@ -303,6 +303,19 @@ coda_status_t coda_llama_create(coda_context_t *ctx, const coda_llama_config_t *
                           "batch * seq at most 2^31", fn, (long long)batch, (long long)seq);
     if (device != CODA_DEVICE_CPU && device != CODA_DEVICE_CUDA)
         return coda__fail(CODA_ERR_INVALID_ARG, "%s: device %d is neither CPU (0) nor CUDA (1)", fn, (int)device);
+    if (device == CODA_DEVICE_CUDA) {
+        /* Every extent that is some GEMM's contraction (forward or dgrad)
+         * must be a multiple of 8 on the GPU (16-byte rows for the copy
+         * engine): refuse now rather than in the first backward. */
+        const struct { const char *name; int64_t v; } k[] = {
+            {"d", cfg->d}, {"n_heads * head_dim", cfg->n_heads * cfg->head_dim},
+            {"(n_heads + 2 n_kv_heads) * head_dim", (cfg->n_heads + 2 * cfg->n_kv_heads) * cfg->head_dim},
+            {"ffn", cfg->ffn}, {"vocab", cfg->vocab}};
+        for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+            if (k[i].v % 8 != 0)
+                return coda__fail(CODA_ERR_SHAPE, "%s: %s = %lld: on CUDA it must be a multiple of 8 "
+                                  "(a GEMM contracts over it)", fn, k[i].name, (long long)k[i].v);
+    }
     coda_llama_t *L = calloc(1, sizeof *L);
     if (!L) return coda__fail(CODA_ERR_NO_MEMORY, "%s: out of memory", fn);
     L->ctx = ctx;
