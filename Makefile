@@ -44,6 +44,9 @@ TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 GPU_SRC   := $(wildcard tests/gpu/*.c bench/*.c)
 GPU_BIN   := $(GPU_SRC:%.c=$(BUILD)/%)
 
+# A recipe that fails leaves no half-written target (e.g. build/gen/kernels.c).
+.DELETE_ON_ERROR:
+
 .PHONY: all lib test test-c test-py test-sanitize demo fuzz gpu-test bench clean help
 all: lib $(BUILD)/coda $(TEST_BIN)
 

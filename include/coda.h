@@ -146,10 +146,14 @@ int coda_context_has_cuda(const coda_context_t *ctx);
 /* ---------------------------------------------------------------------------
  * 4. Plain GEMM: the three layouts of training
  *
- * bf16 inputs, fp32 accumulation, bf16 or f32 output C (M, N):
+ * bf16 inputs (the CPU backend also takes f32), fp32 accumulation, bf16 or
+ * f32 output C (M, N):
  *   C = alpha * op(A) op(B) + beta * C      (beta == 0: C is not read)
  *
- * K must be a multiple of 8 on CUDA (16-byte rows); any M, N.
+ * Any M, N. On CUDA: K a multiple of 8, base pointers 16-byte aligned, row
+ * strides multiples of 16 bytes (the copy engine), extents below 2^31.
+ * Overlap checks compare byte spans, so they are conservative: two disjoint
+ * strided views of one buffer count as overlapping.
  * A, B, C must all live on the same device; CPU tensors run on the CPU
  * reference backend. `stream` is a cudaStream_t (NULL: the default stream),
  * ignored on the CPU.
@@ -229,11 +233,15 @@ coda_status_t coda_gemm(coda_context_t *ctx, coda_layout_t layout,
  * accumulator elements (coda_tiling_t). For a value in space s the tile spans
  * tile_n * 2^s of its columns. A row reduction writes one partial per row per
  * column tile: partials (M, ceil(N/tile_n)), element [i][t] = reduction over
- * tile t's columns of row i, in increasing column order. A column reduction
- * writes partials (W, ceil(M/tile_m)). An lse output writes, per row and
- * column tile, (m, l, p): running max, sum of exp(v - m), and v at the target
- * column if it falls in the tile (else 0). The finishing steps (section 7)
- * combine the partials in a fixed order: results are bitwise reproducible.
+ * tile t's columns of row i. A column reduction writes partials
+ * (W, ceil(M/tile_m)). An lse output writes, per row and column tile,
+ * (m, l, p): running max, sum of exp(v - m), and v at the target column if
+ * it falls in the tile (else 0). Within a tile each backend reduces in a
+ * fixed order of its own (the CPU in increasing column / row order, the GPU
+ * over its register layout and lane shuffles), and the finishing steps
+ * (section 7) combine the partials in increasing t: results are bitwise
+ * reproducible on a backend, and agree across backends up to rounding.
+ * A NaN element makes its partials NaN (max included).
  * ------------------------------------------------------------------------- */
 
 typedef struct coda_program coda_program_t;
@@ -329,6 +337,16 @@ int coda_program_find_arg(const coda_program_t *p, const char *name);
  * program stores it. Each program argument is bound by name to a tensor
  * (tiles, vectors, partials) or a scalar; every argument must be bound once.
  * Shapes are checked against M, N, the argument's space and the tiling.
+ * A program with a half-space value or argument, or a full-space swap, needs
+ * N even. Tilings: 1 <= tile_m <= 1024; tile_n even, 2 <= tile_n <= 1024.
+ *
+ * On CUDA (the program becomes CUDA C inside the Hopper GEMM, compiled by
+ * NVRTC on first use and cached on disk): tile_n is the mainloop's block
+ * width, 128 or 256; tile_m is 16 for programs with column reductions (any
+ * for the others: row partials do not depend on it); at most 16 arguments;
+ * tile and column tensors need their base and row stride aligned to one
+ * accumulator pair's elements (e.g. 4 bytes for a full-space bf16 tile, 16
+ * for a double-space f32 tile); M and N below 2^29. Use coda_choose_tiling.
  * ------------------------------------------------------------------------- */
 
 typedef struct coda_binding {
@@ -343,13 +361,15 @@ typedef struct coda_tiling {
 } coda_tiling_t;
 
 /* The tiling a backend will use for a GEMM of this shape on this device when
- * given {0, 0}; use it to size partial outputs before the call. */
+ * given {0, 0} (CUDA: that of device 0; without a GPU, an H100/H200's);
+ * use it to size partial outputs before the call. */
 coda_status_t coda_choose_tiling(coda_context_t *ctx, coda_device_t device, coda_layout_t layout,
                                  int64_t m, int64_t n, int64_t k, coda_tiling_t *tiling);
 
 /* The tensor program argument `index` must be bound to, for a GEMM of m rows
- * and n columns cut by `tiling` (NULL or zeros: the CPU default): its number
- * of dims (0 for a scalar), extents and dtype. Use it to allocate outputs. */
+ * and n columns cut by `tiling` (NULL or zeros: the CPU default; for CUDA
+ * pass coda_choose_tiling's result): its number of dims (0 for a scalar),
+ * extents and dtype. Use it to allocate outputs. */
 coda_status_t coda_program_arg_shape(const coda_program_t *p, int index, int64_t m, int64_t n,
                                      const coda_tiling_t *tiling, int *ndim,
                                      int64_t shape[3], coda_dtype_t *dtype);
@@ -381,7 +401,8 @@ coda_status_t coda_finish_rstd(coda_context_t *ctx, const coda_tensor_t *partial
 /* Cross-entropy from lse partials (M, T, 3) f32 and targets (M) i32:
  * lse[i] = m + log(sum_t l_t exp(m_t - m)) with m = max_t m_t,
  * loss[i] = lse[i] - sum_t p_t, or 0 where targets[i] == ignore_index.
- * lse (M) f32, loss (M) f32. */
+ * lse (M) f32, loss (M) f32. Targets are not range-checked: one outside the
+ * logits' columns picks nothing (p = 0), so its loss is lse[i]. */
 coda_status_t coda_finish_lse(coda_context_t *ctx, const coda_tensor_t *partials,
                               const coda_tensor_t *targets, int32_t ignore_index,
                               coda_tensor_t *lse, coda_tensor_t *loss, void *stream);

@@ -27,10 +27,15 @@ static int usage(FILE *f) {
     return f == stderr ? 2 : 0;
 }
 
-/* Whole file (or stdin) into a NUL-terminated heap string; NULL on error. */
+/* Whole file (or stdin) into a NUL-terminated heap string; NULL (and a
+ * message on stderr) on a read error or a NUL byte inside the text, which
+ * would otherwise hide everything after it from the parser. */
 static char *read_all(const char *path) {
     FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
-    if (!f) return NULL;
+    if (!f) {
+        fprintf(stderr, "coda: cannot open %s\n", path);
+        return NULL;
+    }
     size_t cap = 4096, len = 0;
     char *buf = malloc(cap);
     while (buf) {
@@ -39,15 +44,22 @@ static char *read_all(const char *path) {
         if (n == 0) break;
         if (len + 1 == cap) {
             char *grown = realloc(buf, cap *= 2);
-            if (!grown) {
-                free(buf);
-                buf = NULL;
-            }
+            if (!grown) free(buf);
             buf = grown;
         }
     }
+    int bad_read = ferror(f);
     if (f != stdin) fclose(f);
-    if (buf) buf[len] = 0;
+    if (!buf) {
+        fprintf(stderr, "coda: out of memory reading %s\n", path);
+        return NULL;
+    }
+    buf[len] = 0;
+    if (bad_read || strlen(buf) != len) {
+        fprintf(stderr, "coda: %s: %s\n", path, bad_read ? "read error" : "contains a NUL byte");
+        free(buf);
+        return NULL;
+    }
     return buf;
 }
 
@@ -65,10 +77,7 @@ static int print_program(const coda_program_t *p) {
 
 static int cmd_check(const char *path) {
     char *text = read_all(path);
-    if (!text) {
-        fprintf(stderr, "coda: cannot read %s\n", path);
-        return 1;
-    }
+    if (!text) return 1;
     coda_program_t *p = NULL;
     coda_status_t s = coda_program_parse(text, &p);
     free(text);

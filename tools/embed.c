@@ -42,7 +42,7 @@ int main(int argc, char **argv) {
         int c;
         while ((c = fgetc(in)) != EOF) {
             if (c == '\n') fprintf(out, "\\n\"\n\"");
-            else if (c == '\\' || c == '"') fprintf(out, "\\%c", c);
+            else if (c == '\\' || c == '"' || c == '?') fprintf(out, "\\%c", c); /* '?': no trigraphs */
             else if (c < 32 || c > 126) fprintf(out, "\\%03o", c);
             else fputc(c, out);
         }

@@ -63,10 +63,14 @@ coda_status_t coda__cuda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout
     if (m > INT32_MAX / 4 || n > INT32_MAX / 4)
         return coda__fail(CODA_ERR_SHAPE, "fused GEMM on CUDA: extents %lld x %lld are too large",
                           (long long)m, (long long)n);
-    if (tiling.tile_m != GPU_TILE_M)
+    /* Column partials are per warp (16 rows); row partials do not depend on
+     * tile_m, so only programs with column reductions are held to 16. */
+    int has_colred = 0;
+    for (int i = 0; i < p->n_args; i++) has_colred |= p->args[i].kind == CODA_OUT_COLRED;
+    if (has_colred && tiling.tile_m != GPU_TILE_M)
         return coda__fail(CODA_ERR_UNSUPPORTED,
-                          "fused GEMM on CUDA: tiling.tile_m %d; the GPU epilogue uses %d (coda_choose_tiling)",
-                          tiling.tile_m, GPU_TILE_M);
+                          "fused GEMM on CUDA: tiling.tile_m %d; a program with column reductions "
+                          "needs %d on the GPU (coda_choose_tiling)", tiling.tile_m, GPU_TILE_M);
     coda_cuda_device_t *d;
     CODA_TRY(coda__cuda_device(ctx, a->device_index, &d));
     int cfg = cfg_for_tiling(tiling, coda__cuda_gemm_pick(m, n, k, d->sm_count));
