@@ -8,6 +8,7 @@
 
 #include "codegen/codegen.h"
 
+#include <pthread.h>
 #include <time.h>
 
 /* One program per primitive class, in every column space. */
@@ -137,6 +138,45 @@ static void check_program(const char *name, const char *text, int in_mainloop) {
     coda_program_free(p);
 }
 
+/* The per-program cache: one text per form, the same pointer every time,
+ * equal to a fresh generation; threads racing on a fresh program all get
+ * the one text that won (the losers' copies are freed: ASan checks). */
+typedef struct { const coda_program_t *p; const char *got; } race_t;
+static void *race(void *arg) {
+    race_t *r = arg;
+    if (coda__codegen_cuda_cached(r->p, 1, &r->got) != CODA_OK) r->got = NULL;
+    return NULL;
+}
+
+static void check_cache(void) {
+    coda_program_t *p = parse_or_fail("cache", coda_builtin_program("resid_norm"));
+    if (!p) return;
+    const char *a = NULL, *b = NULL, *e = NULL;
+    char *fresh = NULL;
+    CHECK_OK(coda__codegen_cuda_cached(p, 0, &a));
+    CHECK_OK(coda__codegen_cuda_cached(p, 0, &b));
+    CHECK_OK(coda__codegen_cuda_cached(p, 1, &e));
+    CHECK_OK(coda__codegen_cuda_ex(p, 0, &fresh));
+    CHECK(a && a == b, "cached text is kept");
+    CHECK(a && fresh && strcmp(a, fresh) == 0, "cached text equals a fresh generation");
+    CHECK(e && a && e != a && strcmp(e, a) != 0, "the even-N form is cached apart");
+    free(fresh);
+    coda_program_free(p);
+
+    p = parse_or_fail("cache-race", coda_builtin_program("qkv_rope"));
+    if (!p) return;
+    pthread_t th[4];
+    race_t r[4];
+    for (int i = 0; i < 4; i++) {
+        r[i].p = p;
+        r[i].got = NULL;
+        pthread_create(&th[i], NULL, race, &r[i]);
+    }
+    for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
+    for (int i = 1; i < 4; i++) CHECK(r[i].got && r[i].got == r[0].got, "thread %d got the same text", i);
+    coda_program_free(p);
+}
+
 int main(void) {
     for (int i = 0; i < N_PRIMITIVE; i++) check_program("primitive", primitive_programs[i], i == 3 ? 2 : 0);
     int n = 0;
@@ -166,6 +206,7 @@ int main(void) {
         CHECK(strstr(coda_last_error(), "at most") != NULL, "message: %s", coda_last_error());
         coda_program_free(p);
     }
+    check_cache();
 #ifdef CODA_WITH_CUDA
     compile_finish();
 #endif

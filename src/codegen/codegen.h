@@ -56,5 +56,8 @@ coda_status_t coda__codegen_cuda(const coda_program_t *p, char **out);
 /* even_n != 0: the form for an even number of accumulator columns N, whose
  * pairs are all whole: branch-free, so loads of many pairs overlap. */
 coda_status_t coda__codegen_cuda_ex(const coda_program_t *p, int even_n, char **out);
+/* The same text, made once per program and form and kept with the program
+ * (freed by coda_program_free): *out is owned by p. */
+coda_status_t coda__codegen_cuda_cached(const coda_program_t *p, int even_n, const char **out);
 
 #endif

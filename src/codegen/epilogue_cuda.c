@@ -567,3 +567,19 @@ coda_status_t coda__codegen_cuda_ex(const coda_program_t *p, int even_n, char **
     *out = b.buf;
     return CODA_OK;
 }
+
+coda_status_t coda__codegen_cuda_cached(const coda_program_t *p, int even_n, const char **out) {
+    if (!out) return coda__fail(CODA_ERR_INVALID_ARG, "codegen: out is NULL");
+    if (!p) return coda__fail(CODA_ERR_INVALID_ARG, "codegen: program is NULL");
+    _Atomic(char *) *slot = &((coda_program_t *)p)->cuda_src[even_n ? 1 : 0];
+    char *cur = atomic_load(slot);
+    if (!cur) {
+        char *made = NULL;
+        CODA_TRY(coda__codegen_cuda_ex(p, even_n, &made));
+        /* another thread may have been first: keep its text, drop ours */
+        if (atomic_compare_exchange_strong(slot, &cur, made)) cur = made;
+        else free(made);
+    }
+    *out = cur;
+    return CODA_OK;
+}

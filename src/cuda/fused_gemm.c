@@ -99,12 +99,9 @@ coda_status_t coda__cuda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout
         }
     }
 
-    char *src = NULL;
-    CODA_TRY(coda__codegen_cuda_ex(p, n % 2 == 0, &src));
+    const char *src = NULL; /* generated once per program (and N parity) */
+    CODA_TRY(coda__codegen_cuda_cached(p, n % 2 == 0, &src));
     coda_epi_params_t params;
     fill_params(p, bound, scalars, m, n, &params);
-    coda_status_t s = coda__cuda_gemm_run(ctx, layout, a, b, NULL, src, &params, sizeof params, 0,
-                                          cfg, stream);
-    free(src);
-    return s;
+    return coda__cuda_gemm_run(ctx, layout, a, b, NULL, src, &params, sizeof params, 0, cfg, stream);
 }

@@ -98,7 +98,12 @@ coda_status_t coda_program_new(const char *name, coda_program_t **out) {
     return CODA_OK;
 }
 
-void coda_program_free(coda_program_t *p) { free(p); }
+void coda_program_free(coda_program_t *p) {
+    if (!p) return;
+    free(atomic_load(&p->cuda_src[0]));
+    free(atomic_load(&p->cuda_src[1]));
+    free(p);
+}
 
 int coda_program_arg(coda_program_t *p, const char *name, coda_arg_kind_t kind,
                      coda_dtype_t dtype, coda_space_t space, coda_reduce_t reduce) {

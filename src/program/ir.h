@@ -12,6 +12,8 @@
 
 #include "core/internal.h"
 
+#include <stdatomic.h>
+
 #define CODA_NAME_MAX 32      /* identifier length, including the NUL      */
 #define CODA_MAX_ARGS 64      /* argument declarations per program          */
 #define CODA_MAX_INSTS 1024   /* instructions per program                   */
@@ -55,6 +57,10 @@ struct coda_program {
     coda_status_t error;     /* builder: first error, CODA_OK if none      */
     char error_msg[256];
     int verified;            /* 1 once coda_program_finish / parse passed  */
+    /* Generated CUDA C, [0] general form, [1] even-N form: made on first
+     * use by coda__codegen_cuda_cached and freed with the program. A cache
+     * in a const program, so set once, atomically (threads may share p). */
+    _Atomic(char *) cuda_src[2];
 };
 
 /* Operand count of a map op (1..3), 0 for sources, -1 for statements. */
