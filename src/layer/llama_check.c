@@ -206,17 +206,22 @@ static coda_status_t run(arena_t *A, coda_context_t *ctx, const coda_llama_confi
         CODA_TRY(mirror(A, &tdx, &rdx));
         CODA_TRY(mirror(A, &ttg, &rtg));
         CODA_TRY(mirror(A, &tl, &rl));
+        /* the uploads went to the default stream; the layer may run on another */
+        CODA_TRY(coda__llama_mem_sync(A->dev, NULL));
     }
+    /* times include the GPU finishing its work (synchronised) */
     double t0 = now_s();
-    CODA_TRY(coda_llama_forward(A->layer, &wr, &rx, use_loss ? &rtg : NULL, &ry, use_loss ? &rl : NULL, NULL));
+    CODA_TRY(coda_llama_forward(A->layer, &wr, &rx, use_loss ? &rtg : NULL, &ry, use_loss ? &rl : NULL, o->stream));
+    if (o->device == CODA_DEVICE_CUDA) CODA_TRY(coda__llama_mem_sync(A->dev, o->stream));
     double t1 = now_s();
-    CODA_TRY(coda_llama_backward(A->layer, &wr, o->use_dy ? &rdy : NULL, o->loss_scale, &rdx, &gr, NULL));
+    CODA_TRY(coda_llama_backward(A->layer, &wr, o->use_dy ? &rdy : NULL, o->loss_scale, &rdx, &gr, o->stream));
+    if (o->device == CODA_DEVICE_CUDA) CODA_TRY(coda__llama_mem_sync(A->dev, o->stream));
     double t2 = now_s();
     if (o->device == CODA_DEVICE_CUDA) {
-        CODA_TRY(coda__llama_mem_copy(A->dev, &ry, &ty, NULL));
-        CODA_TRY(coda__llama_mem_copy(A->dev, &rdx, &tdx, NULL));
-        CODA_TRY(coda__llama_mem_copy(A->dev, &rl, &tl, NULL));
-        for (int i = 0; i < nw; i++) CODA_TRY(coda__llama_mem_copy(A->dev, grf[i], gf_[i], NULL));
+        CODA_TRY(coda__llama_mem_copy(A->dev, &ry, &ty, o->stream));
+        CODA_TRY(coda__llama_mem_copy(A->dev, &rdx, &tdx, o->stream));
+        CODA_TRY(coda__llama_mem_copy(A->dev, &rl, &tl, o->stream));
+        for (int i = 0; i < nw; i++) CODA_TRY(coda__llama_mem_copy(A->dev, grf[i], gf_[i], o->stream));
     }
     out->t_forward = t1 - t0;
     out->t_backward = t2 - t1;

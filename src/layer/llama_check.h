@@ -19,6 +19,7 @@ typedef struct coda__llama_check_opts {
     int ignore_every;     /* every k-th target is -100 (0: none)             */
     coda_dtype_t grad_dtype; /* CODA_F32 or CODA_BF16                        */
     coda_device_t device; /* where the layer runs (CUDA: device 0)           */
+    void *stream;         /* CUDA stream for the layer (NULL: the default)   */
 } coda__llama_check_opts_t;
 
 #define CODA__LLAMA_CHECK_MAX 16

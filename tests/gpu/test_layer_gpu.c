@@ -6,6 +6,8 @@
 #include "harness.h"
 #include "layer/llama_check.h"
 
+#include <cuda_runtime_api.h>
+
 static void run_case(coda_context_t *ctx, const char *title, coda_llama_config_t c, int64_t batch, int64_t seq,
                      coda__llama_check_opts_t o) {
     coda__llama_check_t gpu, cpu;
@@ -57,6 +59,18 @@ int main(void) {
                                 .vocab = 1000, .eps = 1e-5f, .rope_theta = 500000.0f};
     o.seed = 5; o.use_dy = 1; o.loss_scale = 1.0f / 128;
     run_case(ctx, "demo shape", demo, 2, 64, o);
+
+    /* a non-blocking stream (as PyTorch side streams are): the layer's copies
+     * and fills must be ordered on it, not on the default stream */
+    cudaStream_t side;
+    if (cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) != cudaSuccess) {
+        fprintf(stderr, "FATAL: cudaStreamCreateWithFlags failed\n");
+        return 1;
+    }
+    o.seed = 6;
+    o.stream = side;
+    run_case(ctx, "demo shape, non-blocking stream", demo, 2, 64, o);
+    cudaStreamDestroy(side);
 
     coda_context_free(ctx);
     TEST_MAIN_END();
