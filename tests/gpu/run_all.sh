@@ -1,0 +1,19 @@
+#!/bin/bash
+# run_all.sh - everything that needs an sm_90a GPU, in one call of the device
+# (logs under $OUT):
+#   1. bench/run_gpu.sh quick         GEMM: NVRTC test, GPU test (small, full), benchmark vs cuBLAS
+#   2. tests/gpu/run_epilogue_gpu.sh  fused GEMMs: GPU test under compute-sanitizer, then full
+#   3. build/tests/gpu/test_layer_gpu the layer on CUDA (default and non-blocking streams)
+#   4. tests/gpu/run_epilogue_gpu.sh bench   fused vs plain vs cuBLAS; vs eager, compile, Liger
+# Steps 1 and 4 take a few minutes each; pass "tests" to skip the benchmarks.
+set -u
+OUT=${OUT:-gpu-logs}
+mkdir -p "$OUT"
+export CODA_CACHE_DIR=${CODA_CACHE_DIR:-/tmp/coda-cache}
+make -j16 lib build/tests/gpu/test_layer_gpu > "$OUT/build-all.log" 2>&1 || { tail -30 "$OUT/build-all.log"; exit 1; }
+if [ "${1:-}" != "tests" ]; then bash bench/run_gpu.sh quick 2>&1 | tail -40; fi
+bash tests/gpu/run_epilogue_gpu.sh 2>&1 | tail -12
+echo "== layer on CUDA"
+timeout 300 build/tests/gpu/test_layer_gpu > "$OUT/layer.log" 2>&1; echo "rc=$?"
+grep -E "FAIL|stream" "$OUT/layer.log" | head -20; tail -1 "$OUT/layer.log"
+if [ "${1:-}" != "tests" ]; then bash tests/gpu/run_epilogue_gpu.sh bench 2>&1 | tail -60; fi
