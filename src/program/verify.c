@@ -46,28 +46,31 @@ static const char *kind_words(const coda_arg_t *a) {
     return "?";
 }
 
+/* A verify error at instruction or argument `i` ("line N: " or "instruction I: "). */
+static coda_status_t vfail(int line, const char *kind, int i, const char *fmt, va_list ap) {
+    char where[48], msg[400];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    return coda__fail(CODA_ERR_VERIFY, "%s%s", coda__where(where, line, kind, i), msg);
+}
+
 static coda_status_t fail_inst(const coda_program_t *p, int i, const char *fmt, ...)
     CODA_PRINTF(3, 4);
 static coda_status_t fail_inst(const coda_program_t *p, int i, const char *fmt, ...) {
-    char where[48], msg[400];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    coda_status_t s = vfail(p->insts[i].line, "instruction", i, fmt, ap);
     va_end(ap);
-    return coda__fail(CODA_ERR_VERIFY, "%s%s",
-                      coda__where(where, p->insts[i].line, "instruction", i), msg);
+    return s;
 }
 
 static coda_status_t fail_arg(const coda_program_t *p, int i, const char *fmt, ...)
     CODA_PRINTF(3, 4);
 static coda_status_t fail_arg(const coda_program_t *p, int i, const char *fmt, ...) {
-    char where[48], msg[400];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    coda_status_t s = vfail(p->args[i].line, "argument", i, fmt, ap);
     va_end(ap);
-    return coda__fail(CODA_ERR_VERIFY, "%s%s",
-                      coda__where(where, p->args[i].line, "argument", i), msg);
+    return s;
 }
 
 static coda_status_t verify_arg(const coda_program_t *p, int i) {
