@@ -13,6 +13,7 @@
 
 #include <cublas_v2.h>
 #include "gpu/cuda_check.h"
+#include "cuda/backend.h" /* CODA_CUDA_GEMM_NCFG */
 
 #define CUBLAS_OK(call)                                                                   \
     do {                                                                                  \
@@ -279,7 +280,7 @@ int main(int argc, char **argv) {
                ratios[i], err, err < 1e-2 ? "" : " MISMATCH");
         if (sweep) {
             printf("    default: %9.1f TF/s\n", fc);
-            for (int cfg = 0; cfg < 4; cfg++) {
+            for (int cfg = 0; cfg < CODA_CUDA_GEMM_NCFG; cfg++) {
                 char v[2] = {(char)('0' + cfg), 0};
                 setenv("CODA_GEMM_CFG", v, 1);
                 float t = time_it(run_coda, s, &bf);

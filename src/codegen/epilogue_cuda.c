@@ -481,7 +481,7 @@ static void gen_end(sb_t *b, const coda_program_t *p) {
               "    const int rows[2] = {t.row, t.row + 8};\n"
               "    const int m_tile = t.tile_m, n_tile = t.tile_n;\n"
               "    const int lane = t.tid & 31;\n"
-              "    const int m16 = (m_tile * 128 + 64 * t.wg + 16 * (t.tid >> 5)) / 16; /* 16-row tile */\n"
+              "    const int m16 = t.row >> 4; /* this warp's 16-row tile (rows start at a multiple of 16) */\n"
               "    (void)P; (void)S; (void)rows; (void)m_tile; (void)n_tile; (void)lane; (void)m16;\n");
     for (int k = 0; k < p->n_args; k++) {
         const coda_arg_t *a = &p->args[k];

@@ -16,12 +16,25 @@
 
 #define GPU_TILE_M 16
 
-/* Configuration index for a tiling, preferring the mainloop's own pick. */
-static int cfg_for_tiling(coda_tiling_t tl, int pick) {
-    if (coda__cuda_gemm_cfgs[pick].bn == tl.tile_n) return pick;
-    for (int i = 0; i < CODA_CUDA_GEMM_NCFG; i++)
-        if (coda__cuda_gemm_cfgs[i].bn == tl.tile_n && coda__cuda_gemm_cfgs[i].cluster_m == 1) return i;
-    return -1;
+/* Configuration index for a tiling. Fused GEMMs run the ping-pong schedule
+ * (gemm_mainloop.cuh), which hides each tile's epilogue behind the other
+ * consumer's mainloop; 2-CTA clusters where there are enough tiles to fill
+ * the chip twice. CODA_GEMM_CFG (benchmarking) overrides when its tile
+ * width matches. Returns -1 if no configuration has tl.tile_n. */
+static int cfg_for_tiling(coda_tiling_t tl, int64_t m, int64_t n, int sm_count) {
+    const char *env = getenv("CODA_GEMM_CFG");
+    if (env && *env >= '0' && *env < '0' + CODA_CUDA_GEMM_NCFG && !env[1] &&
+        coda__cuda_gemm_cfgs[*env - '0'].bn == tl.tile_n)
+        return *env - '0';
+    int best = -1;
+    for (int i = 0; i < CODA_CUDA_GEMM_NCFG; i++) {
+        const coda_cuda_gemm_cfg_t *c = &coda__cuda_gemm_cfgs[i];
+        if (c->bn != tl.tile_n || !c->pingpong) continue;
+        int64_t tiles = coda__cdiv(m, c->bm) * coda__cdiv(n, c->bn);
+        int want_cluster = tiles >= 2 * (int64_t)sm_count;
+        if (best < 0 || (c->cluster_m > 1) == want_cluster) best = i;
+    }
+    return best;
 }
 
 coda_status_t coda__cuda_choose_tiling(coda_context_t *ctx, int index, int64_t m, int64_t n,
@@ -73,7 +86,7 @@ coda_status_t coda__cuda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout
                           "needs %d on the GPU (coda_choose_tiling)", tiling.tile_m, GPU_TILE_M);
     coda_cuda_device_t *d;
     CODA_TRY(coda__cuda_device(ctx, a->device_index, &d));
-    int cfg = cfg_for_tiling(tiling, coda__cuda_gemm_pick(m, n, k, d->sm_count));
+    int cfg = cfg_for_tiling(tiling, m, n, d->sm_count);
     if (cfg < 0)
         return coda__fail(CODA_ERR_UNSUPPORTED,
                           "fused GEMM on CUDA: tiling.tile_n %d; the GPU mainloop has 128 or 256",

@@ -16,10 +16,14 @@
  * without clusters; one wave or less of big tiles runs best without
  * clusters, and below half a wave smaller tiles spread the work wider. */
 const coda_cuda_gemm_cfg_t coda__cuda_gemm_cfgs[CODA_CUDA_GEMM_NCFG] = {
-    {128, 256, 64, 4, 1, 8},
-    {128, 128, 64, 6, 1, 8},
-    {128, 256, 64, 4, 2, 8},
-    {128, 256, 64, 4, 2, 16},
+    /* bm, bn, bk, stages, cluster_m, group_m, pingpong */
+    {128, 256, 64, 4, 1, 8, 0},
+    {128, 128, 64, 6, 1, 8, 0},
+    {128, 256, 64, 4, 2, 8, 0},
+    {128, 256, 64, 4, 2, 16, 0},
+    {64, 256, 64, 4, 1, 8, 1},
+    {64, 256, 64, 4, 2, 16, 1},
+    {64, 128, 64, 7, 1, 8, 1},
 };
 
 int coda__cuda_gemm_pick(int64_t m, int64_t n, int64_t k, int sm_count) {
@@ -75,13 +79,14 @@ int coda__cuda_gemm_options(coda_layout_t layout, const coda_cuda_gemm_cfg_t *cf
     opts[n++] = "-default-device";
     int ta = layout == CODA_LAYOUT_TN, tb = layout != CODA_LAYOUT_NT;
     int w = snprintf(optbuf, optcap, "-DCODA_BN=%d%c-DCODA_STAGES=%d%c-DCODA_TA=%d%c-DCODA_TB=%d%c"
-                     "-DCODA_CLUSTER=%d%c-DCODA_EPI_STORE_C=%d%c-DCODA_C_F32=%d%c-DCODA_GROUP_M=%d",
+                     "-DCODA_CLUSTER=%d%c-DCODA_EPI_STORE_C=%d%c-DCODA_C_F32=%d%c-DCODA_GROUP_M=%d%c"
+                     "-DCODA_PINGPONG=%d",
                      cfg->bn, 0, cfg->stages, 0, ta, 0, tb, 0, cfg->cluster_m, 0, store_c, 0, c_f32,
-                     0, cfg->group_m);
-    int nd = 8;
+                     0, cfg->group_m, 0, cfg->pingpong);
+    int nd = 9;
     if (getenv("CODA_DEBUG_MN_SWAP") && w > 0 && (size_t)w + 20 < optcap) {
         memcpy(optbuf + w + 1, "-DCODA_MN_SWAP=1", 17);
-        nd = 9;
+        nd = 10;
     }
     const char *p = optbuf;
     for (int i = 0; i < nd; i++) {

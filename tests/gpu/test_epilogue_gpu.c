@@ -118,6 +118,10 @@ static int compare(const char *what, const coda_tensor_t *cpu, const void *got, 
     return ok;
 }
 
+/* 1: run fused GEMMs on the cooperative schedule (CODA_GEMM_CFG 0 or 1,
+ * by tile width) instead of the default ping-pong one */
+static int cooperative;
+
 /* tile_n 0: the backend's choice; else force that tile width */
 static void run_case(const char *text, coda_layout_t layout, int64_t m, int64_t n, int64_t k, int tile_n) {
     coda_program_t *p = NULL;
@@ -127,6 +131,8 @@ static void run_case(const char *text, coda_layout_t layout, int64_t m, int64_t 
     coda_tiling_t tl;
     REQUIRE_OK(coda_choose_tiling(ctx, CODA_DEVICE_CUDA, layout, m, n, k, &tl));
     if (tile_n) tl.tile_n = tile_n;
+    if (cooperative) setenv("CODA_GEMM_CFG", tl.tile_n == 256 ? "0" : "1", 1);
+    else unsetenv("CODA_GEMM_CFG");
 
     /* operands */
     int64_t ash[2] = {layout == CODA_LAYOUT_TN ? k : m, layout == CODA_LAYOUT_TN ? m : k};
@@ -270,6 +276,8 @@ int main(int argc, char **argv) {
             run_case(texts[i], CODA_LAYOUT_NT, shapes[s][0], shapes[s][1], shapes[s][2], 0);
     /* the 256-wide tile (big problems), every program */
     for (int i = 0; i < nt; i++) run_case(texts[i], CODA_LAYOUT_NT, small ? 127 : 1000, 520, 264, 256);
+    /* several tiles per consumer warpgroup (and, at this size, 2-CTA clusters) */
+    for (int i = 0; i < (small ? 1 : nt); i++) run_case(texts[i], CODA_LAYOUT_NT, 4096, 1032, 520, 256);
     /* odd N (the general, branching form of the generated code), for the
      * programs that need no column pairs */
     run_case(extra_programs[0], CODA_LAYOUT_NT, 127, 131, 72, 0);
@@ -281,6 +289,15 @@ int main(int argc, char **argv) {
         run_case(texts[i], CODA_LAYOUT_NN, 127, 264, 136, 0);
         run_case(texts[i], CODA_LAYOUT_TN, 264, 136, 1000, 0);
     }
+    /* the cooperative schedule (128-row tiles, both warpgroups on each) */
+    cooperative = 1;
+    for (int i = 0; i < nt; i++) {
+        run_case(texts[i], CODA_LAYOUT_NT, small ? 127 : 1000, 520, 264, 0);
+        if (!small) run_case(texts[i], CODA_LAYOUT_NT, 1000, 520, 264, 256);
+    }
+    run_case(texts[0], CODA_LAYOUT_TN, 264, 136, 1000, 0);
+    cooperative = 0;
+    unsetenv("CODA_GEMM_CFG");
     finish_case(small ? 100 : 5000, 17);
     coda_context_free(ctx);
     TEST_MAIN_END();

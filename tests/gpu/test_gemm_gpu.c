@@ -10,6 +10,7 @@
 #include "harness.h"
 
 #include "gpu/cuda_check.h"
+#include "cuda/backend.h" /* CODA_CUDA_GEMM_NCFG */
 
 
 static coda_context_t *ctx;
@@ -201,6 +202,10 @@ int main(int argc, char **argv) {
             run_case((coda_layout_t)l, 257, 136, 72, CODA_F32, 0.5f, 1.5f, 0);
             run_case((coda_layout_t)l, 300, 392, 136, CODA_BF16, 1.0f, 0.25f, 2);
             run_case((coda_layout_t)l, 700, 136, 520, CODA_F32, 1.0f, 0.0f, 3);
+            /* ping-pong: several 64-row tiles per warpgroup at 700 x 392 */
+            run_case((coda_layout_t)l, 700, 392, 200, CODA_BF16, 1.0f, 0.0f, 4);
+            run_case((coda_layout_t)l, 700, 392, 136, CODA_F32, 0.5f, 1.5f, 5);
+            run_case((coda_layout_t)l, 700, 392, 72, CODA_BF16, 1.0f, 0.0f, 6);
         }
         bad_args();
         TEST_MAIN_END();
@@ -212,7 +217,7 @@ int main(int argc, char **argv) {
         {16384, 264, 136}, {128, 256, 64},  {300, 200, 8},    {777, 1544, 520},
     };
     int nshapes = (int)(sizeof shapes / sizeof shapes[0]);
-    for (int cfg = -1; cfg < 4; cfg++)
+    for (int cfg = -1; cfg < CODA_CUDA_GEMM_NCFG; cfg++)
         for (int l = 0; l < 3; l++)
             for (int i = 0; i < nshapes; i++) {
                 if (cfg >= 0 && shapes[i][0] > 4096) continue; /* big M: default config only */

@@ -3,7 +3,12 @@
  *   C (M, N) = epilogue( op(A) op(B) ),  bf16 operands, f32 accumulators.
  *
  * Compile-time parameters (NVRTC -D options, set by src/cuda/gemm.c):
- *   CODA_BN        block tile columns: 128 or 256 (block rows CODA_BM = 128)
+ *   CODA_PINGPONG  0: cooperative schedule, 128-row tiles, both consumer
+ *                  warpgroups work on every tile (64 rows each);
+ *                  1: ping-pong schedule, 64-row tiles, each consumer
+ *                  warpgroup owns every other tile, so one runs its
+ *                  epilogue while the other runs its mainloop
+ *   CODA_BN        block tile columns: 128 or 256
  *   CODA_STAGES    shared-memory pipeline depth
  *   CODA_TA        0: A is K-major (M, K) [NT, NN];  1: A is M-major (K, M) [TN]
  *   CODA_TB        0: B is K-major (N, K) [NT];      1: B is N-major (K, N) [NN, TN]
@@ -15,14 +20,25 @@
  *   CODA_C_F32     C's type when stored: 1 f32, 0 bf16
  *
  * Threads: 3 warpgroups. Warpgroup 0 is the producer (one thread issues TMA
- * loads); warpgroups 1 and 2 are consumers, each owning 64 rows of the
- * 128-row tile and issuing m64nBNk16 wgmma on them. The grid is persistent:
+ * loads); warpgroups 1 and 2 are consumers issuing m64nBNk16 wgmma on 64
+ * rows each: the two halves of one 128-row tile (cooperative), or whole
+ * 64-row tiles taken in turn (ping-pong). In ping-pong the producer still
+ * fills one stage ring in tile order; a consumer's tile starts at ring
+ * position (its tile sequence number) x (k-blocks per tile). The two take
+ * turns at the mainloop (named barriers 4 + c: a warpgroup starts its
+ * tile's k-loop once the other has issued its previous tile's last wgmma),
+ * so each epilogue runs beside the other's mainloop. The turns are also
+ * what makes the mbarrier parity waits sound: a consumer must never wait on
+ * a stage more than one phase ahead of the producer, and without turns a
+ * warpgroup done with its epilogue would wait on its next tile's stages
+ * while the other warpgroup's fills of those stages are still pending.
+ * The grid is persistent:
  * CTA i takes tiles i, i + gridDim.x, ... in a grouped order (CODA_GROUP_M
  * tile rows at a time) so that concurrently running tiles share A and B
  * blocks in L2.
  *
  * Shared memory, per stage (1024-byte aligned for the 128B swizzle):
- *   A: 2 halves of 64 rows x 64 k (8 KiB each). K-major: 64 rows of 128 B.
+ *   A: CODA_BM / 64 blocks of 64 rows x 64 k (8 KiB each). K-major: 64 rows of 128 B.
  *      M-major: 64 k-rows of 64 m (128 B) - one 64-wide MN atom column.
  *   B: K-major: BN rows of 128 B (64 k). N-major: BN/64 chunks of 64 k-rows x 64 n.
  * After the stages: C staging, per consumer two 64-row x 128-byte buffers
@@ -31,7 +47,10 @@
  * K tails and M/N edges come in as zeros from TMA (out-of-bounds fill); TMA
  * stores drop rows >= M and columns >= N. */
 
-#define CODA_BM 128
+#ifndef CODA_PINGPONG
+#define CODA_PINGPONG 0
+#endif
+#define CODA_BM (CODA_PINGPONG ? 64 : 128)
 #define CODA_BK 64
 #ifndef CODA_GROUP_M
 #define CODA_GROUP_M 8
@@ -40,10 +59,10 @@
  * production): group size override, wait for each k-step's wgmma before
  * freeing its stage, leave the C store out (measures the epilogue's cost). */
 #ifdef CODA_X_ONEARRIVE /* one empty-barrier arrive per consumer warpgroup, not per warp */
-#define CODA_ARRIVERS 2
+#define CODA_ARRIVERS (CODA_PINGPONG ? 1 : 2)
 #define CODA_IS_ARRIVER (tid == 0)
 #else
-#define CODA_ARRIVERS 8
+#define CODA_ARRIVERS (CODA_PINGPONG ? 4 : 8)
 #define CODA_IS_ARRIVER (tid % 32 == 0)
 #endif
 #ifdef CODA_X_GROUP
@@ -177,7 +196,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                     coda_mbar_expect_tx(FULL(s), CODA_STAGE_BYTES);
 #if CODA_TA
                     coda_tma_load(sa, &tma_a, m0, k0, FULL(s));
-                    coda_tma_load(sa + 8192, &tma_a, m0 + 64, k0, FULL(s));
+                    if (CODA_BM == 128) coda_tma_load(sa + 8192, &tma_a, m0 + 64, k0, FULL(s));
 #else
                     coda_tma_load(sa, &tma_a, k0, m0, FULL(s));
 #endif
@@ -207,16 +226,26 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
         const int c = wg - 1;
         float acc[CODA_BN / 2];
         int it = 0;
+#if CODA_PINGPONG
+        /* tiles c, c + 2, c + 4, ... of this CTA's sequence */
+        for (int seq = c, unit = unit0 + c * unit_step; unit < n_units;
+             seq += 2, unit += 2 * unit_step) {
+            it = seq * kiters;
+#else
         for (int unit = unit0; unit < n_units; unit += unit_step) {
+#endif
             int tm2, tn;
             coda_tile_coords(unit, tiles_m2, tiles_n, &tm2, &tn);
             const int tm = tm2 * CODA_CLUSTER + (int)crank;
+#if CODA_PINGPONG
+            if (seq > 0) coda_turn_wait(4 + c);
+#endif
 #pragma unroll
             for (int i = 0; i < CODA_BN / 2; i++) acc[i] = 0.0f;
             for (int kb = 0; kb < kiters; kb++, it++) {
                 const int s = it % CODA_STAGES;
                 coda_mbar_wait(FULL(s), (it / CODA_STAGES) & 1);
-                const u32 sa = base + s * CODA_STAGE_BYTES + c * 8192;
+                const u32 sa = base + s * CODA_STAGE_BYTES + (CODA_PINGPONG ? 0 : c * 8192);
                 const u32 sb = base + s * CODA_STAGE_BYTES + CODA_A_BYTES;
 #ifndef CODA_X_NOFENCE
 #pragma unroll
@@ -248,6 +277,10 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
 #endif
                 }
             }
+#if CODA_PINGPONG
+            /* the other warpgroup's next tile (if any) may start issuing */
+            if (unit + unit_step < n_units) coda_turn_pass(4 + (1 - c));
+#endif
             coda_wgmma_wait(0);
 #pragma unroll
             for (int i = 0; i < CODA_BN / 2; i++) coda_fence_reg(acc[i]);
@@ -270,7 +303,8 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
             t.n = N;
             t.tile_m = tm;
             t.tile_n = tn;
-            t.row = tm * CODA_BM + 64 * c + 16 * (tid / 32) + (tid % 32) / 4;
+            const int row0 = tm * CODA_BM + (CODA_PINGPONG ? 0 : 64 * c); /* this warpgroup's 64 rows */
+            t.row = row0 + 16 * (tid / 32) + (tid % 32) / 4;
             t.col = tn * CODA_BN + 2 * (tid % 4);
             t.wg = c;
             t.tid = tid;
@@ -312,8 +346,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
 #else
                 if (tid == 0) {
 #endif
-                    coda_tma_store(&tma_c, buf, tn * CODA_BN + q * CODA_C_CHUNK_COLS,
-                                   tm * CODA_BM + 64 * c);
+                    coda_tma_store(&tma_c, buf, tn * CODA_BN + q * CODA_C_CHUNK_COLS, row0);
                     coda_bulk_commit();
                 }
             }

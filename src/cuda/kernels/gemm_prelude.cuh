@@ -153,8 +153,18 @@ static __device__ __forceinline__ u64 coda_desc(u32 addr, u32 lbo, u32 sbo) {
            (1ull << 62);
 }
 
+/* Ping-pong turn passing between the consumer warpgroups (named barriers
+ * 4 and 5, 256 threads): one warpgroup arrives, the other waits. */
+static __device__ __forceinline__ void coda_turn_pass(int id) {
+    asm volatile("bar.arrive %0, 256;" ::"r"(id) : "memory");
+}
+static __device__ __forceinline__ void coda_turn_wait(int id) {
+    asm volatile("bar.sync %0, 256;" ::"r"(id) : "memory");
+}
+
 /* Named barrier among the two consumer warpgroups (256 threads), for
- * epilogues that combine values across warpgroups through shared memory. */
+ * epilogues that combine values across warpgroups through shared memory
+ * (cooperative schedule only: in ping-pong they work on different tiles). */
 static __device__ __forceinline__ void coda_consumer_sync(void) {
     asm volatile("bar.sync 1, 256;" ::: "memory");
 }
@@ -166,7 +176,7 @@ struct coda_epi_tile {
     int tile_m, tile_n; /* tile indices (the tile is CODA_BM x CODA_BN)          */
     int row;            /* this thread's first row; its second row is row + 8  */
     int col;            /* this thread's first column; chunk j starts col + 8j */
-    int wg;             /* consumer warpgroup, 0 or 1 (rows 64*wg .. +63 of the tile) */
+    int wg;             /* consumer warpgroup, 0 or 1                           */
     int tid;            /* thread in its warpgroup, 0..127                      */
     unsigned char *scratch; /* shared memory scratch, scratch_bytes long (host-chosen) */
 };
