@@ -133,9 +133,14 @@ static const char *PRELUDE =
     "    float scalar[16];\n"
     "    int m, n;\n"
     "};\n"
-    "/* the kernel's fragment geometry (src/cuda/kernels/gemm_mainloop.cuh) */\n"
-    "#define CODA_EPI_ROW_SLOTS 2\n"
-    "#define CODA_EPI_COL_SLOTS (CODA_BN / 8)\n"
+    "/* the kernel's fragment geometry (src/cuda/kernels/gemm_mainloop.cuh):\n"
+    " * CODA_WG_MH 64-row blocks per thread, 2 rows and CODA_BN / 8 column\n"
+    " * pairs in each */\n"
+    "#ifndef CODA_WG_MH\n"
+    "#define CODA_WG_MH 1\n"
+    "#endif\n"
+    "#define CODA_EPI_ROW_SLOTS (2 * CODA_WG_MH)\n"
+    "#define CODA_EPI_COL_SLOTS (CODA_BN / 8 * CODA_WG_MH)\n"
     "#define CODA_EPI_TILE_N CODA_BN\n"
     "static __device__ __forceinline__ float cg_bf16_to_f32(unsigned short h) {\n"
     "    return __uint_as_float(((unsigned)h) << 16);\n"
@@ -478,11 +483,12 @@ static void gen_end(sb_t *b, const coda_program_t *p) {
               "        const coda_epi_tile &t, coda_epi_state &S_) {\n"
               "    const coda_epi_params *P = &P_;\n"
               "    coda_epi_state *S = &S_;\n"
-              "    const int rows[2] = {t.row, t.row + 8};\n"
+              "    int rows[CODA_EPI_ROW_SLOTS]; /* slot rs = 2 mh + h: row + 8 h + 64 mh */\n"
+              "#pragma unroll\n"
+              "    for (int i = 0; i < CODA_EPI_ROW_SLOTS; i++) rows[i] = t.row + 8 * (i & 1) + 64 * (i >> 1);\n"
               "    const int m_tile = t.tile_m, n_tile = t.tile_n;\n"
               "    const int lane = t.tid & 31;\n"
-              "    const int m16 = t.row >> 4; /* this warp's 16-row tile (rows start at a multiple of 16) */\n"
-              "    (void)P; (void)S; (void)rows; (void)m_tile; (void)n_tile; (void)lane; (void)m16;\n");
+              "    (void)P; (void)S; (void)rows; (void)m_tile; (void)n_tile; (void)lane;\n");
     for (int k = 0; k < p->n_args; k++) {
         const coda_arg_t *a = &p->args[k];
         if (a->kind == CODA_OUT_ROWRED) {
@@ -517,9 +523,11 @@ static void gen_end(sb_t *b, const coda_program_t *p) {
             int w = space_width(a->space);
             const char *n_w = a->space == CODA_SPACE_HALF ? "(P->n / 2)" : a->space == CODA_SPACE_FULL ? "P->n" : "(P->n * 2)";
             sb_printf(b, "    /* %s: column partials of this warp's 16 rows */\n", a->name);
-            sb_printf(b, "    if (m16 * 16 < P->m) {\n"
-                         "#pragma unroll\n    for (int j = 0; j < CODA_EPI_COL_SLOTS; j++) {\n"
-                         "        const long long c0 = t.col + 8 * j;  /* global even acc column */\n");
+            sb_printf(b, "#pragma unroll\n    for (int j = 0; j < CODA_EPI_COL_SLOTS; j++) {\n"
+                         "        /* slot j = mh (CODA_BN / 8) + jj: row block mh, column pair jj */\n"
+                         "        const int m16 = (t.row >> 4) + 4 * (j / (CODA_BN / 8)); /* 16-row tile */\n"
+                         "        const long long c0 = t.col + 8 * (j %% (CODA_BN / 8)); /* global even acc column */\n"
+                         "        if (m16 * 16 < P->m) {\n");
             for (int e = 0; e < w; e++) {
                 char col[48];
                 if (a->space == CODA_SPACE_HALF) snprintf(col, sizeof col, "(c0 >> 1)");

@@ -12,7 +12,7 @@
 #include <cuda.h>
 
 #define CODA_CUDA_MAX_DEVICES 16
-#define CODA_CUDA_GEMM_NCFG 7
+#define CODA_CUDA_GEMM_NCFG 6
 
 /* A compiled and loaded kernel, cached per device by key. */
 typedef struct coda_cuda_kernel {
@@ -111,11 +111,11 @@ const char *coda__cuda_source(const char *name);
 /* A tile configuration of the kernel; each is one NVRTC compilation per
  * layout and epilogue. */
 typedef struct coda_cuda_gemm_cfg {
-    int bm, bn, bk;   /* block tile; bm is 128 (cooperative) or 64 (ping-pong) */
+    int bm, bn, bk;   /* block tile; bm is 128; ping-pong needs bn 128 */
     int stages;       /* shared-memory pipeline depth */
     int cluster_m;    /* CTAs per cluster along M (1 or 2); B tile multicast */
     int group_m;      /* tile rows (in clusters) per group of the tile order */
-    int pingpong;     /* 1: each consumer warpgroup owns whole 64-row tiles */
+    int pingpong;     /* 1: each consumer warpgroup owns whole tiles, in turn */
 } coda_cuda_gemm_cfg_t;
 
 extern const coda_cuda_gemm_cfg_t coda__cuda_gemm_cfgs[CODA_CUDA_GEMM_NCFG];

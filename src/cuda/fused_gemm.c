@@ -6,30 +6,34 @@
  * compiled module is cached in memory and on disk (nvrtc.c), so a second run
  * of the same program starts fast and a new program needs no rebuild.
  *
- * Tiling on the GPU: tile_n is the mainloop's block width (128 or 256);
- * tile_m is 16, the rows one warp holds, because column partials are
- * combined within a warp (codegen.h). Row partials do not depend on tile_m. */
+ * Tiling on the GPU: tile_n is the mainloop's block width, 128 for the
+ * ping-pong schedule that fused GEMMs run (256 on the cooperative one, if a
+ * caller asks for it); tile_m is 16, the rows one warp holds in a 64-row
+ * block, because column partials are combined within a warp (codegen.h).
+ * Row partials do not depend on tile_m. */
 #include "codegen/codegen.h"
 #include "cuda/backend.h"
 
 #include <stdlib.h>
 
 #define GPU_TILE_M 16
+#define PINGPONG_TILE_N 128 /* the ping-pong schedule's tile width */
 
 /* Configuration index for a tiling. Fused GEMMs run the ping-pong schedule
  * (gemm_mainloop.cuh), which hides each tile's epilogue behind the other
  * consumer's mainloop; 2-CTA clusters where there are enough tiles to fill
- * the chip twice. CODA_GEMM_CFG (benchmarking) overrides when its tile
- * width matches. Returns -1 if no configuration has tl.tile_n. */
+ * the chip twice. A tile width only the cooperative schedule has (256) gets
+ * that. CODA_GEMM_CFG (benchmarking) overrides when its tile width
+ * matches. Returns -1 if no configuration has tl.tile_n. */
 static int cfg_for_tiling(coda_tiling_t tl, int64_t m, int64_t n, int sm_count) {
     const char *env = getenv("CODA_GEMM_CFG");
     if (env && *env >= '0' && *env < '0' + CODA_CUDA_GEMM_NCFG && !env[1] &&
         coda__cuda_gemm_cfgs[*env - '0'].bn == tl.tile_n)
         return *env - '0';
-    int best = -1;
+    int pp = tl.tile_n == PINGPONG_TILE_N, best = -1;
     for (int i = 0; i < CODA_CUDA_GEMM_NCFG; i++) {
         const coda_cuda_gemm_cfg_t *c = &coda__cuda_gemm_cfgs[i];
-        if (c->bn != tl.tile_n || !c->pingpong) continue;
+        if (c->bn != tl.tile_n || c->pingpong != pp) continue;
         int64_t tiles = coda__cdiv(m, c->bm) * coda__cdiv(n, c->bn);
         int want_cluster = tiles >= 2 * (int64_t)sm_count;
         if (best < 0 || (c->cluster_m > 1) == want_cluster) best = i;
@@ -39,13 +43,14 @@ static int cfg_for_tiling(coda_tiling_t tl, int64_t m, int64_t n, int sm_count) 
 
 coda_status_t coda__cuda_choose_tiling(coda_context_t *ctx, int index, int64_t m, int64_t n,
                                        int64_t k, coda_tiling_t *tiling) {
-    /* Without a device (sizing buffers on a machine with no GPU), assume an
-     * H100/H200 SXM's 132 multiprocessors. */
-    coda_cuda_device_t *d;
-    int sm_count = coda__cuda_device(ctx, index, &d) == CODA_OK ? d->sm_count : 132;
-    int pick = coda__cuda_gemm_pick(m, n, k, sm_count);
+    /* the same on every device and shape (so buffers can be sized on a
+     * machine with no GPU) */
+    (void)ctx, (void)index, (void)m, (void)n, (void)k;
     tiling->tile_m = GPU_TILE_M;
-    tiling->tile_n = coda__cuda_gemm_cfgs[pick].bn;
+    tiling->tile_n = PINGPONG_TILE_N;
+    const char *env = getenv("CODA_GEMM_CFG"); /* benchmarking override, as in cfg_for_tiling */
+    if (env && *env >= '0' && *env < '0' + CODA_CUDA_GEMM_NCFG && !env[1])
+        tiling->tile_n = coda__cuda_gemm_cfgs[*env - '0'].bn;
     return CODA_OK;
 }
 

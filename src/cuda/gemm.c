@@ -21,9 +21,8 @@ const coda_cuda_gemm_cfg_t coda__cuda_gemm_cfgs[CODA_CUDA_GEMM_NCFG] = {
     {128, 128, 64, 6, 1, 8, 0},
     {128, 256, 64, 4, 2, 8, 0},
     {128, 256, 64, 4, 2, 16, 0},
-    {64, 256, 64, 4, 1, 8, 1},
-    {64, 256, 64, 4, 2, 16, 1},
-    {64, 128, 64, 7, 1, 8, 1},
+    {128, 128, 64, 6, 1, 8, 1},
+    {128, 128, 64, 6, 2, 16, 1},
 };
 
 int coda__cuda_gemm_pick(int64_t m, int64_t n, int64_t k, int sm_count) {

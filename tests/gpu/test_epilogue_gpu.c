@@ -119,7 +119,8 @@ static int compare(const char *what, const coda_tensor_t *cpu, const void *got, 
 }
 
 /* 1: run fused GEMMs on the cooperative schedule (CODA_GEMM_CFG 0 or 1,
- * by tile width) instead of the default ping-pong one */
+ * by tile width) instead of the default: ping-pong for tile_n 128,
+ * cooperative for 256 */
 static int cooperative;
 
 /* tile_n 0: the backend's choice; else force that tile width */
@@ -129,10 +130,10 @@ static void run_case(const char *text, coda_layout_t layout, int64_t m, int64_t 
     h_rng r = rng_new(seed++);
     pad_rows = n % 2 != 0;
     coda_tiling_t tl;
+    unsetenv("CODA_GEMM_CFG");
     REQUIRE_OK(coda_choose_tiling(ctx, CODA_DEVICE_CUDA, layout, m, n, k, &tl));
     if (tile_n) tl.tile_n = tile_n;
     if (cooperative) setenv("CODA_GEMM_CFG", tl.tile_n == 256 ? "0" : "1", 1);
-    else unsetenv("CODA_GEMM_CFG");
 
     /* operands */
     int64_t ash[2] = {layout == CODA_LAYOUT_TN ? k : m, layout == CODA_LAYOUT_TN ? m : k};
@@ -276,8 +277,8 @@ int main(int argc, char **argv) {
             run_case(texts[i], CODA_LAYOUT_NT, shapes[s][0], shapes[s][1], shapes[s][2], 0);
     /* the 256-wide tile (big problems), every program */
     for (int i = 0; i < nt; i++) run_case(texts[i], CODA_LAYOUT_NT, small ? 127 : 1000, 520, 264, 256);
-    /* several tiles per consumer warpgroup (and, at this size, 2-CTA clusters) */
-    for (int i = 0; i < (small ? 1 : nt); i++) run_case(texts[i], CODA_LAYOUT_NT, 4096, 1032, 520, 256);
+    /* ping-pong with several tiles per consumer warpgroup, in 2-CTA clusters */
+    for (int i = 0; i < (small ? 1 : nt); i++) run_case(texts[i], CODA_LAYOUT_NT, 4096, 1032, 520, 0);
     /* odd N (the general, branching form of the generated code), for the
      * programs that need no column pairs */
     run_case(extra_programs[0], CODA_LAYOUT_NT, 127, 131, 72, 0);
@@ -293,7 +294,7 @@ int main(int argc, char **argv) {
     cooperative = 1;
     for (int i = 0; i < nt; i++) {
         run_case(texts[i], CODA_LAYOUT_NT, small ? 127 : 1000, 520, 264, 0);
-        if (!small) run_case(texts[i], CODA_LAYOUT_NT, 1000, 520, 264, 256);
+        if (!small) run_case(texts[i], CODA_LAYOUT_NT, 4096, 1032, 520, 0);
     }
     run_case(texts[0], CODA_LAYOUT_TN, 264, 136, 1000, 0);
     cooperative = 0;

@@ -3,12 +3,12 @@
  *   C (M, N) = epilogue( op(A) op(B) ),  bf16 operands, f32 accumulators.
  *
  * Compile-time parameters (NVRTC -D options, set by src/cuda/gemm.c):
- *   CODA_PINGPONG  0: cooperative schedule, 128-row tiles, both consumer
- *                  warpgroups work on every tile (64 rows each);
- *                  1: ping-pong schedule, 64-row tiles, each consumer
- *                  warpgroup owns every other tile, so one runs its
- *                  epilogue while the other runs its mainloop
- *   CODA_BN        block tile columns: 128 or 256
+ *   CODA_PINGPONG  0: cooperative schedule, both consumer warpgroups work
+ *                  on every tile (64 rows each);
+ *                  1: ping-pong schedule (CODA_BN 128 only), each consumer
+ *                  warpgroup owns every other 128 x 128 tile, so one runs
+ *                  its epilogue while the other runs its mainloop
+ *   CODA_BN        block tile columns: 128 or 256 (rows: CODA_BM = 128)
  *   CODA_STAGES    shared-memory pipeline depth
  *   CODA_TA        0: A is K-major (M, K) [NT, NN];  1: A is M-major (K, M) [TN]
  *   CODA_TB        0: B is K-major (N, K) [NT];      1: B is N-major (K, N) [NN, TN]
@@ -20,9 +20,10 @@
  *   CODA_C_F32     C's type when stored: 1 f32, 0 bf16
  *
  * Threads: 3 warpgroups. Warpgroup 0 is the producer (one thread issues TMA
- * loads); warpgroups 1 and 2 are consumers issuing m64nBNk16 wgmma on 64
- * rows each: the two halves of one 128-row tile (cooperative), or whole
- * 64-row tiles taken in turn (ping-pong). In ping-pong the producer still
+ * loads); warpgroups 1 and 2 are consumers issuing m64nBNk16 wgmma:
+ * cooperative, each on one 64-row half of every tile; ping-pong, each on
+ * both halves (CODA_WG_MH = 2 row blocks, 2 x 64 accumulators per thread)
+ * of the tiles it owns. In ping-pong the producer still
  * fills one stage ring in tile order; a consumer's tile starts at ring
  * position (its tile sequence number) x (k-blocks per tile). The two take
  * turns at the mainloop (named barriers 4 + c: a warpgroup starts its
@@ -38,7 +39,7 @@
  * blocks in L2.
  *
  * Shared memory, per stage (1024-byte aligned for the 128B swizzle):
- *   A: CODA_BM / 64 blocks of 64 rows x 64 k (8 KiB each). K-major: 64 rows of 128 B.
+ *   A: 2 halves of 64 rows x 64 k (8 KiB each). K-major: 64 rows of 128 B.
  *      M-major: 64 k-rows of 64 m (128 B) - one 64-wide MN atom column.
  *   B: K-major: BN rows of 128 B (64 k). N-major: BN/64 chunks of 64 k-rows x 64 n.
  * After the stages: C staging, per consumer two 64-row x 128-byte buffers
@@ -47,10 +48,7 @@
  * K tails and M/N edges come in as zeros from TMA (out-of-bounds fill); TMA
  * stores drop rows >= M and columns >= N. */
 
-#ifndef CODA_PINGPONG
-#define CODA_PINGPONG 0
-#endif
-#define CODA_BM (CODA_PINGPONG ? 64 : 128)
+#define CODA_BM 128
 #define CODA_BK 64
 #ifndef CODA_GROUP_M
 #define CODA_GROUP_M 8
@@ -61,7 +59,7 @@
 #ifdef CODA_X_ONEARRIVE /* one empty-barrier arrive per consumer warpgroup, not per warp */
 #define CODA_ARRIVERS (CODA_PINGPONG ? 1 : 2)
 #define CODA_IS_ARRIVER (tid == 0)
-#else
+#else /* every consumer warp that reads a stage frees it */
 #define CODA_ARRIVERS (CODA_PINGPONG ? 4 : 8)
 #define CODA_IS_ARRIVER (tid % 32 == 0)
 #endif
@@ -196,7 +194,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                     coda_mbar_expect_tx(FULL(s), CODA_STAGE_BYTES);
 #if CODA_TA
                     coda_tma_load(sa, &tma_a, m0, k0, FULL(s));
-                    if (CODA_BM == 128) coda_tma_load(sa + 8192, &tma_a, m0 + 64, k0, FULL(s));
+                    coda_tma_load(sa + 8192, &tma_a, m0 + 64, k0, FULL(s));
 #else
                     coda_tma_load(sa, &tma_a, k0, m0, FULL(s));
 #endif
@@ -224,7 +222,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
         /* ---- consumers ---- */
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
         const int c = wg - 1;
-        float acc[CODA_BN / 2];
+        float acc[CODA_WG_MH][CODA_BN / 2]; /* row block mh: rows 64 mh .. of the warpgroup's */
         int it = 0;
 #if CODA_PINGPONG
         /* tiles c, c + 2, c + 4, ... of this CTA's sequence */
@@ -241,7 +239,9 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
             if (seq > 0) coda_turn_wait(4 + c);
 #endif
 #pragma unroll
-            for (int i = 0; i < CODA_BN / 2; i++) acc[i] = 0.0f;
+            for (int mh = 0; mh < CODA_WG_MH; mh++)
+#pragma unroll
+                for (int i = 0; i < CODA_BN / 2; i++) acc[mh][i] = 0.0f;
             for (int kb = 0; kb < kiters; kb++, it++) {
                 const int s = it % CODA_STAGES;
                 coda_mbar_wait(FULL(s), (it / CODA_STAGES) & 1);
@@ -249,16 +249,22 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                 const u32 sb = base + s * CODA_STAGE_BYTES + CODA_A_BYTES;
 #ifndef CODA_X_NOFENCE
 #pragma unroll
-                for (int i = 0; i < CODA_BN / 2; i++) coda_fence_reg(acc[i]);
+                for (int mh = 0; mh < CODA_WG_MH; mh++)
+#pragma unroll
+                    for (int i = 0; i < CODA_BN / 2; i++) coda_fence_reg(acc[mh][i]);
 #endif
                 coda_wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < CODA_BK / 16; kk++)
-                    coda_wgmma(acc, coda_desc_a(sa, kk), coda_desc_b(sb, kk), 1);
+#pragma unroll
+                    for (int mh = 0; mh < CODA_WG_MH; mh++)
+                        coda_wgmma(acc[mh], coda_desc_a(sa + mh * 8192, kk), coda_desc_b(sb, kk), 1);
                 coda_wgmma_commit();
 #ifndef CODA_X_NOFENCE
 #pragma unroll
-                for (int i = 0; i < CODA_BN / 2; i++) coda_fence_reg(acc[i]);
+                for (int mh = 0; mh < CODA_WG_MH; mh++)
+#pragma unroll
+                    for (int i = 0; i < CODA_BN / 2; i++) coda_fence_reg(acc[mh][i]);
 #endif
 #ifdef CODA_X_WAIT0
                 coda_wgmma_wait(0);
@@ -283,7 +289,9 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
 #endif
             coda_wgmma_wait(0);
 #pragma unroll
-            for (int i = 0; i < CODA_BN / 2; i++) coda_fence_reg(acc[i]);
+            for (int mh = 0; mh < CODA_WG_MH; mh++)
+#pragma unroll
+                for (int i = 0; i < CODA_BN / 2; i++) coda_fence_reg(acc[mh][i]);
 #ifdef CODA_X_WAIT0
             if (0) {
 #else
@@ -297,13 +305,16 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
 #endif
             }
 
-            /* ---- epilogue: the spliced-in program sees each adjacent column pair ---- */
+            /* ---- epilogue: the spliced-in program sees each adjacent column pair ----
+             * Accumulator (mh, 4j + 2h + e) is row 64 mh + 8 h of the thread's
+             * rows, column 8j + e of its columns: row slot rs = 2 mh + h,
+             * column slot cs = mh (CODA_BN / 8) + j. */
             coda_epi_tile t;
             t.m = M;
             t.n = N;
             t.tile_m = tm;
             t.tile_n = tn;
-            const int row0 = tm * CODA_BM + (CODA_PINGPONG ? 0 : 64 * c); /* this warpgroup's 64 rows */
+            const int row0 = tm * CODA_BM + (CODA_PINGPONG ? 0 : 64 * c); /* this warpgroup's rows */
             t.row = row0 + 16 * (tid / 32) + (tid % 32) / 4;
             t.col = tn * CODA_BN + 2 * (tid % 4);
             t.wg = c;
@@ -312,20 +323,24 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
             coda_epi_state st;
             coda_epi_begin(epi, t, st);
 #if CODA_EPI_STORE_C
-            /* C goes out in 128-byte-wide column chunks through two staging
+            /* C goes out in 64-row x 128-byte chunks through two staging
              * buffers: while TMA stores one, the threads fill the other. */
-            const int lrow = 16 * (tid / 32) + (tid % 32) / 4; /* row in this consumer's 64 */
+            const int lrow = 16 * (tid / 32) + (tid % 32) / 4; /* row in the 64-row block */
+#pragma unroll
+            for (int mh = 0; mh < CODA_WG_MH; mh++)
 #pragma unroll
             for (int q = 0; q < CODA_C_NCHUNK; q++) {
-                const u32 buf = cbufs + c * 16384 + (q & 1) * 8192;
+                const u32 buf = cbufs + c * 16384 + ((mh * CODA_C_NCHUNK + q) & 1) * 8192;
                 if (tid == 0) coda_bulk_wait_read(1); /* the store from this buffer is done */
                 coda_wg_sync(2 + c);
 #pragma unroll
                 for (int jj = 0; jj < CODA_C_CHUNK_COLS / 8; jj++) {
                     const int j = q * (CODA_C_CHUNK_COLS / 8) + jj;
-                    float v0 = acc[4 * j], v1 = acc[4 * j + 1], v2 = acc[4 * j + 2], v3 = acc[4 * j + 3];
-                    coda_epi_pair(epi, t, st, 0, j, t.row, t.col + 8 * j, v0, v1);
-                    coda_epi_pair(epi, t, st, 1, j, t.row + 8, t.col + 8 * j, v2, v3);
+                    float *a = acc[mh];
+                    float v0 = a[4 * j], v1 = a[4 * j + 1], v2 = a[4 * j + 2], v3 = a[4 * j + 3];
+                    const int r = t.row + 64 * mh, cs = mh * (CODA_BN / 8) + j;
+                    coda_epi_pair(epi, t, st, 2 * mh, cs, r, t.col + 8 * j, v0, v1);
+                    coda_epi_pair(epi, t, st, 2 * mh + 1, cs, r + 8, t.col + 8 * j, v2, v3);
                     /* 128B swizzle: 16-byte unit u of row r sits at u ^ (r % 8);
                      * rows lrow and lrow + 8 share r % 8 */
                     const u32 b = (u32)(jj * 8 + 2 * (tid % 4)) * CODA_C_ESZ;
@@ -346,17 +361,21 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
 #else
                 if (tid == 0) {
 #endif
-                    coda_tma_store(&tma_c, buf, tn * CODA_BN + q * CODA_C_CHUNK_COLS, row0);
+                    coda_tma_store(&tma_c, buf, tn * CODA_BN + q * CODA_C_CHUNK_COLS, row0 + 64 * mh);
                     coda_bulk_commit();
                 }
             }
 #else
 #pragma unroll
-            for (int j = 0; j < CODA_BN / 8; j++) {
-                coda_epi_pair(epi, t, st, 0, j, t.row, t.col + 8 * j, acc[4 * j], acc[4 * j + 1]);
-                coda_epi_pair(epi, t, st, 1, j, t.row + 8, t.col + 8 * j, acc[4 * j + 2],
-                              acc[4 * j + 3]);
-            }
+            for (int mh = 0; mh < CODA_WG_MH; mh++)
+#pragma unroll
+                for (int j = 0; j < CODA_BN / 8; j++) {
+                    const int r = t.row + 64 * mh, cs = mh * (CODA_BN / 8) + j;
+                    coda_epi_pair(epi, t, st, 2 * mh, cs, r, t.col + 8 * j, acc[mh][4 * j],
+                                  acc[mh][4 * j + 1]);
+                    coda_epi_pair(epi, t, st, 2 * mh + 1, cs, r + 8, t.col + 8 * j, acc[mh][4 * j + 2],
+                                  acc[mh][4 * j + 3]);
+                }
 #endif
             coda_epi_end(epi, t, st);
         }

@@ -169,12 +169,23 @@ static __device__ __forceinline__ void coda_consumer_sync(void) {
     asm volatile("bar.sync 1, 256;" ::: "memory");
 }
 
+/* The schedule (gemm_mainloop.cuh) fixes how many 64-row blocks of a tile
+ * one consumer warpgroup holds, and so the fragment an epilogue sees. */
+#ifndef CODA_PINGPONG
+#define CODA_PINGPONG 0
+#endif
+#if CODA_PINGPONG && CODA_BN != 128
+#error "the ping-pong schedule has 128 x 128 tiles"
+#endif
+#define CODA_WG_MH (CODA_PINGPONG ? 2 : 1)
+
 /* What the mainloop tells the epilogue about the tile a consumer thread holds
- * (docs/gpu.md has the fragment picture). */
+ * (docs/gpu.md has the fragment picture). A thread holds rows row + 8 h +
+ * 64 mh (h < 2, mh < CODA_WG_MH): row slot rs = 2 mh + h. */
 struct coda_epi_tile {
     int m, n;           /* problem extents: rows and columns of C               */
     int tile_m, tile_n; /* tile indices (the tile is CODA_BM x CODA_BN)          */
-    int row;            /* this thread's first row; its second row is row + 8  */
+    int row;            /* this thread's first row (slot 0; see above)         */
     int col;            /* this thread's first column; chunk j starts col + 8j */
     int wg;             /* consumer warpgroup, 0 or 1                           */
     int tid;            /* thread in its warpgroup, 0..127                      */
