@@ -260,40 +260,43 @@ static const char *first_col_load(coda_space_t s) {
     return s == CODA_SPACE_HALF ? "(cl >> 1)" : s == CODA_SPACE_FULL ? "cl" : "(2 * cl)";
 }
 
-/* Vector load of the w elements of value i from element pointer `q`
- * (bf16 or f32): all w when the pair is whole (ok1), else the first half.
- * Alignment: rows start 16-byte aligned (fused_gemm.c checks) and col is
- * even, so a pair's elements are one aligned 2, 4, 8 or 16-byte access. */
-static void gen_vec_load(sb_t *b, int i, int w, coda_dtype_t dt, const char *q) {
+/* 32-bit words a pair's w elements of type dt take (the fetch struct). */
+static int vec_words(int w, coda_dtype_t dt) {
+    int bytes = w * (dt == CODA_BF16 ? 2 : 4);
+    return bytes < 4 ? 1 : bytes / 4;
+}
+
+/* Fetch the raw words of value i's w elements from element pointer `q`
+ * (bf16 or f32) into L.u<i>[]: all w when the pair is whole (ok1), else the
+ * first half (missing words are 0). Alignment: rows start 16-byte aligned
+ * (fused_gemm.c checks) and col is even, so a pair's elements are one
+ * aligned 2, 4, 8 or 16-byte access. */
+static void gen_vec_fetch(sb_t *b, int i, int w, coda_dtype_t dt, const char *q) {
     const char *t = dt == CODA_BF16 ? "unsigned short" : "float";
-    sb_printf(b, "    float v%d_0 = 0.0f", i);
-    for (int e = 1; e < w; e++) sb_printf(b, ", v%d_%d = 0.0f", i, e);
-    sb_printf(b, ";\n    {\n        const %s *q_ = %s;\n", t, q);
-    if (dt == CODA_BF16) {
-        if (w == 1) sb_printf(b, "        v%d_0 = cg_lo(cg_ld16(q_));\n", i);
-        else if (w == 2)
-            sb_printf(b, "        if (ok1) { unsigned u = cg_ld32(q_); v%d_0 = cg_lo(u); v%d_1 = cg_hi(u); }\n"
-                         "        else v%d_0 = cg_lo(cg_ld16(q_));\n", i, i, i);
-        else
-            sb_printf(b, "        if (ok1) { unsigned u0, u1; cg_ld64(q_, &u0, &u1);\n"
-                         "            v%d_0 = cg_lo(u0); v%d_1 = cg_hi(u0); v%d_2 = cg_lo(u1); v%d_3 = cg_hi(u1); }\n"
-                         "        else { unsigned u = cg_ld32(q_); v%d_0 = cg_lo(u); v%d_1 = cg_hi(u); }\n",
-                      i, i, i, i, i, i);
-    } else {
-        if (w == 1) sb_printf(b, "        v%d_0 = __uint_as_float(cg_ld32(q_));\n", i);
-        else if (w == 2)
-            sb_printf(b, "        if (ok1) { unsigned u0, u1; cg_ld64(q_, &u0, &u1);\n"
-                         "            v%d_0 = __uint_as_float(u0); v%d_1 = __uint_as_float(u1); }\n"
-                         "        else v%d_0 = __uint_as_float(cg_ld32(q_));\n", i, i, i);
-        else
-            sb_printf(b, "        if (ok1) { unsigned u0, u1, u2, u3; cg_ld128(q_, &u0, &u1, &u2, &u3);\n"
-                         "            v%d_0 = __uint_as_float(u0); v%d_1 = __uint_as_float(u1);\n"
-                         "            v%d_2 = __uint_as_float(u2); v%d_3 = __uint_as_float(u3); }\n"
-                         "        else { unsigned u0, u1; cg_ld64(q_, &u0, &u1);\n"
-                         "            v%d_0 = __uint_as_float(u0); v%d_1 = __uint_as_float(u1); }\n",
-                      i, i, i, i, i, i);
-    }
+    int nw = vec_words(w, dt);
+    sb_printf(b, "    {\n        const %s *q_ = %s;\n        unsigned *u_ = L.u%d;\n", t, q, i);
+    if (nw == 1)
+        sb_printf(b, "        u_[0] = %s;\n",
+                  dt == CODA_F32 ? "cg_ld32(q_)" : w == 1 ? "cg_ld16(q_)" : "ok1 ? cg_ld32(q_) : cg_ld16(q_)");
+    else if (nw == 2)
+        sb_printf(b, "        if (ok1) cg_ld64(q_, &u_[0], &u_[1]);\n"
+                     "        else { u_[0] = cg_ld32(q_); u_[1] = 0u; }\n");
+    else
+        sb_printf(b, "        if (ok1) cg_ld128(q_, &u_[0], &u_[1], &u_[2], &u_[3]);\n"
+                     "        else { cg_ld64(q_, &u_[0], &u_[1]); u_[2] = u_[3] = 0u; }\n");
     sb_printf(b, "    }\n");
+}
+
+/* Value i's w elements from the fetched words: element e of a pair that is
+ * not whole (!ok1) and lies in its second half is 0. */
+static void gen_vec_decode(sb_t *b, int i, int w, coda_dtype_t dt) {
+    for (int e = 0; e < w; e++) {
+        char x[64];
+        if (dt == CODA_BF16) snprintf(x, sizeof x, "cg_%s(L.u%d[%d])", e % 2 ? "hi" : "lo", i, e / 2);
+        else snprintf(x, sizeof x, "__uint_as_float(L.u%d[%d])", i, e);
+        if (w > 1 && e >= w / 2) sb_printf(b, "    const float v%d_%d = ok1 ? %s : 0.0f;\n", i, e, x);
+        else sb_printf(b, "    const float v%d_%d = %s;\n", i, e, x);
+    }
 }
 
 /* Vector store of w elements (names x[0..w-1]) to element pointer `q`. */
@@ -324,21 +327,14 @@ static void gen_vec_store(sb_t *b, int w, coda_dtype_t dt, const char *q, char x
     sb_printf(b, "    }\n");
 }
 
-/* even_n: N is even, so every pair is whole. Then the pair code has no
+/* The lines every pair function starts with: is the pair inside (valid),
+ * the row and column its loads use (r, cl), is it whole (ok1).
+ * even_n: N is even, so every pair is whole. Then the pair code has no
  * branches: loads read from a clamped row and column (always inside the
- * matrix) with no condition, so the compiler can hoist the loads of many
- * pairs above the stores of earlier ones and keep them in flight together;
- * only stores and reductions are predicated on the pair being inside. The
- * general form (odd N) returns early for pairs outside and tests ok1. */
-static coda_status_t gen_pair(sb_t *b, const coda_program_t *p, int even_n) {
-    char e0[48], e1[48], e2[48], idx[160], ld[256], col[48];
-    sb_printf(b,
-              "static __device__ __forceinline__ void coda_epi_pair(const coda_epi_params &P_,\n"
-              "        const coda_epi_tile &t, coda_epi_state &S_, int rs, int cs, int row, int col,\n"
-              "        float &a0, float &a1) {\n"
-              "    const coda_epi_params *P = &P_;\n"
-              "    coda_epi_state *S = &S_;\n"
-              "    (void)t;\n");
+ * matrix) with no condition; only stores and reductions are predicated on
+ * the pair being inside. The general form (odd N) returns early for pairs
+ * outside and tests ok1. */
+static void gen_pair_start(sb_t *b, int even_n) {
     if (even_n)
         sb_printf(b,
                   "    const int valid = row < P->m && col < P->n;\n"
@@ -351,7 +347,56 @@ static coda_status_t gen_pair(sb_t *b, const coda_program_t *p, int even_n) {
                   "    const int ok1 = col + 1 < P->n;\n"
                   "    const long long r = row;\n"
                   "    const int cl = col, valid = 1;\n");
-    sb_printf(b, "    (void)S; (void)rs; (void)cs; (void)ok1; (void)r; (void)cl; (void)valid;\n");
+    sb_printf(b, "    (void)ok1; (void)r; (void)cl; (void)valid;\n");
+}
+
+/* Tile and column-vector inputs are read in a separate step, coda_epi_fetch,
+ * into a struct of raw words: the mainloop fetches a batch of pairs before
+ * it runs the program on any of them (CODA_EPI_BATCH), so that many loads
+ * are in flight at once instead of one round trip to memory per pair. */
+static void gen_fetch(sb_t *b, const coda_program_t *p, int even_n) {
+    sb_printf(b, "struct coda_epi_in {\n    unsigned unused_;\n");
+    for (int i = 0; i < p->n_insts; i++) {
+        const coda_inst_t *in = &p->insts[i];
+        if (in->op != CODA_OP_LOAD) continue;
+        const coda_arg_t *a = &p->args[in->arg];
+        if (a->kind == CODA_IN_TILE || a->kind == CODA_IN_COL)
+            sb_printf(b, "    unsigned u%d[%d]; /* %s */\n", i, vec_words(value_width(in), a->dtype), a->name);
+    }
+    sb_printf(b, "};\n\n");
+    sb_printf(b,
+              "static __device__ __forceinline__ void coda_epi_fetch(const coda_epi_params &P_,\n"
+              "        const coda_epi_tile &t, int row, int col, coda_epi_in &L) {\n"
+              "    const coda_epi_params *P = &P_;\n"
+              "    (void)t; (void)P; (void)L;\n");
+    gen_pair_start(b, even_n);
+    for (int i = 0; i < p->n_insts; i++) {
+        const coda_inst_t *in = &p->insts[i];
+        if (in->op != CODA_OP_LOAD) continue;
+        const coda_arg_t *a = &p->args[in->arg];
+        if (a->kind != CODA_IN_TILE && a->kind != CODA_IN_COL) continue;
+        char q[160];
+        const char *t = a->dtype == CODA_BF16 ? "unsigned short" : "float";
+        if (a->kind == CODA_IN_TILE)
+            snprintf(q, sizeof q, "(const %s *)P->ptr[%d] + r * P->s0[%d] + %s", t, in->arg, in->arg,
+                     first_col_load(in->vspace));
+        else /* a column vector: contiguous (innermost stride is one element) */
+            snprintf(q, sizeof q, "(const %s *)P->ptr[%d] + %s", t, in->arg, first_col_load(in->vspace));
+        gen_vec_fetch(b, i, value_width(in), a->dtype, q);
+    }
+    sb_printf(b, "}\n\n");
+}
+
+static coda_status_t gen_pair(sb_t *b, const coda_program_t *p, int even_n) {
+    char e0[48], e1[48], e2[48], idx[160], ld[256], col[48];
+    sb_printf(b,
+              "static __device__ __forceinline__ void coda_epi_pair(const coda_epi_params &P_,\n"
+              "        const coda_epi_tile &t, coda_epi_state &S_, int rs, int cs, int row, int col,\n"
+              "        float &a0, float &a1, const coda_epi_in &L) {\n"
+              "    const coda_epi_params *P = &P_;\n"
+              "    coda_epi_state *S = &S_;\n"
+              "    (void)t; (void)S; (void)rs; (void)cs; (void)L;\n");
+    gen_pair_start(b, even_n);
     for (int i = 0; i < p->n_insts; i++) {
         const coda_inst_t *in = &p->insts[i];
         int w = value_width(in);
@@ -379,15 +424,8 @@ static coda_status_t gen_pair(sb_t *b, const coda_program_t *p, int even_n) {
                 snprintf(idx, sizeof idx, "r * P->s0[%d]", in->arg);
                 load_text(a, in->arg, idx, ld, sizeof ld);
                 sb_printf(b, "    const float v%d_0 = %s;\n", i, ld);
-            } else {
-                char q[160];
-                const char *t = a->dtype == CODA_BF16 ? "unsigned short" : "float";
-                if (a->kind == CODA_IN_TILE)
-                    snprintf(q, sizeof q, "(const %s *)P->ptr[%d] + r * P->s0[%d] + %s", t, in->arg, in->arg,
-                             first_col_load(in->vspace));
-                else /* a column vector: contiguous (innermost stride is one element) */
-                    snprintf(q, sizeof q, "(const %s *)P->ptr[%d] + %s", t, in->arg, first_col_load(in->vspace));
-                gen_vec_load(b, i, w, a->dtype, q);
+            } else { /* tile or column vector: fetched by coda_epi_fetch */
+                gen_vec_decode(b, i, w, a->dtype);
             }
             break;
         }
@@ -566,6 +604,7 @@ coda_status_t coda__codegen_cuda_ex(const coda_program_t *p, int even_n, char **
     sb_printf(&b, "%s\n/* ---- generated from epilogue program '%s'%s ---- */\n", PRELUDE, p->name,
               even_n ? " (N even)" : "");
     gen_state(&b, p);
+    gen_fetch(&b, p, even_n);
     CODA_TRY(gen_pair(&b, p, even_n));
     gen_end(&b, p);
     if (b.oom) {

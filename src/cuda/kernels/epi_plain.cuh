@@ -18,9 +18,14 @@ struct coda_epi_params {
 };
 
 struct coda_epi_state { int unused_; };
+struct coda_epi_in { int unused_; }; /* nothing fetched ahead: C is read in the pair step */
 
 static __device__ __forceinline__ void coda_epi_begin(const coda_epi_params &p,
                                                       const coda_epi_tile &t, coda_epi_state &s) {}
+
+static __device__ __forceinline__ void coda_epi_fetch(const coda_epi_params &p,
+                                                      const coda_epi_tile &t, int row, int col,
+                                                      coda_epi_in &in) {}
 
 /* v0 = acc(row, col), v1 = acc(row, col + 1), replaced by what the main
  * output C gets (the mainloop stores it through shared memory and TMA, which
@@ -29,7 +34,7 @@ static __device__ __forceinline__ void coda_epi_begin(const coda_epi_params &p,
 static __device__ __forceinline__ void coda_epi_pair(const coda_epi_params &p,
                                                      const coda_epi_tile &t, coda_epi_state &s,
                                                      int h, int j, int row, int col, float &v0,
-                                                     float &v1) {
+                                                     float &v1, const coda_epi_in &in) {
     v0 *= p.alpha;
     v1 *= p.alpha;
     if (p.beta == 0.0f || row >= t.m || col >= t.n) return;

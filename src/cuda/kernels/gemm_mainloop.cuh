@@ -49,6 +49,9 @@
  * stores drop rows >= M and columns >= N. */
 
 #define CODA_BM 128
+#ifndef CODA_EPI_BATCH /* column chunks whose epilogue inputs are fetched together */
+#define CODA_EPI_BATCH 4
+#endif
 #define CODA_BK 64
 #ifndef CODA_GROUP_M
 #define CODA_GROUP_M 8
@@ -333,14 +336,21 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                 const u32 buf = cbufs + c * 16384 + ((mh * CODA_C_NCHUNK + q) & 1) * 8192;
                 if (tid == 0) coda_bulk_wait_read(1); /* the store from this buffer is done */
                 coda_wg_sync(2 + c);
+                coda_epi_in in[2 * (CODA_C_CHUNK_COLS / 8)];
+#pragma unroll
+                for (int jj = 0; jj < CODA_C_CHUNK_COLS / 8; jj++) {
+                    const int j = q * (CODA_C_CHUNK_COLS / 8) + jj, r = t.row + 64 * mh;
+                    coda_epi_fetch(epi, t, r, t.col + 8 * j, in[2 * jj]);
+                    coda_epi_fetch(epi, t, r + 8, t.col + 8 * j, in[2 * jj + 1]);
+                }
 #pragma unroll
                 for (int jj = 0; jj < CODA_C_CHUNK_COLS / 8; jj++) {
                     const int j = q * (CODA_C_CHUNK_COLS / 8) + jj;
                     float *a = acc[mh];
                     float v0 = a[4 * j], v1 = a[4 * j + 1], v2 = a[4 * j + 2], v3 = a[4 * j + 3];
                     const int r = t.row + 64 * mh, cs = mh * (CODA_BN / 8) + j;
-                    coda_epi_pair(epi, t, st, 2 * mh, cs, r, t.col + 8 * j, v0, v1);
-                    coda_epi_pair(epi, t, st, 2 * mh + 1, cs, r + 8, t.col + 8 * j, v2, v3);
+                    coda_epi_pair(epi, t, st, 2 * mh, cs, r, t.col + 8 * j, v0, v1, in[2 * jj]);
+                    coda_epi_pair(epi, t, st, 2 * mh + 1, cs, r + 8, t.col + 8 * j, v2, v3, in[2 * jj + 1]);
                     /* 128B swizzle: 16-byte unit u of row r sits at u ^ (r % 8);
                      * rows lrow and lrow + 8 share r % 8 */
                     const u32 b = (u32)(jj * 8 + 2 * (tid % 4)) * CODA_C_ESZ;
@@ -366,15 +376,27 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                 }
             }
 #else
+            /* inputs for CODA_EPI_BATCH column chunks (both rows) are
+             * fetched before the program runs on any of them */
 #pragma unroll
             for (int mh = 0; mh < CODA_WG_MH; mh++)
 #pragma unroll
-                for (int j = 0; j < CODA_BN / 8; j++) {
-                    const int r = t.row + 64 * mh, cs = mh * (CODA_BN / 8) + j;
-                    coda_epi_pair(epi, t, st, 2 * mh, cs, r, t.col + 8 * j, acc[mh][4 * j],
-                                  acc[mh][4 * j + 1]);
-                    coda_epi_pair(epi, t, st, 2 * mh + 1, cs, r + 8, t.col + 8 * j, acc[mh][4 * j + 2],
-                                  acc[mh][4 * j + 3]);
+                for (int j0 = 0; j0 < CODA_BN / 8; j0 += CODA_EPI_BATCH) {
+                    const int r = t.row + 64 * mh;
+                    coda_epi_in in[2 * CODA_EPI_BATCH];
+#pragma unroll
+                    for (int jj = 0; jj < CODA_EPI_BATCH; jj++) {
+                        coda_epi_fetch(epi, t, r, t.col + 8 * (j0 + jj), in[2 * jj]);
+                        coda_epi_fetch(epi, t, r + 8, t.col + 8 * (j0 + jj), in[2 * jj + 1]);
+                    }
+#pragma unroll
+                    for (int jj = 0; jj < CODA_EPI_BATCH; jj++) {
+                        const int j = j0 + jj, cs = mh * (CODA_BN / 8) + j;
+                        coda_epi_pair(epi, t, st, 2 * mh, cs, r, t.col + 8 * j, acc[mh][4 * j],
+                                      acc[mh][4 * j + 1], in[2 * jj]);
+                        coda_epi_pair(epi, t, st, 2 * mh + 1, cs, r + 8, t.col + 8 * j,
+                                      acc[mh][4 * j + 2], acc[mh][4 * j + 3], in[2 * jj + 1]);
+                    }
                 }
 #endif
             coda_epi_end(epi, t, st);

@@ -1,0 +1,79 @@
+/* kernel_stats.c - what ptxas makes of each fused kernel: registers, spills,
+ * stack, for every built-in layer program on a given tile configuration.
+ *
+ *   kernel_stats [cfg]      (default: the ping-pong configuration, 4)
+ *
+ * Needs NVRTC, not a GPU. A fused epilogue that spills to local memory runs
+ * many times slower than its arithmetic suggests, so this is the first thing
+ * to look at when bench_epilogue shows a program far above the plain GEMM. */
+#pragma GCC diagnostic ignored "-Wunused-function"
+#include "harness.h"
+
+#ifdef CODA_WITH_CUDA
+#include "codegen/codegen.h"
+#include "cuda/backend.h"
+
+#include <nvrtc.h>
+
+static void stats(const char *name, const char *epi, int cfg) {
+    char *src = coda__cuda_gemm_source(epi);
+    if (!src) {
+        printf("%s: %s\n", name, coda_last_error());
+        return;
+    }
+    const char *opts[20];
+    char optbuf[768];
+    int n = coda__cuda_gemm_options(CODA_LAYOUT_NT, &coda__cuda_gemm_cfgs[cfg], 0, 0, opts, optbuf,
+                                    sizeof optbuf);
+    opts[n++] = "--ptxas-options=-v";
+    nvrtcProgram prog;
+    if (nvrtcCreateProgram(&prog, src, "k.cu", 0, NULL, NULL) != NVRTC_SUCCESS) {
+        printf("%s: nvrtcCreateProgram failed\n", name);
+        free(src);
+        return;
+    }
+    nvrtcResult r = nvrtcCompileProgram(prog, n, opts);
+    size_t len = 0;
+    nvrtcGetProgramLogSize(prog, &len);
+    char *log = malloc(len + 1);
+    if (log && nvrtcGetProgramLog(prog, log) == NVRTC_SUCCESS) {
+        log[len] = 0;
+        /* keep the ptxas lines about the kernel */
+        for (char *line = strtok(log, "\n"); line; line = strtok(NULL, "\n"))
+            if (r != NVRTC_SUCCESS || strstr(line, "registers") || strstr(line, "spill") ||
+                strstr(line, "stack"))
+                printf("%-20s %s\n", name, line);
+    }
+    free(log);
+    nvrtcDestroyProgram(&prog);
+    free(src);
+}
+
+int main(int argc, char **argv) {
+    int cfg = argc > 1 ? atoi(argv[1]) : 4;
+    if (cfg < 0 || cfg >= CODA_CUDA_GEMM_NCFG) {
+        fprintf(stderr, "kernel_stats: configuration %d out of range 0..%d\n", cfg,
+                CODA_CUDA_GEMM_NCFG - 1);
+        return 2;
+    }
+    const coda_cuda_gemm_cfg_t *c = &coda__cuda_gemm_cfgs[cfg];
+    printf("configuration %d: %dx%d, %d stages, cluster %d, %s\n", cfg, c->bm, c->bn, c->stages,
+           c->cluster_m, c->pingpong ? "ping-pong" : "cooperative");
+    stats("(plain)", coda__cuda_source("epi_plain.cuh"), cfg);
+    for (const char *const *name = coda_builtin_program_names(); *name; name++) {
+        coda_program_t *p = NULL;
+        REQUIRE_OK(coda_program_parse(coda_builtin_program(*name), &p));
+        char *epi = NULL;
+        REQUIRE_OK(coda__codegen_cuda_ex(p, 1, &epi));
+        stats(*name, epi, cfg);
+        free(epi);
+        coda_program_free(p);
+    }
+    return 0;
+}
+#else
+int main(void) {
+    printf("kernel_stats: built without the CUDA toolkit\n");
+    return 0;
+}
+#endif
