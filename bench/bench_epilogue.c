@@ -143,7 +143,7 @@ int main(int argc, char **argv) {
             job_t jf = base;
             jf.kind = RUN_FUSED;
             jf.p = p;
-            REQUIRE_OK(coda_choose_tiling(ctx, CODA_DEVICE_CUDA, CODA_LAYOUT_NT, sz, sz, sz, &jf.tl));
+            REQUIRE_OK(coda_choose_program_tiling(ctx, CODA_DEVICE_CUDA, CODA_LAYOUT_NT, sz, sz, sz, p, &jf.tl));
             int na = coda_program_num_args(p);
             coda_binding_t bind[32];
             void *ptrs[32];
@@ -178,8 +178,8 @@ int main(int argc, char **argv) {
             } else {
                 t_f = time_job(&jf);
             }
-            if (!only) printf("%-20s %6lld %10.3f %10.3f %10.3f %8.3f %8.3f\n", *name, (long long)sz, t_cb, t_pl, t_f,
-                   t_f / t_pl, t_f / t_cb);
+            if (!only) printf("%-20s %6lld %10.3f %10.3f %10.3f %8.3f %8.3f  %s\n", *name, (long long)sz, t_cb, t_pl, t_f,
+                   t_f / t_pl, t_f / t_cb, jf.tl.tile_n == 128 ? "ping-pong 128" : "cooperative 256");
             fflush(stdout);
             for (int i = 0; i < na; i++)
                 if (ptrs[i]) CUDA_OK(cudaFree(ptrs[i]));

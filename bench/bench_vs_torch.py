@@ -115,13 +115,14 @@ def bench_size(ctx, n, liger, results):
 
     comp_rr = torch.compile(eager_rr)
     p_rr = coda.Program.builtin("resid_norm")
+    tl_rr = coda.choose_tiling(ctx, "cuda", "nt", n, n, n, program=p_rr)
     h_o, hg_o = mk(n, n), mk(n, n)
-    ss = torch.empty(n, n_tiles, device=dev, dtype=torch.float32)
+    ss = torch.empty(n, (n + tl_rr[1] - 1) // tl_rr[1], device=dev, dtype=torch.float32)
     rstd = torch.empty(n, device=dev, dtype=torch.float32)
 
     def coda_rr(s):
         coda.gemm_epilogue(ctx, "nt", s["x"], s["w"], p_rr, {"res": s["res"], "g": g, "h": h_o, "hg": hg_o,
-                                                            "ss": ss}, tl)
+                                                            "ss": ss}, tl_rr)
         coda.finish_rstd(ctx, ss, n, EPS, rstd)
 
     variants = [("eager", eager_rr), ("torch.compile", comp_rr), ("coda", coda_rr)]
@@ -148,7 +149,8 @@ def bench_size(ctx, n, liger, results):
 
     def coda_sw(s):
         coda.finish_rstd(ctx, ss_in, n, EPS, r_in)  # the rstd the previous epilogue's partials give
-        coda.gemm_epilogue(ctx, "nt", s["x"], s["w"], p_sw, {"r": r_in, "c": c_o}, tl)
+        coda.gemm_epilogue(ctx, "nt", s["x"], s["w"], p_sw, {"r": r_in, "c": c_o},
+                           coda.choose_tiling(ctx, "cuda", "nt", n, n, n, program=p_sw))
 
     variants = [("eager", eager_sw), ("torch.compile", comp_sw), ("coda", coda_sw)]
     if liger:
@@ -186,6 +188,7 @@ def bench_size(ctx, n, liger, results):
 
     comp_rope = torch.compile(eager_rope)
     p_rope = coda.Program.builtin("qkv_rope")
+    tl_rope = coda.choose_tiling(ctx, "cuda", "nt", n, n, n, program=p_rope)
     freq = torch.zeros(n // 2, device=dev, dtype=torch.float32)
     per_head = inv.repeat((nq + nk) // hd)
     freq[: per_head.numel()] = per_head
@@ -193,7 +196,8 @@ def bench_size(ctx, n, liger, results):
 
     def coda_rope(s):
         coda.finish_rstd(ctx, ss_in, n, EPS, r_in)
-        coda.gemm_epilogue(ctx, "nt", s["x"], s["w"], p_rope, {"r": r_in, "pos": pos, "freq": freq, "qkv": qkv_o}, tl)
+        coda.gemm_epilogue(ctx, "nt", s["x"], s["w"], p_rope, {"r": r_in, "pos": pos, "freq": freq, "qkv": qkv_o},
+                           tl_rope)
 
     variants = [("eager", eager_rope), ("torch.compile", comp_rope), ("coda", coda_rope)]
     if liger:

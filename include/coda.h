@@ -342,11 +342,13 @@ int coda_program_find_arg(const coda_program_t *p, const char *name);
  *
  * On CUDA (the program becomes CUDA C inside the Hopper GEMM, compiled by
  * NVRTC on first use and cached on disk): tile_n is the mainloop's block
- * width, 128 or 256; tile_m is 16 for programs with column reductions (any
+ * width, 128 (ping-pong schedule) or 256 (cooperative); tile_m is 16 for
+ * programs with column reductions (any
  * for the others: row partials do not depend on it); at most 16 arguments;
  * tile and column tensors need their base and row stride aligned to one
  * accumulator pair's elements (e.g. 4 bytes for a full-space bf16 tile, 16
- * for a double-space f32 tile); M and N below 2^29. Use coda_choose_tiling.
+ * for a double-space f32 tile); M and N below 2^29. Use
+ * coda_choose_program_tiling (or coda_choose_tiling).
  * ------------------------------------------------------------------------- */
 
 typedef struct coda_binding {
@@ -365,6 +367,18 @@ typedef struct coda_tiling {
  * use it to size partial outputs before the call. */
 coda_status_t coda_choose_tiling(coda_context_t *ctx, coda_device_t device, coda_layout_t layout,
                                  int64_t m, int64_t n, int64_t k, coda_tiling_t *tiling);
+
+/* The same for one program (NULL: as coda_choose_tiling), which on CUDA
+ * also picks the GPU schedule through tile_n. 128: the ping-pong schedule,
+ * where one consumer warpgroup's epilogue runs beside the other's
+ * mainloop; the default, and what programs that move much data per
+ * element (>= 7 bytes of tiles) or use sin/cos get. 256: the cooperative
+ * schedule with the wider tile, faster for light epilogues on big problems
+ * (measured on an H200: bench/RESULTS.md). The CPU's tiling is the same
+ * either way. */
+coda_status_t coda_choose_program_tiling(coda_context_t *ctx, coda_device_t device,
+                                         coda_layout_t layout, int64_t m, int64_t n, int64_t k,
+                                         const coda_program_t *program, coda_tiling_t *tiling);
 
 /* The tensor program argument `index` must be bound to, for a GEMM of m rows
  * and n columns cut by `tiling` (NULL or zeros: the CPU default; for CUDA

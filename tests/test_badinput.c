@@ -293,6 +293,33 @@ static void bad_tiling(void) {
     CHECK(t.tile_m == 77 && t.tile_n == 99, "coda_choose_tiling wrote its output on failure");
     CHECK_OK(coda_choose_tiling(ctx, CODA_DEVICE_CUDA, CODA_LAYOUT_TN, 1000, 264, 7, &t));
     CHECK(t.tile_m >= 1 && t.tile_n >= 2 && t.tile_n % 2 == 0, "default tiling %dx%d", t.tile_m, t.tile_n);
+    /* per program: a NULL program is coda_choose_tiling; an unverified one
+     * is refused; on CUDA heavy epilogues get the ping-pong tile (128) and
+     * light ones on a big problem the cooperative 256 */
+    coda_tiling_t u = {77, 99};
+    CHECK_OK(coda_choose_program_tiling(ctx, CODA_DEVICE_CPU, CODA_LAYOUT_NT, 64, 64, 64, NULL, &u));
+    CHECK_OK(coda_choose_tiling(ctx, CODA_DEVICE_CPU, CODA_LAYOUT_NT, 64, 64, 64, &t));
+    CHECK(u.tile_m == t.tile_m && u.tile_n == t.tile_n, "NULL program: %dx%d vs %dx%d", u.tile_m, u.tile_n,
+          t.tile_m, t.tile_n);
+    coda_program_t *unverified = NULL;
+    if (coda_program_new("unverified", &unverified) == CODA_OK) {
+        u.tile_m = 77;
+        BAD(coda_choose_program_tiling(ctx, CODA_DEVICE_CPU, CODA_LAYOUT_NT, 8, 8, 8, unverified, &u),
+            CODA_ERR_INVALID_ARG, "not verified");
+        CHECK(u.tile_m == 77, "coda_choose_program_tiling wrote its output on failure");
+        coda_program_free(unverified);
+    }
+#ifdef CODA_WITH_CUDA
+    coda_program_t *heavy = NULL, *light = NULL;
+    REQUIRE_OK(coda_program_parse(coda_builtin_program("swiglu_bwd"), &heavy));
+    REQUIRE_OK(coda_program_parse(coda_builtin_program("resid_add"), &light));
+    CHECK_OK(coda_choose_program_tiling(ctx, CODA_DEVICE_CUDA, CODA_LAYOUT_NT, 8192, 8192, 8192, heavy, &u));
+    CHECK(u.tile_n == 128, "swiglu_bwd on CUDA: tile_n %d, want 128 (ping-pong)", u.tile_n);
+    CHECK_OK(coda_choose_program_tiling(ctx, CODA_DEVICE_CUDA, CODA_LAYOUT_NT, 8192, 8192, 8192, light, &u));
+    CHECK(u.tile_n == 256, "resid_add on CUDA at 8192: tile_n %d, want 256 (cooperative)", u.tile_n);
+    coda_program_free(heavy);
+    coda_program_free(light);
+#endif
 }
 
 static void bad_finish(h_rng *r) {

@@ -139,6 +139,8 @@ _sig("coda_program_arg_info", _VP, ctypes.c_int, _P(ctypes.c_char_p), _P(ctypes.
      _P(ctypes.c_int), _P(ctypes.c_int), _P(ctypes.c_int))
 _sig("coda_choose_tiling", _VP, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
      ctypes.c_int64, _P(Tiling))
+_sig("coda_choose_program_tiling", _VP, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
+     ctypes.c_int64, _VP, _P(Tiling))
 _sig("coda_gemm_epilogue", _VP, ctypes.c_int, _P(Tensor), _P(Tensor), _VP, _P(Binding),
      ctypes.c_int, _P(Tiling), _VP)
 _sig("coda_finish_reduce", _VP, ctypes.c_int, _P(Tensor), _P(Tensor), _VP)
@@ -314,11 +316,17 @@ class Program:
         self.close()
 
 
-def choose_tiling(ctx, device, layout, m, n, k):
-    """(tile_m, tile_n) the backend uses by default; device "cpu" or "cuda"."""
+def choose_tiling(ctx, device, layout, m, n, k, program=None):
+    """(tile_m, tile_n) the backend uses by default; device "cpu" or "cuda".
+    With a Program, the tiling for it (on CUDA this also picks the GPU
+    schedule: coda_choose_program_tiling in coda.h)."""
     dev = DEVICE_CUDA if str(device).startswith("cuda") else DEVICE_CPU
     t = Tiling()
-    _check(lib.coda_choose_tiling(ctx.handle, dev, _layout(layout), m, n, k, ctypes.byref(t)))
+    if program is None:
+        _check(lib.coda_choose_tiling(ctx.handle, dev, _layout(layout), m, n, k, ctypes.byref(t)))
+    else:
+        _check(lib.coda_choose_program_tiling(ctx.handle, dev, _layout(layout), m, n, k, program.handle,
+                                              ctypes.byref(t)))
     return t.tile_m, t.tile_n
 
 

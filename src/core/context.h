@@ -41,9 +41,10 @@ coda_status_t coda__cuda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout
                                        const coda_tensor_t *a, const coda_tensor_t *b,
                                        const coda_program_t *p, const coda_tensor_t *const *bound,
                                        const float *scalars, coda_tiling_t tiling, void *stream);
-/* The tiling the fused GEMM uses on device `index` for this shape. */
+/* The tiling the fused GEMM uses on device `index` for this shape, for
+ * program p (NULL: any program). */
 coda_status_t coda__cuda_choose_tiling(coda_context_t *ctx, int index, int64_t m, int64_t n,
-                                       int64_t k, coda_tiling_t *tiling);
+                                       int64_t k, const coda_program_t *p, coda_tiling_t *tiling);
 /* Finishing steps on CUDA tensors (src/cuda/finish_gpu.c); validated. */
 coda_status_t coda__cuda_finish_reduce(coda_context_t *ctx, coda_reduce_t op,
                                        const coda_tensor_t *partials, coda_tensor_t *out,

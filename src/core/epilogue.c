@@ -18,7 +18,7 @@
 /* The default tiling on device (kind, index). */
 static coda_status_t choose_tiling(coda_context_t *ctx, coda_device_t device, int index,
                                    coda_layout_t layout, int64_t m, int64_t n, int64_t k,
-                                   coda_tiling_t *tiling) {
+                                   const coda_program_t *p, coda_tiling_t *tiling) {
     if (!ctx) return coda__fail(CODA_ERR_INVALID_ARG, "coda_choose_tiling: ctx is NULL");
     if (!tiling) return coda__fail(CODA_ERR_INVALID_ARG, "coda_choose_tiling: tiling is NULL");
     if (device != CODA_DEVICE_CPU && device != CODA_DEVICE_CUDA)
@@ -33,7 +33,7 @@ static coda_status_t choose_tiling(coda_context_t *ctx, coda_device_t device, in
     if (device == CODA_DEVICE_CUDA) {
 #ifdef CODA_WITH_CUDA
         /* The GPU's tile is its mainloop's (src/cuda/fused_gemm.c). */
-        return coda__cuda_choose_tiling(ctx, index, m, n, k, tiling);
+        return coda__cuda_choose_tiling(ctx, index, m, n, k, p, tiling);
 #else
         (void)index;
         return coda__fail(CODA_ERR_UNSUPPORTED, "coda_choose_tiling: this build has no CUDA backend");
@@ -46,7 +46,15 @@ static coda_status_t choose_tiling(coda_context_t *ctx, coda_device_t device, in
 
 coda_status_t coda_choose_tiling(coda_context_t *ctx, coda_device_t device, coda_layout_t layout,
                                  int64_t m, int64_t n, int64_t k, coda_tiling_t *tiling) {
-    return choose_tiling(ctx, device, 0, layout, m, n, k, tiling);
+    return choose_tiling(ctx, device, 0, layout, m, n, k, NULL, tiling);
+}
+
+coda_status_t coda_choose_program_tiling(coda_context_t *ctx, coda_device_t device,
+                                         coda_layout_t layout, int64_t m, int64_t n, int64_t k,
+                                         const coda_program_t *program, coda_tiling_t *tiling) {
+    if (program && !program->verified)
+        return coda__fail(CODA_ERR_INVALID_ARG, "coda_choose_program_tiling: program is not verified");
+    return choose_tiling(ctx, device, 0, layout, m, n, k, program, tiling);
 }
 
 static const char *kind_text(coda_arg_kind_t k) {
@@ -164,7 +172,7 @@ coda_status_t coda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout, cons
 
     /* tiling: 0 in a field means the backend default */
     coda_tiling_t tl = {0, 0}, def;
-    CODA_TRY(choose_tiling(ctx, a->device, a->device_index, layout, m, n, k, &def));
+    CODA_TRY(choose_tiling(ctx, a->device, a->device_index, layout, m, n, k, NULL, &def));
     if (tiling) tl = *tiling;
     if (tl.tile_m == 0) tl.tile_m = def.tile_m;
     if (tl.tile_n == 0) tl.tile_n = def.tile_n;

@@ -31,6 +31,8 @@ static int cfg_for_tiling(coda_tiling_t tl, int64_t m, int64_t n, int sm_count) 
         coda__cuda_gemm_cfgs[*env - '0'].bn == tl.tile_n)
         return *env - '0';
     int pp = tl.tile_n == PINGPONG_TILE_N, best = -1;
+    int pick = coda__cuda_gemm_pick(m, n, 0, sm_count); /* the plain GEMM's, if it fits */
+    if (!pp && coda__cuda_gemm_cfgs[pick].bn == tl.tile_n) return pick;
     for (int i = 0; i < CODA_CUDA_GEMM_NCFG; i++) {
         const coda_cuda_gemm_cfg_t *c = &coda__cuda_gemm_cfgs[i];
         if (c->bn != tl.tile_n || c->pingpong != pp) continue;
@@ -41,13 +43,37 @@ static int cfg_for_tiling(coda_tiling_t tl, int64_t m, int64_t n, int sm_count) 
     return best;
 }
 
+/* Does the program's epilogue cost enough, next to a 128 x 128 tile's
+ * mainloop, that overlapping it pays for the ping-pong schedule's slower
+ * mainloop? Measured on an H200 at M = N = K = 4096 and 8192
+ * (bench_epilogue, bench/RESULTS.md): yes for qkv_rope (sin, cos),
+ * swiglu_bwd (9 bytes of tiles per accumulator element) and rmsnorm_bwd
+ * (8); no for resid_add (4), resid_norm (6), the gate/up programs (1, 3)
+ * and the lm-head ones (0 and 2, one exp). */
+static int heavy_epilogue(const coda_program_t *p) {
+    double bytes = 0;
+    for (int i = 0; i < p->n_args; i++) {
+        const coda_arg_t *a = &p->args[i];
+        if (a->kind != CODA_IN_TILE && a->kind != CODA_OUT_TILE) continue;
+        double w = a->space == CODA_SPACE_HALF ? 0.5 : a->space == CODA_SPACE_DOUBLE ? 2.0 : 1.0;
+        bytes += w * (double)coda_dtype_size(a->dtype);
+    }
+    for (int i = 0; i < p->n_insts; i++)
+        if (p->insts[i].op == CODA_OP_SIN || p->insts[i].op == CODA_OP_COS) return 1;
+    return bytes >= 7.0;
+}
+
 coda_status_t coda__cuda_choose_tiling(coda_context_t *ctx, int index, int64_t m, int64_t n,
-                                       int64_t k, coda_tiling_t *tiling) {
-    /* the same on every device and shape (so buffers can be sized on a
-     * machine with no GPU) */
-    (void)ctx, (void)index, (void)m, (void)n, (void)k;
+                                       int64_t k, const coda_program_t *p, coda_tiling_t *tiling) {
+    /* Without a device (sizing buffers on a machine with no GPU), assume an
+     * H100/H200 SXM's 132 multiprocessors. */
     tiling->tile_m = GPU_TILE_M;
     tiling->tile_n = PINGPONG_TILE_N;
+    if (p && !heavy_epilogue(p)) {
+        coda_cuda_device_t *d;
+        int sm_count = coda__cuda_device(ctx, index, &d) == CODA_OK ? d->sm_count : 132;
+        tiling->tile_n = coda__cuda_gemm_cfgs[coda__cuda_gemm_pick(m, n, k, sm_count)].bn;
+    }
     const char *env = getenv("CODA_GEMM_CFG"); /* benchmarking override, as in cfg_for_tiling */
     if (env && *env >= '0' && *env < '0' + CODA_CUDA_GEMM_NCFG && !env[1])
         tiling->tile_n = coda__cuda_gemm_cfgs[*env - '0'].bn;

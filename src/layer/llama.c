@@ -238,9 +238,17 @@ static coda_status_t create(coda_llama_t *L) {
         [G_DOWN_DGRAD] = {CODA_LAYOUT_NN, I, d},    [G_GU_DGRAD] = {CODA_LAYOUT_NN, d, 2 * I},
         [G_QKV_DGRAD] = {CODA_LAYOUT_NN, d, L->nqkv},
     };
+    /* The program that decides each GEMM's tiling (and so, on CUDA, its
+     * schedule); the others run on the same GEMM are as light or lighter. */
+    static const int decides[G_COUNT] = {
+        [G_QKV] = P_QKV,          [G_O] = P_RESID_NORM,        [G_GU] = P_GATEUP,
+        [G_DOWN] = P_RESID_NORM,  [G_LM] = P_LM_BWD,           [G_LM_DGRAD] = P_RMS_BWD,
+        [G_DOWN_DGRAD] = P_SWIGLU_BWD, [G_GU_DGRAD] = P_RMS_BWD, [G_QKV_DGRAD] = P_RMS_BWD,
+    };
     for (int g = 0; g < G_COUNT; g++) {
         if (gs[g].n == 0 || gs[g].k == 0) continue; /* no LM head */
-        CODA_TRY(coda_choose_tiling(L->ctx, L->device, gs[g].layout, m, gs[g].n, gs[g].k, &L->tiling[g]));
+        CODA_TRY(coda_choose_program_tiling(L->ctx, L->device, gs[g].layout, m, gs[g].n, gs[g].k,
+                                            L->prog[decides[g]], &L->tiling[g]));
         if (L->tiling[g].tile_m <= 0 || L->tiling[g].tile_n <= 0)
             return coda__fail(CODA_ERR_INTERNAL, "coda_llama_create: backend chose tiling %dx%d",
                               L->tiling[g].tile_m, L->tiling[g].tile_n);
