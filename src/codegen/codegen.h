@@ -14,9 +14,14 @@
  * defines struct coda_epi_params, struct coda_epi_state and
  *
  *   coda_epi_begin(P, t, S)                   once per tile
- *   coda_epi_pair(P, t, S, h, j, row, col, a0, a1)
- *        for every accumulator pair a thread holds: row slot h (rows t.row
- *        and t.row + 8), column chunk j (col = t.col + 8j), the global row,
+ *   coda_epi_fetch(P, t, row, col, L)
+ *        reads the pair's tile and column-vector inputs into L (struct
+ *        coda_epi_in, raw words); the kernel fetches a batch of pairs before
+ *        it calls coda_epi_pair on any of them
+ *   coda_epi_pair(P, t, S, rs, cs, row, col, a0, a1, L)
+ *        for every accumulator pair a thread holds: row slot rs (rows t.row
+ *        + 8 (rs & 1) + 64 (rs >> 1)), column slot cs (chunk j = cs % (BN/8),
+ *        col = t.col + 8j), the global row,
  *        the global even accumulator column, the two values. It masks
  *        row >= M and col >= N itself and writes every output itself
  *        (the kernel is built with CODA_EPI_STORE_C = 0).
