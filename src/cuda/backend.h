@@ -123,6 +123,10 @@ extern const coda_cuda_gemm_cfg_t coda__cuda_gemm_cfgs[CODA_CUDA_GEMM_NCFG];
 /* Pick the configuration for a problem (index into coda__cuda_gemm_cfgs). */
 int coda__cuda_gemm_pick(int64_t m, int64_t n, int64_t k, int sm_count);
 
+/* The configuration CODA_GEMM_CFG forces (a benchmarking override: one
+ * digit, a valid index), or -1. */
+int coda__cuda_gemm_cfg_override(void);
+
 /* The full kernel source for an epilogue: prelude + epilogue + mainloop,
  * and the NVRTC options for a layout and config. Returns a malloc'd string;
  * opts[] point into static storage or into optbuf (>= 512 bytes). */

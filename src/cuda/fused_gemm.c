@@ -19,17 +19,15 @@
 #define GPU_TILE_M 16
 #define PINGPONG_TILE_N 128 /* the ping-pong schedule's tile width */
 
-/* Configuration index for a tiling. Fused GEMMs run the ping-pong schedule
+/* Configuration index for a tiling: tile_n 128 runs the ping-pong schedule
  * (gemm_mainloop.cuh), which hides each tile's epilogue behind the other
- * consumer's mainloop; 2-CTA clusters where there are enough tiles to fill
- * the chip twice. A tile width only the cooperative schedule has (256) gets
- * that. CODA_GEMM_CFG (benchmarking) overrides when its tile width
- * matches. Returns -1 if no configuration has tl.tile_n. */
+ * consumer's mainloop, 256 the cooperative one (the plain GEMM's pick);
+ * 2-CTA clusters where there are enough tiles to fill the chip twice.
+ * CODA_GEMM_CFG (benchmarking) overrides when its tile width matches.
+ * Returns -1 if no configuration has tl.tile_n. */
 static int cfg_for_tiling(coda_tiling_t tl, int64_t m, int64_t n, int sm_count) {
-    const char *env = getenv("CODA_GEMM_CFG");
-    if (env && *env >= '0' && *env < '0' + CODA_CUDA_GEMM_NCFG && !env[1] &&
-        coda__cuda_gemm_cfgs[*env - '0'].bn == tl.tile_n)
-        return *env - '0';
+    int forced = coda__cuda_gemm_cfg_override();
+    if (forced >= 0 && coda__cuda_gemm_cfgs[forced].bn == tl.tile_n) return forced;
     int pp = tl.tile_n == PINGPONG_TILE_N, best = -1;
     int pick = coda__cuda_gemm_pick(m, n, 0, sm_count); /* the plain GEMM's, if it fits */
     if (!pp && coda__cuda_gemm_cfgs[pick].bn == tl.tile_n) return pick;
@@ -74,9 +72,8 @@ coda_status_t coda__cuda_choose_tiling(coda_context_t *ctx, int index, int64_t m
         int sm_count = coda__cuda_device(ctx, index, &d) == CODA_OK ? d->sm_count : 132;
         tiling->tile_n = coda__cuda_gemm_cfgs[coda__cuda_gemm_pick(m, n, k, sm_count)].bn;
     }
-    const char *env = getenv("CODA_GEMM_CFG"); /* benchmarking override, as in cfg_for_tiling */
-    if (env && *env >= '0' && *env < '0' + CODA_CUDA_GEMM_NCFG && !env[1])
-        tiling->tile_n = coda__cuda_gemm_cfgs[*env - '0'].bn;
+    int forced = coda__cuda_gemm_cfg_override(); /* as in cfg_for_tiling */
+    if (forced >= 0) tiling->tile_n = coda__cuda_gemm_cfgs[forced].bn;
     return CODA_OK;
 }
 

@@ -33,6 +33,12 @@ int coda__cuda_gemm_pick(int64_t m, int64_t n, int64_t k, int sm_count) {
     return 0;
 }
 
+int coda__cuda_gemm_cfg_override(void) {
+    const char *env = getenv("CODA_GEMM_CFG");
+    if (env && *env >= '0' && *env < '0' + CODA_CUDA_GEMM_NCFG && !env[1]) return *env - '0';
+    return -1;
+}
+
 static const char *const kernel_files[] = {"gemm_prelude.cuh", "gemm_wgmma.cuh", NULL,
                                            "gemm_mainloop.cuh"};
 
@@ -383,9 +389,8 @@ coda_status_t coda__cuda_gemm(coda_context_t *ctx, coda_layout_t layout, const c
 
     coda_cuda_device_t *d;
     CODA_TRY(coda__cuda_device(ctx, a->device_index, &d));
-    int cfg = coda__cuda_gemm_pick(m, n, k, d->sm_count);
-    const char *env = getenv("CODA_GEMM_CFG"); /* benchmarking override */
-    if (env && *env >= '0' && *env < '0' + CODA_CUDA_GEMM_NCFG && !env[1]) cfg = *env - '0';
+    int cfg = coda__cuda_gemm_cfg_override();
+    if (cfg < 0) cfg = coda__cuda_gemm_pick(m, n, k, d->sm_count);
 
     plain_params_t p;
     memset(&p, 0, sizeof p);

@@ -97,6 +97,15 @@
 #error "CODA_BN must be 128 or 256"
 #endif
 
+/* Keep the compiler from moving any accumulator access across this point
+ * (around wgmma issue and wait). */
+#define CODA_FENCE_ACC(acc)                                                   \
+    do {                                                                      \
+        _Pragma("unroll") for (int mh_ = 0; mh_ < CODA_WG_MH; mh_++)          \
+            _Pragma("unroll") for (int i_ = 0; i_ < CODA_BN / 2; i_++)        \
+                coda_fence_reg((acc)[mh_][i_]);                               \
+    } while (0)
+
 /* Tile index -> (tile row, tile column), grouped by CODA_GROUP_M tile rows. */
 static __device__ __forceinline__ void coda_tile_coords(int tile, int tiles_m, int tiles_n,
                                                         int *tm, int *tn) {
@@ -251,10 +260,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                 const u32 sa = base + s * CODA_STAGE_BYTES + (CODA_PINGPONG ? 0 : c * 8192);
                 const u32 sb = base + s * CODA_STAGE_BYTES + CODA_A_BYTES;
 #ifndef CODA_X_NOFENCE
-#pragma unroll
-                for (int mh = 0; mh < CODA_WG_MH; mh++)
-#pragma unroll
-                    for (int i = 0; i < CODA_BN / 2; i++) coda_fence_reg(acc[mh][i]);
+                CODA_FENCE_ACC(acc);
 #endif
                 coda_wgmma_fence();
 #pragma unroll
@@ -264,10 +270,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                         coda_wgmma(acc[mh], coda_desc_a(sa + mh * 8192, kk), coda_desc_b(sb, kk), 1);
                 coda_wgmma_commit();
 #ifndef CODA_X_NOFENCE
-#pragma unroll
-                for (int mh = 0; mh < CODA_WG_MH; mh++)
-#pragma unroll
-                    for (int i = 0; i < CODA_BN / 2; i++) coda_fence_reg(acc[mh][i]);
+                CODA_FENCE_ACC(acc);
 #endif
 #ifdef CODA_X_WAIT0
                 coda_wgmma_wait(0);
@@ -291,10 +294,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
             if (unit + unit_step < n_units) coda_turn_pass(4 + (1 - c));
 #endif
             coda_wgmma_wait(0);
-#pragma unroll
-            for (int mh = 0; mh < CODA_WG_MH; mh++)
-#pragma unroll
-                for (int i = 0; i < CODA_BN / 2; i++) coda_fence_reg(acc[mh][i]);
+            CODA_FENCE_ACC(acc);
 #ifdef CODA_X_WAIT0
             if (0) {
 #else
