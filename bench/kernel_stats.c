@@ -21,7 +21,7 @@ static void stats(const char *name, const char *epi, int cfg) {
         printf("%s: %s\n", name, coda_last_error());
         return;
     }
-    const char *opts[20];
+    const char *opts[CODA_CUDA_GEMM_MAX_OPTS + 1];
     char optbuf[768];
     int n = coda__cuda_gemm_options(CODA_LAYOUT_NT, &coda__cuda_gemm_cfgs[cfg], 0, 0, opts, optbuf,
                                     sizeof optbuf);
@@ -41,7 +41,7 @@ static void stats(const char *name, const char *epi, int cfg) {
         /* keep the ptxas lines about the kernel */
         for (char *line = strtok(log, "\n"); line; line = strtok(NULL, "\n"))
             if (r != NVRTC_SUCCESS || strstr(line, "registers") || strstr(line, "spill") ||
-                strstr(line, "stack"))
+                strstr(line, "stack") || strstr(line, "serialized"))
                 printf("%-20s %s\n", name, line);
     }
     free(log);
@@ -64,7 +64,7 @@ int main(int argc, char **argv) {
         coda_program_t *p = NULL;
         REQUIRE_OK(coda_program_parse(coda_builtin_program(*name), &p));
         char *epi = NULL;
-        REQUIRE_OK(coda__codegen_cuda_ex(p, 1, &epi));
+        REQUIRE_OK(coda__codegen_cuda_ex(p, CODA_CG_N16, &epi)); /* the form LLaMA shapes get */
         stats(*name, epi, cfg);
         free(epi);
         coda_program_free(p);

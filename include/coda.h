@@ -342,7 +342,7 @@ int coda_program_find_arg(const coda_program_t *p, const char *name);
  *
  * On CUDA (the program becomes CUDA C inside the Hopper GEMM, compiled by
  * NVRTC on first use and cached on disk): tile_n is the mainloop's block
- * width, 128 (ping-pong schedule) or 256 (cooperative); tile_m is 16 for
+ * width, 256 or 128 (see coda_choose_program_tiling); tile_m is 16 for
  * programs with column reductions (any
  * for the others: row partials do not depend on it); at most 16 arguments;
  * tile and column tensors need their base and row stride aligned to one
@@ -368,14 +368,13 @@ typedef struct coda_tiling {
 coda_status_t coda_choose_tiling(coda_context_t *ctx, coda_device_t device, coda_layout_t layout,
                                  int64_t m, int64_t n, int64_t k, coda_tiling_t *tiling);
 
-/* The same for one program (NULL: as coda_choose_tiling), which on CUDA
- * also picks the GPU schedule through tile_n. 128: the ping-pong schedule,
- * where one consumer warpgroup's epilogue runs beside the other's
- * mainloop; the default, and what programs that move much data per
- * element (>= 7 bytes of tiles) or use sin/cos get. 256: the cooperative
- * schedule with the wider tile, faster for light epilogues on big problems
- * (measured on an H200: bench/RESULTS.md). The CPU's tiling is the same
- * either way. */
+/* The same for one program (NULL: as coda_choose_tiling). On CUDA tile_n
+ * also picks the GPU schedule: the choice is the plain GEMM's (256 on big
+ * problems, the cooperative schedule), which measured as fast as or faster
+ * than the alternative for every built-in program (H200, bench/RESULTS.md);
+ * a caller may still pass tile_n 128, which on big problems runs the
+ * ping-pong schedule (one consumer warpgroup's epilogue beside the other's
+ * mainloop). The CPU's tiling is the same either way. */
 coda_status_t coda_choose_program_tiling(coda_context_t *ctx, coda_device_t device,
                                          coda_layout_t layout, int64_t m, int64_t n, int64_t k,
                                          const coda_program_t *program, coda_tiling_t *tiling);

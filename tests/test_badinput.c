@@ -294,8 +294,8 @@ static void bad_tiling(void) {
     CHECK_OK(coda_choose_tiling(ctx, CODA_DEVICE_CUDA, CODA_LAYOUT_TN, 1000, 264, 7, &t));
     CHECK(t.tile_m >= 1 && t.tile_n >= 2 && t.tile_n % 2 == 0, "default tiling %dx%d", t.tile_m, t.tile_n);
     /* per program: a NULL program is coda_choose_tiling; an unverified one
-     * is refused; on CUDA heavy epilogues get the ping-pong tile (128) and
-     * light ones on a big problem the cooperative 256 */
+     * is refused; on CUDA every program gets the plain GEMM's tile on a big
+     * problem (the cooperative 256) */
     coda_tiling_t u = {77, 99};
     CHECK_OK(coda_choose_program_tiling(ctx, CODA_DEVICE_CPU, CODA_LAYOUT_NT, 64, 64, 64, NULL, &u));
     CHECK_OK(coda_choose_tiling(ctx, CODA_DEVICE_CPU, CODA_LAYOUT_NT, 64, 64, 64, &t));
@@ -314,7 +314,7 @@ static void bad_tiling(void) {
     REQUIRE_OK(coda_program_parse(coda_builtin_program("swiglu_bwd"), &heavy));
     REQUIRE_OK(coda_program_parse(coda_builtin_program("resid_add"), &light));
     CHECK_OK(coda_choose_program_tiling(ctx, CODA_DEVICE_CUDA, CODA_LAYOUT_NT, 8192, 8192, 8192, heavy, &u));
-    CHECK(u.tile_n == 128, "swiglu_bwd on CUDA: tile_n %d, want 128 (ping-pong)", u.tile_n);
+    CHECK(u.tile_n == 256, "swiglu_bwd on CUDA at 8192: tile_n %d, want 256 (cooperative)", u.tile_n);
     CHECK_OK(coda_choose_program_tiling(ctx, CODA_DEVICE_CUDA, CODA_LAYOUT_NT, 8192, 8192, 8192, light, &u));
     CHECK(u.tile_n == 256, "resid_add on CUDA at 8192: tile_n %d, want 256 (cooperative)", u.tile_n);
     coda_program_free(heavy);

@@ -80,7 +80,7 @@ static void compile_in_mainloop(const char *name, const char *epi, coda_layout_t
     char *src = coda__cuda_gemm_source(epi);
     CHECK(src != NULL, "%s: kernel source assembles: %s", name, coda_last_error());
     if (!src) return;
-    const char *opts[16];
+    const char *opts[CODA_CUDA_GEMM_MAX_OPTS];
     char optbuf[512];
     int n = coda__cuda_gemm_options(layout, &coda__cuda_gemm_cfgs[cfg], 0, 0, opts, optbuf, sizeof optbuf);
     char *cubin = NULL;
@@ -123,12 +123,26 @@ static void check_program(const char *name, const char *text, int in_mainloop) {
 #ifdef CODA_WITH_CUDA
         compile_in_harness(name, src);
         if (in_mainloop) compile_in_mainloop(name, src, (coda_layout_t)(in_mainloop - 1), 1);
-        /* the branch-free form for even N, which the GPU runs most */
+        /* the branch-free form for even N */
         char *even = NULL;
-        CHECK(coda__codegen_cuda_ex(p, 1, &even) == CODA_OK && even && strcmp(even, src) != 0,
+        CHECK(coda__codegen_cuda_ex(p, CODA_CG_EVEN, &even) == CODA_OK && even && strcmp(even, src) != 0,
               "%s: even-N form generated: %s", name, coda_last_error());
         if (even) compile_in_harness(name, even);
         if (even && in_mainloop) compile_in_mainloop(name, even, CODA_LAYOUT_NT, 0);
+        /* N a multiple of 16, which the GPU runs most: tile outputs staged
+         * through shared memory (both schedules) */
+        char *n16 = NULL;
+        CHECK(coda__codegen_cuda_ex(p, CODA_CG_N16, &n16) == CODA_OK && n16, "%s: N16 form generated: %s", name,
+              coda_last_error());
+        int tile_outs = 0;
+        for (int k = 0; k < p->n_args; k++) tile_outs += p->args[k].kind == CODA_OUT_TILE;
+        if (n16) CHECK((strstr(n16, "staged, coda_epi_flush") != NULL) == (tile_outs > 0), "%s: the N16 form stages its tile outputs", name);
+        if (n16) compile_in_harness(name, n16);
+        if (n16 && in_mainloop) {
+            compile_in_mainloop(name, n16, CODA_LAYOUT_NT, 3);
+            compile_in_mainloop(name, n16, CODA_LAYOUT_NT, 5);
+        }
+        free(n16);
         free(even);
 #else
         (void)in_mainloop;
@@ -144,22 +158,33 @@ static void check_program(const char *name, const char *text, int in_mainloop) {
 typedef struct { const coda_program_t *p; const char *got; } race_t;
 static void *race(void *arg) {
     race_t *r = arg;
-    if (coda__codegen_cuda_cached(r->p, 1, &r->got) != CODA_OK) r->got = NULL;
+    if (coda__codegen_cuda_cached(r->p, CODA_CG_EVEN, &r->got, NULL) != CODA_OK) r->got = NULL;
     return NULL;
 }
 
 static void check_cache(void) {
     coda_program_t *p = parse_or_fail("cache", coda_builtin_program("resid_norm"));
     if (!p) return;
-    const char *a = NULL, *b = NULL, *e = NULL;
+    const char *a = NULL, *b = NULL, *e = NULL, *v = NULL;
     char *fresh = NULL;
-    CHECK_OK(coda__codegen_cuda_cached(p, 0, &a));
-    CHECK_OK(coda__codegen_cuda_cached(p, 0, &b));
-    CHECK_OK(coda__codegen_cuda_cached(p, 1, &e));
-    CHECK_OK(coda__codegen_cuda_ex(p, 0, &fresh));
+    const uint64_t *ka = NULL, *kb = NULL, *ke = NULL;
+    CHECK_OK(coda__codegen_cuda_cached(p, CODA_CG_ANY, &a, &ka));
+    CHECK_OK(coda__codegen_cuda_cached(p, CODA_CG_ANY, &b, &kb));
+    CHECK_OK(coda__codegen_cuda_cached(p, CODA_CG_EVEN, &e, &ke));
+    CHECK_OK(coda__codegen_cuda_cached(p, CODA_CG_N16, &v, NULL));
+    CHECK(ka && ka == kb && ka[0] == coda__hash(CODA_HASH_SEED0, a, strlen(a)) &&
+              ka[1] == coda__hash(CODA_HASH_SEED1, a, strlen(a)),
+          "the cached key is the text's hash");
+    CHECK(ka && ke && (ka[0] != ke[0] || ka[1] != ke[1]), "each form has its own key");
+    CHECK_OK(coda__codegen_cuda_ex(p, CODA_CG_ANY, &fresh));
     CHECK(a && a == b, "cached text is kept");
     CHECK(a && fresh && strcmp(a, fresh) == 0, "cached text equals a fresh generation");
     CHECK(e && a && e != a && strcmp(e, a) != 0, "the even-N form is cached apart");
+    CHECK(v && e && v != e && strcmp(v, e) != 0, "the N16 form is cached apart");
+    CHECK(coda__codegen_cuda_cached(p, (coda_cg_form_t)3, &v, NULL) == CODA_ERR_INVALID_ARG, "a bad form is refused");
+    CHECK(coda__codegen_form(4096) == CODA_CG_N16 && coda__codegen_form(4098) == CODA_CG_EVEN &&
+              coda__codegen_form(4097) == CODA_CG_ANY,
+          "the form follows N");
     free(fresh);
     coda_program_free(p);
 

@@ -29,7 +29,7 @@ int main(void) {
         /* C stored by the mainloop (bf16, f32), and not (fused epilogues) */
         for (int v = 0; v < 9; v++) {
             int layout = v % 3, c_f32 = v / 3 == 1, store_c = v / 3 < 2;
-            const char *opts[16];
+            const char *opts[CODA_CUDA_GEMM_MAX_OPTS];
             char optbuf[512];
             int n = coda__cuda_gemm_options((coda_layout_t)layout, &coda__cuda_gemm_cfgs[cfg],
                                             store_c, c_f32, opts, optbuf, sizeof optbuf);

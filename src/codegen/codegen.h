@@ -58,11 +58,27 @@ typedef struct coda_epi_params {
  * CODA_ERR_UNSUPPORTED for a program the GPU cannot run (too many arguments,
  * a pairwise map that would cross threads). */
 coda_status_t coda__codegen_cuda(const coda_program_t *p, char **out);
-/* even_n != 0: the form for an even number of accumulator columns N, whose
- * pairs are all whole: branch-free, so loads of many pairs overlap. */
-coda_status_t coda__codegen_cuda_ex(const coda_program_t *p, int even_n, char **out);
+/* The forms of a program's CUDA text, by what the number of accumulator
+ * columns N allows:
+ *   ANY   any N (pairs may be half outside; a pair outside returns early)
+ *   EVEN  N even: every pair whole, branch-free, so loads of many pairs overlap
+ *   N16   N a multiple of 16: EVEN, and the tile outputs are staged through
+ *         shared memory and written as 16-byte vectors (coda_epi_flush),
+ *         none of which straddles N */
+typedef enum coda_cg_form { CODA_CG_ANY = 0, CODA_CG_EVEN = 1, CODA_CG_N16 = 2, CODA_CG_NFORMS = 3 } coda_cg_form_t;
+/* The form for n columns. */
+coda_cg_form_t coda__codegen_form(int64_t n);
+coda_status_t coda__codegen_cuda_ex(const coda_program_t *p, coda_cg_form_t form, char **out);
 /* The same text, made once per program and form and kept with the program
- * (freed by coda_program_free): *out is owned by p. */
-coda_status_t coda__codegen_cuda_cached(const coda_program_t *p, int even_n, const char **out);
+ * (freed by coda_program_free): *out is owned by p. key (may be NULL) gets
+ * the text's 128-bit hash (coda__hash, seeds CODA_HASH_SEED0/1), made with
+ * it: a launch finds its kernel by the key without hashing the text. */
+coda_status_t coda__codegen_cuda_cached(const coda_program_t *p, coda_cg_form_t form, const char **out,
+                                        const uint64_t **key);
+/* What the cache holds: one allocation, freed with free(). */
+struct coda_cg_text {
+    uint64_t key[2];
+    char text[];
+};
 
 #endif

@@ -78,14 +78,17 @@ static void elem_col(coda_space_t s, int e, char *buf, size_t cap) {
     else snprintf(buf, cap, "(2 * col + %d)", e);
 }
 
-/* C text that reads element at index expression `idx` of argument k as float. */
+/* C text that reads element at index expression `idx` of argument k as
+ * float, through the non-coherent asm loads: inputs are read-only, so
+ * pairs of the same row share one load (the compiler may merge them, which
+ * it may not for C loads between the stores). */
 static void load_text(const coda_arg_t *a, int k, const char *idx, char *buf, size_t cap) {
     switch (a->dtype) {
     case CODA_BF16:
-        snprintf(buf, cap, "cg_bf16_to_f32(((const unsigned short *)P->ptr[%d])[%s])", k, idx);
+        snprintf(buf, cap, "cg_bf16_to_f32((unsigned short)cg_ld16((const unsigned short *)P->ptr[%d] + %s))", k, idx);
         break;
-    case CODA_I32: snprintf(buf, cap, "(float)(((const int *)P->ptr[%d])[%s])", k, idx); break;
-    default: snprintf(buf, cap, "((const float *)P->ptr[%d])[%s]", k, idx); break;
+    case CODA_I32: snprintf(buf, cap, "(float)(int)cg_ld32((const int *)P->ptr[%d] + %s)", k, idx); break;
+    default: snprintf(buf, cap, "__uint_as_float(cg_ld32((const float *)P->ptr[%d] + %s))", k, idx); break;
     }
 }
 
@@ -96,10 +99,10 @@ static const char *map_fn(coda_op_t op) {
     case CODA_OP_EXP: return "expf(%s)";
     case CODA_OP_LOG: return "logf(%s)";
     case CODA_OP_SQRT: return "sqrtf(%s)";
-    case CODA_OP_RSQRT: return "(1.0f / sqrtf(%s))";
-    case CODA_OP_RECIP: return "(1.0f / %s)";
-    case CODA_OP_SIN: return "sinf(%s)";
-    case CODA_OP_COS: return "cosf(%s)";
+    case CODA_OP_RSQRT: return "rsqrtf(%s)";
+    case CODA_OP_RECIP: return "cg_div(1.0f, %s)";
+    case CODA_OP_SIN: return "cg_sin(%s)";
+    case CODA_OP_COS: return "cg_cos(%s)";
     case CODA_OP_TANH: return "tanhf(%s)";
     case CODA_OP_SIGMOID: return "cg_sigmoid(%s)";
     case CODA_OP_SILU: return "cg_silu(%s)";
@@ -109,7 +112,7 @@ static const char *map_fn(coda_op_t op) {
     case CODA_OP_ADD: return "(%s + %s)";
     case CODA_OP_SUB: return "(%s - %s)";
     case CODA_OP_MUL: return "(%s * %s)";
-    case CODA_OP_DIV: return "(%s / %s)";
+    case CODA_OP_DIV: return "cg_div(%s, %s)";
     case CODA_OP_MAX: return "fmaxf(%s, %s)";
     case CODA_OP_MIN: return "fminf(%s, %s)";
     case CODA_OP_POW: return "powf(%s, %s)";
@@ -142,15 +145,15 @@ static const char *PRELUDE =
     "#define CODA_EPI_ROW_SLOTS (2 * CODA_WG_MH)\n"
     "#define CODA_EPI_COL_SLOTS (CODA_BN / 8 * CODA_WG_MH)\n"
     "#define CODA_EPI_TILE_N CODA_BN\n"
+    "#ifndef CODA_EPI_STAGE /* 1: the kernel gives each warp a staging slab (t.stage) */\n"
+    "#define CODA_EPI_STAGE 0\n"
+    "#endif\n"
     "static __device__ __forceinline__ float cg_bf16_to_f32(unsigned short h) {\n"
     "    return __uint_as_float(((unsigned)h) << 16);\n"
     "}\n"
-    "/* round to nearest even; NaN stays NaN (as the CPU backend) */\n"
+    "/* round to nearest even, NaN stays NaN: one cvt instruction */\n"
     "static __device__ __forceinline__ unsigned short cg_f32_to_bf16(float f) {\n"
-    "    unsigned u = __float_as_uint(f);\n"
-    "    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);\n"
-    "    u += 0x7fffu + ((u >> 16) & 1u);\n"
-    "    return (unsigned short)(u >> 16);\n"
+    "    unsigned short h; asm(\"cvt.rn.bf16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); return h;\n"
     "}\n"
     "static __device__ __forceinline__ float cg_round_bf16(float f) {\n"
     "    return cg_bf16_to_f32(cg_f32_to_bf16(f));\n"
@@ -171,36 +174,116 @@ static const char *PRELUDE =
     "static __device__ __forceinline__ void cg_ld128(const void *p, unsigned *a, unsigned *b, unsigned *c, unsigned *d) {\n"
     "    asm(\"ld.global.nc.v4.b32 {%0, %1, %2, %3}, [%4];\" : \"=r\"(*a), \"=r\"(*b), \"=r\"(*c), \"=r\"(*d) : \"l\"(p));\n"
     "}\n"
+    "/* Loads predicated on ok (0 when off): the address needs no clamping, so\n"
+    " * the pairs of a row share one base address and immediate offsets. */\n"
+    "#ifdef CODA_X_NO_EPI_LOAD /* experiment: tile inputs read as zeros */\n"
+    "#define CG_LD_OK(ok) 0\n"
+    "#else\n"
+    "#define CG_LD_OK(ok) (ok)\n"
+    "#endif\n"
+    "static __device__ __forceinline__ unsigned cg_ld16p(int ok, const void *p) {\n"
+    "    unsigned short v; asm(\"{ .reg .pred q; setp.ne.s32 q, %2, 0; mov.b16 %0, 0; @q ld.global.nc.b16 %0, [%1]; }\"\n"
+    "                          : \"=h\"(v) : \"l\"(p), \"r\"(CG_LD_OK(ok))); return v;\n"
+    "}\n"
+    "static __device__ __forceinline__ unsigned cg_ld32p(int ok, const void *p) {\n"
+    "    unsigned v; asm(\"{ .reg .pred q; setp.ne.s32 q, %2, 0; mov.b32 %0, 0; @q ld.global.nc.b32 %0, [%1]; }\"\n"
+    "                    : \"=r\"(v) : \"l\"(p), \"r\"(CG_LD_OK(ok))); return v;\n"
+    "}\n"
+    "static __device__ __forceinline__ void cg_ld64p(int ok, const void *p, unsigned *a, unsigned *b) {\n"
+    "    asm(\"{ .reg .pred q; setp.ne.s32 q, %3, 0; mov.b32 %0, 0; mov.b32 %1, 0;\\n\\t\"\n"
+    "        \"@q ld.global.nc.v2.b32 {%0, %1}, [%2]; }\" : \"=r\"(*a), \"=r\"(*b) : \"l\"(p), \"r\"(CG_LD_OK(ok)));\n"
+    "}\n"
+    "static __device__ __forceinline__ void cg_ld128p(int ok, const void *p, unsigned *a, unsigned *b, unsigned *c,\n"
+    "                                                 unsigned *d) {\n"
+    "    asm(\"{ .reg .pred q; setp.ne.s32 q, %5, 0; mov.b32 %0, 0; mov.b32 %1, 0; mov.b32 %2, 0; mov.b32 %3, 0;\\n\\t\"\n"
+    "        \"@q ld.global.nc.v4.b32 {%0, %1, %2, %3}, [%4]; }\"\n"
+    "        : \"=r\"(*a), \"=r\"(*b), \"=r\"(*c), \"=r\"(*d) : \"l\"(p), \"r\"(CG_LD_OK(ok)));\n"
+    "}\n"
     "static __device__ __forceinline__ float cg_lo(unsigned u) { return __uint_as_float(u << 16); }\n"
     "static __device__ __forceinline__ float cg_hi(unsigned u) { return __uint_as_float(u & 0xffff0000u); }\n"
+    "/* a (lower address) and b as packed bf16x2 */\n"
     "static __device__ __forceinline__ unsigned cg_pack(float a, float b) {\n"
-    "    return (unsigned)cg_f32_to_bf16(a) | ((unsigned)cg_f32_to_bf16(b) << 16);\n"
+    "    unsigned u; asm(\"cvt.rn.bf16x2.f32 %0, %1, %2;\" : \"=r\"(u) : \"f\"(b), \"f\"(a)); return u;\n"
     "}\n"
-    "static __device__ __forceinline__ float cg_sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }\n"
-    "static __device__ __forceinline__ float cg_silu(float x) { return x / (1.0f + __expf(-x)); }\n"
+    "/* Stores predicated on ok, with no branch: an if around each store (or\n"
+    " * a division's slow path) cuts the pair code into small basic blocks, and\n"
+    " * ptxas then cannot interleave the pairs' dependency chains - the\n"
+    " * epilogue ran at a fraction of its issue rate. */\n"
+    "#ifdef CODA_X_NO_EPI_STORE /* experiment: the epilogue stores nothing */\n"
+    "#define CG_ST_OK(ok) 0\n"
+    "#else\n"
+    "#define CG_ST_OK(ok) (ok)\n"
+    "#endif\n"
+    "static __device__ __forceinline__ void cg_st16(int ok, void *p, unsigned short v) {\n"
+    "    asm volatile(\"{ .reg .pred q; setp.ne.s32 q, %0, 0; @q st.global.b16 [%1], %2; }\"\n"
+    "                 :: \"r\"(CG_ST_OK(ok)), \"l\"(p), \"h\"(v) : \"memory\");\n"
+    "}\n"
+    "static __device__ __forceinline__ void cg_st32(int ok, void *p, unsigned v) {\n"
+    "    asm volatile(\"{ .reg .pred q; setp.ne.s32 q, %0, 0; @q st.global.b32 [%1], %2; }\"\n"
+    "                 :: \"r\"(CG_ST_OK(ok)), \"l\"(p), \"r\"(v) : \"memory\");\n"
+    "}\n"
+    "static __device__ __forceinline__ void cg_st64(int ok, void *p, unsigned a, unsigned b) {\n"
+    "    asm volatile(\"{ .reg .pred q; setp.ne.s32 q, %0, 0; @q st.global.v2.b32 [%1], {%2, %3}; }\"\n"
+    "                 :: \"r\"(CG_ST_OK(ok)), \"l\"(p), \"r\"(a), \"r\"(b) : \"memory\");\n"
+    "}\n"
+    "static __device__ __forceinline__ void cg_st128(int ok, void *p, unsigned a, unsigned b, unsigned c,\n"
+    "                                                unsigned d) {\n"
+    "    asm volatile(\"{ .reg .pred q; setp.ne.s32 q, %0, 0; @q st.global.v4.b32 [%1], {%2, %3, %4, %5}; }\"\n"
+    "                 :: \"r\"(CG_ST_OK(ok)), \"l\"(p), \"r\"(a), \"r\"(b), \"r\"(c), \"r\"(d) : \"memory\");\n"
+    "}\n"
+    "static __device__ __forceinline__ void cg_sts16(unsigned a, unsigned short v) {\n"
+    "    asm volatile(\"st.shared.b16 [%0], %1;\" :: \"r\"(a), \"h\"(v) : \"memory\");\n"
+    "}\n"
+    "static __device__ __forceinline__ void cg_sts32(unsigned a, unsigned v) {\n"
+    "    asm volatile(\"st.shared.b32 [%0], %1;\" :: \"r\"(a), \"r\"(v) : \"memory\");\n"
+    "}\n"
+    "static __device__ __forceinline__ void cg_sts64(unsigned a, unsigned v0, unsigned v1) {\n"
+    "    asm volatile(\"st.shared.v2.b32 [%0], {%1, %2};\" :: \"r\"(a), \"r\"(v0), \"r\"(v1) : \"memory\");\n"
+    "}\n"
+    "static __device__ __forceinline__ void cg_sts128(unsigned a, unsigned v0, unsigned v1, unsigned v2, unsigned v3) {\n"
+    "    asm volatile(\"st.shared.v4.b32 [%0], {%1, %2, %3, %4};\" :: \"r\"(a), \"r\"(v0), \"r\"(v1), \"r\"(v2),\n"
+    "                 \"r\"(v3) : \"memory\");\n"
+    "}\n"
+    "static __device__ __forceinline__ void cg_lds128(unsigned a, unsigned *v) {\n"
+    "    asm volatile(\"ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\" : \"=r\"(v[0]), \"=r\"(v[1]), \"=r\"(v[2]),\n"
+    "                 \"=r\"(v[3]) : \"r\"(a) : \"memory\");\n"
+    "}\n"
+    "/* Branch-free math. Division and reciprocal: MUFU.RCP and a multiply\n"
+    " * (<= 2 ulp; 0 for |y| > 2^126) instead of IEEE division's slow path. */\n"
+    "static __device__ __forceinline__ float cg_div(float x, float y) { return __fdividef(x, y); }\n"
+    "static __device__ __forceinline__ float cg_sigmoid(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }\n"
+    "static __device__ __forceinline__ float cg_silu(float x) { return __fdividef(x, 1.0f + __expf(-x)); }\n"
+    "/* sin and cos: x less k 2pi (2pi in two parts, fma: r is exact to ~1 ulp\n"
+    " * for |x| < 2^24), then MUFU.SIN/COS on [-pi, pi] (abs error < 1e-6).\n"
+    " * sinf/cosf branch to a slow path with a local-memory table. */\n"
+    "static __device__ __forceinline__ float cg_reduce_2pi(float x) {\n"
+    "    const float k = rintf(x * 0.159154943091895336f);\n"
+    "    return fmaf(-k, -1.74845553e-7f, fmaf(-k, 6.28318548f, x));\n"
+    "}\n"
+    "static __device__ __forceinline__ float cg_sin(float x) { return __sinf(cg_reduce_2pi(x)); }\n"
+    "static __device__ __forceinline__ float cg_cos(float x) { return __cosf(cg_reduce_2pi(x)); }\n"
     "static __device__ __forceinline__ float cg_dsilu(float x) {\n"
     "    float s = cg_sigmoid(x);\n"
     "    return s * (1.0f + x * (1.0f - s));\n"
     "}\n"
     "static __device__ __forceinline__ float cg_square(float x) { return x * x; }\n"
     "#define CG_NEG_INF __int_as_float(0xff800000)\n"
-    "/* online log-sum-exp: fold element v into (m, l) */\n"
+    "/* online log-sum-exp: fold element v into (m, l), branch-free. A new\n"
+    " * maximum scales l by exp(m - v) (0 while m is -inf) and adds 1; else\n"
+    " * l gains exp(v - m). -inf adds nothing (-inf - -inf would be NaN); a NaN\n"
+    " * makes l NaN and leaves m, as the CPU's two-pass form. */\n"
     "static __device__ __forceinline__ void cg_lse_add(float *m, float *l, float v) {\n"
-    "    if (v == CG_NEG_INF) return; /* exp(-inf) adds nothing; -inf - -inf would be NaN */\n"
-    "    if (v > *m) {\n"
-    "        *l = (*m == CG_NEG_INF ? 0.0f : *l * __expf(*m - v)) + 1.0f;\n"
-    "        *m = v;\n"
-    "    } else {\n"
-    "        *l += __expf(v - *m);\n"
-    "    }\n"
+    "    const float e = __expf(-fabsf(v - *m));\n"
+    "    const float l2 = v > *m ? fmaf(*l, e, 1.0f) : *l + e;\n"
+    "    *l = v == CG_NEG_INF ? *l : l2;\n"
+    "    *m = fmaxf(*m, v);\n"
     "}\n"
     "/* merge state (m2, l2) into (m, l) */\n"
     "static __device__ __forceinline__ void cg_lse_merge(float *m, float *l, float m2, float l2) {\n"
-    "    float mn = fmaxf(*m, m2);\n"
-    "    if (mn == CG_NEG_INF) return;\n"
-    "    float a = *m == CG_NEG_INF ? 0.0f : *l * expf(*m - mn);\n"
-    "    float b = m2 == CG_NEG_INF ? 0.0f : l2 * expf(m2 - mn);\n"
-    "    *l = a + b;\n"
+    "    const float mn = fmaxf(*m, m2);\n"
+    "    const float a = *m == CG_NEG_INF ? 0.0f : *l * expf(*m - mn);\n"
+    "    const float b = m2 == CG_NEG_INF ? 0.0f : l2 * expf(m2 - mn);\n"
+    "    *l = mn == CG_NEG_INF ? *l : a + b;\n"
     "    *m = mn;\n"
     "}\n"
     "#endif\n";
@@ -267,17 +350,25 @@ static int vec_words(int w, coda_dtype_t dt) {
 }
 
 /* Fetch the raw words of value i's w elements from element pointer `q`
- * (bf16 or f32) into L.u<i>[]: all w when the pair is whole (ok1), else the
- * first half (missing words are 0). Alignment: rows start 16-byte aligned
- * (fused_gemm.c checks) and col is even, so a pair's elements are one
- * aligned 2, 4, 8 or 16-byte access. */
-static void gen_vec_fetch(sb_t *b, int i, int w, coda_dtype_t dt, const char *q) {
+ * (bf16 or f32) into L.u<i>[]. pred (a tile, N even: every pair is whole):
+ * the load is predicated on the pair being inside (valid; words 0 when
+ * not). Else q is inside (clamped) and, N odd (the
+ * pair function returned for pairs outside): all w when the pair is whole
+ * (ok1), else the first half (missing words are 0). Alignment: rows start
+ * 16-byte aligned (fused_gemm.c checks) and col is even, so a pair's
+ * elements are one aligned 2, 4, 8 or 16-byte access. */
+static void gen_vec_fetch(sb_t *b, int i, int w, coda_dtype_t dt, const char *q, int pred) {
     const char *t = dt == CODA_BF16 ? "unsigned short" : "float";
     int nw = vec_words(w, dt);
     sb_printf(b, "    {\n        const %s *q_ = %s;\n        unsigned *u_ = L.u%d;\n", t, q, i);
-    if (nw == 1)
-        sb_printf(b, "        u_[0] = %s;\n",
-                  dt == CODA_F32 ? "cg_ld32(q_)" : w == 1 ? "cg_ld16(q_)" : "ok1 ? cg_ld32(q_) : cg_ld16(q_)");
+    if (nw == 1 && dt == CODA_BF16 && w == 1) /* a half-space bf16 element: 2 bytes */
+        sb_printf(b, pred ? "        u_[0] = cg_ld16p(valid, q_);\n" : "        u_[0] = cg_ld16(q_);\n");
+    else if (pred)
+        sb_printf(b, nw == 1   ? "        u_[0] = cg_ld32p(valid, q_);\n"
+                     : nw == 2 ? "        cg_ld64p(valid, q_, &u_[0], &u_[1]);\n"
+                               : "        cg_ld128p(valid, q_, &u_[0], &u_[1], &u_[2], &u_[3]);\n");
+    else if (nw == 1)
+        sb_printf(b, "        u_[0] = %s;\n", dt == CODA_F32 ? "cg_ld32(q_)" : "ok1 ? cg_ld32(q_) : cg_ld16(q_)");
     else if (nw == 2)
         sb_printf(b, "        if (ok1) cg_ld64(q_, &u_[0], &u_[1]);\n"
                      "        else { u_[0] = cg_ld32(q_); u_[1] = 0u; }\n");
@@ -299,29 +390,29 @@ static void gen_vec_decode(sb_t *b, int i, int w, coda_dtype_t dt) {
     }
 }
 
-/* Vector store of w elements (names x[0..w-1]) to element pointer `q`. */
+/* Vector store of w elements (names x[0..w-1]) to element pointer `q`,
+ * predicated on the pair being inside (valid): all w when it is whole
+ * (ok1), else the first half. No branches (see cg_st32). */
 static void gen_vec_store(sb_t *b, int w, coda_dtype_t dt, const char *q, char x[4][48]) {
+    sb_printf(b, "    {\n        %s *q_ = %s;\n", dt == CODA_BF16 ? "unsigned short" : "float", q);
     if (dt == CODA_BF16) {
-        sb_printf(b, "    {\n        unsigned short *q_ = %s;\n", q);
-        if (w == 1) sb_printf(b, "        *q_ = cg_f32_to_bf16(%s);\n", x[0]);
+        if (w == 1) sb_printf(b, "        cg_st16(valid, q_, cg_f32_to_bf16(%s));\n", x[0]);
         else if (w == 2)
-            sb_printf(b, "        if (ok1) *(unsigned *)q_ = cg_pack(%s, %s);\n"
-                         "        else *q_ = cg_f32_to_bf16(%s);\n", x[0], x[1], x[0]);
+            sb_printf(b, "        cg_st32(valid && ok1, q_, cg_pack(%s, %s));\n"
+                         "        if (!ok1) cg_st16(valid, q_, cg_f32_to_bf16(%s));\n", x[0], x[1], x[0]);
         else
-            sb_printf(b, "        if (ok1) asm volatile(\"st.global.v2.b32 [%%0], {%%1, %%2};\" :: \"l\"(q_),\n"
-                         "                 \"r\"(cg_pack(%s, %s)), \"r\"(cg_pack(%s, %s)) : \"memory\");\n"
-                         "        else *(unsigned *)q_ = cg_pack(%s, %s);\n",
+            sb_printf(b, "        cg_st64(valid && ok1, q_, cg_pack(%s, %s), cg_pack(%s, %s));\n"
+                         "        if (!ok1) cg_st32(valid, q_, cg_pack(%s, %s));\n",
                       x[0], x[1], x[2], x[3], x[0], x[1]);
     } else {
-        sb_printf(b, "    {\n        float *q_ = %s;\n", q);
-        if (w == 1) sb_printf(b, "        *q_ = %s;\n", x[0]);
+        if (w == 1) sb_printf(b, "        cg_st32(valid, q_, __float_as_uint(%s));\n", x[0]);
         else if (w == 2)
-            sb_printf(b, "        if (ok1) asm volatile(\"st.global.v2.f32 [%%0], {%%1, %%2};\" :: \"l\"(q_), \"f\"(%s), \"f\"(%s) : \"memory\");\n"
-                         "        else *q_ = %s;\n", x[0], x[1], x[0]);
+            sb_printf(b, "        cg_st64(valid && ok1, q_, __float_as_uint(%s), __float_as_uint(%s));\n"
+                         "        if (!ok1) cg_st32(valid, q_, __float_as_uint(%s));\n", x[0], x[1], x[0]);
         else
-            sb_printf(b, "        if (ok1) asm volatile(\"st.global.v4.f32 [%%0], {%%1, %%2, %%3, %%4};\" :: \"l\"(q_),\n"
-                         "                 \"f\"(%s), \"f\"(%s), \"f\"(%s), \"f\"(%s) : \"memory\");\n"
-                         "        else asm volatile(\"st.global.v2.f32 [%%0], {%%1, %%2};\" :: \"l\"(q_), \"f\"(%s), \"f\"(%s) : \"memory\");\n",
+            sb_printf(b, "        cg_st128(valid && ok1, q_, __float_as_uint(%s), __float_as_uint(%s),\n"
+                         "                 __float_as_uint(%s), __float_as_uint(%s));\n"
+                         "        if (!ok1) cg_st64(valid, q_, __float_as_uint(%s), __float_as_uint(%s));\n",
                       x[0], x[1], x[2], x[3], x[0], x[1]);
     }
     sb_printf(b, "    }\n");
@@ -377,17 +468,141 @@ static void gen_fetch(sb_t *b, const coda_program_t *p, int even_n) {
         if (a->kind != CODA_IN_TILE && a->kind != CODA_IN_COL) continue;
         char q[160];
         const char *t = a->dtype == CODA_BF16 ? "unsigned short" : "float";
+        /* Tiles, N even: unclamped row and column, the load predicated on
+         * the pair being inside. Column vectors: the clamped column and no
+         * predicate, so that the compiler sees the same load for every row
+         * of a column and makes it once. */
+        const int pred = even_n && a->kind == CODA_IN_TILE;
+        const char *c0 = pred ? first_col(in->vspace) : first_col_load(in->vspace);
         if (a->kind == CODA_IN_TILE)
-            snprintf(q, sizeof q, "(const %s *)P->ptr[%d] + r * P->s0[%d] + %s", t, in->arg, in->arg,
-                     first_col_load(in->vspace));
+            snprintf(q, sizeof q, "(const %s *)P->ptr[%d] + %s * P->s0[%d] + %s", t, in->arg,
+                     pred ? "(long long)row" : "r", in->arg, c0);
         else /* a column vector: contiguous (innermost stride is one element) */
-            snprintf(q, sizeof q, "(const %s *)P->ptr[%d] + %s", t, in->arg, first_col_load(in->vspace));
-        gen_vec_fetch(b, i, value_width(in), a->dtype, q);
+            snprintf(q, sizeof q, "(const %s *)P->ptr[%d] + %s", t, in->arg, c0);
+        gen_vec_fetch(b, i, value_width(in), a->dtype, q, pred);
     }
     sb_printf(b, "}\n\n");
 }
 
-static coda_status_t gen_pair(sb_t *b, const coda_program_t *p, int even_n) {
+/* Staging of tile outputs (form N16; the kernel sets CODA_EPI_STAGE): each
+ * consumer warp owns a 4 KiB shared-memory slab (t.stage). For one batch of
+ * CODA_EPI_BATCH (4) column chunks the pairs write their outputs into the
+ * slab in the fragment layout (16 rows of the warp x the batch's columns, one
+ * region per output), and coda_epi_flush writes them out as 16-byte vectors.
+ * Stored straight from the fragment, every store instruction would put 4 to
+ * 8 bytes into each of 8 rows: measured on the H200, resid_add's one bf16
+ * output then cost 0.075 ms at M = N = K = 4096, 40% of the GEMM. Regions
+ * are rows of `pitch` bytes with their 16-byte units swizzled by row, so
+ * that neither the fragment writes nor the vector reads conflict on banks. */
+#define STAGE_BATCH 4
+#define STAGE_BYTES 4096
+typedef struct stage_plan {
+    int off[CODA_EPI_MAX_ARGS];   /* region offset in the slab; -1: stored directly */
+    int pitch[CODA_EPI_MAX_ARGS]; /* bytes per staged row */
+} stage_plan_t;
+
+static void plan_staging(const coda_program_t *p, int n16, stage_plan_t *sp) {
+    int used = 0;
+    for (int k = 0; k < CODA_EPI_MAX_ARGS; k++) sp->off[k] = -1, sp->pitch[k] = 0;
+    if (!n16) return;
+    for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++) {
+        const coda_arg_t *a = &p->args[k];
+        int stores = 0;
+        for (int i = 0; i < p->n_insts; i++) stores += p->insts[i].op == CODA_OP_STORE && p->insts[i].arg == k;
+        if (a->kind != CODA_OUT_TILE || stores != 1) continue;
+        int esz = a->dtype == CODA_BF16 ? 2 : 4;
+        int pitch = STAGE_BATCH * 4 * space_width(a->space) * esz; /* 4 lanes per chunk */
+        if (used + 16 * pitch > STAGE_BYTES) continue;
+        sp->off[k] = used;
+        sp->pitch[k] = pitch;
+        used += 16 * pitch;
+    }
+}
+
+/* The swizzled slab address of byte x_ of staged row r_ (C expressions). */
+static void stage_addr(char *buf, size_t cap, int off, int pitch) {
+    int rp = pitch >= 128 ? 1 : 128 / pitch, nch = pitch / 16;
+    snprintf(buf, cap, "t.stage + %d + r_ * %d + ((((x_ >> 4) ^ ((r_ / %d) & %d))) << 4) + (x_ & 15)", off, pitch,
+             rp, nch - 1);
+}
+
+/* A pair's w elements of output arg k into its slab region. */
+static void gen_stage_store(sb_t *b, const coda_arg_t *a, int off, int pitch, char x[4][48]) {
+    int w = space_width(a->space), esz = a->dtype == CODA_BF16 ? 2 : 4, e = w * esz;
+    char addr[160];
+    stage_addr(addr, sizeof addr, off, pitch);
+    sb_printf(b, "    { /* %s: staged, coda_epi_flush writes it out */\n"
+                 "        const int r_ = 8 * (rs & 1) + ((t.tid & 31) >> 2);\n"
+                 "        const int x_ = ((cs %% (CODA_BN / 8)) %% CODA_EPI_BATCH) * %d + (t.tid & 3) * %d;\n"
+                 "        const unsigned a_ = %s;\n",
+              a->name, 4 * e, e, addr);
+    if (a->dtype == CODA_BF16) {
+        if (w == 1) sb_printf(b, "        cg_sts16(a_, cg_f32_to_bf16(%s));\n", x[0]);
+        else if (w == 2) sb_printf(b, "        cg_sts32(a_, cg_pack(%s, %s));\n", x[0], x[1]);
+        else sb_printf(b, "        cg_sts64(a_, cg_pack(%s, %s), cg_pack(%s, %s));\n", x[0], x[1], x[2], x[3]);
+    } else {
+        if (w == 1) sb_printf(b, "        cg_sts32(a_, __float_as_uint(%s));\n", x[0]);
+        else if (w == 2) sb_printf(b, "        cg_sts64(a_, __float_as_uint(%s), __float_as_uint(%s));\n", x[0], x[1]);
+        else
+            sb_printf(b, "        cg_sts128(a_, __float_as_uint(%s), __float_as_uint(%s), __float_as_uint(%s), "
+                         "__float_as_uint(%s));\n", x[0], x[1], x[2], x[3]);
+    }
+    sb_printf(b, "    }\n");
+}
+
+/* coda_epi_flush(P, t, mh, j0): after the pairs of the batch at chunk j0 of
+ * row block mh, the warp writes each staged region out, 16 bytes a lane. N
+ * is a multiple of 16 and a batch starts at a multiple of 32 columns, so a
+ * vector is wholly inside the output or wholly outside. */
+static void gen_flush(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) {
+    sb_printf(b,
+              "static __device__ __forceinline__ void coda_epi_flush(const coda_epi_params &P_,\n"
+              "        const coda_epi_tile &t, int mh, int j0) {\n"
+              "    const coda_epi_params *P = &P_;\n"
+              "    (void)P; (void)t; (void)mh; (void)j0;\n");
+    int any = 0;
+    for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++) any |= sp->off[k] >= 0;
+    if (any) {
+        sb_printf(b, "#if CODA_EPI_STAGE\n"
+                     "#if CODA_EPI_BATCH != %d\n#error \"the staged epilogue is laid out for batches of %d chunks\"\n#endif\n"
+                     "    __syncwarp(); /* the pairs' slab writes are visible to the warp */\n"
+                     "    const int lane = t.tid & 31;\n"
+                     "    const long long row0 = t.row - (lane >> 2) + 64 * mh; /* the warp's first row */\n"
+                     "    const long long col0 = t.col - 2 * (lane & 3) + 8 * j0; /* the batch's first acc column */\n"
+                     "    (void)row0; (void)col0;\n",
+                  STAGE_BATCH, STAGE_BATCH);
+        for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++) {
+            if (sp->off[k] < 0) continue;
+            const coda_arg_t *a = &p->args[k];
+            int esz = a->dtype == CODA_BF16 ? 2 : 4, pitch = sp->pitch[k], nch = pitch / 16;
+            coda_space_t sw = a->space;
+            const char *first = sw == CODA_SPACE_HALF ? "(col0 >> 1)" : sw == CODA_SPACE_FULL ? "col0" : "(2 * col0)";
+            const char *nw = sw == CODA_SPACE_HALF ? "(P->n / 2)" : sw == CODA_SPACE_FULL ? "(long long)P->n"
+                                                                                        : "(2LL * P->n)";
+            char addr[160];
+            stage_addr(addr, sizeof addr, sp->off[k], pitch);
+            sb_printf(b,
+                      "    { /* %s */\n"
+                      "        const long long nw = %s;\n"
+                      "#pragma unroll\n"
+                      "        for (int i = lane; i < %d; i += 32) {\n"
+                      "            const int r_ = i / %d, x_ = (i %% %d) * 16;\n"
+                      "            unsigned v[4];\n"
+                      "            cg_lds128(%s, v);\n"
+                      "            const long long gr = row0 + r_, gc = %s + (i %% %d) * %d;\n"
+                      "            %s *g = (%s *)P->ptr[%d] + gr * P->s0[%d] + gc;\n"
+                      "            cg_st128(gr < P->m && gc < nw, g, v[0], v[1], v[2], v[3]);\n"
+                      "        }\n"
+                      "    }\n",
+                      a->name, nw, 16 * nch, nch, nch, addr, first, nch, 16 / esz,
+                      esz == 2 ? "unsigned short" : "float", esz == 2 ? "unsigned short" : "float", k, k);
+        }
+        sb_printf(b, "    __syncwarp(); /* read out before the next batch writes */\n#endif\n");
+    }
+    sb_printf(b, "}\n\n");
+}
+
+static coda_status_t gen_pair(sb_t *b, const coda_program_t *p, int even_n, const stage_plan_t *sp) {
     char e0[48], e1[48], e2[48], idx[160], ld[256], col[48];
     sb_printf(b,
               "static __device__ __forceinline__ void coda_epi_pair(const coda_epi_params &P_,\n"
@@ -458,8 +673,15 @@ static coda_status_t gen_pair(sb_t *b, const coda_program_t *p, int even_n) {
             for (int e = 0; e < wa; e++) el(p, in->src[0], e, x[e], sizeof x[e]);
             snprintf(q, sizeof q, "(%s *)P->ptr[%d] + r * P->s0[%d] + %s",
                      a->dtype == CODA_BF16 ? "unsigned short" : "float", in->arg, in->arg, first_col(a->space));
-            sb_printf(b, "    if (valid)\n");
-            gen_vec_store(b, wa, a->dtype, q, x);
+            if (sp->off[in->arg] >= 0) {
+                sb_printf(b, "#if CODA_EPI_STAGE\n");
+                gen_stage_store(b, a, sp->off[in->arg], sp->pitch[in->arg], x);
+                sb_printf(b, "#else\n");
+                gen_vec_store(b, wa, a->dtype, q, x);
+                sb_printf(b, "#endif\n");
+            } else {
+                gen_vec_store(b, wa, a->dtype, q, x);
+            }
             break;
         }
         case CODA_OP_REDUCE: {
@@ -486,9 +708,11 @@ static coda_status_t gen_pair(sb_t *b, const coda_program_t *p, int even_n) {
             for (int e = 0; e < wv; e++) {
                 el(p, in->src[0], e, e0, sizeof e0);
                 elem_col(v->vspace, e, col, sizeof col);
-                sb_printf(b, "    if (valid && %s) {\n        cg_lse_add(&S->lm%d[rs], &S->ll%d[rs], %s);\n"
-                             "        if ((float)%s == %s) S->lp%d[rs] += %s;\n    }\n",
-                          elem_ok(v->vspace, e), in->arg, in->arg, e0, col, e1, in->arg, e0);
+                /* no branch: an element outside folds in as -inf */
+                sb_printf(b, "    {\n        const int in_ = valid && %s;\n"
+                             "        cg_lse_add(&S->lm%d[rs], &S->ll%d[rs], in_ ? %s : CG_NEG_INF);\n"
+                             "        S->lp%d[rs] += in_ && (float)%s == %s ? %s : 0.0f;\n    }\n",
+                          elem_ok(v->vspace, e), in->arg, in->arg, e0, in->arg, col, e1, e0);
             }
             break;
         }
@@ -590,22 +814,31 @@ static void gen_end(sb_t *b, const coda_program_t *p) {
 }
 
 coda_status_t coda__codegen_cuda(const coda_program_t *p, char **out) {
-    return coda__codegen_cuda_ex(p, 0, out);
+    return coda__codegen_cuda_ex(p, CODA_CG_ANY, out);
 }
 
-coda_status_t coda__codegen_cuda_ex(const coda_program_t *p, int even_n, char **out) {
+coda_cg_form_t coda__codegen_form(int64_t n) {
+    return n % 16 == 0 ? CODA_CG_N16 : n % 2 == 0 ? CODA_CG_EVEN : CODA_CG_ANY;
+}
+
+coda_status_t coda__codegen_cuda_ex(const coda_program_t *p, coda_cg_form_t form, char **out) {
     if (!out) return coda__fail(CODA_ERR_INVALID_ARG, "codegen: out is NULL");
     *out = NULL;
     if (!p || !p->verified) return coda__fail(CODA_ERR_INVALID_ARG, "codegen: program is NULL or not verified");
+    if ((unsigned)form >= CODA_CG_NFORMS) return coda__fail(CODA_ERR_INVALID_ARG, "codegen: form %d", (int)form);
+    const int even_n = form != CODA_CG_ANY;
     if (p->n_args > CODA_EPI_MAX_ARGS)
         return coda__fail(CODA_ERR_UNSUPPORTED, "codegen: %d arguments; the GPU epilogue takes at most %d",
                           p->n_args, CODA_EPI_MAX_ARGS);
     sb_t b = {0};
     sb_printf(&b, "%s\n/* ---- generated from epilogue program '%s'%s ---- */\n", PRELUDE, p->name,
-              even_n ? " (N even)" : "");
+              form == CODA_CG_N16 ? " (N a multiple of 16)" : even_n ? " (N even)" : "");
     gen_state(&b, p);
+    stage_plan_t sp;
+    plan_staging(p, form == CODA_CG_N16, &sp);
     gen_fetch(&b, p, even_n);
-    CODA_TRY(gen_pair(&b, p, even_n));
+    CODA_TRY(gen_pair(&b, p, even_n, &sp));
+    gen_flush(&b, p, &sp);
     gen_end(&b, p);
     if (b.oom) {
         free(b.buf);
@@ -615,18 +848,31 @@ coda_status_t coda__codegen_cuda_ex(const coda_program_t *p, int even_n, char **
     return CODA_OK;
 }
 
-coda_status_t coda__codegen_cuda_cached(const coda_program_t *p, int even_n, const char **out) {
+coda_status_t coda__codegen_cuda_cached(const coda_program_t *p, coda_cg_form_t form, const char **out,
+                                        const uint64_t **key) {
     if (!out) return coda__fail(CODA_ERR_INVALID_ARG, "codegen: out is NULL");
     if (!p) return coda__fail(CODA_ERR_INVALID_ARG, "codegen: program is NULL");
-    _Atomic(char *) *slot = &((coda_program_t *)p)->cuda_src[even_n ? 1 : 0];
-    char *cur = atomic_load(slot);
+    if ((unsigned)form >= CODA_CG_NFORMS) return coda__fail(CODA_ERR_INVALID_ARG, "codegen: form %d", (int)form);
+    _Atomic(struct coda_cg_text *) *slot = &((coda_program_t *)p)->cuda_src[form];
+    struct coda_cg_text *cur = atomic_load(slot);
     if (!cur) {
-        char *made = NULL;
-        CODA_TRY(coda__codegen_cuda_ex(p, even_n, &made));
+        char *text = NULL;
+        CODA_TRY(coda__codegen_cuda_ex(p, form, &text));
+        size_t len = strlen(text);
+        struct coda_cg_text *made = malloc(sizeof *made + len + 1);
+        if (!made) {
+            free(text);
+            return coda__fail(CODA_ERR_NO_MEMORY, "codegen: out of memory");
+        }
+        memcpy(made->text, text, len + 1);
+        free(text);
+        made->key[0] = coda__hash(CODA_HASH_SEED0, made->text, len);
+        made->key[1] = coda__hash(CODA_HASH_SEED1, made->text, len);
         /* another thread may have been first: keep its text, drop ours */
         if (atomic_compare_exchange_strong(slot, &cur, made)) cur = made;
         else free(made);
     }
-    *out = cur;
+    *out = cur->text;
+    if (key) *key = cur->key;
     return CODA_OK;
 }

@@ -86,4 +86,14 @@ static inline void coda__store_f32(void *p, coda_dtype_t dt, float v) {
 
 static inline int64_t coda__cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+/* FNV-1a, 64 bit, continued from h. Two different seeds give a 128-bit key
+ * (kernel caches). About 4 cycles a byte: hash a text once and keep the key. */
+static inline uint64_t coda__hash(uint64_t h, const void *p, size_t n) {
+    const unsigned char *s = (const unsigned char *)p;
+    for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 0x100000001b3ull;
+    return h;
+}
+#define CODA_HASH_SEED0 0xcbf29ce484222325ull
+#define CODA_HASH_SEED1 0x84222325cbf29ce4ull
+
 #endif

@@ -101,7 +101,6 @@ coda_status_t coda__cuda_kernel(coda_context_t *ctx, coda_cuda_device_t *d, cons
 /* A kernel loaded before under the quick key, or NULL. */
 CUfunction coda__cuda_kernel_find(coda_cuda_device_t *d, const uint64_t quick[2]);
 /* FNV-1a 64 continued from h (for quick keys). */
-uint64_t coda__hash(uint64_t h, const void *p, size_t n);
 
 /* Embedded kernel source by file name (build/gen/kernels.c), or NULL. */
 const char *coda__cuda_source(const char *name);
@@ -129,7 +128,9 @@ int coda__cuda_gemm_cfg_override(void);
 
 /* The full kernel source for an epilogue: prelude + epilogue + mainloop,
  * and the NVRTC options for a layout and config. Returns a malloc'd string;
- * opts[] point into static storage or into optbuf (>= 512 bytes). */
+ * opts[] (CODA_CUDA_GEMM_MAX_OPTS entries) point into static storage or into
+ * optbuf (>= 512 bytes). */
+#define CODA_CUDA_GEMM_MAX_OPTS 20
 char *coda__cuda_gemm_source(const char *epilogue_src);
 /* store_c: the mainloop stores the main output C by TMA (dtype f32 if c_f32). */
 int coda__cuda_gemm_options(coda_layout_t layout, const coda_cuda_gemm_cfg_t *cfg, int store_c,
@@ -138,14 +139,18 @@ int coda__cuda_gemm_options(coda_layout_t layout, const coda_cuda_gemm_cfg_t *cf
 /* Run the GEMM with an epilogue: the epilogue source defines struct
  * coda_epi_params (docs/gpu.md) and `params` (params_size bytes, the same
  * layout) is passed to the kernel by value; scratch_bytes of shared memory
- * are given to the epilogue (coda_epi_tile.scratch). c_out (may be NULL):
+ * are given to the epilogue (coda_epi_tile.scratch). epilogue_key (may be
+ * NULL: computed here): a 128-bit hash of epilogue_src (coda__hash, seeds
+ * CODA_HASH_SEED0/1), so that a launch need not hash a long generated text
+ * to find its kernel. c_out (may be NULL):
  * the main (M, N) output, bf16 or f32, stored by the mainloop with TMA from
  * the values the epilogue's pair hook leaves. A, B are descriptors already
  * checked by the front end; this checks them (and c_out) for the copy engine. */
 coda_status_t coda__cuda_gemm_run(coda_context_t *ctx, coda_layout_t layout,
                                   const coda_tensor_t *a, const coda_tensor_t *b,
                                   const coda_tensor_t *c_out,
-                                  const char *epilogue_src, const void *params,
+                                  const char *epilogue_src, const uint64_t *epilogue_key,
+                                  const void *params,
                                   size_t params_size, size_t scratch_bytes, int cfg_index,
                                   void *stream);
 

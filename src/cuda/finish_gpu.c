@@ -19,8 +19,7 @@ static coda_status_t run(coda_context_t *ctx, const coda_tensor_t *t, const char
     if (!src) return coda__fail(CODA_ERR_INTERNAL, "finish.cuh is not embedded");
     CODA_CU(cu, cu->cu.CtxPushCurrent(d->pctx), "cuCtxPushCurrent");
     /* quick key: a constant per entry point, so later calls skip hashing */
-    uint64_t quick[2] = {0xc0daf1a15bull, 14695981039346656037ull};
-    for (const char *c = entry; *c; c++) quick[1] = (quick[1] ^ (unsigned char)*c) * 1099511628211ull;
+    uint64_t quick[2] = {0xc0daf1a15bull, coda__hash(CODA_HASH_SEED0, entry, strlen(entry))};
     CUfunction fn = coda__cuda_kernel_find(d, quick);
     coda_status_t s = fn ? CODA_OK : coda__cuda_kernel(ctx, d, src, finish_opts, 3, entry, quick, &fn);
     if (s == CODA_OK) {

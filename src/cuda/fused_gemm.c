@@ -6,11 +6,11 @@
  * compiled module is cached in memory and on disk (nvrtc.c), so a second run
  * of the same program starts fast and a new program needs no rebuild.
  *
- * Tiling on the GPU: tile_n is the mainloop's block width, 128 for the
- * ping-pong schedule that fused GEMMs run (256 on the cooperative one, if a
- * caller asks for it); tile_m is 16, the rows one warp holds in a 64-row
- * block, because column partials are combined within a warp (codegen.h).
- * Row partials do not depend on tile_m. */
+ * Tiling on the GPU: tile_n is the mainloop's block width, 256 or 128 as
+ * the plain GEMM would pick (cooperative schedule; a caller asking for 128
+ * on a big problem gets the ping-pong schedule); tile_m is 16, the rows one
+ * warp holds in a 64-row block, because column partials are combined within
+ * a warp (codegen.h). Row partials do not depend on tile_m. */
 #include "codegen/codegen.h"
 #include "cuda/backend.h"
 
@@ -41,37 +41,21 @@ static int cfg_for_tiling(coda_tiling_t tl, int64_t m, int64_t n, int sm_count) 
     return best;
 }
 
-/* Does the program's epilogue cost enough, next to a 128 x 128 tile's
- * mainloop, that overlapping it pays for the ping-pong schedule's slower
- * mainloop? Measured on an H200 at M = N = K = 4096 and 8192
- * (bench_epilogue, bench/RESULTS.md): yes for qkv_rope (sin, cos),
- * swiglu_bwd (9 bytes of tiles per accumulator element) and rmsnorm_bwd
- * (8); no for resid_add (4), resid_norm (6), the gate/up programs (1, 3)
- * and the lm-head ones (0 and 2, one exp). */
-static int heavy_epilogue(const coda_program_t *p) {
-    double bytes = 0;
-    for (int i = 0; i < p->n_args; i++) {
-        const coda_arg_t *a = &p->args[i];
-        if (a->kind != CODA_IN_TILE && a->kind != CODA_OUT_TILE) continue;
-        double w = a->space == CODA_SPACE_HALF ? 0.5 : a->space == CODA_SPACE_DOUBLE ? 2.0 : 1.0;
-        bytes += w * (double)coda_dtype_size(a->dtype);
-    }
-    for (int i = 0; i < p->n_insts; i++)
-        if (p->insts[i].op == CODA_OP_SIN || p->insts[i].op == CODA_OP_COS) return 1;
-    return bytes >= 7.0;
-}
-
 coda_status_t coda__cuda_choose_tiling(coda_context_t *ctx, int index, int64_t m, int64_t n,
                                        int64_t k, const coda_program_t *p, coda_tiling_t *tiling) {
     /* Without a device (sizing buffers on a machine with no GPU), assume an
      * H100/H200 SXM's 132 multiprocessors. */
+    /* Every program gets the plain GEMM's tile width, so the cooperative
+     * schedule on big problems: since the generated epilogues are
+     * branch-free and stage their tile outputs (session 3), it is as fast
+     * or faster than ping-pong for every built-in program at M = N = K =
+     * 2048-8192 on an H200 (bench/RESULTS.md); ping-pong's slower mainloop
+     * no longer pays for its overlap. p is kept for a per-program choice. */
+    (void)p;
+    coda_cuda_device_t *d;
+    int sm_count = coda__cuda_device(ctx, index, &d) == CODA_OK ? d->sm_count : 132;
     tiling->tile_m = GPU_TILE_M;
-    tiling->tile_n = PINGPONG_TILE_N;
-    if (p && !heavy_epilogue(p)) {
-        coda_cuda_device_t *d;
-        int sm_count = coda__cuda_device(ctx, index, &d) == CODA_OK ? d->sm_count : 132;
-        tiling->tile_n = coda__cuda_gemm_cfgs[coda__cuda_gemm_pick(m, n, k, sm_count)].bn;
-    }
+    tiling->tile_n = coda__cuda_gemm_cfgs[coda__cuda_gemm_pick(m, n, k, sm_count)].bn;
     int forced = coda__cuda_gemm_cfg_override(); /* as in cfg_for_tiling */
     if (forced >= 0) tiling->tile_n = coda__cuda_gemm_cfgs[forced].bn;
     return CODA_OK;
@@ -140,9 +124,10 @@ coda_status_t coda__cuda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout
         }
     }
 
-    const char *src = NULL; /* generated once per program (and N parity) */
-    CODA_TRY(coda__codegen_cuda_cached(p, n % 2 == 0, &src));
+    const char *src = NULL; /* generated and hashed once per program and form */
+    const uint64_t *key = NULL;
+    CODA_TRY(coda__codegen_cuda_cached(p, coda__codegen_form(n), &src, &key));
     coda_epi_params_t params;
     fill_params(p, bound, scalars, m, n, &params);
-    return coda__cuda_gemm_run(ctx, layout, a, b, NULL, src, &params, sizeof params, 0, cfg, stream);
+    return coda__cuda_gemm_run(ctx, layout, a, b, NULL, src, key, &params, sizeof params, 0, cfg, stream);
 }

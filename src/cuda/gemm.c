@@ -85,13 +85,13 @@ int coda__cuda_gemm_options(coda_layout_t layout, const coda_cuda_gemm_cfg_t *cf
     int ta = layout == CODA_LAYOUT_TN, tb = layout != CODA_LAYOUT_NT;
     int w = snprintf(optbuf, optcap, "-DCODA_BN=%d%c-DCODA_STAGES=%d%c-DCODA_TA=%d%c-DCODA_TB=%d%c"
                      "-DCODA_CLUSTER=%d%c-DCODA_EPI_STORE_C=%d%c-DCODA_C_F32=%d%c-DCODA_GROUP_M=%d%c"
-                     "-DCODA_PINGPONG=%d",
+                     "-DCODA_PINGPONG=%d%c-DCODA_EPI_STAGE=%d",
                      cfg->bn, 0, cfg->stages, 0, ta, 0, tb, 0, cfg->cluster_m, 0, store_c, 0, c_f32,
-                     0, cfg->group_m, 0, cfg->pingpong);
-    int nd = 9;
+                     0, cfg->group_m, 0, cfg->pingpong, 0, !store_c);
+    int nd = 10;
     if (getenv("CODA_DEBUG_MN_SWAP") && w > 0 && (size_t)w + 20 < optcap) {
         memcpy(optbuf + w + 1, "-DCODA_MN_SWAP=1", 17);
-        nd = 10;
+        nd = 11;
     }
     const char *p = optbuf;
     for (int i = 0; i < nd; i++) {
@@ -101,7 +101,7 @@ int coda__cuda_gemm_options(coda_layout_t layout, const coda_cuda_gemm_cfg_t *cf
     /* CODA_DEBUG_OPTS: up to 4 extra space-separated options (experiments) */
     const char *x = getenv("CODA_DEBUG_OPTS");
     size_t used = (size_t)(p - optbuf);
-    while (x && *x && n < 16 && used + 64 < optcap) {
+    while (x && *x && n < CODA_CUDA_GEMM_MAX_OPTS && used + 64 < optcap) {
         while (*x == ' ') x++;
         size_t len = strcspn(x, " ");
         if (!len || len > 60) break;
@@ -182,7 +182,7 @@ static coda_status_t encode(struct coda_cuda *cu, CUtensorMap *map, const coda_t
  * disk cache. */
 static coda_status_t get_kernel(coda_context_t *ctx, coda_cuda_device_t *d, coda_layout_t layout,
                                 int cfg_index, int store_c, int c_f32, const char *epilogue_src,
-                                CUfunction *fn) {
+                                const uint64_t *epilogue_key, CUfunction *fn) {
     const char *plain = coda__cuda_source("epi_plain.cuh");
     const char *xopts = getenv("CODA_DEBUG_OPTS");
     int is_plain = epilogue_src == plain && store_c && !(xopts && *xopts);
@@ -193,10 +193,16 @@ static coda_status_t get_kernel(coda_context_t *ctx, coda_cuda_device_t *d, coda
     uint64_t quick[2];
     uint32_t variant = (uint32_t)layout * 64u + (uint32_t)cfg_index * 4u + (uint32_t)store_c * 2u +
                        (uint32_t)c_f32;
-    quick[0] = coda__hash(0xcbf29ce484222325ull, &variant, sizeof variant);
-    quick[1] = coda__hash(0x84222325cbf29ce4ull, &variant, sizeof variant);
-    quick[0] = coda__hash(quick[0], epilogue_src, strlen(epilogue_src));
-    quick[1] = coda__hash(quick[1], epilogue_src, strlen(epilogue_src));
+    uint64_t key[2];
+    if (epilogue_key) {
+        key[0] = epilogue_key[0];
+        key[1] = epilogue_key[1];
+    } else {
+        key[0] = coda__hash(CODA_HASH_SEED0, epilogue_src, strlen(epilogue_src));
+        key[1] = coda__hash(CODA_HASH_SEED1, epilogue_src, strlen(epilogue_src));
+    }
+    quick[0] = coda__hash(key[0], &variant, sizeof variant);
+    quick[1] = coda__hash(key[1], &variant, sizeof variant);
     if (xopts && *xopts) {
         quick[0] = coda__hash(quick[0], xopts, strlen(xopts));
         quick[1] = coda__hash(quick[1], xopts, strlen(xopts));
@@ -205,7 +211,7 @@ static coda_status_t get_kernel(coda_context_t *ctx, coda_cuda_device_t *d, coda
     if (!f) {
         char *src = coda__cuda_gemm_source(epilogue_src);
         if (!src) return CODA_ERR_INTERNAL;
-        const char *opts[16];
+        const char *opts[CODA_CUDA_GEMM_MAX_OPTS];
         char optbuf[768];
         int n_opts = coda__cuda_gemm_options(layout, &coda__cuda_gemm_cfgs[cfg_index], store_c,
                                              c_f32, opts, optbuf, sizeof optbuf);
@@ -222,8 +228,8 @@ static coda_status_t get_kernel(coda_context_t *ctx, coda_cuda_device_t *d, coda
 static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_layout_t layout,
                             const coda_tensor_t *a, const coda_tensor_t *b,
                             const coda_tensor_t *c_out, const char *epilogue_src,
-                            const void *params, int cfg_index, size_t scratch_bytes,
-                            void *stream) {
+                            const uint64_t *epilogue_key, const void *params, int cfg_index,
+                            size_t scratch_bytes, void *stream) {
     struct coda_cuda *cu = ctx->cuda;
     const coda_cuda_gemm_cfg_t *cfg = &coda__cuda_gemm_cfgs[cfg_index];
     int64_t m = 0, n = 0, k = 0;
@@ -231,7 +237,7 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
 
     int store_c = c_out != NULL, c_f32 = c_out && c_out->dtype == CODA_F32;
     CUfunction fn;
-    CODA_TRY(get_kernel(ctx, d, layout, cfg_index, store_c, c_f32, epilogue_src, &fn));
+    CODA_TRY(get_kernel(ctx, d, layout, cfg_index, store_c, c_f32, epilogue_src, epilogue_key, &fn));
 
     /* Tensor maps (inner dimension first); boxes match gemm_mainloop.cuh. */
     CUtensorMap map_a, map_b, map_c;
@@ -339,9 +345,9 @@ static coda_status_t check_c(const coda_tensor_t *c, const coda_tensor_t *a) {
 coda_status_t coda__cuda_gemm_run(coda_context_t *ctx, coda_layout_t layout,
                                   const coda_tensor_t *a, const coda_tensor_t *b,
                                   const coda_tensor_t *c_out,
-                                  const char *epilogue_src, const void *params,
-                                  size_t params_size, size_t scratch_bytes, int cfg_index,
-                                  void *stream) {
+                                  const char *epilogue_src, const uint64_t *epilogue_key,
+                                  const void *params, size_t params_size, size_t scratch_bytes,
+                                  int cfg_index, void *stream) {
     (void)params_size;
     if (cfg_index < 0 || cfg_index >= CODA_CUDA_GEMM_NCFG)
         return coda__fail(CODA_ERR_INVALID_ARG, "CUDA GEMM: tile configuration %d out of range",
@@ -362,8 +368,8 @@ coda_status_t coda__cuda_gemm_run(coda_context_t *ctx, coda_layout_t layout,
     if (s == CODA_OK) s = check_pointer(cu, b, "b");
     if (s == CODA_OK && c_out) s = check_pointer(cu, c_out, "c");
     if (s == CODA_OK)
-        s = launch(ctx, d, layout, a, b, c_out, epilogue_src, params, cfg_index, scratch_bytes,
-                   stream);
+        s = launch(ctx, d, layout, a, b, c_out, epilogue_src, epilogue_key, params, cfg_index,
+                   scratch_bytes, stream);
     CUcontext prev;
     cu->cu.CtxPopCurrent(&prev);
     return s;
@@ -406,7 +412,7 @@ coda_status_t coda__cuda_gemm(coda_context_t *ctx, coda_layout_t layout, const c
     if (s == CODA_OK) s = check_pointer(cu, b, "b");
     if (s == CODA_OK) {
         const char *epi = coda__cuda_source("epi_plain.cuh");
-        s = epi ? launch(ctx, d, layout, a, b, c, epi, &p, cfg, 0, stream)
+        s = epi ? launch(ctx, d, layout, a, b, c, epi, NULL, &p, cfg, 0, stream)
                 : coda__fail(CODA_ERR_INTERNAL, "CUDA GEMM: epi_plain.cuh is not embedded");
     }
     CUcontext prev;

@@ -21,17 +21,10 @@ const char *coda__cuda_source(const char *name) {
     return NULL;
 }
 
-/* FNV-1a, 64 bit, continued from h. Two different seeds give a 128-bit key. */
-uint64_t coda__hash(uint64_t h, const void *p, size_t n) {
-    const unsigned char *s = p;
-    for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 0x100000001b3ull;
-    return h;
-}
-
 void coda__nvrtc_key(const char *src, const char *const *opts, int n_opts, uint64_t key[2]) {
     int major = 0, minor = 0;
     nvrtcVersion(&major, &minor);
-    uint64_t seeds[2] = {0xcbf29ce484222325ull, 0x84222325cbf29ce4ull};
+    uint64_t seeds[2] = {CODA_HASH_SEED0, CODA_HASH_SEED1};
     for (int s = 0; s < 2; s++) {
         uint64_t h = seeds[s];
         h = coda__hash(h, src, strlen(src) + 1);

@@ -100,8 +100,7 @@ coda_status_t coda_program_new(const char *name, coda_program_t **out) {
 
 void coda_program_free(coda_program_t *p) {
     if (!p) return;
-    free(atomic_load(&p->cuda_src[0]));
-    free(atomic_load(&p->cuda_src[1]));
+    for (int f = 0; f < 3; f++) free(atomic_load(&p->cuda_src[f]));
     free(p);
 }
 

@@ -48,6 +48,8 @@ typedef struct coda_inst {
     coda_space_t vspace;      /* column space (meaningful if shape has COL) */
 } coda_inst_t;
 
+struct coda_cg_text; /* codegen/codegen.h */
+
 struct coda_program {
     char name[CODA_NAME_MAX];
     int n_args;
@@ -57,10 +59,11 @@ struct coda_program {
     coda_status_t error;     /* builder: first error, CODA_OK if none      */
     char error_msg[256];
     int verified;            /* 1 once coda_program_finish / parse passed  */
-    /* Generated CUDA C, [0] general form, [1] even-N form: made on first
-     * use by coda__codegen_cuda_cached and freed with the program. A cache
-     * in a const program, so set once, atomically (threads may share p). */
-    _Atomic(char *) cuda_src[2];
+    /* Generated CUDA C, one per form (coda_cg_form_t in codegen/codegen.h):
+     * made on first use by coda__codegen_cuda_cached and freed with the
+     * program. A cache in a const program, so set once, atomically
+     * (threads may share p). */
+    _Atomic(struct coda_cg_text *) cuda_src[3];
 };
 
 /* Operand count of a map op (1..3), 0 for sources, -1 for statements. */

@@ -269,16 +269,21 @@ int main(int argc, char **argv) {
     for (const char *const *name = coda_builtin_program_names(); *name && nt < 32; name++)
         texts[nt++] = coda_builtin_program(*name);
 
-    /* shapes: M odd and tile-crossing, N a multiple of 8 but not of the tile */
-    static const int64_t shapes[][3] = {{1, 264, 200}, {127, 136, 72}, {1000, 520, 264}, {4096, 264, 136}};
+    /* shapes: M odd and tile-crossing, N a multiple of 8 but not of the
+     * tile; N % 16 == 8 runs the generated code's even-N form, N % 16 == 0
+     * its N16 form (tile outputs staged through shared memory) */
+    static const int64_t shapes[][3] = {{1, 264, 200}, {127, 144, 72}, {1000, 520, 264}, {4096, 272, 136}};
     int nshape = small ? 2 : 4;
     for (int i = 0; i < nt; i++)
         for (int s = 0; s < nshape; s++)
             run_case(texts[i], CODA_LAYOUT_NT, shapes[s][0], shapes[s][1], shapes[s][2], 0);
     /* the 256-wide tile (big problems), every program */
-    for (int i = 0; i < nt; i++) run_case(texts[i], CODA_LAYOUT_NT, small ? 127 : 1000, 520, 264, 256);
+    for (int i = 0; i < nt; i++) {
+        run_case(texts[i], CODA_LAYOUT_NT, small ? 127 : 1000, 784, 264, 256);
+        if (!small) run_case(texts[i], CODA_LAYOUT_NT, 1000, 520, 264, 256);
+    }
     /* ping-pong with several tiles per consumer warpgroup, in 2-CTA clusters */
-    for (int i = 0; i < (small ? 1 : nt); i++) run_case(texts[i], CODA_LAYOUT_NT, 4096, 1032, 520, 0);
+    for (int i = 0; i < (small ? 1 : nt); i++) run_case(texts[i], CODA_LAYOUT_NT, 4096, 1040, 520, 0);
     /* odd N (the general, branching form of the generated code), for the
      * programs that need no column pairs */
     run_case(extra_programs[0], CODA_LAYOUT_NT, 127, 131, 72, 0);
@@ -287,13 +292,13 @@ int main(int argc, char **argv) {
     run_case(coda_builtin_program("lmhead_lse"), CODA_LAYOUT_NT, 127, 1003, 72, 256);
     /* the other layouts, with a program of every primitive class */
     for (int i = 0; i < (small ? 2 : 5); i++) {
-        run_case(texts[i], CODA_LAYOUT_NN, 127, 264, 136, 0);
+        run_case(texts[i], CODA_LAYOUT_NN, 127, 272, 136, 0);
         run_case(texts[i], CODA_LAYOUT_TN, 264, 136, 1000, 0);
     }
     /* the cooperative schedule (128-row tiles, both warpgroups on each) */
     cooperative = 1;
     for (int i = 0; i < nt; i++) {
-        run_case(texts[i], CODA_LAYOUT_NT, small ? 127 : 1000, 520, 264, 0);
+        run_case(texts[i], CODA_LAYOUT_NT, small ? 127 : 1000, 528, 264, 0);
         if (!small) run_case(texts[i], CODA_LAYOUT_NT, 4096, 1032, 520, 0);
     }
     run_case(texts[0], CODA_LAYOUT_TN, 264, 136, 1000, 0);

@@ -55,5 +55,10 @@ static __device__ __forceinline__ void coda_epi_pair(const coda_epi_params &p,
 #endif
 }
 
+/* Generated epilogues write their staged tile outputs here; C goes through
+ * the mainloop's own TMA store path instead. */
+static __device__ __forceinline__ void coda_epi_flush(const coda_epi_params &p,
+                                                     const coda_epi_tile &t, int mh, int j0) {}
+
 static __device__ __forceinline__ void coda_epi_end(const coda_epi_params &p,
                                                     const coda_epi_tile &t, coda_epi_state &s) {}

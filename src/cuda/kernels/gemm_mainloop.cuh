@@ -49,9 +49,6 @@
  * stores drop rows >= M and columns >= N. */
 
 #define CODA_BM 128
-#ifndef CODA_EPI_BATCH /* column chunks whose epilogue inputs are fetched together */
-#define CODA_EPI_BATCH 4
-#endif
 #define CODA_BK 64
 #ifndef CODA_GROUP_M
 #define CODA_GROUP_M 8
@@ -323,6 +320,9 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
             t.wg = c;
             t.tid = tid;
             t.scratch = scratch;
+            /* fused kernels: the C staging buffers are each consumer warp's
+             * 4 KiB slab for the epilogue's tile outputs (coda_epi_flush) */
+            t.stage = cbufs + (u32)(c * 4 + tid / 32) * 4096u;
             coda_epi_state st;
             coda_epi_begin(epi, t, st);
 #if CODA_EPI_STORE_C
@@ -397,6 +397,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                         coda_epi_pair(epi, t, st, 2 * mh + 1, cs, r + 8, t.col + 8 * j,
                                       acc[mh][4 * j + 2], acc[mh][4 * j + 3], in[2 * jj + 1]);
                     }
+                    coda_epi_flush(epi, t, mh, j0);
                 }
 #endif
             coda_epi_end(epi, t, st);

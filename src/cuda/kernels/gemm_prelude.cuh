@@ -182,6 +182,12 @@ static __device__ __forceinline__ void coda_consumer_sync(void) {
 /* What the mainloop tells the epilogue about the tile a consumer thread holds
  * (docs/gpu.md has the fragment picture). A thread holds rows row + 8 h +
  * 64 mh (h < 2, mh < CODA_WG_MH): row slot rs = 2 mh + h. */
+/* Column chunks the mainloop hands the epilogue as one batch: their inputs
+ * are fetched together, and staged outputs are written out together. */
+#ifndef CODA_EPI_BATCH
+#define CODA_EPI_BATCH 4
+#endif
+
 struct coda_epi_tile {
     int m, n;           /* problem extents: rows and columns of C               */
     int tile_m, tile_n; /* tile indices (the tile is CODA_BM x CODA_BN)          */
@@ -190,4 +196,5 @@ struct coda_epi_tile {
     int wg;             /* consumer warpgroup, 0 or 1                           */
     int tid;            /* thread in its warpgroup, 0..127                      */
     unsigned char *scratch; /* shared memory scratch, scratch_bytes long (host-chosen) */
+    unsigned stage;     /* CODA_EPI_STAGE: this warp's 4 KiB staging slab (shared address) */
 };
