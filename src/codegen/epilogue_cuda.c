@@ -244,6 +244,15 @@ static const char *PRELUDE =
     "    asm volatile(\"st.shared.v4.b32 [%0], {%1, %2, %3, %4};\" :: \"r\"(a), \"r\"(v0), \"r\"(v1), \"r\"(v2),\n"
     "                 \"r\"(v3) : \"memory\");\n"
     "}\n"
+    "static __device__ __forceinline__ unsigned cg_lds16(unsigned a) {\n"
+    "    unsigned short v; asm volatile(\"ld.shared.b16 %0, [%1];\" : \"=h\"(v) : \"r\"(a) : \"memory\"); return v;\n"
+    "}\n"
+    "static __device__ __forceinline__ unsigned cg_lds32(unsigned a) {\n"
+    "    unsigned v; asm volatile(\"ld.shared.b32 %0, [%1];\" : \"=r\"(v) : \"r\"(a) : \"memory\"); return v;\n"
+    "}\n"
+    "static __device__ __forceinline__ void cg_lds64(unsigned a, unsigned *v) {\n"
+    "    asm volatile(\"ld.shared.v2.b32 {%0, %1}, [%2];\" : \"=r\"(v[0]), \"=r\"(v[1]) : \"r\"(a) : \"memory\");\n"
+    "}\n"
     "static __device__ __forceinline__ void cg_lds128(unsigned a, unsigned *v) {\n"
     "    asm volatile(\"ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\" : \"=r\"(v[0]), \"=r\"(v[1]), \"=r\"(v[2]),\n"
     "                 \"=r\"(v[3]) : \"r\"(a) : \"memory\");\n"
@@ -441,11 +450,72 @@ static void gen_pair_start(sb_t *b, int even_n) {
     sb_printf(b, "    (void)ok1; (void)r; (void)cl; (void)valid;\n");
 }
 
+/* Staging of tile outputs (form N16; the kernel sets CODA_EPI_STAGE): each
+ * consumer warp owns a 4 KiB shared-memory slab (t.stage). For one batch of
+ * CODA_EPI_BATCH (4) column chunks the pairs write their outputs into the
+ * slab in the fragment layout (16 rows of the warp x the batch's columns, one
+ * region per output), and coda_epi_flush writes them out as 16-byte vectors.
+ * Stored straight from the fragment, every store instruction would put 4 to
+ * 8 bytes into each of 8 rows: measured on the H200, resid_add's one bf16
+ * output then cost 0.075 ms at M = N = K = 4096, 40% of the GEMM. Regions
+ * are rows of `pitch` bytes with their 16-byte units swizzled by row, so
+ * that neither the fragment writes nor the vector reads conflict on banks. */
+#define STAGE_BATCH 4
+#define STAGE_BYTES 4096
+typedef struct stage_plan {
+    int off[CODA_EPI_MAX_ARGS];   /* region offset in the slab; -1: not staged */
+    int pitch[CODA_EPI_MAX_ARGS]; /* bytes per staged row */
+    int any_in, any_out;
+} stage_plan_t;
+
+static int stage_pitch(const coda_arg_t *a) {
+    return STAGE_BATCH * 4 * space_width(a->space) * (a->dtype == CODA_BF16 ? 2 : 4); /* 4 lanes a chunk */
+}
+
+/* Tile outputs stored once and tile inputs loaded in their own space get a
+ * region while the slab has room. Inputs and outputs share the slab: the
+ * inputs are read into registers (coda_epi_fetch) before any pair writes an
+ * output, with a __syncwarp between. */
+static void plan_staging(const coda_program_t *p, int n16, stage_plan_t *sp) {
+    int used_in = 0, used_out = 0;
+    for (int k = 0; k < CODA_EPI_MAX_ARGS; k++) sp->off[k] = -1, sp->pitch[k] = 0;
+    sp->any_in = sp->any_out = 0;
+    if (!n16) return;
+    for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++) {
+        const coda_arg_t *a = &p->args[k];
+        int stores = 0, loads = 0, other_space = 0;
+        for (int i = 0; i < p->n_insts; i++) {
+            const coda_inst_t *in = &p->insts[i];
+            if (in->arg != k) continue;
+            stores += in->op == CODA_OP_STORE;
+            loads += in->op == CODA_OP_LOAD;
+            other_space |= in->op == CODA_OP_LOAD && in->vspace != a->space;
+        }
+        int pitch = stage_pitch(a), *used;
+        if (a->kind == CODA_OUT_TILE && stores == 1) used = &used_out;
+        else if (a->kind == CODA_IN_TILE && loads > 0 && !other_space) used = &used_in;
+        else continue;
+        if (*used + 16 * pitch > STAGE_BYTES) continue;
+        sp->off[k] = *used;
+        sp->pitch[k] = pitch;
+        *used += 16 * pitch;
+        if (a->kind == CODA_IN_TILE) sp->any_in = 1;
+        else sp->any_out = 1;
+    }
+}
+
+/* The swizzled slab address of byte x_ of staged row r_ (C expressions). */
+static void stage_addr(char *buf, size_t cap, int off, int pitch) {
+    int rp = pitch >= 128 ? 1 : 128 / pitch, nch = pitch / 16;
+    snprintf(buf, cap, "t.stage + %d + r_ * %d + ((((x_ >> 4) ^ ((r_ / %d) & %d))) << 4) + (x_ & 15)", off, pitch,
+             rp, nch - 1);
+}
+
 /* Tile and column-vector inputs are read in a separate step, coda_epi_fetch,
  * into a struct of raw words: the mainloop fetches a batch of pairs before
  * it runs the program on any of them (CODA_EPI_BATCH), so that many loads
  * are in flight at once instead of one round trip to memory per pair. */
-static void gen_fetch(sb_t *b, const coda_program_t *p, int even_n) {
+static void gen_fetch(sb_t *b, const coda_program_t *p, int even_n, const stage_plan_t *sp) {
     sb_printf(b, "struct coda_epi_in {\n    unsigned unused_;\n");
     for (int i = 0; i < p->n_insts; i++) {
         const coda_inst_t *in = &p->insts[i];
@@ -479,51 +549,28 @@ static void gen_fetch(sb_t *b, const coda_program_t *p, int even_n) {
                      pred ? "(long long)row" : "r", in->arg, c0);
         else /* a column vector: contiguous (innermost stride is one element) */
             snprintf(q, sizeof q, "(const %s *)P->ptr[%d] + %s", t, in->arg, c0);
-        gen_vec_fetch(b, i, value_width(in), a->dtype, q, pred);
+        if (sp->off[in->arg] >= 0) { /* staged: the pair's elements from the slab */
+            int w = value_width(in), e = w * (a->dtype == CODA_BF16 ? 2 : 4);
+            char addr[160];
+            stage_addr(addr, sizeof addr, sp->off[in->arg], sp->pitch[in->arg]);
+            sb_printf(b, "#if CODA_EPI_STAGE\n"
+                         "    { /* %s: staged by coda_epi_vput */\n"
+                         "        const int r_ = (((row - t.row) >> 3) & 1) * 8 + ((t.tid & 31) >> 2);\n"
+                         "        const int x_ = (((col - t.col) >> 3) %% CODA_EPI_BATCH) * %d + (t.tid & 3) * %d;\n"
+                         "        const unsigned a_ = %s;\n",
+                      a->name, 4 * e, e, addr);
+            if (e == 2) sb_printf(b, "        L.u%d[0] = cg_lds16(a_);\n", i);
+            else if (e == 4) sb_printf(b, "        L.u%d[0] = cg_lds32(a_);\n", i);
+            else if (e == 8) sb_printf(b, "        cg_lds64(a_, L.u%d);\n", i);
+            else sb_printf(b, "        cg_lds128(a_, L.u%d);\n", i);
+            sb_printf(b, "    }\n#else\n");
+            gen_vec_fetch(b, i, w, a->dtype, q, pred);
+            sb_printf(b, "#endif\n");
+        } else {
+            gen_vec_fetch(b, i, value_width(in), a->dtype, q, pred);
+        }
     }
     sb_printf(b, "}\n\n");
-}
-
-/* Staging of tile outputs (form N16; the kernel sets CODA_EPI_STAGE): each
- * consumer warp owns a 4 KiB shared-memory slab (t.stage). For one batch of
- * CODA_EPI_BATCH (4) column chunks the pairs write their outputs into the
- * slab in the fragment layout (16 rows of the warp x the batch's columns, one
- * region per output), and coda_epi_flush writes them out as 16-byte vectors.
- * Stored straight from the fragment, every store instruction would put 4 to
- * 8 bytes into each of 8 rows: measured on the H200, resid_add's one bf16
- * output then cost 0.075 ms at M = N = K = 4096, 40% of the GEMM. Regions
- * are rows of `pitch` bytes with their 16-byte units swizzled by row, so
- * that neither the fragment writes nor the vector reads conflict on banks. */
-#define STAGE_BATCH 4
-#define STAGE_BYTES 4096
-typedef struct stage_plan {
-    int off[CODA_EPI_MAX_ARGS];   /* region offset in the slab; -1: stored directly */
-    int pitch[CODA_EPI_MAX_ARGS]; /* bytes per staged row */
-} stage_plan_t;
-
-static void plan_staging(const coda_program_t *p, int n16, stage_plan_t *sp) {
-    int used = 0;
-    for (int k = 0; k < CODA_EPI_MAX_ARGS; k++) sp->off[k] = -1, sp->pitch[k] = 0;
-    if (!n16) return;
-    for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++) {
-        const coda_arg_t *a = &p->args[k];
-        int stores = 0;
-        for (int i = 0; i < p->n_insts; i++) stores += p->insts[i].op == CODA_OP_STORE && p->insts[i].arg == k;
-        if (a->kind != CODA_OUT_TILE || stores != 1) continue;
-        int esz = a->dtype == CODA_BF16 ? 2 : 4;
-        int pitch = STAGE_BATCH * 4 * space_width(a->space) * esz; /* 4 lanes per chunk */
-        if (used + 16 * pitch > STAGE_BYTES) continue;
-        sp->off[k] = used;
-        sp->pitch[k] = pitch;
-        used += 16 * pitch;
-    }
-}
-
-/* The swizzled slab address of byte x_ of staged row r_ (C expressions). */
-static void stage_addr(char *buf, size_t cap, int off, int pitch) {
-    int rp = pitch >= 128 ? 1 : 128 / pitch, nch = pitch / 16;
-    snprintf(buf, cap, "t.stage + %d + r_ * %d + ((((x_ >> 4) ^ ((r_ / %d) & %d))) << 4) + (x_ & 15)", off, pitch,
-             rp, nch - 1);
 }
 
 /* A pair's w elements of output arg k into its slab region. */
@@ -560,9 +607,7 @@ static void gen_flush(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) 
               "        const coda_epi_tile &t, int mh, int j0) {\n"
               "    const coda_epi_params *P = &P_;\n"
               "    (void)P; (void)t; (void)mh; (void)j0;\n");
-    int any = 0;
-    for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++) any |= sp->off[k] >= 0;
-    if (any) {
+    if (sp->any_out) {
         sb_printf(b, "#if CODA_EPI_STAGE\n"
                      "#if CODA_EPI_BATCH != %d\n#error \"the staged epilogue is laid out for batches of %d chunks\"\n#endif\n"
                      "    __syncwarp(); /* the pairs' slab writes are visible to the warp */\n"
@@ -572,7 +617,7 @@ static void gen_flush(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) 
                      "    (void)row0; (void)col0;\n",
                   STAGE_BATCH, STAGE_BATCH);
         for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++) {
-            if (sp->off[k] < 0) continue;
+            if (sp->off[k] < 0 || p->args[k].kind != CODA_OUT_TILE) continue;
             const coda_arg_t *a = &p->args[k];
             int esz = a->dtype == CODA_BF16 ? 2 : 4, pitch = sp->pitch[k], nch = pitch / 16;
             coda_space_t sw = a->space;
@@ -600,6 +645,66 @@ static void gen_flush(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) 
         sb_printf(b, "    __syncwarp(); /* read out before the next batch writes */\n#endif\n");
     }
     sb_printf(b, "}\n\n");
+}
+
+/* Staged tile inputs (form N16): coda_epi_vload reads the warp's 16 rows x
+ * one batch's columns of each staged input into registers as 16-byte
+ * vectors, coda_epi_vput stores them into the slab; coda_epi_fetch then
+ * reads each pair's elements from there. The mainloop issues the next
+ * batch's vload before it runs the current batch, so the global loads'
+ * latency hides behind a batch of pairs. */
+static void gen_stage_in(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) {
+    int nv = 0;
+    for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++)
+        if (sp->off[k] >= 0 && p->args[k].kind == CODA_IN_TILE) nv += sp->pitch[k] / 32;
+    sb_printf(b, "struct coda_epi_vin {\n    unsigned v[%d][4]; /* 16-byte vectors of the staged inputs */\n};\n\n",
+              nv ? nv : 1);
+    for (int put = 0; put < 2; put++) {
+        if (put)
+            sb_printf(b, "static __device__ __forceinline__ void coda_epi_vput(const coda_epi_tile &t, const coda_epi_vin &V) {\n"
+                         "    (void)t; (void)V;\n");
+        else
+            sb_printf(b, "static __device__ __forceinline__ void coda_epi_vload(const coda_epi_params &P_,\n"
+                         "        const coda_epi_tile &t, int mh, int j0, coda_epi_vin &V) {\n"
+                         "    const coda_epi_params *P = &P_;\n"
+                         "    (void)P; (void)t; (void)mh; (void)j0; (void)V;\n");
+        if (!sp->any_in) {
+            sb_printf(b, "}\n\n");
+            continue;
+        }
+        sb_printf(b, "#if CODA_EPI_STAGE\n    const int lane = t.tid & 31;\n");
+        if (!put)
+            sb_printf(b, "    const long long row0 = t.row - (lane >> 2) + 64 * mh; /* the warp's first row */\n"
+                         "    const long long col0 = t.col - 2 * (lane & 3) + 8 * j0; /* the batch's first acc column */\n");
+        int v = 0;
+        for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++) {
+            if (sp->off[k] < 0 || p->args[k].kind != CODA_IN_TILE) continue;
+            const coda_arg_t *a = &p->args[k];
+            int esz = a->dtype == CODA_BF16 ? 2 : 4, pitch = sp->pitch[k], nch = pitch / 16;
+            coda_space_t sw = a->space;
+            const char *first = sw == CODA_SPACE_HALF ? "(col0 >> 1)" : sw == CODA_SPACE_FULL ? "col0" : "(2 * col0)";
+            const char *nw = sw == CODA_SPACE_HALF ? "(P->n / 2)" : sw == CODA_SPACE_FULL ? "(long long)P->n"
+                                                                                        : "(2LL * P->n)";
+            char addr[160];
+            stage_addr(addr, sizeof addr, sp->off[k], pitch);
+            for (int i = 0; i < pitch / 32; i++, v++) {
+                sb_printf(b, "    { /* %s, vector %d */\n        const int idx = lane + %d, r_ = idx / %d, x_ = (idx %% %d) * 16;\n",
+                          a->name, i, 32 * i, nch, nch);
+                if (put)
+                    sb_printf(b, "        (void)x_;\n        cg_sts128(%s, V.v[%d][0], V.v[%d][1], V.v[%d][2], V.v[%d][3]);\n",
+                              addr, v, v, v, v);
+                else
+                    sb_printf(b, "        const long long gr = row0 + r_, gc = %s + (idx %% %d) * %d;\n"
+                                 "        (void)x_;\n"
+                                 "        cg_ld128p(gr < P->m && gc < %s, (const %s *)P->ptr[%d] + gr * P->s0[%d] + gc,\n"
+                                 "                  &V.v[%d][0], &V.v[%d][1], &V.v[%d][2], &V.v[%d][3]);\n",
+                              first, nch, 16 / esz, nw, esz == 2 ? "unsigned short" : "float", k, k, v, v, v, v);
+                sb_printf(b, "    }\n");
+            }
+        }
+        if (put) sb_printf(b, "    __syncwarp(); /* the slab holds the batch's inputs */\n");
+        sb_printf(b, "#endif\n}\n\n");
+    }
 }
 
 static coda_status_t gen_pair(sb_t *b, const coda_program_t *p, int even_n, const stage_plan_t *sp) {
@@ -836,7 +941,8 @@ coda_status_t coda__codegen_cuda_ex(const coda_program_t *p, coda_cg_form_t form
     gen_state(&b, p);
     stage_plan_t sp;
     plan_staging(p, form == CODA_CG_N16, &sp);
-    gen_fetch(&b, p, even_n);
+    gen_fetch(&b, p, even_n, &sp);
+    gen_stage_in(&b, p, &sp);
     CODA_TRY(gen_pair(&b, p, even_n, &sp));
     gen_flush(&b, p, &sp);
     gen_end(&b, p);

@@ -55,6 +55,12 @@ static __device__ __forceinline__ void coda_epi_pair(const coda_epi_params &p,
 #endif
 }
 
+/* Staged tile inputs (generated epilogues): none here. */
+struct coda_epi_vin { int unused_; };
+static __device__ __forceinline__ void coda_epi_vload(const coda_epi_params &p, const coda_epi_tile &t,
+                                                      int mh, int j0, coda_epi_vin &v) {}
+static __device__ __forceinline__ void coda_epi_vput(const coda_epi_tile &t, const coda_epi_vin &v) {}
+
 /* Generated epilogues write their staged tile outputs here; C goes through
  * the mainloop's own TMA store path instead. */
 static __device__ __forceinline__ void coda_epi_flush(const coda_epi_params &p,

@@ -377,18 +377,32 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
             }
 #else
             /* inputs for CODA_EPI_BATCH column chunks (both rows) are
-             * fetched before the program runs on any of them */
+             * fetched before the program runs on any of them. Staged inputs
+             * (CODA_EPI_STAGE): the next batch's 16-byte vectors are loaded
+             * while this batch runs (coda_epi_vload / coda_epi_vput). */
+#if CODA_EPI_STAGE
+            coda_epi_vin vin;
+            coda_epi_vload(epi, t, 0, 0, vin);
+#endif
 #pragma unroll
             for (int mh = 0; mh < CODA_WG_MH; mh++)
 #pragma unroll
                 for (int j0 = 0; j0 < CODA_BN / 8; j0 += CODA_EPI_BATCH) {
                     const int r = t.row + 64 * mh;
+#if CODA_EPI_STAGE
+                    coda_epi_vput(t, vin);
+                    if (j0 + CODA_EPI_BATCH < CODA_BN / 8) coda_epi_vload(epi, t, mh, j0 + CODA_EPI_BATCH, vin);
+                    else if (mh + 1 < CODA_WG_MH) coda_epi_vload(epi, t, mh + 1, 0, vin);
+#endif
                     coda_epi_in in[2 * CODA_EPI_BATCH];
 #pragma unroll
                     for (int jj = 0; jj < CODA_EPI_BATCH; jj++) {
                         coda_epi_fetch(epi, t, r, t.col + 8 * (j0 + jj), in[2 * jj]);
                         coda_epi_fetch(epi, t, r + 8, t.col + 8 * (j0 + jj), in[2 * jj + 1]);
                     }
+#if CODA_EPI_STAGE
+                    __syncwarp(); /* inputs read out of the slab before the pairs write outputs */
+#endif
 #pragma unroll
                     for (int jj = 0; jj < CODA_EPI_BATCH; jj++) {
                         const int j = j0 + jj, cs = mh * (CODA_BN / 8) + j;
