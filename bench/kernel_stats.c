@@ -1,11 +1,14 @@
 /* kernel_stats.c - what ptxas makes of each fused kernel: registers, spills,
  * stack, for every built-in layer program on a given tile configuration.
  *
- *   kernel_stats [cfg]      (default: the ping-pong configuration, 4)
+ *   kernel_stats [cfg]      (default: configuration 3, the cooperative 128 x 256
+ *                            that big fused GEMMs run)
  *
- * Needs NVRTC, not a GPU. A fused epilogue that spills to local memory runs
- * many times slower than its arithmetic suggests, so this is the first thing
- * to look at when bench_epilogue shows a program far above the plain GEMM. */
+ * Needs NVRTC, not a GPU. The generated code is the N16 form (N a multiple
+ * of 16, what the LLaMA shapes get). A fused epilogue that spills to local
+ * memory runs many times slower than its arithmetic suggests, so this is
+ * the first thing to look at when bench_epilogue shows a program far above
+ * the plain GEMM; ptxas also reports here if it had to serialize wgmma. */
 #pragma GCC diagnostic ignored "-Wunused-function"
 #include "harness.h"
 
@@ -50,7 +53,7 @@ static void stats(const char *name, const char *epi, int cfg) {
 }
 
 int main(int argc, char **argv) {
-    int cfg = argc > 1 ? atoi(argv[1]) : 4;
+    int cfg = argc > 1 ? atoi(argv[1]) : 3;
     if (cfg < 0 || cfg >= CODA_CUDA_GEMM_NCFG) {
         fprintf(stderr, "kernel_stats: configuration %d out of range 0..%d\n", cfg,
                 CODA_CUDA_GEMM_NCFG - 1);
