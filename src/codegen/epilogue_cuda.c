@@ -597,6 +597,36 @@ static void gen_stage_store(sb_t *b, const coda_arg_t *a, int off, int pitch, ch
     sb_printf(b, "    }\n");
 }
 
+/* A staged argument as the flush and the input staging need it: element
+ * size, region pitch and 16-byte units per row, C expressions for its first
+ * column at accumulator column col0 and for its number of columns, and the
+ * swizzled slab address of unit x_ of row r_. */
+typedef struct staged_arg {
+    const coda_arg_t *a;
+    int esz, pitch, nch;
+    const char *first, *ncols;
+    char addr[160];
+} staged_arg_t;
+
+static int staged_arg(const coda_program_t *p, const stage_plan_t *sp, int k, coda_arg_kind_t kind,
+                      staged_arg_t *sa) {
+    if (sp->off[k] < 0 || p->args[k].kind != kind) return 0;
+    coda_space_t sw = p->args[k].space;
+    sa->a = &p->args[k];
+    sa->esz = sa->a->dtype == CODA_BF16 ? 2 : 4;
+    sa->pitch = sp->pitch[k];
+    sa->nch = sa->pitch / 16;
+    sa->first = sw == CODA_SPACE_HALF ? "(col0 >> 1)" : sw == CODA_SPACE_FULL ? "col0" : "(2 * col0)";
+    sa->ncols = sw == CODA_SPACE_HALF ? "(P->n / 2)" : sw == CODA_SPACE_FULL ? "(long long)P->n" : "(2LL * P->n)";
+    stage_addr(sa->addr, sizeof sa->addr, sp->off[k], sa->pitch);
+    return 1;
+}
+
+/* The warp's first row and the batch's first accumulator column. */
+static const char WARP_ORIGIN[] =
+    "    const long long row0 = t.row - (lane >> 2) + 64 * mh; /* the warp's first row */\n"
+    "    const long long col0 = t.col - 2 * (lane & 3) + 8 * j0; /* the batch's first acc column */\n";
+
 /* coda_epi_flush(P, t, mh, j0): after the pairs of the batch at chunk j0 of
  * row block mh, the warp writes each staged region out, 16 bytes a lane. N
  * is a multiple of 16 and a batch starts at a multiple of 32 columns, so a
@@ -611,21 +641,11 @@ static void gen_flush(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) 
         sb_printf(b, "#if CODA_EPI_STAGE\n"
                      "#if CODA_EPI_BATCH != %d\n#error \"the staged epilogue is laid out for batches of %d chunks\"\n#endif\n"
                      "    __syncwarp(); /* the pairs' slab writes are visible to the warp */\n"
-                     "    const int lane = t.tid & 31;\n"
-                     "    const long long row0 = t.row - (lane >> 2) + 64 * mh; /* the warp's first row */\n"
-                     "    const long long col0 = t.col - 2 * (lane & 3) + 8 * j0; /* the batch's first acc column */\n"
-                     "    (void)row0; (void)col0;\n",
-                  STAGE_BATCH, STAGE_BATCH);
+                     "    const int lane = t.tid & 31;\n%s",
+                  STAGE_BATCH, STAGE_BATCH, WARP_ORIGIN);
+        staged_arg_t sa;
         for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++) {
-            if (sp->off[k] < 0 || p->args[k].kind != CODA_OUT_TILE) continue;
-            const coda_arg_t *a = &p->args[k];
-            int esz = a->dtype == CODA_BF16 ? 2 : 4, pitch = sp->pitch[k], nch = pitch / 16;
-            coda_space_t sw = a->space;
-            const char *first = sw == CODA_SPACE_HALF ? "(col0 >> 1)" : sw == CODA_SPACE_FULL ? "col0" : "(2 * col0)";
-            const char *nw = sw == CODA_SPACE_HALF ? "(P->n / 2)" : sw == CODA_SPACE_FULL ? "(long long)P->n"
-                                                                                        : "(2LL * P->n)";
-            char addr[160];
-            stage_addr(addr, sizeof addr, sp->off[k], pitch);
+            if (!staged_arg(p, sp, k, CODA_OUT_TILE, &sa)) continue;
             sb_printf(b,
                       "    { /* %s */\n"
                       "        const long long nw = %s;\n"
@@ -639,8 +659,8 @@ static void gen_flush(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) 
                       "            cg_st128(gr < P->m && gc < nw, g, v[0], v[1], v[2], v[3]);\n"
                       "        }\n"
                       "    }\n",
-                      a->name, nw, 16 * nch, nch, nch, addr, first, nch, 16 / esz,
-                      esz == 2 ? "unsigned short" : "float", esz == 2 ? "unsigned short" : "float", k, k);
+                      sa.a->name, sa.ncols, 16 * sa.nch, sa.nch, sa.nch, sa.addr, sa.first, sa.nch, 16 / sa.esz,
+                      sa.esz == 2 ? "unsigned short" : "float", sa.esz == 2 ? "unsigned short" : "float", k, k);
         }
         sb_printf(b, "    __syncwarp(); /* read out before the next batch writes */\n#endif\n");
     }
@@ -672,33 +692,24 @@ static void gen_stage_in(sb_t *b, const coda_program_t *p, const stage_plan_t *s
             sb_printf(b, "}\n\n");
             continue;
         }
-        sb_printf(b, "#if CODA_EPI_STAGE\n    const int lane = t.tid & 31;\n");
-        if (!put)
-            sb_printf(b, "    const long long row0 = t.row - (lane >> 2) + 64 * mh; /* the warp's first row */\n"
-                         "    const long long col0 = t.col - 2 * (lane & 3) + 8 * j0; /* the batch's first acc column */\n");
+        sb_printf(b, "#if CODA_EPI_STAGE\n    const int lane = t.tid & 31;\n%s", put ? "" : WARP_ORIGIN);
         int v = 0;
+        staged_arg_t sa;
         for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++) {
-            if (sp->off[k] < 0 || p->args[k].kind != CODA_IN_TILE) continue;
-            const coda_arg_t *a = &p->args[k];
-            int esz = a->dtype == CODA_BF16 ? 2 : 4, pitch = sp->pitch[k], nch = pitch / 16;
-            coda_space_t sw = a->space;
-            const char *first = sw == CODA_SPACE_HALF ? "(col0 >> 1)" : sw == CODA_SPACE_FULL ? "col0" : "(2 * col0)";
-            const char *nw = sw == CODA_SPACE_HALF ? "(P->n / 2)" : sw == CODA_SPACE_FULL ? "(long long)P->n"
-                                                                                        : "(2LL * P->n)";
-            char addr[160];
-            stage_addr(addr, sizeof addr, sp->off[k], pitch);
-            for (int i = 0; i < pitch / 32; i++, v++) {
+            if (!staged_arg(p, sp, k, CODA_IN_TILE, &sa)) continue;
+            for (int i = 0; i < sa.pitch / 32; i++, v++) {
                 sb_printf(b, "    { /* %s, vector %d */\n        const int idx = lane + %d, r_ = idx / %d, x_ = (idx %% %d) * 16;\n",
-                          a->name, i, 32 * i, nch, nch);
+                          sa.a->name, i, 32 * i, sa.nch, sa.nch);
                 if (put)
                     sb_printf(b, "        (void)x_;\n        cg_sts128(%s, V.v[%d][0], V.v[%d][1], V.v[%d][2], V.v[%d][3]);\n",
-                              addr, v, v, v, v);
+                              sa.addr, v, v, v, v);
                 else
                     sb_printf(b, "        const long long gr = row0 + r_, gc = %s + (idx %% %d) * %d;\n"
                                  "        (void)x_;\n"
                                  "        cg_ld128p(gr < P->m && gc < %s, (const %s *)P->ptr[%d] + gr * P->s0[%d] + gc,\n"
                                  "                  &V.v[%d][0], &V.v[%d][1], &V.v[%d][2], &V.v[%d][3]);\n",
-                              first, nch, 16 / esz, nw, esz == 2 ? "unsigned short" : "float", k, k, v, v, v, v);
+                              sa.first, sa.nch, 16 / sa.esz, sa.ncols, sa.esz == 2 ? "unsigned short" : "float", k, k,
+                              v, v, v, v);
                 sb_printf(b, "    }\n");
             }
         }
