@@ -287,12 +287,17 @@ static const char *PRELUDE =
     "    *l = v == CG_NEG_INF ? *l : l2;\n"
     "    *m = fmaxf(*m, v);\n"
     "}\n"
-    "/* merge state (m2, l2) into (m, l) */\n"
+    "/* A row slot's log-sum-exp runs as CG_LSE_CHAINS independent states (by\n"
+    " * column chunk), merged at the tile's end: one state is a chain of\n"
+    " * dependent exps and selects that leaves the SM idle. */\n"
+    "#define CG_LSE_CHAINS 4\n"
+    "/* merge state (m2, l2) into (m, l). A state whose m is still -inf has\n"
+    " * l 0, or NaN if it saw a NaN: l * 0 keeps that NaN, as the CPU's sum. */\n"
     "static __device__ __forceinline__ void cg_lse_merge(float *m, float *l, float m2, float l2) {\n"
     "    const float mn = fmaxf(*m, m2);\n"
-    "    const float a = *m == CG_NEG_INF ? 0.0f : *l * expf(*m - mn);\n"
-    "    const float b = m2 == CG_NEG_INF ? 0.0f : l2 * expf(m2 - mn);\n"
-    "    *l = mn == CG_NEG_INF ? *l : a + b;\n"
+    "    const float a = *m == CG_NEG_INF ? *l * 0.0f : *l * expf(*m - mn);\n"
+    "    const float b = m2 == CG_NEG_INF ? l2 * 0.0f : l2 * expf(m2 - mn);\n"
+    "    *l = a + b;\n"
     "    *m = mn;\n"
     "}\n"
     "#endif\n";
@@ -315,7 +320,8 @@ static void gen_state(sb_t *b, const coda_program_t *p) {
         if (a->kind == CODA_OUT_ROWRED)
             sb_printf(b, "    float r%d[CODA_EPI_ROW_SLOTS];  /* %s: row partials */\n", k, a->name);
         else if (a->kind == CODA_OUT_LSE)
-            sb_printf(b, "    float lm%d[CODA_EPI_ROW_SLOTS], ll%d[CODA_EPI_ROW_SLOTS], lp%d[CODA_EPI_ROW_SLOTS]; /* %s */\n",
+            sb_printf(b, "    float lm%d[CODA_EPI_ROW_SLOTS * CG_LSE_CHAINS], ll%d[CODA_EPI_ROW_SLOTS * CG_LSE_CHAINS];\n"
+                         "    float lp%d[CODA_EPI_ROW_SLOTS]; /* %s */\n",
                       k, k, k, a->name);
         else if (a->kind == CODA_OUT_COLRED)
             sb_printf(b, "    float c%d[CODA_EPI_COL_SLOTS * %d];  /* %s: column partials */\n", k,
@@ -333,8 +339,9 @@ static void gen_state(sb_t *b, const coda_program_t *p) {
                       red_init(a->reduce));
         else if (a->kind == CODA_OUT_LSE)
             sb_printf(b,
-                      "#pragma unroll\n    for (int i = 0; i < CODA_EPI_ROW_SLOTS; i++) {\n"
-                      "        S->lm%d[i] = CG_NEG_INF; S->ll%d[i] = 0.0f; S->lp%d[i] = 0.0f;\n    }\n",
+                      "#pragma unroll\n    for (int i = 0; i < CODA_EPI_ROW_SLOTS * CG_LSE_CHAINS; i++) {\n"
+                      "        S->lm%d[i] = CG_NEG_INF; S->ll%d[i] = 0.0f;\n    }\n"
+                      "#pragma unroll\n    for (int i = 0; i < CODA_EPI_ROW_SLOTS; i++) S->lp%d[i] = 0.0f;\n",
                       k, k, k);
         else if (a->kind == CODA_OUT_COLRED)
             sb_printf(b, "#pragma unroll\n    for (int i = 0; i < CODA_EPI_COL_SLOTS * %d; i++) S->c%d[i] = %s;\n",
@@ -825,8 +832,8 @@ static coda_status_t gen_pair(sb_t *b, const coda_program_t *p, int even_n, cons
                 el(p, in->src[0], e, e0, sizeof e0);
                 elem_col(v->vspace, e, col, sizeof col);
                 /* no branch: an element outside folds in as -inf */
-                sb_printf(b, "    {\n        const int in_ = valid && %s;\n"
-                             "        cg_lse_add(&S->lm%d[rs], &S->ll%d[rs], in_ ? %s : CG_NEG_INF);\n"
+                sb_printf(b, "    {\n        const int in_ = valid && %s, q_ = rs * CG_LSE_CHAINS + (cs & (CG_LSE_CHAINS - 1));\n"
+                             "        cg_lse_add(&S->lm%d[q_], &S->ll%d[q_], in_ ? %s : CG_NEG_INF);\n"
                              "        S->lp%d[rs] += in_ && (float)%s == %s ? %s : 0.0f;\n    }\n",
                           elem_ok(v->vspace, e), in->arg, in->arg, e0, in->arg, col, e1, e0);
             }
@@ -884,7 +891,10 @@ static void gen_end(sb_t *b, const coda_program_t *p) {
                       k, k);
         } else if (a->kind == CODA_OUT_LSE) {
             sb_printf(b, "#pragma unroll\n    for (int i = 0; i < CODA_EPI_ROW_SLOTS; i++) {\n"
-                         "        float m = S->lm%d[i], l = S->ll%d[i], pk = S->lp%d[i];\n", k, k, k);
+                         "        float m = S->lm%d[i * CG_LSE_CHAINS], l = S->ll%d[i * CG_LSE_CHAINS], pk = S->lp%d[i];\n"
+                         "#pragma unroll\n        for (int c = 1; c < CG_LSE_CHAINS; c++)\n"
+                         "            cg_lse_merge(&m, &l, S->lm%d[i * CG_LSE_CHAINS + c], S->ll%d[i * CG_LSE_CHAINS + c]);\n",
+                      k, k, k, k, k);
             for (int sh = 1; sh <= 2; sh *= 2)
                 sb_printf(b, "        { float m2 = __shfl_xor_sync(0xffffffffu, m, %d), l2 = __shfl_xor_sync(0xffffffffu, l, %d);\n"
                              "          pk += __shfl_xor_sync(0xffffffffu, pk, %d); cg_lse_merge(&m, &l, m2, l2); }\n",
