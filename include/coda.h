@@ -347,7 +347,9 @@ int coda_program_find_arg(const coda_program_t *p, const char *name);
  * for the others: row partials do not depend on it); at most 16 arguments;
  * tile and column tensors need their base and row stride aligned to one
  * accumulator pair's elements (e.g. 4 bytes for a full-space bf16 tile, 16
- * for a double-space f32 tile); M and N below 2^29. Use
+ * for a double-space f32 tile); M and N below 2^29. Fastest when N is a
+ * multiple of 16 and every tile's base and row stride are multiples of 16
+ * bytes: tiles then move through shared memory as 16-byte vectors. Use
  * coda_choose_program_tiling (or coda_choose_tiling).
  * ------------------------------------------------------------------------- */
 

@@ -95,6 +95,30 @@ static void compile_in_mainloop(const char *name, const char *epi, coda_layout_t
     free(src);
 }
 
+/* The form a fused GEMM runs: N16 only with every tile argument 16-byte
+ * aligned (the staged form moves tiles as 16-byte vectors). The tensors are
+ * descriptors only: nothing is read. */
+static void check_fused_form(void) {
+    coda_program_t *p = parse_or_fail("form", coda_builtin_program("resid_norm")); /* res, g, h, hg, ss */
+    if (!p) return;
+    static _Alignas(16) unsigned short buf[64 * 72];
+    coda_tensor_t res = coda_tensor_2d(buf, CODA_BF16, 32, 64), g = coda_tensor_1d(buf, CODA_BF16, 64);
+    coda_tensor_t h = res, hg = res, ss = coda_tensor_2d(buf, CODA_F32, 32, 1);
+    const coda_tensor_t *bound[5] = {&res, &g, &h, &hg, &ss};
+    CHECK(coda__cuda_fused_form(p, bound, 64) == CODA_CG_N16, "aligned tiles, N 64: N16 form");
+    CHECK(coda__cuda_fused_form(p, bound, 72) == CODA_CG_EVEN, "N 72: even form");
+    CHECK(coda__cuda_fused_form(p, bound, 65) == CODA_CG_ANY, "N 65: general form");
+    hg.data = buf + 2; /* 4-byte aligned: enough for a pair, not for a vector */
+    CHECK(coda__cuda_fused_form(p, bound, 64) == CODA_CG_EVEN, "a tile 4-byte aligned: even form");
+    hg = res;
+    res.stride[0] = 72 * 2 + 4; /* a row stride that is no multiple of 16 */
+    CHECK(coda__cuda_fused_form(p, bound, 64) == CODA_CG_EVEN, "a row stride of 148 bytes: even form");
+    res = coda_tensor_2d(buf, CODA_BF16, 32, 64);
+    g.data = buf + 2; /* a column vector is read per pair: its alignment does not matter */
+    CHECK(coda__cuda_fused_form(p, bound, 64) == CODA_CG_N16, "a column vector 4-byte aligned: still N16");
+    coda_program_free(p);
+}
+
 static void compile_finish(void) {
     const char *src = coda__cuda_source("finish.cuh");
     CHECK(src != NULL, "finish.cuh is embedded");
@@ -233,6 +257,7 @@ int main(void) {
     }
     check_cache();
 #ifdef CODA_WITH_CUDA
+    check_fused_form();
     compile_finish();
 #endif
     TEST_MAIN_END();

@@ -7,6 +7,7 @@
 #ifndef CODA_CUDA_BACKEND_H
 #define CODA_CUDA_BACKEND_H
 
+#include "codegen/codegen.h"
 #include "core/context.h"
 
 #include <cuda.h>
@@ -131,6 +132,12 @@ int coda__cuda_gemm_cfg_override(void);
  * opts[] (CODA_CUDA_GEMM_MAX_OPTS entries) point into static storage or into
  * optbuf (>= 512 bytes). */
 #define CODA_CUDA_GEMM_MAX_OPTS 20
+
+/* The form of the generated epilogue a fused GEMM of n columns runs with
+ * these arguments bound (bound[k] for argument k, NULL if none): N16 only
+ * when N allows it and every tile argument is 16-byte aligned (base and row
+ * stride), since that form moves tiles as 16-byte vectors. */
+coda_cg_form_t coda__cuda_fused_form(const coda_program_t *p, const coda_tensor_t *const *bound, int64_t n);
 char *coda__cuda_gemm_source(const char *epilogue_src);
 /* store_c: the mainloop stores the main output C by TMA (dtype f32 if c_f32). */
 int coda__cuda_gemm_options(coda_layout_t layout, const coda_cuda_gemm_cfg_t *cfg, int store_c,

@@ -61,6 +61,20 @@ coda_status_t coda__cuda_choose_tiling(coda_context_t *ctx, int index, int64_t m
     return CODA_OK;
 }
 
+coda_cg_form_t coda__cuda_fused_form(const coda_program_t *p, const coda_tensor_t *const *bound, int64_t n) {
+    coda_cg_form_t form = coda__codegen_form(n);
+    if (form != CODA_CG_N16) return form;
+    /* the N16 form moves tiles as 16-byte vectors: every tile argument's
+     * base and row stride must be 16-byte aligned, or the even-N form runs */
+    for (int k = 0; k < p->n_args; k++) {
+        const coda_tensor_t *t = bound[k];
+        coda_arg_kind_t kind = p->args[k].kind;
+        if (!t || (kind != CODA_IN_TILE && kind != CODA_OUT_TILE)) continue;
+        if ((uintptr_t)t->data % 16 != 0 || (t->ndim == 2 && t->stride[0] % 16 != 0)) return CODA_CG_EVEN;
+    }
+    return form;
+}
+
 /* The parameter block: one pointer, two element strides, one scalar per
  * program argument (codegen.h). */
 static void fill_params(const coda_program_t *p, const coda_tensor_t *const *bound,
@@ -126,7 +140,7 @@ coda_status_t coda__cuda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout
 
     const char *src = NULL; /* generated and hashed once per program and form */
     const uint64_t *key = NULL;
-    CODA_TRY(coda__codegen_cuda_cached(p, coda__codegen_form(n), &src, &key));
+    CODA_TRY(coda__codegen_cuda_cached(p, coda__cuda_fused_form(p, bound, n), &src, &key));
     coda_epi_params_t params;
     fill_params(p, bound, scalars, m, n, &params);
     return coda__cuda_gemm_run(ctx, layout, a, b, NULL, src, key, &params, sizeof params, 0, cfg, stream);
