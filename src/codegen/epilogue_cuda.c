@@ -292,7 +292,9 @@ static const char *PRELUDE =
     " * dependent exps and selects that leaves the SM idle. */\n"
     "#define CG_LSE_CHAINS 4\n"
     "/* merge state (m2, l2) into (m, l). A state whose m is still -inf has\n"
-    " * l 0, or NaN if it saw a NaN: l * 0 keeps that NaN, as the CPU's sum. */\n"
+    " * l 0, or NaN if it saw a NaN: l * 0 carries that NaN into a sum with a\n"
+    " * finite maximum, as the CPU's sum over the tile does (coda_epi_end sets\n"
+    " * l to 0 where the maximum stays -inf, as the CPU skips that sum). */\n"
     "static __device__ __forceinline__ void cg_lse_merge(float *m, float *l, float m2, float l2) {\n"
     "    const float mn = fmaxf(*m, m2);\n"
     "    const float a = *m == CG_NEG_INF ? *l * 0.0f : *l * expf(*m - mn);\n"
@@ -699,7 +701,10 @@ static void gen_stage_in(sb_t *b, const coda_program_t *p, const stage_plan_t *s
             sb_printf(b, "}\n\n");
             continue;
         }
-        sb_printf(b, "#if CODA_EPI_STAGE\n    const int lane = t.tid & 31;\n%s", put ? "" : WARP_ORIGIN);
+        sb_printf(b, "#if CODA_EPI_STAGE\n"
+                     "#if CODA_EPI_BATCH != %d\n#error \"the staged epilogue is laid out for batches of %d chunks\"\n#endif\n"
+                     "    const int lane = t.tid & 31;\n%s",
+                  STAGE_BATCH, STAGE_BATCH, put ? "" : WARP_ORIGIN);
         int v = 0;
         staged_arg_t sa;
         for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++) {
@@ -899,7 +904,8 @@ static void gen_end(sb_t *b, const coda_program_t *p) {
                 sb_printf(b, "        { float m2 = __shfl_xor_sync(0xffffffffu, m, %d), l2 = __shfl_xor_sync(0xffffffffu, l, %d);\n"
                              "          pk += __shfl_xor_sync(0xffffffffu, pk, %d); cg_lse_merge(&m, &l, m2, l2); }\n",
                           sh, sh, sh);
-            sb_printf(b, "        if ((lane & 3) == 0 && rows[i] < P->m) {\n"
+            sb_printf(b, "        if (m == CG_NEG_INF) l = 0.0f; /* no finite element: the CPU's sum is skipped */\n"
+                         "        if ((lane & 3) == 0 && rows[i] < P->m) {\n"
                          "            float *o = (float *)P->ptr[%d] + (long long)rows[i] * P->s0[%d] + (long long)n_tile * P->s1[%d];\n"
                          "            o[0] = m; o[1] = l; o[2] = pk;\n        }\n    }\n",
                       k, k, k);
@@ -942,6 +948,9 @@ static void gen_end(sb_t *b, const coda_program_t *p) {
 coda_status_t coda__codegen_cuda(const coda_program_t *p, char **out) {
     return coda__codegen_cuda_ex(p, CODA_CG_ANY, out);
 }
+
+_Static_assert(sizeof(((coda_program_t *)0)->cuda_src) / sizeof(((coda_program_t *)0)->cuda_src[0]) == CODA_CG_NFORMS,
+               "one cached text per form");
 
 coda_cg_form_t coda__codegen_form(int64_t n) {
     return n % 16 == 0 ? CODA_CG_N16 : n % 2 == 0 ? CODA_CG_EVEN : CODA_CG_ANY;

@@ -45,12 +45,14 @@ coda_status_t coda__cuda_choose_tiling(coda_context_t *ctx, int index, int64_t m
                                        int64_t k, const coda_program_t *p, coda_tiling_t *tiling) {
     /* Without a device (sizing buffers on a machine with no GPU), assume an
      * H100/H200 SXM's 132 multiprocessors. */
-    /* Every program gets the plain GEMM's tile width, so the cooperative
-     * schedule on big problems: since the generated epilogues are
-     * branch-free and stage their tile outputs (session 3), it is as fast
-     * or faster than ping-pong for every built-in program at M = N = K =
-     * 2048-8192 on an H200 (bench/RESULTS.md); ping-pong's slower mainloop
-     * no longer pays for its overlap. p is kept for a per-program choice. */
+    /* Every program gets the plain GEMM's tile width: 256, the cooperative
+     * schedule, on big problems. Since the generated epilogues are
+     * branch-free and staged (session 3), that is as fast as or faster than
+     * ping-pong for every built-in program at M = N = K = 4096 and 8192 on
+     * an H200 (bench/RESULTS.md). On small problems the plain pick may be
+     * 128, which cfg_for_tiling maps to the ping-pong configurations (not
+     * measured against the cooperative 128 there). p is kept for a
+     * per-program choice. */
     (void)p;
     coda_cuda_device_t *d;
     int sm_count = coda__cuda_device(ctx, index, &d) == CODA_OK ? d->sm_count : 132;

@@ -321,7 +321,8 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
             t.tid = tid;
             t.scratch = scratch;
             /* fused kernels: the C staging buffers are each consumer warp's
-             * 4 KiB slab for the epilogue's tile outputs (coda_epi_flush) */
+             * 4 KiB slab for the epilogue's staged tile inputs and outputs
+             * (coda_epi_vput / coda_epi_fetch, coda_epi_pair / coda_epi_flush) */
             t.stage = cbufs + (u32)(c * 4 + tid / 32) * 4096u;
             coda_epi_state st;
             coda_epi_begin(epi, t, st);
