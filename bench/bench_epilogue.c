@@ -6,8 +6,11 @@
  * bf16 GEMM (bf16 out), coda's plain GEMM (coda_gemm, bf16 out), and coda's
  * fused GEMM running the program (coda_gemm_epilogue, every argument bound to
  * random data). Reports milliseconds and fused / plain. CUDA events, 10
- * warm-up runs, median of 50 timed runs; at 2048 the operands rotate over 4
- * sets so that timings do not come from L2. Needs an sm_90a GPU. */
+ * warm-up runs, median of 50 timed runs; cuBLAS and the plain GEMM are
+ * timed run by run in turn, and so are the plain GEMM and each fused one
+ * (the plain column of a program row is from that pairing); at 2048 the
+ * operands rotate over 4 sets so that timings do not come from L2. Needs an
+ * sm_90a GPU. */
 #pragma GCC diagnostic ignored "-Wunused-function"
 #include "harness.h"
 
@@ -72,24 +75,35 @@ static void run_once(job_t *j, int it) {
     }
 }
 
-static float time_job(job_t *j) {
+/* Median ms of each of n jobs, timed run by run in turn (job 0, 1, .., 0,
+ * 1, ..): the H200's clock drifts under sustained load, and jobs timed in
+ * separate blocks would see different clocks. */
+static void time_jobs(job_t *const *jobs, int n, float *median) {
+    if (n < 1 || n > 4) {
+        fprintf(stderr, "time_jobs: %d jobs (1..4)\n", n);
+        exit(2);
+    }
     cudaEvent_t e0, e1;
     CUDA_OK(cudaEventCreate(&e0));
     CUDA_OK(cudaEventCreate(&e1));
-    for (int i = 0; i < WARMUP; i++) run_once(j, i);
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < WARMUP; i++) run_once(jobs[j], i);
     CUDA_OK(cudaDeviceSynchronize());
-    float ms[TIMED];
-    for (int i = 0; i < TIMED; i++) {
-        CUDA_OK(cudaEventRecord(e0, NULL));
-        run_once(j, i);
-        CUDA_OK(cudaEventRecord(e1, NULL));
-        CUDA_OK(cudaEventSynchronize(e1));
-        CUDA_OK(cudaEventElapsedTime(&ms[i], e0, e1));
-    }
+    float ms[4][TIMED];
+    for (int i = 0; i < TIMED; i++)
+        for (int j = 0; j < n; j++) {
+            CUDA_OK(cudaEventRecord(e0, NULL));
+            run_once(jobs[j], i);
+            CUDA_OK(cudaEventRecord(e1, NULL));
+            CUDA_OK(cudaEventSynchronize(e1));
+            CUDA_OK(cudaEventElapsedTime(&ms[j][i], e0, e1));
+        }
     CUDA_OK(cudaEventDestroy(e0));
     CUDA_OK(cudaEventDestroy(e1));
-    qsort(ms, TIMED, sizeof ms[0], cmp_float);
-    return ms[TIMED / 2];
+    for (int j = 0; j < n; j++) {
+        qsort(ms[j], TIMED, sizeof ms[j][0], cmp_float);
+        median[j] = ms[j][TIMED / 2];
+    }
 }
 
 int main(int argc, char **argv) {
@@ -133,7 +147,14 @@ int main(int argc, char **argv) {
             run_once(&jp, 0);
             CUDA_OK(cudaDeviceSynchronize());
         }
-        float t_cb = only ? 0 : time_job(&jc), t_pl = only ? 0 : time_job(&jp);
+        float t_cb = 0, t_pl = 0;
+        if (!only) {
+            job_t *const both[2] = {&jc, &jp};
+            float t[2];
+            time_jobs(both, 2, t);
+            t_cb = t[0];
+            t_pl = t[1];
+        }
         printf("%-20s %6lld %10.3f %10.3f %10s %8s %8s   (%.0f / %.0f TFLOP/s)\n", "(GEMM alone)", (long long)sz,
                t_cb, t_pl, "", "", "", 2.0 * sz * sz * sz / t_cb / 1e9, 2.0 * sz * sz * sz / t_pl / 1e9);
         for (const char *const *name = coda_builtin_program_names(); *name; name++) {
@@ -176,7 +197,13 @@ int main(int argc, char **argv) {
                 CUDA_OK(cudaDeviceSynchronize());
                 printf("%s: one plain and one fused launch done\n", *name);
             } else {
-                t_f = time_job(&jf);
+                /* the plain GEMM again, run by run with the fused one: the
+                 * ratio is what this row is for */
+                job_t *const pair[2] = {&jp, &jf};
+                float t[2];
+                time_jobs(pair, 2, t);
+                t_pl = t[0];
+                t_f = t[1];
             }
             if (!only) printf("%-20s %6lld %10.3f %10.3f %10.3f %8.3f %8.3f  %s\n", *name, (long long)sz, t_cb, t_pl, t_f,
                    t_f / t_pl, t_f / t_cb, jf.tl.tile_n == 128 ? "ping-pong 128" : "cooperative 256");

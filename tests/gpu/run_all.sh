@@ -12,7 +12,7 @@ mkdir -p "$OUT"
 export CODA_CACHE_DIR=${CODA_CACHE_DIR:-/tmp/coda-cache}
 make -j16 lib build/tests/gpu/test_layer_gpu > "$OUT/build-all.log" 2>&1 || { tail -30 "$OUT/build-all.log"; exit 1; }
 if [ "${1:-}" != "tests" ]; then bash bench/run_gpu.sh quick 2>&1 | tail -40; fi
-bash tests/gpu/run_epilogue_gpu.sh 2>&1 | tail -12
+bash tests/gpu/run_epilogue_gpu.sh 2>&1 | tail -16
 echo "== layer on CUDA"
 timeout 300 build/tests/gpu/test_layer_gpu > "$OUT/layer.log" 2>&1; echo "rc=$?"
 grep -E "FAIL|stream" "$OUT/layer.log" | head -20; tail -1 "$OUT/layer.log"

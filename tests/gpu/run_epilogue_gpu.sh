@@ -1,7 +1,8 @@
 #!/bin/bash
 # run_epilogue_gpu.sh - fused GEMMs on an sm_90a machine (logs under $OUT).
 #   tests/gpu/run_epilogue_gpu.sh          NVRTC/codegen test, GPU test under
-#                                          compute-sanitizer (small), full GPU test
+#                                          compute-sanitizer memcheck and racecheck
+#                                          (small), full GPU test
 #   tests/gpu/run_epilogue_gpu.sh bench    bench_epilogue and bench_vs_torch
 #                                          (Liger from $LIGER_SRC, default .liger/src)
 set -u
@@ -16,6 +17,10 @@ if [ "${1:-}" != "bench" ]; then
   echo "== epilogue memcheck (small)"
   timeout 240 $CS --tool memcheck build/tests/gpu/test_epilogue_gpu small > "$OUT/epi-memcheck.log" 2>&1
   echo "rc=$?"; grep -E "ERROR SUMMARY|FAIL" "$OUT/epi-memcheck.log" | head -10; tail -1 "$OUT/epi-memcheck.log"
+  # the staged (N16) form moves tiles through shared memory: check its ordering
+  echo "== epilogue racecheck (small)"
+  timeout 240 $CS --tool racecheck build/tests/gpu/test_epilogue_gpu small > "$OUT/epi-racecheck.log" 2>&1
+  echo "rc=$?"; grep -E "RACECHECK SUMMARY|FAIL" "$OUT/epi-racecheck.log" | head -10; tail -1 "$OUT/epi-racecheck.log"
   echo "== epilogue full"
   timeout 300 build/tests/gpu/test_epilogue_gpu > "$OUT/epi-full.log" 2>&1
   echo "rc=$?"; grep -E "FAIL" "$OUT/epi-full.log" | head -30; tail -1 "$OUT/epi-full.log"
