@@ -32,9 +32,12 @@ override CPPFLAGS += -DCODA_WITH_CUDA=1 -I$(CUDA_HOME)/include -I$(BUILD)/gen
 override LDLIBS   += -L$(CUDA_HOME)/lib64 -lnvrtc -Wl,-rpath,$(CUDA_HOME)/lib64
 endif
 
-# CUDA C kernel sources are embedded into the library as strings (for NVRTC).
+# CUDA C kernel sources are embedded into the library as strings (for NVRTC);
+# so is the code generator's device prelude (with or without CUDA: the
+# generated text is the same).
 KERNEL_SRC := $(wildcard src/cuda/kernels/*.cuh)
-LIB_OBJ    := $(LIB_SRC:%.c=$(BUILD)/%.o)
+CODEGEN_SRC := $(wildcard src/codegen/*.cuh)
+LIB_OBJ    := $(LIB_SRC:%.c=$(BUILD)/%.o) $(BUILD)/gen/codegen_src.o
 ifeq ($(WITH_CUDA),1)
 LIB_OBJ    += $(BUILD)/gen/kernels.o
 endif
@@ -74,6 +77,13 @@ $(BUILD)/gen/kernels.c: $(KERNEL_SRC) $(BUILD)/tools/embed
 	$(BUILD)/tools/embed $@ $(KERNEL_SRC)
 
 $(BUILD)/gen/kernels.o: $(BUILD)/gen/kernels.c
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/gen/codegen_src.c: $(CODEGEN_SRC) $(BUILD)/tools/embed
+	@mkdir -p $(dir $@)
+	$(BUILD)/tools/embed -t coda_codegen_sources $@ $(CODEGEN_SRC)
+
+$(BUILD)/gen/codegen_src.o: $(BUILD)/gen/codegen_src.c
 	$(CC) $(CFLAGS) -c $< -o $@
 
 $(BUILD)/libcoda.a: $(LIB_OBJ)

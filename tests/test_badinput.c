@@ -291,8 +291,12 @@ static void bad_tiling(void) {
     BAD(coda_choose_tiling(ctx, CODA_DEVICE_CPU, (coda_layout_t)9, 8, 8, 8, &t), CODA_ERR_INVALID_ARG, "layout");
     BAD(coda_choose_tiling(ctx, CODA_DEVICE_CPU, CODA_LAYOUT_NT, -1, 8, 8, &t), CODA_ERR_SHAPE, "negative");
     CHECK(t.tile_m == 77 && t.tile_n == 99, "coda_choose_tiling wrote its output on failure");
+#ifdef CODA_WITH_CUDA
     CHECK_OK(coda_choose_tiling(ctx, CODA_DEVICE_CUDA, CODA_LAYOUT_TN, 1000, 264, 7, &t));
     CHECK(t.tile_m >= 1 && t.tile_n >= 2 && t.tile_n % 2 == 0, "default tiling %dx%d", t.tile_m, t.tile_n);
+#else /* a build without the CUDA backend says so */
+    BAD(coda_choose_tiling(ctx, CODA_DEVICE_CUDA, CODA_LAYOUT_TN, 1000, 264, 7, &t), CODA_ERR_UNSUPPORTED, "no CUDA");
+#endif
     /* per program: a NULL program is coda_choose_tiling; an unverified one
      * is refused; on CUDA every program gets the plain GEMM's tile on a big
      * problem (the cooperative 256) */

@@ -1,10 +1,11 @@
 /* embed.c - turn text files into C strings, for NVRTC at run time.
  *
- *   embed OUT.c FILE...
+ *   embed [-t TABLE] OUT.c FILE...
  *
  * For each FILE (e.g. src/cuda/kernels/gemm.cuh) writes
  *   const char coda_src_gemm_cuh[] = "...";
- * and a table coda_embedded_sources[] of {name, text} ending in {NULL, NULL}. */
+ * and a table TABLE[] (default coda_embedded_sources) of {name, text}
+ * ending in {NULL, NULL}. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,8 +21,14 @@ static void symbol(const char *path, char *out, size_t cap) {
 }
 
 int main(int argc, char **argv) {
+    const char *table = "coda_embedded_sources";
+    if (argc > 2 && strcmp(argv[1], "-t") == 0) {
+        table = argv[2];
+        argv += 2;
+        argc -= 2;
+    }
     if (argc < 2) {
-        fprintf(stderr, "usage: embed OUT.c FILE...\n");
+        fprintf(stderr, "usage: embed [-t TABLE] OUT.c FILE...\n");
         return 2;
     }
     FILE *out = fopen(argv[1], "w");
@@ -49,7 +56,7 @@ int main(int argc, char **argv) {
         fprintf(out, "\";\n");
         fclose(in);
     }
-    fprintf(out, "const struct { const char *name; const char *text; } coda_embedded_sources[] = {\n");
+    fprintf(out, "const struct { const char *name; const char *text; } %s[] = {\n", table);
     for (int i = 2; i < argc; i++) {
         const char *base = strrchr(argv[i], '/');
         symbol(argv[i], sym, sizeof sym);

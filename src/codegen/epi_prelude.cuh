@@ -1,0 +1,193 @@
+/* epi_prelude.cuh - the device code every generated epilogue starts with:
+ * src/codegen/epilogue_cuda.c puts it in front of the code it generates
+ * (the build embeds this file as a string, tools/embed.c).
+ *
+ * The text then goes into the GEMM kernel between gemm_wgmma.cuh and
+ * gemm_mainloop.cuh, or into the test harness (tests/codegen_harness.h);
+ * it needs no CUDA header (NVRTC compiles it bare). In it:
+ *   coda_epi_params    the parameter block, the mirror of coda_epi_params_t
+ *                      (src/codegen/codegen.h): one pointer, two strides and
+ *                      one scalar per program argument, then M and N
+ *   cg_ld*, cg_st*     global loads (of read-only inputs) and stores; the
+ *                      predicated forms (cg_ld*p, cg_st*) have no branch
+ *   cg_lds*, cg_sts*   the warp's shared-memory slab (the N16 form)
+ *   math               bf16 rounding, division, sigmoid and silu, sin and
+ *                      cos, the online log-sum-exp
+ * Helpers are named cg_ so that they cannot collide with the kernel's
+ * coda_ ones. */
+#ifndef CODA_EPI_PRELUDE
+#define CODA_EPI_PRELUDE
+struct coda_epi_params {
+    unsigned long long ptr[16];
+    long long s0[16];
+    long long s1[16];
+    float scalar[16];
+    int m, n;
+};
+/* the kernel's fragment geometry (src/cuda/kernels/gemm_mainloop.cuh):
+ * CODA_WG_MH 64-row blocks per thread, 2 rows and CODA_BN / 8 column
+ * pairs in each */
+#ifndef CODA_WG_MH
+#define CODA_WG_MH 1
+#endif
+#define CODA_EPI_ROW_SLOTS (2 * CODA_WG_MH)
+#define CODA_EPI_COL_SLOTS (CODA_BN / 8 * CODA_WG_MH)
+#define CODA_EPI_TILE_N CODA_BN
+#ifndef CODA_EPI_STAGE /* 1: the kernel gives each warp a staging slab (t.stage) */
+#define CODA_EPI_STAGE 0
+#endif
+static __device__ __forceinline__ float cg_bf16_to_f32(unsigned short h) {
+    return __uint_as_float(((unsigned)h) << 16);
+}
+/* round to nearest even, NaN stays NaN: one cvt instruction */
+static __device__ __forceinline__ unsigned short cg_f32_to_bf16(float f) {
+    unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+}
+static __device__ __forceinline__ float cg_round_bf16(float f) {
+    return cg_bf16_to_f32(cg_f32_to_bf16(f));
+}
+/* Inputs are read-only for the whole kernel (the front end refuses outputs
+ * that overlap them), so their loads use the non-coherent path, and as asm
+ * without a memory clobber the compiler may hoist them above the stores of
+ * earlier pairs: the loads of many pairs are in flight at once. */
+static __device__ __forceinline__ unsigned cg_ld16(const void *p) {
+    unsigned short v; asm("ld.global.nc.b16 %0, [%1];" : "=h"(v) : "l"(p)); return v;
+}
+static __device__ __forceinline__ unsigned cg_ld32(const void *p) {
+    unsigned v; asm("ld.global.nc.b32 %0, [%1];" : "=r"(v) : "l"(p)); return v;
+}
+static __device__ __forceinline__ void cg_ld64(const void *p, unsigned *a, unsigned *b) {
+    asm("ld.global.nc.v2.b32 {%0, %1}, [%2];" : "=r"(*a), "=r"(*b) : "l"(p));
+}
+static __device__ __forceinline__ void cg_ld128(const void *p, unsigned *a, unsigned *b, unsigned *c, unsigned *d) {
+    asm("ld.global.nc.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(*a), "=r"(*b), "=r"(*c), "=r"(*d) : "l"(p));
+}
+/* Loads predicated on ok (0 when off): the address needs no clamping, so
+ * the pairs of a row share one base address and immediate offsets. */
+#ifdef CODA_X_NO_EPI_LOAD /* experiment: tile inputs read as zeros */
+#define CG_LD_OK(ok) 0
+#else
+#define CG_LD_OK(ok) (ok)
+#endif
+static __device__ __forceinline__ unsigned cg_ld16p(int ok, const void *p) {
+    unsigned short v; asm("{ .reg .pred q; setp.ne.s32 q, %2, 0; mov.b16 %0, 0; @q ld.global.nc.b16 %0, [%1]; }"
+                          : "=h"(v) : "l"(p), "r"(CG_LD_OK(ok))); return v;
+}
+static __device__ __forceinline__ unsigned cg_ld32p(int ok, const void *p) {
+    unsigned v; asm("{ .reg .pred q; setp.ne.s32 q, %2, 0; mov.b32 %0, 0; @q ld.global.nc.b32 %0, [%1]; }"
+                    : "=r"(v) : "l"(p), "r"(CG_LD_OK(ok))); return v;
+}
+static __device__ __forceinline__ void cg_ld64p(int ok, const void *p, unsigned *a, unsigned *b) {
+    asm("{ .reg .pred q; setp.ne.s32 q, %3, 0; mov.b32 %0, 0; mov.b32 %1, 0;\n\t"
+        "@q ld.global.nc.v2.b32 {%0, %1}, [%2]; }" : "=r"(*a), "=r"(*b) : "l"(p), "r"(CG_LD_OK(ok)));
+}
+static __device__ __forceinline__ void cg_ld128p(int ok, const void *p, unsigned *a, unsigned *b, unsigned *c,
+                                                 unsigned *d) {
+    asm("{ .reg .pred q; setp.ne.s32 q, %5, 0; mov.b32 %0, 0; mov.b32 %1, 0; mov.b32 %2, 0; mov.b32 %3, 0;\n\t"
+        "@q ld.global.nc.v4.b32 {%0, %1, %2, %3}, [%4]; }"
+        : "=r"(*a), "=r"(*b), "=r"(*c), "=r"(*d) : "l"(p), "r"(CG_LD_OK(ok)));
+}
+static __device__ __forceinline__ float cg_lo(unsigned u) { return __uint_as_float(u << 16); }
+static __device__ __forceinline__ float cg_hi(unsigned u) { return __uint_as_float(u & 0xffff0000u); }
+/* a (lower address) and b as packed bf16x2 */
+static __device__ __forceinline__ unsigned cg_pack(float a, float b) {
+    unsigned u; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(u) : "f"(b), "f"(a)); return u;
+}
+/* Stores predicated on ok, with no branch: an if around each store (or
+ * a division's slow path) cuts the pair code into small basic blocks, and
+ * ptxas then cannot interleave the pairs' dependency chains - the
+ * epilogue ran at a fraction of its issue rate. */
+#ifdef CODA_X_NO_EPI_STORE /* experiment: the epilogue stores nothing */
+#define CG_ST_OK(ok) 0
+#else
+#define CG_ST_OK(ok) (ok)
+#endif
+static __device__ __forceinline__ void cg_st16(int ok, void *p, unsigned short v) {
+    asm volatile("{ .reg .pred q; setp.ne.s32 q, %0, 0; @q st.global.b16 [%1], %2; }"
+                 :: "r"(CG_ST_OK(ok)), "l"(p), "h"(v) : "memory");
+}
+static __device__ __forceinline__ void cg_st32(int ok, void *p, unsigned v) {
+    asm volatile("{ .reg .pred q; setp.ne.s32 q, %0, 0; @q st.global.b32 [%1], %2; }"
+                 :: "r"(CG_ST_OK(ok)), "l"(p), "r"(v) : "memory");
+}
+static __device__ __forceinline__ void cg_st64(int ok, void *p, unsigned a, unsigned b) {
+    asm volatile("{ .reg .pred q; setp.ne.s32 q, %0, 0; @q st.global.v2.b32 [%1], {%2, %3}; }"
+                 :: "r"(CG_ST_OK(ok)), "l"(p), "r"(a), "r"(b) : "memory");
+}
+static __device__ __forceinline__ void cg_st128(int ok, void *p, unsigned a, unsigned b, unsigned c,
+                                                unsigned d) {
+    asm volatile("{ .reg .pred q; setp.ne.s32 q, %0, 0; @q st.global.v4.b32 [%1], {%2, %3, %4, %5}; }"
+                 :: "r"(CG_ST_OK(ok)), "l"(p), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+static __device__ __forceinline__ void cg_sts16(unsigned a, unsigned short v) {
+    asm volatile("st.shared.b16 [%0], %1;" :: "r"(a), "h"(v) : "memory");
+}
+static __device__ __forceinline__ void cg_sts32(unsigned a, unsigned v) {
+    asm volatile("st.shared.b32 [%0], %1;" :: "r"(a), "r"(v) : "memory");
+}
+static __device__ __forceinline__ void cg_sts64(unsigned a, unsigned v0, unsigned v1) {
+    asm volatile("st.shared.v2.b32 [%0], {%1, %2};" :: "r"(a), "r"(v0), "r"(v1) : "memory");
+}
+static __device__ __forceinline__ void cg_sts128(unsigned a, unsigned v0, unsigned v1, unsigned v2, unsigned v3) {
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" :: "r"(a), "r"(v0), "r"(v1), "r"(v2),
+                 "r"(v3) : "memory");
+}
+static __device__ __forceinline__ unsigned cg_lds16(unsigned a) {
+    unsigned short v; asm volatile("ld.shared.b16 %0, [%1];" : "=h"(v) : "r"(a) : "memory"); return v;
+}
+static __device__ __forceinline__ unsigned cg_lds32(unsigned a) {
+    unsigned v; asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(a) : "memory"); return v;
+}
+static __device__ __forceinline__ void cg_lds64(unsigned a, unsigned *v) {
+    asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];" : "=r"(v[0]), "=r"(v[1]) : "r"(a) : "memory");
+}
+static __device__ __forceinline__ void cg_lds128(unsigned a, unsigned *v) {
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]),
+                 "=r"(v[3]) : "r"(a) : "memory");
+}
+/* Branch-free math. Division and reciprocal: MUFU.RCP and a multiply
+ * (<= 2 ulp; 0 for |y| > 2^126) instead of IEEE division's slow path. */
+static __device__ __forceinline__ float cg_div(float x, float y) { return __fdividef(x, y); }
+static __device__ __forceinline__ float cg_sigmoid(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
+static __device__ __forceinline__ float cg_silu(float x) { return __fdividef(x, 1.0f + __expf(-x)); }
+/* sin and cos: x less k 2pi (2pi in two parts, fma: r is exact to ~1 ulp
+ * for |x| < 2^24), then MUFU.SIN/COS on [-pi, pi] (abs error < 1e-6).
+ * sinf/cosf branch to a slow path with a local-memory table. */
+static __device__ __forceinline__ float cg_reduce_2pi(float x) {
+    const float k = rintf(x * 0.159154943091895336f);
+    return fmaf(-k, -1.74845553e-7f, fmaf(-k, 6.28318548f, x));
+}
+static __device__ __forceinline__ float cg_sin(float x) { return __sinf(cg_reduce_2pi(x)); }
+static __device__ __forceinline__ float cg_cos(float x) { return __cosf(cg_reduce_2pi(x)); }
+static __device__ __forceinline__ float cg_dsilu(float x) {
+    float s = cg_sigmoid(x);
+    return s * (1.0f + x * (1.0f - s));
+}
+static __device__ __forceinline__ float cg_square(float x) { return x * x; }
+#define CG_NEG_INF __int_as_float(0xff800000)
+/* online log-sum-exp: fold element v into (m, l), branch-free. A new
+ * maximum scales l by exp(m - v) (0 while m is -inf) and adds 1; else
+ * l gains exp(v - m). -inf adds nothing (-inf - -inf would be NaN); a NaN
+ * makes l NaN and leaves m, as the CPU's two-pass form. */
+static __device__ __forceinline__ void cg_lse_add(float *m, float *l, float v) {
+    const float e = __expf(-fabsf(v - *m));
+    const float l2 = v > *m ? fmaf(*l, e, 1.0f) : *l + e;
+    *l = v == CG_NEG_INF ? *l : l2;
+    *m = fmaxf(*m, v);
+}
+/* A row slot's log-sum-exp runs as CG_LSE_CHAINS independent states (by
+ * column chunk), merged at the tile's end: one state is a chain of
+ * dependent exps and selects that leaves the SM idle. */
+#define CG_LSE_CHAINS 4
+/* merge state (m2, l2) into (m, l). A state whose m is still -inf has
+ * l 0, or NaN if it saw a NaN: l * 0 carries that NaN into a sum with a
+ * finite maximum, as the CPU's sum over the tile does (coda_epi_end sets
+ * l to 0 where the maximum stays -inf, as the CPU skips that sum). */
+static __device__ __forceinline__ void cg_lse_merge(float *m, float *l, float m2, float l2) {
+    const float mn = fmaxf(*m, m2);
+    const float a = *m == CG_NEG_INF ? *l * 0.0f : *l * expf(*m - mn);
+    const float b = m2 == CG_NEG_INF ? l2 * 0.0f : l2 * expf(m2 - mn);
+    *l = a + b;
+    *m = mn;
+}
+#endif
