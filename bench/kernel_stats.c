@@ -1,8 +1,10 @@
 /* kernel_stats.c - what ptxas makes of each fused kernel: registers, spills,
  * stack, for every built-in layer program on a given tile configuration.
  *
- *   kernel_stats [cfg]      (default: configuration 3, the cooperative 128 x 256
- *                            that big fused GEMMs run)
+ *   kernel_stats [cfg [DIR]]   (default: configuration 3, the cooperative
+ *                               128 x 256 that big fused GEMMs run; DIR: also
+ *                               write each kernel's cubin there, NAME.cubin,
+ *                               for bench/sass_stats.sh)
  *
  * Needs NVRTC, not a GPU. The generated code is the N16 form (N a multiple
  * of 16, what the LLaMA shapes get). A fused epilogue that spills to local
@@ -17,6 +19,20 @@
 #include "cuda/backend.h"
 
 #include <nvrtc.h>
+
+static const char *cubin_dir;
+
+/* DIR/NAME.cubin from the compiled program (errors are reported, not fatal). */
+static void write_cubin(nvrtcProgram prog, const char *name) {
+    size_t size = 0;
+    if (nvrtcGetCUBINSize(prog, &size) != NVRTC_SUCCESS || !size) return;
+    char *bin = malloc(size), path[1024];
+    snprintf(path, sizeof path, "%s/%s.cubin", cubin_dir, name[0] == '(' ? "plain" : name);
+    FILE *f = bin && nvrtcGetCUBIN(prog, bin) == NVRTC_SUCCESS ? fopen(path, "wb") : NULL;
+    if (!f || fwrite(bin, 1, size, f) != size) fprintf(stderr, "kernel_stats: cannot write %s\n", path);
+    if (f) fclose(f);
+    free(bin);
+}
 
 static void stats(const char *name, const char *epi, int cfg) {
     char *src = coda__cuda_gemm_source(epi);
@@ -48,12 +64,14 @@ static void stats(const char *name, const char *epi, int cfg) {
                 printf("%-20s %s\n", name, line);
     }
     free(log);
+    if (r == NVRTC_SUCCESS && cubin_dir) write_cubin(prog, name);
     nvrtcDestroyProgram(&prog);
     free(src);
 }
 
 int main(int argc, char **argv) {
     int cfg = argc > 1 ? atoi(argv[1]) : 3;
+    cubin_dir = argc > 2 ? argv[2] : NULL;
     if (cfg < 0 || cfg >= CODA_CUDA_GEMM_NCFG) {
         fprintf(stderr, "kernel_stats: configuration %d out of range 0..%d\n", cfg,
                 CODA_CUDA_GEMM_NCFG - 1);
