@@ -145,6 +145,18 @@ static void red_fold(sb_t *b, coda_reduce_t r, const char *x, const char *y) {
     else sb_printf(b, "%s = %s + %s;", x, x, y);
 }
 
+/* Fold x with its copies in the lanes sh = lo, 2 lo, .., hi apart (butterfly
+ * shuffles), one line per step indented by `indent` spaces. */
+static void shfl_fold(sb_t *b, coda_reduce_t r, int lo, int hi, int indent) {
+    for (int sh = lo; sh <= hi; sh *= 2) {
+        char y[64];
+        snprintf(y, sizeof y, "__shfl_xor_sync(0xffffffffu, x, %d)", sh);
+        sb_printf(b, "%*s{ float y_ = %s; ", indent, "", y);
+        red_fold(b, r, "x", "y_");
+        sb_printf(b, " }\n");
+    }
+}
+
 /* ---- the three functions ---- */
 
 static void gen_state(sb_t *b, const coda_program_t *p) {
@@ -716,13 +728,7 @@ static void gen_end(sb_t *b, const coda_program_t *p) {
         if (a->kind == CODA_OUT_ROWRED) {
             sb_printf(b, "    /* %s: the 4 lanes of a quad hold all columns of their rows */\n", a->name);
             sb_printf(b, "#pragma unroll\n    for (int i = 0; i < CODA_EPI_ROW_SLOTS; i++) {\n        float x = S->r%d[i];\n", k);
-            for (int sh = 1; sh <= 2; sh *= 2) {
-                char y[64];
-                snprintf(y, sizeof y, "__shfl_xor_sync(0xffffffffu, x, %d)", sh);
-                sb_printf(b, "        { float y_ = %s; ", y);
-                red_fold(b, a->reduce, "x", "y_");
-                sb_printf(b, " }\n");
-            }
+            shfl_fold(b, a->reduce, 1, 2, 8);
             sb_printf(b, "        if ((lane & 3) == 0 && rows[i] < P->m)\n"
                          "            ((float *)P->ptr[%d])[(long long)rows[i] * P->s0[%d] + n_tile] = x;\n    }\n",
                       k, k);
@@ -760,13 +766,7 @@ static void gen_end(sb_t *b, const coda_program_t *p) {
                 else if (a->space == CODA_SPACE_FULL) snprintf(col, sizeof col, "(c0 + %d)", e);
                 else snprintf(col, sizeof col, "(2 * c0 + %d)", e);
                 sb_printf(b, "        { float x = S->c%d[j * %d + %d];\n", k, w, e);
-                for (int sh = 4; sh <= 16; sh *= 2) {
-                    char y[64];
-                    snprintf(y, sizeof y, "__shfl_xor_sync(0xffffffffu, x, %d)", sh);
-                    sb_printf(b, "          { float y_ = %s; ", y);
-                    red_fold(b, a->reduce, "x", "y_");
-                    sb_printf(b, " }\n");
-                }
+                shfl_fold(b, a->reduce, 4, 16, 10);
                 sb_printf(b, "          const long long gc = %s;\n"
                              "          if (lane < 4 && gc < %s) ((float *)P->ptr[%d])[gc * P->s0[%d] + m16] = x; }\n",
                           col, n_w, k, k);
