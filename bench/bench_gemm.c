@@ -2,6 +2,8 @@
  *
  *   bench_gemm             square shapes and the LLaMA-3-8B layer GEMMs
  *   bench_gemm sweep       also time every tile configuration (the pick table)
+ *   CODA_BENCH_ONLY=sq2048.NT bench_gemm   only the shapes whose "name.layout"
+ *                          contains that text (quick A/B runs, Nsight Compute)
  *
  * bf16 inputs, f32 accumulation, bf16 output. CUDA events around each run,
  * 10 warm-up runs, median of 50 timed runs, coda and cuBLAS interleaved run
@@ -253,8 +255,13 @@ int main(int argc, char **argv) {
     double tot_coda = 0, tot_blas = 0;
     printf("\n%-11s %-2s %6s %6s %6s  %9s %9s %6s  %s\n", "shape", "ly", "M", "N", "K",
            "coda TF/s", "cuBLAS", "ratio", "check");
+    const char *only = getenv("CODA_BENCH_ONLY");
+    int nrun = 0;
     for (int i = 0; i < ns; i++) {
         shape_t *s = &shapes[i];
+        char full[32];
+        snprintf(full, sizeof full, "%s.%s", s->name, lname[s->layout]);
+        if (only && !strstr(full, only)) continue;
         size_t ea = (size_t)(s->m * s->k), eb = (size_t)(s->n * s->k), ec = (size_t)(s->m * s->n);
         size_t bytes = 2 * (ea + eb + ec);
         bufs_t bf;
@@ -272,12 +279,12 @@ int main(int argc, char **argv) {
         float tc, tb;
         time_pair(s, &bf, &tc, &tb);
         double fc = flop / (tc * 1e-3) / 1e12, fb = flop / (tb * 1e-3) / 1e12;
-        ratios[i] = (float)(fc / fb);
+        ratios[nrun++] = (float)(fc / fb);
         tot_coda += tc;
         tot_blas += tb;
         printf("%-11s %-2s %6lld %6lld %6lld  %9.1f %9.1f %6.3f  %.1e%s\n", s->name,
                lname[s->layout], (long long)s->m, (long long)s->n, (long long)s->k, fc, fb,
-               ratios[i], err, err < 1e-2 ? "" : " MISMATCH");
+               ratios[nrun - 1], err, err < 1e-2 ? "" : " MISMATCH");
         if (sweep) {
             printf("    default: %9.1f TF/s\n", fc);
             for (int cfg = 0; cfg < CODA_CUDA_GEMM_NCFG; cfg++) {
@@ -305,6 +312,11 @@ int main(int argc, char **argv) {
         }
     }
     float sorted[64];
+    ns = nrun;
+    if (!ns) {
+        fprintf(stderr, "no shape matches CODA_BENCH_ONLY=%s\n", only ? only : "");
+        return 1;
+    }
     memcpy(sorted, ratios, sizeof(float) * (size_t)ns);
     qsort(sorted, (size_t)ns, sizeof(float), cmp_float);
     printf("\nratio coda/cuBLAS: median %.3f, min %.3f, max %.3f; sum of medians: coda %.2f ms, "

@@ -105,7 +105,7 @@ static void check_fused_form(void) {
     coda_tensor_t res = coda_tensor_2d(buf, CODA_BF16, 32, 64), g = coda_tensor_1d(buf, CODA_BF16, 64);
     coda_tensor_t h = res, hg = res, ss = coda_tensor_2d(buf, CODA_F32, 32, 1);
     const coda_tensor_t *bound[5] = {&res, &g, &h, &hg, &ss};
-    CHECK(coda__cuda_fused_form(p, bound, 64) == CODA_CG_N16, "aligned tiles, N 64: N16 form");
+    CHECK(coda__cuda_fused_form(p, bound, 64) == CODA_CG_RING, "aligned tiles, N 64: ring form (res through the ring)");
     CHECK(coda__cuda_fused_form(p, bound, 72) == CODA_CG_EVEN, "N 72: even form");
     CHECK(coda__cuda_fused_form(p, bound, 65) == CODA_CG_ANY, "N 65: general form");
     hg.data = buf + 2; /* 4-byte aligned: enough for a pair, not for a vector */
@@ -115,7 +115,13 @@ static void check_fused_form(void) {
     CHECK(coda__cuda_fused_form(p, bound, 64) == CODA_CG_EVEN, "a row stride of 148 bytes: even form");
     res = coda_tensor_2d(buf, CODA_BF16, 32, 64);
     g.data = buf + 2; /* a column vector is read per pair: its alignment does not matter */
-    CHECK(coda__cuda_fused_form(p, bound, 64) == CODA_CG_N16, "a column vector 4-byte aligned: still N16");
+    CHECK(coda__cuda_fused_form(p, bound, 64) == CODA_CG_RING, "a column vector 4-byte aligned: still the ring form");
+    coda_program_free(p);
+    /* no tile input for the ring: N16 */
+    p = parse_or_fail("form-n16", "out y tile bf16\na = acc\nstore y a\n");
+    if (!p) return;
+    const coda_tensor_t *one[1] = {&h};
+    CHECK(coda__cuda_fused_form(p, one, 64) == CODA_CG_N16, "no tile input: N16 form");
     coda_program_free(p);
 }
 
@@ -166,6 +172,24 @@ static void check_program(const char *name, const char *text, int in_mainloop) {
             compile_in_mainloop(name, n16, CODA_LAYOUT_NT, 3);
             compile_in_mainloop(name, n16, CODA_LAYOUT_NT, 5);
         }
+        /* tile inputs through the stage ring: active on the cooperative
+         * schedule (cfg 3), read from global memory on ping-pong (cfg 5) */
+        coda_ring_plan_t rp;
+        coda__codegen_ring_plan(p, &rp);
+        if (rp.nbox > 0) {
+            char *ring = NULL;
+            CHECK(coda__codegen_cuda_ex(p, CODA_CG_RING, &ring) == CODA_OK && ring, "%s: ring form generated: %s",
+                  name, coda_last_error());
+            if (ring) {
+                CHECK(strstr(ring, "copied into the stage ring by TMA") != NULL, "%s: the ring form reads the ring", name);
+                compile_in_harness(name, ring);
+                if (in_mainloop || strcmp(name, "swiglu_bwd") == 0) {
+                    compile_in_mainloop(name, ring, CODA_LAYOUT_NT, 3);
+                    if (in_mainloop) compile_in_mainloop(name, ring, CODA_LAYOUT_NN, 5);
+                }
+            }
+            free(ring);
+        }
         free(n16);
         free(even);
 #else
@@ -184,6 +208,54 @@ static void *race(void *arg) {
     race_t *r = arg;
     if (coda__codegen_cuda_cached(r->p, CODA_CG_EVEN, &r->got, NULL) != CODA_OK) r->got = NULL;
     return NULL;
+}
+
+/* Which tile inputs go through the stage ring, as how many 16 KiB boxes. */
+static void check_ring_plan(void) {
+    static const struct {
+        const char *text;
+        int nbox, arg0, xmul0, xadd1;
+    } cases[] = {
+        /* resid_norm: res (bf16, full) is one box */
+        {NULL, 1, 0, 1, -1},
+        /* one bf16 input in the double space: two boxes, columns 2 col0 and 2 col0 + 64 */
+        {"in z tile bf16 double\nout y tile bf16\na = acc\nzz = load z\ng = even zz\ns = add a g\nstore y s\n",
+         2, 0, 2, 64},
+        /* an f32 input: two boxes of 32 columns */
+        {"in x tile f32\nout y tile f32\na = acc\nv = load x\ns = add a v\nstore y s\n", 2, 0, 1, 32},
+        /* three bf16 inputs: the first two fill the plan */
+        {"in x tile bf16\nin w tile bf16\nin u tile bf16\nout y tile bf16\na = acc\nv = load x\n"
+         "q = load w\nz = load u\ns = add a v\nt = add s q\nr = add t z\nstore y r\n", 2, 0, 1, 0},
+        /* a half-space input stays out */
+        {"in x tile bf16 half\nout y tile bf16 half\na = acc\ne = even a\nv = load x\ns = add e v\nstore y s\n",
+         0, -1, 0, 0},
+    };
+    for (int c = 0; c < (int)(sizeof cases / sizeof cases[0]); c++) {
+        coda_program_t *p = parse_or_fail("ring", cases[c].text ? cases[c].text : coda_builtin_program("resid_norm"));
+        if (!p) continue;
+        coda_ring_plan_t rp;
+        coda__codegen_ring_plan(p, &rp);
+        CHECK(rp.nbox == cases[c].nbox, "ring case %d: %d boxes, want %d", c, rp.nbox, cases[c].nbox);
+        if (rp.nbox > 0 && rp.nbox == cases[c].nbox) {
+            CHECK(rp.arg[0] == cases[c].arg0 && rp.first_box[cases[c].arg0] == 0 && rp.xmul[0] == cases[c].xmul0 &&
+                      rp.xadd[0] == 0,
+                  "ring case %d: box 0 is argument %d at %d col0", c, rp.arg[0], rp.xmul[0]);
+            if (rp.nbox > 1) CHECK(rp.xadd[1] == cases[c].xadd1, "ring case %d: box 1 at +%d", c, rp.xadd[1]);
+        }
+        if (c == 3) {
+            CHECK(rp.arg[1] == 1 && rp.first_box[1] == 1 && rp.first_box[2] == -1,
+                  "ring case 3: x and w in the ring, u not");
+            char *ring = NULL;
+            CHECK_OK(coda__codegen_cuda_ex(p, CODA_CG_RING, &ring));
+            CHECK(ring && strstr(ring, "u: staged by coda_epi_vput") != NULL,
+                  "ring case 3: u goes through the warp's slab instead");
+            free(ring);
+        }
+        coda_program_free(p);
+    }
+    coda_ring_plan_t none;
+    coda__codegen_ring_plan(NULL, &none);
+    CHECK(none.nbox == 0 && none.first_box[0] == -1, "no program: an empty plan");
 }
 
 static void check_cache(void) {
@@ -205,7 +277,7 @@ static void check_cache(void) {
     CHECK(a && fresh && strcmp(a, fresh) == 0, "cached text equals a fresh generation");
     CHECK(e && a && e != a && strcmp(e, a) != 0, "the even-N form is cached apart");
     CHECK(v && e && v != e && strcmp(v, e) != 0, "the N16 form is cached apart");
-    CHECK(coda__codegen_cuda_cached(p, (coda_cg_form_t)3, &v, NULL) == CODA_ERR_INVALID_ARG, "a bad form is refused");
+    CHECK(coda__codegen_cuda_cached(p, CODA_CG_NFORMS, &v, NULL) == CODA_ERR_INVALID_ARG, "a bad form is refused");
     CHECK(coda__codegen_form(4096) == CODA_CG_N16 && coda__codegen_form(4098) == CODA_CG_EVEN &&
               coda__codegen_form(4097) == CODA_CG_ANY,
           "the form follows N");
@@ -256,6 +328,7 @@ int main(void) {
         coda_program_free(p);
     }
     check_cache();
+    check_ring_plan();
 #ifdef CODA_WITH_CUDA
     check_fused_form();
     compile_finish();

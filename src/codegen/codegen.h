@@ -65,9 +65,41 @@ coda_status_t coda__codegen_cuda(const coda_program_t *p, char **out);
  *   N16   N a multiple of 16: EVEN, and the tile outputs are staged through
  *         shared memory and written as 16-byte vectors (coda_epi_flush),
  *         none of which straddles N */
-typedef enum coda_cg_form { CODA_CG_ANY = 0, CODA_CG_EVEN = 1, CODA_CG_N16 = 2, CODA_CG_NFORMS = 3 } coda_cg_form_t;
-/* The form for n columns. */
+typedef enum coda_cg_form {
+    CODA_CG_ANY = 0,
+    CODA_CG_EVEN = 1,
+    CODA_CG_N16 = 2,
+    CODA_CG_RING = 3,
+    CODA_CG_NFORMS = 4
+} coda_cg_form_t;
+/*   RING  N16, and the tile inputs of the ring plan (coda__codegen_ring_plan)
+ *         come through the mainloop's stage ring: on the cooperative
+ *         schedule the producer copies them with TMA after each tile's
+ *         k-blocks, so they are in flight while the tile's last k-blocks
+ *         run, and the epilogue reads them from shared memory. Elsewhere
+ *         (ping-pong, the test harness) the same text reads them from
+ *         global memory. */
+/* The form for n columns (ANY, EVEN or N16; RING is the host's choice). */
 coda_cg_form_t coda__codegen_form(int64_t n);
+
+/* The ring plan: which tile inputs the RING form takes through the stage
+ * ring. A 64-column chunk of the tile (all 128 rows) goes into one ring
+ * stage as boxes of 128 rows x 128 bytes (16 KiB, 128-byte swizzle, the TMA
+ * layout): a bf16 input in the full space is one box, in the double space
+ * or f32 in the full space two. Box b of the chunk at accumulator column
+ * col0 holds columns xmul[b] * col0 + xadd[b] .. of argument arg[b]. Inputs
+ * qualify when they are bf16 or f32 tiles in the full or double space, every
+ * load of them in their own space, until the plan has CODA_RING_MAX_BOX
+ * boxes (a 128 x 128 tile's stage holds two). nbox 0: no ring. */
+#define CODA_RING_MAX_BOX 2
+#define CODA_RING_BOX_BYTES 16384
+typedef struct coda_ring_plan {
+    int nbox;
+    int arg[CODA_RING_MAX_BOX];
+    int xmul[CODA_RING_MAX_BOX], xadd[CODA_RING_MAX_BOX];
+    int first_box[CODA_EPI_MAX_ARGS]; /* argument k's first box, -1 if not in the ring */
+} coda_ring_plan_t;
+void coda__codegen_ring_plan(const coda_program_t *p, coda_ring_plan_t *plan);
 coda_status_t coda__codegen_cuda_ex(const coda_program_t *p, coda_cg_form_t form, char **out);
 /* The same text, made once per program and form and kept with the program
  * (freed by coda_program_free): *out is owned by p. key (may be NULL) gets

@@ -329,13 +329,14 @@ static int stage_pitch(const coda_arg_t *a) {
  * region while the slab has room. Inputs and outputs share the slab: the
  * inputs are read into registers (coda_epi_fetch) before any pair writes an
  * output, with a __syncwarp between. */
-static void plan_staging(const coda_program_t *p, int n16, stage_plan_t *sp) {
+static void plan_staging(const coda_program_t *p, int n16, const coda_ring_plan_t *rp, stage_plan_t *sp) {
     int used_in = 0, used_out = 0;
     for (int k = 0; k < CODA_EPI_MAX_ARGS; k++) sp->off[k] = -1, sp->pitch[k] = 0;
     sp->any_in = sp->any_out = 0;
     if (!n16) return;
     for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++) {
         const coda_arg_t *a = &p->args[k];
+        if (rp->first_box[k] >= 0) continue; /* comes through the stage ring */
         int stores = 0, loads = 0, other_space = 0;
         for (int i = 0; i < p->n_insts; i++) {
             const coda_inst_t *in = &p->insts[i];
@@ -364,11 +365,65 @@ static void stage_addr(char *buf, size_t cap, int off, int pitch) {
              rp, nch - 1);
 }
 
+/* Tile inputs through the stage ring (form RING, codegen.h). */
+static int loaded_in_own_space(const coda_program_t *p, int k) {
+    int loads = 0;
+    for (int i = 0; i < p->n_insts; i++) {
+        const coda_inst_t *in = &p->insts[i];
+        if (in->arg != k || in->op != CODA_OP_LOAD) continue;
+        if (in->vspace != p->args[k].space) return 0;
+        loads++;
+    }
+    return loads > 0;
+}
+
+void coda__codegen_ring_plan(const coda_program_t *p, coda_ring_plan_t *plan) {
+    memset(plan, 0, sizeof *plan);
+    for (int k = 0; k < CODA_EPI_MAX_ARGS; k++) plan->first_box[k] = -1;
+    if (!p) return;
+    for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++) {
+        const coda_arg_t *a = &p->args[k];
+        if (a->kind != CODA_IN_TILE || (a->dtype != CODA_BF16 && a->dtype != CODA_F32)) continue;
+        if (a->space != CODA_SPACE_FULL && a->space != CODA_SPACE_DOUBLE) continue;
+        if (!loaded_in_own_space(p, k)) continue;
+        /* bytes of one row of a 64-column chunk, in 128-byte boxes */
+        int per_col = (a->space == CODA_SPACE_DOUBLE ? 2 : 1) * (a->dtype == CODA_BF16 ? 2 : 4);
+        int boxes = 64 * per_col / 128, elems = 128 / (a->dtype == CODA_BF16 ? 2 : 4);
+        if (plan->nbox + boxes > CODA_RING_MAX_BOX) continue;
+        plan->first_box[k] = plan->nbox;
+        for (int b = 0; b < boxes; b++) {
+            plan->arg[plan->nbox] = k;
+            plan->xmul[plan->nbox] = a->space == CODA_SPACE_DOUBLE ? 2 : 1;
+            plan->xadd[plan->nbox] = b * elems;
+            plan->nbox++;
+        }
+    }
+}
+
+/* A ring input's pair from the stage (t.ring: the chunk's stage). Tiles
+ * start at multiples of 128 rows and 64 columns, so the row in the box is
+ * row & 127 and the byte in the chunk's row (col & 63) times the bytes per
+ * accumulator column; 16-byte unit u of box row r sits at u ^ (r & 7). */
+static void gen_ring_fetch(sb_t *b, int i, const coda_arg_t *a, int first_box) {
+    int esz = a->dtype == CODA_BF16 ? 2 : 4, per_col = (a->space == CODA_SPACE_DOUBLE ? 2 : 1) * esz;
+    int e = 2 * per_col; /* bytes of the pair */
+    sb_printf(b, "    { /* %s: copied into the stage ring by TMA */\n"
+                 "        const int r_ = row & 127, x_ = (col & 63) * %d;\n"
+                 "        const unsigned a_ = t.ring + %d + (x_ >> 7) * %d + r_ * 128 + "
+                 "((((x_ >> 4) & 7) ^ (r_ & 7)) << 4) + (x_ & 15);\n",
+              a->name, per_col, first_box * CODA_RING_BOX_BYTES, CODA_RING_BOX_BYTES);
+    if (e == 4) sb_printf(b, "        L.u%d[0] = cg_lds32(a_);\n", i);
+    else if (e == 8) sb_printf(b, "        cg_lds64(a_, L.u%d);\n", i);
+    else sb_printf(b, "        cg_lds128(a_, L.u%d);\n", i);
+    sb_printf(b, "    }\n");
+}
+
 /* Tile and column-vector inputs are read in a separate step, coda_epi_fetch,
  * into a struct of raw words: the mainloop fetches a batch of pairs before
  * it runs the program on any of them (CODA_EPI_BATCH), so that many loads
  * are in flight at once instead of one round trip to memory per pair. */
-static void gen_fetch(sb_t *b, const coda_program_t *p, int even_n, const stage_plan_t *sp) {
+static void gen_fetch(sb_t *b, const coda_program_t *p, int even_n, const coda_ring_plan_t *rp,
+                      const stage_plan_t *sp) {
     sb_printf(b, "struct coda_epi_in {\n    unsigned unused_;\n");
     for (int i = 0; i < p->n_insts; i++) {
         const coda_inst_t *in = &p->insts[i];
@@ -402,7 +457,13 @@ static void gen_fetch(sb_t *b, const coda_program_t *p, int even_n, const stage_
                      pred ? "(long long)row" : "r", in->arg, c0);
         else /* a column vector: contiguous (innermost stride is one element) */
             snprintf(q, sizeof q, "(const %s *)P->ptr[%d] + %s", t, in->arg, c0);
-        if (sp->off[in->arg] >= 0) { /* staged: the pair's elements from the slab */
+        if (rp->first_box[in->arg] >= 0) { /* the stage ring, or global memory */
+            sb_printf(b, "#if CODA_EPI_RING\n");
+            gen_ring_fetch(b, i, a, rp->first_box[in->arg]);
+            sb_printf(b, "#else\n");
+            gen_vec_fetch(b, i, value_width(in), a->dtype, q, pred);
+            sb_printf(b, "#endif\n");
+        } else if (sp->off[in->arg] >= 0) { /* staged: the pair's elements from the slab */
             int w = value_width(in), e = w * (a->dtype == CODA_BF16 ? 2 : 4);
             char addr[160];
             stage_addr(addr, sizeof addr, sp->off[in->arg], sp->pitch[in->arg]);
@@ -801,11 +862,20 @@ coda_status_t coda__codegen_cuda_ex(const coda_program_t *p, coda_cg_form_t form
     const char *pre = prelude();
     if (!pre) return coda__fail(CODA_ERR_INTERNAL, "codegen: epi_prelude.cuh is not embedded");
     sb_printf(&b, "%s\n/* ---- generated from epilogue program '%s'%s ---- */\n", pre, p->name,
-              form == CODA_CG_N16 ? " (N a multiple of 16)" : even_n ? " (N even)" : "");
+              form == CODA_CG_RING ? " (N a multiple of 16, tile inputs through the stage ring)"
+              : form == CODA_CG_N16 ? " (N a multiple of 16)" : even_n ? " (N even)" : "");
+    coda_ring_plan_t rp;
+    coda__codegen_ring_plan(form == CODA_CG_RING ? p : NULL, &rp);
+    if (form == CODA_CG_RING)
+        /* the cooperative mainloop (staging slabs, no ping-pong) fills the
+         * ring; elsewhere the ring inputs are read from global memory */
+        sb_printf(&b, "#define CODA_EPI_RING_BOXES %d\n"
+                      "#if CODA_EPI_STAGE && !CODA_PINGPONG\n#define CODA_EPI_RING 1\n#else\n#define CODA_EPI_RING 0\n#endif\n",
+                  rp.nbox);
     gen_state(&b, p);
     stage_plan_t sp;
-    plan_staging(p, form == CODA_CG_N16, &sp);
-    gen_fetch(&b, p, even_n, &sp);
+    plan_staging(p, form == CODA_CG_N16 || form == CODA_CG_RING, &rp, &sp);
+    gen_fetch(&b, p, even_n, &rp, &sp);
     gen_stage_in(&b, p, &sp);
     CODA_TRY(gen_pair(&b, p, even_n, &sp));
     gen_flush(&b, p, &sp);

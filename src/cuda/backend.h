@@ -136,12 +136,23 @@ int coda__cuda_gemm_cfg_override(void);
 /* The form of the generated epilogue a fused GEMM of n columns runs with
  * these arguments bound (bound[k] for argument k, NULL if none): N16 only
  * when N allows it and every tile argument is 16-byte aligned (base and row
- * stride), since that form moves tiles as 16-byte vectors. */
+ * stride), since that form moves tiles as 16-byte vectors; RING when N16
+ * holds and the program has tile inputs for the stage ring (2-D tensors). */
 coda_cg_form_t coda__cuda_fused_form(const coda_program_t *p, const coda_tensor_t *const *bound, int64_t n);
 char *coda__cuda_gemm_source(const char *epilogue_src);
 /* store_c: the mainloop stores the main output C by TMA (dtype f32 if c_f32). */
 int coda__cuda_gemm_options(coda_layout_t layout, const coda_cuda_gemm_cfg_t *cfg, int store_c,
                             int c_f32, const char **opts, char *optbuf, size_t optcap);
+
+/* Epilogue tile inputs the producer copies into the stage ring (the RING
+ * form, codegen.h): box b of a 64-column chunk at accumulator column col0
+ * is tensor[b] (bf16 or f32, 2-D, 16-byte aligned rows) from column
+ * xmul[b] col0 + xadd[b]. nbox 0: none. */
+typedef struct coda_cuda_ring {
+    int nbox;
+    const coda_tensor_t *tensor[CODA_RING_MAX_BOX];
+    int xmul[CODA_RING_MAX_BOX], xadd[CODA_RING_MAX_BOX];
+} coda_cuda_ring_t;
 
 /* Run the GEMM with an epilogue: the epilogue source defines struct
  * coda_epi_params (docs/gpu.md) and `params` (params_size bytes, the same
@@ -151,15 +162,17 @@ int coda__cuda_gemm_options(coda_layout_t layout, const coda_cuda_gemm_cfg_t *cf
  * CODA_HASH_SEED0/1), so that a launch need not hash a long generated text
  * to find its kernel. c_out (may be NULL):
  * the main (M, N) output, bf16 or f32, stored by the mainloop with TMA from
- * the values the epilogue's pair hook leaves. A, B are descriptors already
- * checked by the front end; this checks them (and c_out) for the copy engine. */
+ * the values the epilogue's pair hook leaves. ring (may be NULL): the
+ * epilogue's ring inputs; used only by an epilogue text of the RING form on
+ * a cooperative configuration. A, B are descriptors already checked by the
+ * front end; this checks them (and c_out) for the copy engine. */
 coda_status_t coda__cuda_gemm_run(coda_context_t *ctx, coda_layout_t layout,
                                   const coda_tensor_t *a, const coda_tensor_t *b,
                                   const coda_tensor_t *c_out,
                                   const char *epilogue_src, const uint64_t *epilogue_key,
                                   const void *params,
                                   size_t params_size, size_t scratch_bytes, int cfg_index,
-                                  void *stream);
+                                  const coda_cuda_ring_t *ring, void *stream);
 
 /* Shared memory the mainloop uses besides the epilogue's scratch. */
 size_t coda__cuda_gemm_smem(const coda_cuda_gemm_cfg_t *cfg);

@@ -74,7 +74,15 @@ coda_cg_form_t coda__cuda_fused_form(const coda_program_t *p, const coda_tensor_
         if (!t || (kind != CODA_IN_TILE && kind != CODA_OUT_TILE)) continue;
         if ((uintptr_t)t->data % 16 != 0 || (t->ndim == 2 && t->stride[0] % 16 != 0)) return CODA_CG_EVEN;
     }
-    return form;
+    /* tile inputs through the stage ring (TMA): 2-D, rows < 2^40 bytes apart */
+    coda_ring_plan_t rp;
+    coda__codegen_ring_plan(p, &rp);
+    if (rp.nbox == 0) return form;
+    for (int b = 0; b < rp.nbox; b++) {
+        const coda_tensor_t *t = bound[rp.arg[b]];
+        if (!t || t->ndim != 2 || t->stride[0] >= ((int64_t)1 << 40)) return form;
+    }
+    return CODA_CG_RING;
 }
 
 /* The parameter block: one pointer, two element strides, one scalar per
@@ -142,8 +150,21 @@ coda_status_t coda__cuda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout
 
     const char *src = NULL; /* generated and hashed once per program and form */
     const uint64_t *key = NULL;
-    CODA_TRY(coda__codegen_cuda_cached(p, coda__cuda_fused_form(p, bound, n), &src, &key));
+    coda_cg_form_t form = coda__cuda_fused_form(p, bound, n);
+    CODA_TRY(coda__codegen_cuda_cached(p, form, &src, &key));
     coda_epi_params_t params;
     fill_params(p, bound, scalars, m, n, &params);
-    return coda__cuda_gemm_run(ctx, layout, a, b, NULL, src, key, &params, sizeof params, 0, cfg, stream);
+    coda_cuda_ring_t ring;
+    memset(&ring, 0, sizeof ring);
+    if (form == CODA_CG_RING) {
+        coda_ring_plan_t rp;
+        coda__codegen_ring_plan(p, &rp);
+        ring.nbox = rp.nbox;
+        for (int b = 0; b < rp.nbox; b++) {
+            ring.tensor[b] = bound[rp.arg[b]];
+            ring.xmul[b] = rp.xmul[b];
+            ring.xadd[b] = rp.xadd[b];
+        }
+    }
+    return coda__cuda_gemm_run(ctx, layout, a, b, NULL, src, key, &params, sizeof params, 0, cfg, &ring, stream);
 }

@@ -224,12 +224,40 @@ static coda_status_t get_kernel(coda_context_t *ctx, coda_cuda_device_t *d, coda
     return CODA_OK;
 }
 
+/* Host mirror of struct coda_ring_params (kernels/gemm_prelude.cuh). */
+typedef struct ring_params {
+    CUtensorMap map[CODA_RING_MAX_BOX];
+    int nbox;
+    int xmul[CODA_RING_MAX_BOX], xadd[CODA_RING_MAX_BOX];
+} ring_params_t;
+
+/* The ring's tensor maps: boxes of 128 rows x 128 bytes, 128B-swizzled,
+ * as the generated epilogue reads them. */
+static coda_status_t ring_maps(struct coda_cuda *cu, const coda_cuda_ring_t *ring, ring_params_t *rp) {
+    memset(rp, 0, sizeof *rp);
+    if (!ring || ring->nbox <= 0) return CODA_OK;
+    if (ring->nbox > CODA_RING_MAX_BOX)
+        return coda__fail(CODA_ERR_INTERNAL, "CUDA GEMM: %d ring boxes (max %d)", ring->nbox, CODA_RING_MAX_BOX);
+    for (int b = 0; b < ring->nbox; b++) {
+        const coda_tensor_t *t = ring->tensor[b];
+        if (!t || t->ndim != 2 || (t->dtype != CODA_BF16 && t->dtype != CODA_F32) ||
+            (uintptr_t)t->data % 16 != 0 || t->stride[0] % 16 != 0 || t->stride[0] >= ((int64_t)1 << 40))
+            return coda__fail(CODA_ERR_INTERNAL, "CUDA GEMM: ring box %d: not a 16-byte aligned 2-D bf16/f32 tile", b);
+        int elems = 128 / (int)coda_dtype_size(t->dtype);
+        CODA_TRY(encode(cu, &rp->map[b], t, t->shape[1], t->shape[0], elems, 128, "cuTensorMapEncodeTiled(ring)"));
+        rp->xmul[b] = ring->xmul[b];
+        rp->xadd[b] = ring->xadd[b];
+    }
+    rp->nbox = ring->nbox;
+    return CODA_OK;
+}
+
 /* Launch with d's primary context current (pushed by the caller). */
 static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_layout_t layout,
                             const coda_tensor_t *a, const coda_tensor_t *b,
                             const coda_tensor_t *c_out, const char *epilogue_src,
                             const uint64_t *epilogue_key, const void *params, int cfg_index,
-                            size_t scratch_bytes, void *stream) {
+                            size_t scratch_bytes, const coda_cuda_ring_t *ring, void *stream) {
     struct coda_cuda *cu = ctx->cuda;
     const coda_cuda_gemm_cfg_t *cfg = &coda__cuda_gemm_cfgs[cfg_index];
     int64_t m = 0, n = 0, k = 0;
@@ -262,7 +290,9 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
     int64_t tiles_m2 = coda__cdiv(coda__cdiv(m, cfg->bm), cfg->cluster_m);
     int64_t units = tiles_m2 * coda__cdiv(n, cfg->bn);
     int Mi = (int)m, Ni = (int)n, Ki = (int)k;
-    void *args[] = {&map_a, &map_b, &map_c, &Mi, &Ni, &Ki, (void *)params};
+    ring_params_t rp;
+    CODA_TRY(ring_maps(cu, ring, &rp));
+    void *args[] = {&map_a, &map_b, &map_c, &Mi, &Ni, &Ki, (void *)params, &rp};
 
     CUlaunchAttribute attr[1];
     attr[0].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
@@ -347,7 +377,7 @@ coda_status_t coda__cuda_gemm_run(coda_context_t *ctx, coda_layout_t layout,
                                   const coda_tensor_t *c_out,
                                   const char *epilogue_src, const uint64_t *epilogue_key,
                                   const void *params, size_t params_size, size_t scratch_bytes,
-                                  int cfg_index, void *stream) {
+                                  int cfg_index, const coda_cuda_ring_t *ring, void *stream) {
     (void)params_size;
     if (cfg_index < 0 || cfg_index >= CODA_CUDA_GEMM_NCFG)
         return coda__fail(CODA_ERR_INVALID_ARG, "CUDA GEMM: tile configuration %d out of range",
@@ -369,7 +399,7 @@ coda_status_t coda__cuda_gemm_run(coda_context_t *ctx, coda_layout_t layout,
     if (s == CODA_OK && c_out) s = check_pointer(cu, c_out, "c");
     if (s == CODA_OK)
         s = launch(ctx, d, layout, a, b, c_out, epilogue_src, epilogue_key, params, cfg_index,
-                   scratch_bytes, stream);
+                   scratch_bytes, ring, stream);
     CUcontext prev;
     cu->cu.CtxPopCurrent(&prev);
     return s;
@@ -412,7 +442,7 @@ coda_status_t coda__cuda_gemm(coda_context_t *ctx, coda_layout_t layout, const c
     if (s == CODA_OK) s = check_pointer(cu, b, "b");
     if (s == CODA_OK) {
         const char *epi = coda__cuda_source("epi_plain.cuh");
-        s = epi ? launch(ctx, d, layout, a, b, c, epi, NULL, &p, cfg, 0, stream)
+        s = epi ? launch(ctx, d, layout, a, b, c, epi, NULL, &p, cfg, 0, NULL, stream)
                 : coda__fail(CODA_ERR_INTERNAL, "CUDA GEMM: epi_plain.cuh is not embedded");
     }
     CUcontext prev;

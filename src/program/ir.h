@@ -63,7 +63,7 @@ struct coda_program {
      * made on first use by coda__codegen_cuda_cached and freed with the
      * program. A cache in a const program, so set once, atomically
      * (threads may share p). */
-    _Atomic(struct coda_cg_text *) cuda_src[3]; /* CODA_CG_NFORMS (checked in codegen) */
+    _Atomic(struct coda_cg_text *) cuda_src[4]; /* CODA_CG_NFORMS (checked in codegen) */
 };
 
 /* Operand count of a map op (1..3), 0 for sources, -1 for statements. */

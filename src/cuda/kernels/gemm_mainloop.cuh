@@ -46,7 +46,16 @@
  * (8 KiB each, 128B-swizzled like TMA's view), then the mbarriers, then the
  * epilogue's scratch.
  * K tails and M/N edges come in as zeros from TMA (out-of-bounds fill); TMA
- * stores drop rows >= M and columns >= N. */
+ * stores drop rows >= M and columns >= N.
+ *
+ * Epilogue inputs through the ring (CODA_EPI_RING, set by a generated
+ * epilogue of the RING form on the cooperative schedule): after a tile's
+ * k-blocks the producer puts CODA_BN / 64 more entries into the same ring,
+ * each the tile's 128 rows x 64 columns of the program's ring inputs
+ * (struct coda_ring_params). They are copied while the consumers run the
+ * tile's last k-blocks; the consumers read each chunk in the epilogue and
+ * free its stage as they would a k-block's, and the next tile's k-blocks
+ * follow in the ring. */
 
 #define CODA_BM 128
 #define CODA_BK 64
@@ -73,6 +82,12 @@
 
 #ifndef CODA_EPI_STORE_C
 #define CODA_EPI_STORE_C 0
+#endif
+#ifndef CODA_EPI_RING
+#define CODA_EPI_RING 0
+#endif
+#if CODA_EPI_RING && (CODA_PINGPONG || CODA_EPI_STORE_C || (8 % CODA_EPI_BATCH) != 0)
+#error "ring inputs need the cooperative schedule, no C store and batches inside 64-column chunks"
 #endif
 #ifndef CODA_C_F32
 #define CODA_C_F32 0
@@ -140,10 +155,21 @@ static __device__ __forceinline__ u64 coda_desc_b(u32 b, int kk) {
 #endif
 }
 
+/* A consumer warp is done with a stage: with clusters, the peer CTA's
+ * producer waits for it too (its multicast writes B into this CTA's stage). */
+static __device__ __forceinline__ void coda_stage_release(u32 empty_bar) {
+#if CODA_CLUSTER > 1
+    for (u32 r = 0; r < CODA_CLUSTER; r++) coda_mbar_arrive_cluster(empty_bar, r);
+#else
+    coda_mbar_arrive(empty_bar);
+#endif
+}
+
 extern "C" __global__ void __launch_bounds__(384, 1)
 coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant__ coda_tmap tma_b,
                  const __grid_constant__ coda_tmap tma_c, int M, int N, int K,
-                 const __grid_constant__ coda_epi_params epi) {
+                 const __grid_constant__ coda_epi_params epi,
+                 const __grid_constant__ coda_ring_params ring) {
     extern __shared__ unsigned char coda_smem_raw[];
     /* 1024-byte alignment for the swizzle atoms (the host adds the slack). */
     const u32 raw = coda_smem_addr(coda_smem_raw);
@@ -225,6 +251,18 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
 #endif
 #endif
                 }
+#if CODA_EPI_RING
+                /* the epilogue's ring inputs, one 64-column chunk a stage */
+                for (int q = 0; q < CODA_BN / 64; q++, it++) {
+                    const int s = it % CODA_STAGES;
+                    coda_mbar_wait(EMPTY(s), ((it / CODA_STAGES) & 1) ^ 1);
+                    const u32 sa = base + s * CODA_STAGE_BYTES;
+                    coda_mbar_expect_tx(FULL(s), (u32)ring.nbox * CODA_RING_BOX_BYTES);
+                    for (int bx = 0; bx < ring.nbox; bx++)
+                        coda_tma_load(sa + bx * CODA_RING_BOX_BYTES, &ring.map[bx],
+                                      ring.xmul[bx] * (n0 + 64 * q) + ring.xadd[bx], m0, FULL(s));
+                }
+#endif
             }
         }
     } else {
@@ -279,11 +317,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                 if (kb > 0 && CODA_IS_ARRIVER) {
                     const int ps = (it + CODA_STAGES - 1) % CODA_STAGES;
 #endif
-#if CODA_CLUSTER > 1
-                    for (u32 r = 0; r < CODA_CLUSTER; r++) coda_mbar_arrive_cluster(EMPTY(ps), r);
-#else
-                    coda_mbar_arrive(EMPTY(ps));
-#endif
+                    coda_stage_release(EMPTY(ps));
                 }
             }
 #if CODA_PINGPONG
@@ -298,11 +332,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
             if (kiters > 0 && CODA_IS_ARRIVER) {
 #endif
                 const int ps = (it + CODA_STAGES - 1) % CODA_STAGES;
-#if CODA_CLUSTER > 1
-                for (u32 r = 0; r < CODA_CLUSTER; r++) coda_mbar_arrive_cluster(EMPTY(ps), r);
-#else
-                coda_mbar_arrive(EMPTY(ps));
-#endif
+                coda_stage_release(EMPTY(ps));
             }
 
             /* ---- epilogue: the spliced-in program sees each adjacent column pair ----
@@ -395,6 +425,12 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                     if (j0 + CODA_EPI_BATCH < CODA_BN / 8) coda_epi_vload(epi, t, mh, j0 + CODA_EPI_BATCH, vin);
                     else if (mh + 1 < CODA_WG_MH) coda_epi_vload(epi, t, mh + 1, 0, vin);
 #endif
+#if CODA_EPI_RING
+                    if (j0 % 8 == 0) { /* a new 64-column chunk: wait for its stage */
+                        coda_mbar_wait(FULL(it % CODA_STAGES), (it / CODA_STAGES) & 1);
+                        t.ring = base + (it % CODA_STAGES) * CODA_STAGE_BYTES;
+                    }
+#endif
                     coda_epi_in in[2 * CODA_EPI_BATCH];
 #pragma unroll
                     for (int jj = 0; jj < CODA_EPI_BATCH; jj++) {
@@ -402,7 +438,13 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                         coda_epi_fetch(epi, t, r + 8, t.col + 8 * (j0 + jj), in[2 * jj + 1]);
                     }
 #if CODA_EPI_STAGE
-                    __syncwarp(); /* inputs read out of the slab before the pairs write outputs */
+                    __syncwarp(); /* inputs read out of the slab (and the ring) before the pairs write outputs */
+#endif
+#if CODA_EPI_RING
+                    if ((j0 + CODA_EPI_BATCH) % 8 == 0) { /* the chunk's last batch: free its stage */
+                        if (CODA_IS_ARRIVER) coda_stage_release(EMPTY(it % CODA_STAGES));
+                        it++;
+                    }
 #endif
 #pragma unroll
                     for (int jj = 0; jj < CODA_EPI_BATCH; jj++) {

@@ -197,4 +197,19 @@ struct coda_epi_tile {
     int tid;            /* thread in its warpgroup, 0..127                      */
     unsigned char *scratch; /* shared memory scratch, scratch_bytes long (host-chosen) */
     unsigned stage;     /* CODA_EPI_STAGE: this warp's 4 KiB staging slab (shared address) */
+    unsigned ring;      /* CODA_EPI_RING: the stage holding the current 64-column
+                           chunk's ring inputs (shared address) */
+};
+
+/* Tile inputs the producer copies into the stage ring for the epilogue
+ * (the RING form, src/codegen/codegen.h): per 64-column chunk at
+ * accumulator column col0, box b (128 rows x 128 bytes, 16 KiB at offset
+ * 16 KiB b of the stage) is map[b] at column xmul[b] col0 + xadd[b] and the
+ * tile's first row. Host mirror: coda_cuda_ring_t (src/cuda/backend.h). */
+#define CODA_RING_MAX_BOX 2
+#define CODA_RING_BOX_BYTES 16384
+struct coda_ring_params {
+    coda_tmap map[CODA_RING_MAX_BOX];
+    int nbox;
+    int xmul[CODA_RING_MAX_BOX], xadd[CODA_RING_MAX_BOX];
 };
