@@ -74,7 +74,9 @@ coda_cg_form_t coda__cuda_fused_form(const coda_program_t *p, const coda_tensor_
         if (!t || (kind != CODA_IN_TILE && kind != CODA_OUT_TILE)) continue;
         if ((uintptr_t)t->data % 16 != 0 || (t->ndim == 2 && t->stride[0] % 16 != 0)) return CODA_CG_EVEN;
     }
-    /* tile inputs through the stage ring (TMA): 2-D, rows < 2^40 bytes apart */
+    /* tile inputs through the stage ring (TMA): 2-D, rows < 2^40 bytes apart;
+     * CODA_DEBUG_NO_RING (experiments) keeps the N16 form */
+    if (getenv("CODA_DEBUG_NO_RING")) return form;
     coda_ring_plan_t rp;
     coda__codegen_ring_plan(p, &rp);
     if (rp.nbox == 0) return form;
