@@ -34,6 +34,12 @@ static const char *const extra_programs[] = {
     "in z tile f32 double\nout y tile bf16\nout yh tile f32 half\na = acc\nb = load r\nc = load g\n"
     "d = load x\nf = fma a b c\ng2 = add f d\nstore y g2\nzz = load z\nze = even zz\nzo = odd zz\n"
     "q = mul ze zo\nqe = even q\nk = load gh\nl = mul qe k\nstore yh l\n",
+    /* ring and slab together: x and w through the stage ring, u through the warp's slab */
+    "program ringslab\nin x tile bf16\nin w tile bf16\nin u tile bf16\nout y tile bf16\na = acc\nv = load x\n"
+    "q = load w\nz = load u\ns = add a v\nt = mul s q\nr = add t z\nstore y r\n",
+    /* an f32 input in the double space: the whole slab (no room in the ring) */
+    "program zslab\nin z tile f32 double\nout y tile f32\na = acc\nzz = load z\nze = even zz\nzo = odd zz\n"
+    "q = mul ze zo\nb = add a q\nstore y b\n",
     "program reductions\nout rs rowsum\nout rm rowmax\nout rq rowsumsq\nout cs colsum\nout cm colmax half\n"
     "out cq colsumsq double\na = acc\nreduce rs a\nreduce rm a\nreduce rq a\nreduce cs a\ne = even a\n"
     "reduce cm e\nx = interleave a a\nreduce cq x\n",

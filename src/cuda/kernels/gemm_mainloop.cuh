@@ -442,6 +442,10 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
 #endif
 #if CODA_EPI_RING
                     if ((j0 + CODA_EPI_BATCH) % 8 == 0) { /* the chunk's last batch: free its stage */
+#ifdef CODA_X_RING_FENCE /* experiment: order the generic reads before TMA's next writes */
+                        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+                        __syncwarp();
+#endif
                         if (CODA_IS_ARRIVER) coda_stage_release(EMPTY(it % CODA_STAGES));
                         it++;
                     }
