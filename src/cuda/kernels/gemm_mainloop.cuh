@@ -437,15 +437,19 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                         coda_epi_fetch(epi, t, r, t.col + 8 * (j0 + jj), in[2 * jj]);
                         coda_epi_fetch(epi, t, r + 8, t.col + 8 * (j0 + jj), in[2 * jj + 1]);
                     }
+#if CODA_EPI_RING
+                    /* The chunk's stage is read through the generic proxy and
+                     * next written by TMA (the async proxy): without a proxy
+                     * fence between, TMA's next copy may overtake the reads
+                     * (measured: 'loads' in test_epilogue_gpu read wrong x
+                     * values in 1 of 2-6 runs without it, 0 of 20 with it). */
+                    if ((j0 + CODA_EPI_BATCH) % 8 == 0) coda_fence_proxy_async();
+#endif
 #if CODA_EPI_STAGE
                     __syncwarp(); /* inputs read out of the slab (and the ring) before the pairs write outputs */
 #endif
 #if CODA_EPI_RING
                     if ((j0 + CODA_EPI_BATCH) % 8 == 0) { /* the chunk's last batch: free its stage */
-#ifdef CODA_X_RING_FENCE /* experiment: order the generic reads before TMA's next writes */
-                        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-                        __syncwarp();
-#endif
                         if (CODA_IS_ARRIVER) coda_stage_release(EMPTY(it % CODA_STAGES));
                         it++;
                     }

@@ -106,7 +106,9 @@ static __device__ __forceinline__ void coda_bulk_commit(void) {
 /* Wait until at most n bulk groups still read their shared-memory source. */
 #define coda_bulk_wait_read(n) asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(n) : "memory")
 #define coda_bulk_wait(n) asm volatile("cp.async.bulk.wait_group %0;" ::"n"(n) : "memory")
-/* Ordinary shared-memory stores, then read by TMA (the async proxy). */
+/* Order this thread's ordinary shared-memory accesses before later ones by
+ * the async proxy (TMA): stores that TMA then reads, reads of a buffer that
+ * TMA then overwrites. */
 static __device__ __forceinline__ void coda_fence_proxy_async(void) {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
