@@ -6,8 +6,9 @@
  *                               write each kernel's cubin there, NAME.cubin,
  *                               for bench/sass_stats.sh)
  *
- * Needs NVRTC, not a GPU. The generated code is the N16 form (N a multiple
- * of 16, what the LLaMA shapes get). A fused epilogue that spills to local
+ * Needs NVRTC, not a GPU. The generated code is the form the LLaMA shapes
+ * get: RING where the program has tile inputs for the stage ring, else N16
+ * (N a multiple of 16). A fused epilogue that spills to local
  * memory runs many times slower than its arithmetic suggests, so this is
  * the first thing to look at when bench_epilogue shows a program far above
  * the plain GEMM; ptxas also reports here if it had to serialize wgmma. */
@@ -85,7 +86,9 @@ int main(int argc, char **argv) {
         coda_program_t *p = NULL;
         REQUIRE_OK(coda_program_parse(coda_builtin_program(*name), &p));
         char *epi = NULL;
-        REQUIRE_OK(coda__codegen_cuda_ex(p, CODA_CG_N16, &epi)); /* the form LLaMA shapes get */
+        coda_ring_plan_t rp;
+        coda__codegen_ring_plan(p, &rp);
+        REQUIRE_OK(coda__codegen_cuda_ex(p, rp.nbox ? CODA_CG_RING : CODA_CG_N16, &epi)); /* as LLaMA shapes run */
         stats(*name, epi, cfg);
         free(epi);
         coda_program_free(p);
