@@ -2,6 +2,8 @@
  *
  *   bench_gemm             square shapes and the LLaMA-3-8B layer GEMMs
  *   bench_gemm sweep       also time every tile configuration (the pick table)
+ *   bench_gemm variants    configurations side by side, each against cuBLAS
+ *                          run by run (CODA_VARIANTS, CODA_BENCH_ONLY: see main)
  *   CODA_BENCH_ONLY=sq2048.NT bench_gemm   only the shapes whose "name.layout"
  *                          contains that text (quick A/B runs, Nsight Compute)
  *
@@ -213,13 +215,18 @@ int main(int argc, char **argv) {
     };
     const char *lname[3] = {"NT", "NN", "TN"};
     int ns = (int)(sizeof shapes / sizeof shapes[0]);
-    if (variants) { /* kernel experiments (CODA_X_* switches) on a few shapes */
-        static const int pick[] = {0, 9, 12};
-        static const char *const xs[][3] = { /* cfg, CODA_DEBUG_OPTS, CODA_DEBUG_CLUSTERS */
-            {"3", "", ""}, {"0", "", ""}, {"3", "-DCODA_X_G64", "64"}, {"2", "-DCODA_X_G64", "64"},
-        };
-        for (int pi = 0; pi < (int)(sizeof pick / sizeof pick[0]); pi++) {
-            shape_t *s = &shapes[pick[pi]];
+    if (variants) {
+        /* configurations side by side, each interleaved run by run with
+         * cuBLAS: CODA_VARIANTS="3 2" (digits, default "3 0"), on the
+         * shapes CODA_BENCH_ONLY matches (default sq2048.NT, qkv.fwd,
+         * o.fwd); CODA_DEBUG_OPTS applies to every configuration */
+        const char *cfgs = getenv("CODA_VARIANTS") ? getenv("CODA_VARIANTS") : "3 0";
+        const char *want = getenv("CODA_BENCH_ONLY");
+        for (int i = 0; i < ns; i++) {
+            shape_t *s = &shapes[i];
+            char full[32];
+            snprintf(full, sizeof full, "%s.%s", s->name, lname[s->layout]);
+            if (want ? !strstr(full, want) : (i != 0 && i != 9 && i != 12)) continue;
             size_t ea = (size_t)(s->m * s->k), eb = (size_t)(s->n * s->k), ec = (size_t)(s->m * s->n);
             bufs_t bf;
             bf.sets = 1;
@@ -227,23 +234,18 @@ int main(int argc, char **argv) {
             bf.b[0] = dev_random(eb);
             CUDA_OK(cudaMalloc(&bf.c[0], ec * 2));
             double flop = 2.0 * (double)s->m * (double)s->n * (double)s->k;
-            printf("%-11s %s\n", s->name, lname[s->layout]);
-            for (int v = 0; v < (int)(sizeof xs / sizeof xs[0]); v++) {
-                setenv("CODA_GEMM_CFG", xs[v][0], 1);
-                setenv("CODA_DEBUG_OPTS", xs[v][1], 1);
-                if (xs[v][2][0]) setenv("CODA_DEBUG_CLUSTERS", xs[v][2], 1);
-                else unsetenv("CODA_DEBUG_CLUSTERS");
-                const char *l2 = strstr(xs[v][1], "CODA_X_L2=");
-                if (l2) setenv("CODA_DEBUG_L2", l2 + 10, 1);
-                else unsetenv("CODA_DEBUG_L2");
+            printf("%-11s %s", s->name, lname[s->layout]);
+            for (const char *c = cfgs; *c; c++) {
+                if (*c < '0' || *c >= '0' + CODA_CUDA_GEMM_NCFG) continue;
+                char v[2] = {*c, 0};
+                setenv("CODA_GEMM_CFG", v, 1);
                 float tc, tb;
                 time_pair(s, &bf, &tc, &tb);
-                printf("    cfg %s %-14s %2s %7.1f vs cuBLAS %7.1f  ratio %.3f\n", xs[v][0], xs[v][1], xs[v][2],
-                       flop / (tc * 1e-3) / 1e12, flop / (tb * 1e-3) / 1e12, tb / tc);
+                printf("   cfg %s %6.1f (cuBLAS %6.1f) %.3f", v, flop / (tc * 1e-3) / 1e12,
+                       flop / (tb * 1e-3) / 1e12, tb / tc);
             }
+            printf("\n");
             unsetenv("CODA_GEMM_CFG");
-            unsetenv("CODA_DEBUG_OPTS");
-            unsetenv("CODA_DEBUG_CLUSTERS");
             fflush(stdout);
             CUDA_OK(cudaFree(bf.a[0]));
             CUDA_OK(cudaFree(bf.b[0]));
