@@ -138,11 +138,18 @@ static const char *prelude(void) {
 
 static const char *red_init(coda_reduce_t r) { return r == CODA_REDUCE_MAX ? "CG_NEG_INF" : "0.0f"; }
 
+/* "x OP y" for a reduction, into buf. */
+static void red_expr(char *buf, size_t cap, coda_reduce_t r, const char *x, const char *y) {
+    if (r == CODA_REDUCE_MAX) /* a NaN element makes the max NaN, as on the CPU */
+        snprintf(buf, cap, "((%s != %s || %s != %s) ? __int_as_float(0x7fc00000) : fmaxf(%s, %s))", x, x, y, y, x, y);
+    else snprintf(buf, cap, "(%s + %s)", x, y);
+}
+
 /* "x = x OP y" for a reduction. */
 static void red_fold(sb_t *b, coda_reduce_t r, const char *x, const char *y) {
-    if (r == CODA_REDUCE_MAX) /* a NaN element makes the max NaN, as on the CPU */
-        sb_printf(b, "%s = (%s != %s || %s != %s) ? __int_as_float(0x7fc00000) : fmaxf(%s, %s);", x, x, x, y, y, x, y);
-    else sb_printf(b, "%s = %s + %s;", x, x, y);
+    char e[256];
+    red_expr(e, sizeof e, r, x, y);
+    sb_printf(b, "%s = %s;", x, e);
 }
 
 /* Fold x with its copies in the lanes sh = lo, 2 lo, .., hi apart (butterfly
@@ -728,9 +735,12 @@ static coda_status_t gen_pair(sb_t *b, const coda_program_t *p, int even_n, cons
                 else snprintf(y, sizeof y, "%s", e0);
                 if (a->kind == CODA_OUT_ROWRED) snprintf(x, sizeof x, "S->r%d[rs]", in->arg);
                 else snprintf(x, sizeof x, "S->c%d[cs * %d + %d]", in->arg, wv, e);
-                sb_printf(b, "    if (valid && %s) { ", elem_ok(v->vspace, e));
-                red_fold(b, a->reduce, x, y);
-                sb_printf(b, " }\n");
+                /* a select, not an if: branches around these updates cut
+                 * the pair code into blocks (rmsnorm_bwd had 128 a tile) */
+                char f[256];
+                red_expr(f, sizeof f, a->reduce, x, "y_");
+                sb_printf(b, "    { const float y_ = %s; %s = (valid && %s) ? %s : %s; }\n", y, x, elem_ok(v->vspace, e), f,
+                          x);
             }
             break;
         }
@@ -790,8 +800,8 @@ static void gen_end(sb_t *b, const coda_program_t *p) {
             sb_printf(b, "    /* %s: the 4 lanes of a quad hold all columns of their rows */\n", a->name);
             sb_printf(b, "#pragma unroll\n    for (int i = 0; i < CODA_EPI_ROW_SLOTS; i++) {\n        float x = S->r%d[i];\n", k);
             shfl_fold(b, a->reduce, 1, 2, 8);
-            sb_printf(b, "        if ((lane & 3) == 0 && rows[i] < P->m)\n"
-                         "            ((float *)P->ptr[%d])[(long long)rows[i] * P->s0[%d] + n_tile] = x;\n    }\n",
+            sb_printf(b, "        cg_st32((lane & 3) == 0 && rows[i] < P->m,\n"
+                         "                (float *)P->ptr[%d] + (long long)rows[i] * P->s0[%d] + n_tile, __float_as_uint(x));\n    }\n",
                       k, k);
         } else if (a->kind == CODA_OUT_LSE) {
             sb_printf(b, "#pragma unroll\n    for (int i = 0; i < CODA_EPI_ROW_SLOTS; i++) {\n"
@@ -820,7 +830,7 @@ static void gen_end(sb_t *b, const coda_program_t *p) {
                          "        /* slot j = mh (CODA_BN / 8) + jj: row block mh, column pair jj */\n"
                          "        const int m16 = (t.row >> 4) + 4 * (j / (CODA_BN / 8)); /* 16-row tile */\n"
                          "        const long long c0 = t.col + 8 * (j %% (CODA_BN / 8)); /* global even acc column */\n"
-                         "        if (m16 * 16 < P->m) {\n");
+                         "        const int mok = m16 * 16 < P->m; /* the warp's rows are inside */\n");
             for (int e = 0; e < w; e++) {
                 char col[48];
                 if (a->space == CODA_SPACE_HALF) snprintf(col, sizeof col, "(c0 >> 1)");
@@ -829,10 +839,11 @@ static void gen_end(sb_t *b, const coda_program_t *p) {
                 sb_printf(b, "        { float x = S->c%d[j * %d + %d];\n", k, w, e);
                 shfl_fold(b, a->reduce, 4, 16, 10);
                 sb_printf(b, "          const long long gc = %s;\n"
-                             "          if (lane < 4 && gc < %s) ((float *)P->ptr[%d])[gc * P->s0[%d] + m16] = x; }\n",
+                             "          cg_st32(mok && lane < 4 && gc < %s, (float *)P->ptr[%d] + gc * P->s0[%d] + m16,\n"
+                             "                  __float_as_uint(x)); }\n",
                           col, n_w, k, k);
             }
-            sb_printf(b, "    }\n    }\n");
+            sb_printf(b, "    }\n");
         }
     }
     sb_printf(b, "}\n");
