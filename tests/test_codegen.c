@@ -105,23 +105,28 @@ static void check_fused_form(void) {
     coda_tensor_t res = coda_tensor_2d(buf, CODA_BF16, 32, 64), g = coda_tensor_1d(buf, CODA_BF16, 64);
     coda_tensor_t h = res, hg = res, ss = coda_tensor_2d(buf, CODA_F32, 32, 1);
     const coda_tensor_t *bound[5] = {&res, &g, &h, &hg, &ss};
-    CHECK(coda__cuda_fused_form(p, bound, 64) == CODA_CG_RING, "aligned tiles, N 64: ring form (res through the ring)");
-    CHECK(coda__cuda_fused_form(p, bound, 72) == CODA_CG_EVEN, "N 72: even form");
-    CHECK(coda__cuda_fused_form(p, bound, 65) == CODA_CG_ANY, "N 65: general form");
+    CHECK(coda__cuda_fused_form(p, bound, 64, 0) == CODA_CG_RING, "aligned tiles, N 64: ring form (res through the ring)");
+    CHECK(coda__cuda_fused_form(p, bound, 72, 0) == CODA_CG_EVEN, "N 72: even form");
+    CHECK(coda__cuda_fused_form(p, bound, 65, 0) == CODA_CG_ANY, "N 65: general form");
     hg.data = buf + 2; /* 4-byte aligned: enough for a pair, not for a vector */
-    CHECK(coda__cuda_fused_form(p, bound, 64) == CODA_CG_EVEN, "a tile 4-byte aligned: even form");
+    CHECK(coda__cuda_fused_form(p, bound, 64, 0) == CODA_CG_EVEN, "a tile 4-byte aligned: even form");
     hg = res;
     res.stride[0] = 72 * 2 + 4; /* a row stride that is no multiple of 16 */
-    CHECK(coda__cuda_fused_form(p, bound, 64) == CODA_CG_EVEN, "a row stride of 148 bytes: even form");
+    CHECK(coda__cuda_fused_form(p, bound, 64, 0) == CODA_CG_EVEN, "a row stride of 148 bytes: even form");
     res = coda_tensor_2d(buf, CODA_BF16, 32, 64);
     g.data = buf + 2; /* a column vector is read per pair: its alignment does not matter */
-    CHECK(coda__cuda_fused_form(p, bound, 64) == CODA_CG_RING, "a column vector 4-byte aligned: still the ring form");
+    CHECK(coda__cuda_fused_form(p, bound, 64, 0) == CODA_CG_RING, "a column vector 4-byte aligned: still the ring form");
+    CHECK(coda__cuda_fused_form(p, bound, 64, 1) == CODA_CG_N16, "ping-pong: N16 (the ring is the cooperative schedule's)");
+    res.shape[0] = 1;
+    res.stride[0] = 32; /* one row: a stride shorter than the row is legal, TMA's maps refuse it */
+    CHECK(coda__cuda_fused_form(p, bound, 64, 0) == CODA_CG_N16, "a ring input's stride below its row: N16");
+    res = coda_tensor_2d(buf, CODA_BF16, 32, 64);
     coda_program_free(p);
     /* no tile input for the ring: N16 */
     p = parse_or_fail("form-n16", "out y tile bf16\na = acc\nstore y a\n");
     if (!p) return;
     const coda_tensor_t *one[1] = {&h};
-    CHECK(coda__cuda_fused_form(p, one, 64) == CODA_CG_N16, "no tile input: N16 form");
+    CHECK(coda__cuda_fused_form(p, one, 64, 0) == CODA_CG_N16, "no tile input: N16 form");
     coda_program_free(p);
 }
 
@@ -184,8 +189,15 @@ static void check_program(const char *name, const char *text, int in_mainloop) {
                 CHECK(strstr(ring, "copied into the stage ring by TMA") != NULL, "%s: the ring form reads the ring", name);
                 compile_in_harness(name, ring);
                 if (in_mainloop || strcmp(name, "swiglu_bwd") == 0) {
-                    compile_in_mainloop(name, ring, CODA_LAYOUT_NT, 3);
-                    if (in_mainloop) compile_in_mainloop(name, ring, CODA_LAYOUT_NN, 5);
+                    /* the ring is on in the cooperative build, off in ping-pong's */
+                    size_t len = strlen(ring) + 128;
+                    char *on = malloc(len), *off = malloc(len);
+                    snprintf(on, len, "%s\n#if !CODA_EPI_RING\n#error \"ring off\"\n#endif\n", ring);
+                    snprintf(off, len, "%s\n#if CODA_EPI_RING\n#error \"ring on\"\n#endif\n", ring);
+                    compile_in_mainloop(name, on, CODA_LAYOUT_NT, 3);
+                    if (in_mainloop) compile_in_mainloop(name, off, CODA_LAYOUT_NN, 5);
+                    free(on);
+                    free(off);
                 }
             }
             free(ring);
@@ -277,6 +289,9 @@ static void check_cache(void) {
     CHECK(a && fresh && strcmp(a, fresh) == 0, "cached text equals a fresh generation");
     CHECK(e && a && e != a && strcmp(e, a) != 0, "the even-N form is cached apart");
     CHECK(v && e && v != e && strcmp(v, e) != 0, "the N16 form is cached apart");
+    const char *rg = NULL;
+    CHECK_OK(coda__codegen_cuda_cached(p, CODA_CG_RING, &rg, NULL));
+    CHECK(rg && v && rg != v && strcmp(rg, v) != 0, "the ring form is cached apart");
     CHECK(coda__codegen_cuda_cached(p, CODA_CG_NFORMS, &v, NULL) == CODA_ERR_INVALID_ARG, "a bad form is refused");
     CHECK(coda__codegen_form(4096) == CODA_CG_N16 && coda__codegen_form(4098) == CODA_CG_EVEN &&
               coda__codegen_form(4097) == CODA_CG_ANY,

@@ -97,7 +97,7 @@ static __device__ __forceinline__ unsigned cg_pack(float a, float b) {
  * a division's slow path) cuts the pair code into small basic blocks, and
  * ptxas then cannot interleave the pairs' dependency chains - the
  * epilogue ran at a fraction of its issue rate. */
-#ifdef CODA_X_NO_EPI_STORE /* experiment: the epilogue stores nothing */
+#ifdef CODA_X_NO_EPI_STORE /* experiment: the epilogue stores nothing (tiles and partials) */
 #define CG_ST_OK(ok) 0
 #else
 #define CG_ST_OK(ok) (ok)

@@ -137,8 +137,10 @@ int coda__cuda_gemm_cfg_override(void);
  * these arguments bound (bound[k] for argument k, NULL if none): N16 only
  * when N allows it and every tile argument is 16-byte aligned (base and row
  * stride), since that form moves tiles as 16-byte vectors; RING when N16
- * holds and the program has tile inputs for the stage ring (2-D tensors). */
-coda_cg_form_t coda__cuda_fused_form(const coda_program_t *p, const coda_tensor_t *const *bound, int64_t n);
+ * holds, the schedule is cooperative (pingpong 0) and the program has tile
+ * inputs for the stage ring (2-D tensors). */
+coda_cg_form_t coda__cuda_fused_form(const coda_program_t *p, const coda_tensor_t *const *bound, int64_t n,
+                                     int pingpong);
 char *coda__cuda_gemm_source(const char *epilogue_src);
 /* store_c: the mainloop stores the main output C by TMA (dtype f32 if c_f32). */
 int coda__cuda_gemm_options(coda_layout_t layout, const coda_cuda_gemm_cfg_t *cfg, int store_c,

@@ -63,7 +63,8 @@ coda_status_t coda__cuda_choose_tiling(coda_context_t *ctx, int index, int64_t m
     return CODA_OK;
 }
 
-coda_cg_form_t coda__cuda_fused_form(const coda_program_t *p, const coda_tensor_t *const *bound, int64_t n) {
+coda_cg_form_t coda__cuda_fused_form(const coda_program_t *p, const coda_tensor_t *const *bound, int64_t n,
+                                     int pingpong) {
     coda_cg_form_t form = coda__codegen_form(n);
     if (form != CODA_CG_N16) return form;
     /* the N16 form moves tiles as 16-byte vectors: every tile argument's
@@ -74,15 +75,19 @@ coda_cg_form_t coda__cuda_fused_form(const coda_program_t *p, const coda_tensor_
         if (!t || (kind != CODA_IN_TILE && kind != CODA_OUT_TILE)) continue;
         if ((uintptr_t)t->data % 16 != 0 || (t->ndim == 2 && t->stride[0] % 16 != 0)) return CODA_CG_EVEN;
     }
-    /* tile inputs through the stage ring (TMA): 2-D, rows < 2^40 bytes apart;
-     * CODA_DEBUG_NO_RING (experiments) keeps the N16 form */
-    if (getenv("CODA_DEBUG_NO_RING")) return form;
+    /* tile inputs through the stage ring (TMA), on the cooperative schedule
+     * only (ping-pong would read them pair by pair from global memory):
+     * 2-D, rows at least a row's bytes and less than 2^40 bytes apart.
+     * CODA_DEBUG_NO_RING (experiments) keeps the N16 form. */
+    if (pingpong || getenv("CODA_DEBUG_NO_RING")) return form;
     coda_ring_plan_t rp;
     coda__codegen_ring_plan(p, &rp);
     if (rp.nbox == 0) return form;
     for (int b = 0; b < rp.nbox; b++) {
         const coda_tensor_t *t = bound[rp.arg[b]];
-        if (!t || t->ndim != 2 || t->stride[0] >= ((int64_t)1 << 40)) return form;
+        if (!t || t->ndim != 2 || t->stride[0] >= ((int64_t)1 << 40) ||
+            t->stride[0] < t->shape[1] * (int64_t)coda_dtype_size(t->dtype))
+            return form;
     }
     return CODA_CG_RING;
 }
@@ -152,7 +157,7 @@ coda_status_t coda__cuda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout
 
     const char *src = NULL; /* generated and hashed once per program and form */
     const uint64_t *key = NULL;
-    coda_cg_form_t form = coda__cuda_fused_form(p, bound, n);
+    coda_cg_form_t form = coda__cuda_fused_form(p, bound, n, coda__cuda_gemm_cfgs[cfg].pingpong);
     CODA_TRY(coda__codegen_cuda_cached(p, form, &src, &key));
     coda_epi_params_t params;
     fill_params(p, bound, scalars, m, n, &params);

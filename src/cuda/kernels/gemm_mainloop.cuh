@@ -89,6 +89,9 @@
 #if CODA_EPI_RING && (CODA_PINGPONG || CODA_EPI_STORE_C || (8 % CODA_EPI_BATCH) != 0)
 #error "ring inputs need the cooperative schedule, no C store and batches inside 64-column chunks"
 #endif
+#if CODA_EPI_RING && defined(CODA_X_ONEARRIVE)
+#error "ring inputs are freed per warp: CODA_X_ONEARRIVE would free a chunk other warps still read"
+#endif
 #ifndef CODA_C_F32
 #define CODA_C_F32 0
 #endif
@@ -164,6 +167,19 @@ static __device__ __forceinline__ void coda_stage_release(u32 empty_bar) {
     coda_mbar_arrive(empty_bar);
 #endif
 }
+
+#if CODA_EPI_RING
+/* A consumer warp is done with a ring chunk's stage, which it read with
+ * ordinary loads: cluster-scope release towards the peer, whose multicast
+ * of B may be the next write into this CTA's stage. */
+static __device__ __forceinline__ void coda_ring_release(u32 empty_bar) {
+#if CODA_CLUSTER > 1
+    for (u32 r = 0; r < CODA_CLUSTER; r++) coda_mbar_arrive_cluster_release(empty_bar, r);
+#else
+    coda_mbar_arrive(empty_bar);
+#endif
+}
+#endif
 
 extern "C" __global__ void __launch_bounds__(384, 1)
 coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant__ coda_tmap tma_b,
@@ -257,8 +273,11 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                     const int s = it % CODA_STAGES;
                     coda_mbar_wait(EMPTY(s), ((it / CODA_STAGES) & 1) ^ 1);
                     const u32 sa = base + s * CODA_STAGE_BYTES;
-                    coda_mbar_expect_tx(FULL(s), (u32)ring.nbox * CODA_RING_BOX_BYTES);
-                    for (int bx = 0; bx < ring.nbox; bx++)
+                    /* the box count is the generated text's (the host fills
+                     * ring from the same plan) */
+                    coda_mbar_expect_tx(FULL(s), CODA_EPI_RING_BOXES * CODA_RING_BOX_BYTES);
+#pragma unroll
+                    for (int bx = 0; bx < CODA_EPI_RING_BOXES; bx++)
                         coda_tma_load(sa + bx * CODA_RING_BOX_BYTES, &ring.map[bx],
                                       ring.xmul[bx] * (n0 + 64 * q) + ring.xadd[bx], m0, FULL(s));
                 }
@@ -450,7 +469,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
 #endif
 #if CODA_EPI_RING
                     if ((j0 + CODA_EPI_BATCH) % 8 == 0) { /* the chunk's last batch: free its stage */
-                        if (CODA_IS_ARRIVER) coda_stage_release(EMPTY(it % CODA_STAGES));
+                        if (CODA_IS_ARRIVER) coda_ring_release(EMPTY(it % CODA_STAGES));
                         it++;
                     }
 #endif
