@@ -61,14 +61,6 @@ static __device__ __forceinline__ void coda_mbar_arrive_cluster(u32 bar, u32 cta
                  "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}" ::"r"(bar), "r"(cta)
                  : "memory");
 }
-/* The same with cluster-scope release: for a stage this thread read with
- * ordinary loads (the ring's epilogue inputs), which the peer CTA's
- * multicast may overwrite next. Once per 64-column chunk, not per k-step. */
-static __device__ __forceinline__ void coda_mbar_arrive_cluster_release(u32 bar, u32 cta) {
-    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}" ::"r"(bar), "r"(cta)
-                 : "memory");
-}
 static __device__ __forceinline__ void coda_mbar_wait(u32 bar, u32 parity) {
     u32 done;
     do {
