@@ -105,28 +105,28 @@ static void check_fused_form(void) {
     coda_tensor_t res = coda_tensor_2d(buf, CODA_BF16, 32, 64), g = coda_tensor_1d(buf, CODA_BF16, 64);
     coda_tensor_t h = res, hg = res, ss = coda_tensor_2d(buf, CODA_F32, 32, 1);
     const coda_tensor_t *bound[5] = {&res, &g, &h, &hg, &ss};
-    CHECK(coda__cuda_fused_form(p, bound, 64, 0) == CODA_CG_RING, "aligned tiles, N 64: ring form (res through the ring)");
-    CHECK(coda__cuda_fused_form(p, bound, 72, 0) == CODA_CG_EVEN, "N 72: even form");
-    CHECK(coda__cuda_fused_form(p, bound, 65, 0) == CODA_CG_ANY, "N 65: general form");
+    CHECK(coda__cuda_fused_form(p, bound, 64, 0, NULL) == CODA_CG_RING, "aligned tiles, N 64: ring form (res through the ring)");
+    CHECK(coda__cuda_fused_form(p, bound, 72, 0, NULL) == CODA_CG_EVEN, "N 72: even form");
+    CHECK(coda__cuda_fused_form(p, bound, 65, 0, NULL) == CODA_CG_ANY, "N 65: general form");
     hg.data = buf + 2; /* 4-byte aligned: enough for a pair, not for a vector */
-    CHECK(coda__cuda_fused_form(p, bound, 64, 0) == CODA_CG_EVEN, "a tile 4-byte aligned: even form");
+    CHECK(coda__cuda_fused_form(p, bound, 64, 0, NULL) == CODA_CG_EVEN, "a tile 4-byte aligned: even form");
     hg = res;
     res.stride[0] = 72 * 2 + 4; /* a row stride that is no multiple of 16 */
-    CHECK(coda__cuda_fused_form(p, bound, 64, 0) == CODA_CG_EVEN, "a row stride of 148 bytes: even form");
+    CHECK(coda__cuda_fused_form(p, bound, 64, 0, NULL) == CODA_CG_EVEN, "a row stride of 148 bytes: even form");
     res = coda_tensor_2d(buf, CODA_BF16, 32, 64);
     g.data = buf + 2; /* a column vector is read per pair: its alignment does not matter */
-    CHECK(coda__cuda_fused_form(p, bound, 64, 0) == CODA_CG_RING, "a column vector 4-byte aligned: still the ring form");
-    CHECK(coda__cuda_fused_form(p, bound, 64, 1) == CODA_CG_N16, "ping-pong: N16 (the ring is the cooperative schedule's)");
+    CHECK(coda__cuda_fused_form(p, bound, 64, 0, NULL) == CODA_CG_RING, "a column vector 4-byte aligned: still the ring form");
+    CHECK(coda__cuda_fused_form(p, bound, 64, 1, NULL) == CODA_CG_N16, "ping-pong: N16 (the ring is the cooperative schedule's)");
     res.shape[0] = 1;
     res.stride[0] = 32; /* one row: a stride shorter than the row is legal, TMA's maps refuse it */
-    CHECK(coda__cuda_fused_form(p, bound, 64, 0) == CODA_CG_N16, "a ring input's stride below its row: N16");
+    CHECK(coda__cuda_fused_form(p, bound, 64, 0, NULL) == CODA_CG_N16, "a ring input's stride below its row: N16");
     res = coda_tensor_2d(buf, CODA_BF16, 32, 64);
     coda_program_free(p);
     /* no tile input for the ring: N16 */
     p = parse_or_fail("form-n16", "out y tile bf16\na = acc\nstore y a\n");
     if (!p) return;
     const coda_tensor_t *one[1] = {&h};
-    CHECK(coda__cuda_fused_form(p, one, 64, 0) == CODA_CG_N16, "no tile input: N16 form");
+    CHECK(coda__cuda_fused_form(p, one, 64, 0, NULL) == CODA_CG_N16, "no tile input: N16 form");
     coda_program_free(p);
 }
 

@@ -332,6 +332,18 @@ static int stage_pitch(const coda_arg_t *a) {
     return STAGE_BATCH * 4 * space_width(a->space) * (a->dtype == CODA_BF16 ? 2 : 4); /* 4 lanes a chunk */
 }
 
+/* Argument k is loaded, and only in its own space. */
+static int loaded_in_own_space(const coda_program_t *p, int k) {
+    int loads = 0;
+    for (int i = 0; i < p->n_insts; i++) {
+        const coda_inst_t *in = &p->insts[i];
+        if (in->arg != k || in->op != CODA_OP_LOAD) continue;
+        if (in->vspace != p->args[k].space) return 0;
+        loads++;
+    }
+    return loads > 0;
+}
+
 /* Tile outputs stored once and tile inputs loaded in their own space get a
  * region while the slab has room. Inputs and outputs share the slab: the
  * inputs are read into registers (coda_epi_fetch) before any pair writes an
@@ -344,17 +356,11 @@ static void plan_staging(const coda_program_t *p, int n16, const coda_ring_plan_
     for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++) {
         const coda_arg_t *a = &p->args[k];
         if (rp->first_box[k] >= 0) continue; /* comes through the stage ring */
-        int stores = 0, loads = 0, other_space = 0;
-        for (int i = 0; i < p->n_insts; i++) {
-            const coda_inst_t *in = &p->insts[i];
-            if (in->arg != k) continue;
-            stores += in->op == CODA_OP_STORE;
-            loads += in->op == CODA_OP_LOAD;
-            other_space |= in->op == CODA_OP_LOAD && in->vspace != a->space;
-        }
+        int stores = 0;
+        for (int i = 0; i < p->n_insts; i++) stores += p->insts[i].arg == k && p->insts[i].op == CODA_OP_STORE;
         int pitch = stage_pitch(a), *used;
         if (a->kind == CODA_OUT_TILE && stores == 1) used = &used_out;
-        else if (a->kind == CODA_IN_TILE && loads > 0 && !other_space) used = &used_in;
+        else if (a->kind == CODA_IN_TILE && loaded_in_own_space(p, k)) used = &used_in;
         else continue;
         if (*used + 16 * pitch > STAGE_BYTES) continue;
         sp->off[k] = *used;
@@ -373,17 +379,6 @@ static void stage_addr(char *buf, size_t cap, int off, int pitch) {
 }
 
 /* Tile inputs through the stage ring (form RING, codegen.h). */
-static int loaded_in_own_space(const coda_program_t *p, int k) {
-    int loads = 0;
-    for (int i = 0; i < p->n_insts; i++) {
-        const coda_inst_t *in = &p->insts[i];
-        if (in->arg != k || in->op != CODA_OP_LOAD) continue;
-        if (in->vspace != p->args[k].space) return 0;
-        loads++;
-    }
-    return loads > 0;
-}
-
 void coda__codegen_ring_plan(const coda_program_t *p, coda_ring_plan_t *plan) {
     memset(plan, 0, sizeof *plan);
     for (int k = 0; k < CODA_EPI_MAX_ARGS; k++) plan->first_box[k] = -1;

@@ -138,9 +138,10 @@ int coda__cuda_gemm_cfg_override(void);
  * when N allows it and every tile argument is 16-byte aligned (base and row
  * stride), since that form moves tiles as 16-byte vectors; RING when N16
  * holds, the schedule is cooperative (pingpong 0) and the program has tile
- * inputs for the stage ring (2-D tensors). */
+ * inputs for the stage ring (2-D tensors). plan (may be NULL) gets the ring
+ * plan the form runs with: empty unless RING. */
 coda_cg_form_t coda__cuda_fused_form(const coda_program_t *p, const coda_tensor_t *const *bound, int64_t n,
-                                     int pingpong);
+                                     int pingpong, coda_ring_plan_t *plan);
 char *coda__cuda_gemm_source(const char *epilogue_src);
 /* store_c: the mainloop stores the main output C by TMA (dtype f32 if c_f32). */
 int coda__cuda_gemm_options(coda_layout_t layout, const coda_cuda_gemm_cfg_t *cfg, int store_c,

@@ -64,7 +64,10 @@ coda_status_t coda__cuda_choose_tiling(coda_context_t *ctx, int index, int64_t m
 }
 
 coda_cg_form_t coda__cuda_fused_form(const coda_program_t *p, const coda_tensor_t *const *bound, int64_t n,
-                                     int pingpong) {
+                                     int pingpong, coda_ring_plan_t *plan) {
+    coda_ring_plan_t own;
+    coda_ring_plan_t *rp = plan ? plan : &own;
+    coda__codegen_ring_plan(NULL, rp); /* empty unless the form is RING */
     coda_cg_form_t form = coda__codegen_form(n);
     if (form != CODA_CG_N16) return form;
     /* the N16 form moves tiles as 16-byte vectors: every tile argument's
@@ -80,15 +83,16 @@ coda_cg_form_t coda__cuda_fused_form(const coda_program_t *p, const coda_tensor_
      * 2-D, rows at least a row's bytes and less than 2^40 bytes apart.
      * CODA_DEBUG_NO_RING (experiments) keeps the N16 form. */
     if (pingpong || getenv("CODA_DEBUG_NO_RING")) return form;
-    coda_ring_plan_t rp;
-    coda__codegen_ring_plan(p, &rp);
-    if (rp.nbox == 0) return form;
-    for (int b = 0; b < rp.nbox; b++) {
-        const coda_tensor_t *t = bound[rp.arg[b]];
+    coda_ring_plan_t ring;
+    coda__codegen_ring_plan(p, &ring);
+    if (ring.nbox == 0) return form;
+    for (int b = 0; b < ring.nbox; b++) {
+        const coda_tensor_t *t = bound[ring.arg[b]];
         if (!t || t->ndim != 2 || t->stride[0] >= ((int64_t)1 << 40) ||
             t->stride[0] < t->shape[1] * (int64_t)coda_dtype_size(t->dtype))
             return form;
     }
+    *rp = ring;
     return CODA_CG_RING;
 }
 
@@ -157,21 +161,18 @@ coda_status_t coda__cuda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout
 
     const char *src = NULL; /* generated and hashed once per program and form */
     const uint64_t *key = NULL;
-    coda_cg_form_t form = coda__cuda_fused_form(p, bound, n, coda__cuda_gemm_cfgs[cfg].pingpong);
+    coda_ring_plan_t rp;
+    coda_cg_form_t form = coda__cuda_fused_form(p, bound, n, coda__cuda_gemm_cfgs[cfg].pingpong, &rp);
     CODA_TRY(coda__codegen_cuda_cached(p, form, &src, &key));
     coda_epi_params_t params;
     fill_params(p, bound, scalars, m, n, &params);
     coda_cuda_ring_t ring;
     memset(&ring, 0, sizeof ring);
-    if (form == CODA_CG_RING) {
-        coda_ring_plan_t rp;
-        coda__codegen_ring_plan(p, &rp);
-        ring.nbox = rp.nbox;
-        for (int b = 0; b < rp.nbox; b++) {
-            ring.tensor[b] = bound[rp.arg[b]];
-            ring.xmul[b] = rp.xmul[b];
-            ring.xadd[b] = rp.xadd[b];
-        }
+    ring.nbox = rp.nbox; /* 0 unless the form is RING */
+    for (int b = 0; b < rp.nbox; b++) {
+        ring.tensor[b] = bound[rp.arg[b]];
+        ring.xmul[b] = rp.xmul[b];
+        ring.xadd[b] = rp.xadd[b];
     }
     return coda__cuda_gemm_run(ctx, layout, a, b, NULL, src, key, &params, sizeof params, 0, cfg, &ring, stream);
 }
