@@ -3,7 +3,8 @@
  *   bench_gemm             square shapes and the LLaMA-3-8B layer GEMMs
  *   bench_gemm sweep       also time every tile configuration (the pick table)
  *   bench_gemm variants    configurations side by side, each against cuBLAS
- *                          run by run (CODA_VARIANTS, CODA_BENCH_ONLY: see main)
+ *                          run by run (CODA_VARIANTS="3- 3s": cfg 3 without and
+ *                          with stream-K; CODA_BENCH_ONLY: see main)
  *   CODA_BENCH_ONLY=sq2048.NT bench_gemm   only the shapes whose "name.layout"
  *                          contains that text (quick A/B runs, Nsight Compute)
  *
@@ -239,10 +240,16 @@ int main(int argc, char **argv) {
                 if (*c < '0' || *c >= '0' + CODA_CUDA_GEMM_NCFG) continue;
                 char v[2] = {*c, 0};
                 setenv("CODA_GEMM_CFG", v, 1);
+                /* a digit followed by 's': stream-K forced on; by '-': off */
+                const char *sk = c[1] == 's' ? "1" : c[1] == '-' ? "0" : NULL;
+                if (sk) setenv("CODA_STREAMK", sk, 1);
                 float tc, tb;
                 time_pair(s, &bf, &tc, &tb);
-                printf("   cfg %s %6.1f (cuBLAS %6.1f) %.3f", v, flop / (tc * 1e-3) / 1e12,
-                       flop / (tb * 1e-3) / 1e12, tb / tc);
+                double e = check(s, &bf);
+                printf("   cfg %s%s %6.1f (cuBLAS %6.1f) %.3f%s", v, sk ? (*sk == '1' ? "s" : "-") : "",
+                       flop / (tc * 1e-3) / 1e12, flop / (tb * 1e-3) / 1e12, tb / tc,
+                       e < 1e-2 ? "" : " MISMATCH");
+                unsetenv("CODA_STREAMK");
             }
             printf("\n");
             unsetenv("CODA_GEMM_CFG");

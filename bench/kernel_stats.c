@@ -43,8 +43,9 @@ static void stats(const char *name, const char *epi, int cfg) {
     }
     const char *opts[CODA_CUDA_GEMM_MAX_OPTS + 1];
     char optbuf[768];
-    int n = coda__cuda_gemm_options(CODA_LAYOUT_NT, &coda__cuda_gemm_cfgs[cfg], 0, 0, opts, optbuf,
-                                    sizeof optbuf);
+    const char *sk = getenv("CODA_STATS_STREAMK"); /* 1: the stream-K variants */
+    int n = coda__cuda_gemm_options(CODA_LAYOUT_NT, &coda__cuda_gemm_cfgs[cfg], 0, 0, sk && *sk == '1', opts,
+                                    optbuf, sizeof optbuf);
     opts[n++] = "--ptxas-options=-v";
     nvrtcProgram prog;
     if (nvrtcCreateProgram(&prog, src, "k.cu", 0, NULL, NULL) != NVRTC_SUCCESS) {

@@ -82,7 +82,7 @@ static void compile_in_mainloop(const char *name, const char *epi, coda_layout_t
     if (!src) return;
     const char *opts[CODA_CUDA_GEMM_MAX_OPTS];
     char optbuf[512];
-    int n = coda__cuda_gemm_options(layout, &coda__cuda_gemm_cfgs[cfg], 0, 0, opts, optbuf, sizeof optbuf);
+    int n = coda__cuda_gemm_options(layout, &coda__cuda_gemm_cfgs[cfg], 0, 0, 0, opts, optbuf, sizeof optbuf);
     char *cubin = NULL;
     size_t size = 0;
     double t0 = now();

@@ -27,12 +27,13 @@ int main(void) {
     const char *lname[3] = {"NT", "NN", "TN"};
     for (int cfg = 0; cfg < CODA_CUDA_GEMM_NCFG; cfg++) {
         /* C stored by the mainloop (bf16, f32), and not (fused epilogues) */
-        for (int v = 0; v < 9; v++) {
-            int layout = v % 3, c_f32 = v / 3 == 1, store_c = v / 3 < 2;
+        /* v 9..11: the stream-K variant of the plain GEMM (cooperative only) */
+        for (int v = 0; v < (coda__cuda_gemm_cfgs[cfg].pingpong ? 9 : 12); v++) {
+            int layout = v % 3, c_f32 = v / 3 == 1, store_c = v / 3 != 2, streamk = v >= 9;
             const char *opts[CODA_CUDA_GEMM_MAX_OPTS];
             char optbuf[512];
             int n = coda__cuda_gemm_options((coda_layout_t)layout, &coda__cuda_gemm_cfgs[cfg],
-                                            store_c, c_f32, opts, optbuf, sizeof optbuf);
+                                            store_c, c_f32, streamk, opts, optbuf, sizeof optbuf);
             char *cubin = NULL;
             size_t size = 0;
             double t0 = now();
@@ -40,10 +41,11 @@ int main(void) {
             CHECK(s == CODA_OK, "cfg %d layout %s: %s", cfg, lname[layout], coda_last_error());
             CHECK(s != CODA_OK || size > 1000, "cfg %d layout %s: cubin of %zu bytes", cfg,
                   lname[layout], size);
-            printf("cfg %d (%dx%d, %d stages, cluster %d) %s C %s: %s, %zu bytes, %.1f s\n", cfg,
+            printf("cfg %d (%dx%d, %d stages, cluster %d) %s C %s%s: %s, %zu bytes, %.1f s\n", cfg,
                    coda__cuda_gemm_cfgs[cfg].bm, coda__cuda_gemm_cfgs[cfg].bn,
                    coda__cuda_gemm_cfgs[cfg].stages, coda__cuda_gemm_cfgs[cfg].cluster_m,
                    lname[layout], !store_c ? "by epilogue" : c_f32 ? "f32" : "bf16",
+                   streamk ? ", stream-K" : "",
                    s == CODA_OK ? "ok" : "FAILED", size,
                    now() - t0);
             free(cubin);

@@ -24,6 +24,15 @@ typedef struct coda_cuda_kernel {
     struct coda_cuda_kernel *next;
 } coda_cuda_kernel_t;
 
+/* A stream-K workspace (kernels/gemm_streamk.cuh): partial sums and flags
+ * for one stream, so that GEMMs on different streams never share one. */
+#define CODA_CUDA_SK_STREAMS 8
+typedef struct coda_cuda_sk_ws {
+    CUstream stream;       /* the stream it serves (NULL: the default stream) */
+    CUdeviceptr part;      /* (sm_count, 2, 64 * 256) f32; 0: slot unused */
+    CUdeviceptr flag;      /* (sm_count, 2, 4) u32, zero between launches */
+} coda_cuda_sk_ws_t;
+
 typedef struct coda_cuda_device {
     int opened;            /* primary context retained, properties read */
     CUdevice dev;
@@ -33,8 +42,9 @@ typedef struct coda_cuda_device {
     int cc_major, cc_minor;
     char name[128];
     coda_cuda_kernel_t *kernels;
-    CUfunction plain_fn[3][CODA_CUDA_GEMM_NCFG][2]; /* plain GEMM: layout, config, C f32 */
+    CUfunction plain_fn[3][CODA_CUDA_GEMM_NCFG][2][2]; /* plain GEMM: layout, config, C f32, stream-K */
     int max_clusters[CODA_CUDA_GEMM_NCFG];  /* co-resident clusters per config; 0: not asked yet */
+    coda_cuda_sk_ws_t sk_ws[CODA_CUDA_SK_STREAMS];   /* stream-K workspaces (gemm.c) */
 } coda_cuda_device_t;
 
 /* Driver entry points, by their ABI symbol names (cuda.h maps some to _v2). */
@@ -61,6 +71,10 @@ typedef struct coda_cuda_api {
     CUresult (*PointerGetAttribute)(void *, CUpointer_attribute, CUdeviceptr);
     CUresult (*GetErrorString)(CUresult, const char **);
     CUresult (*GetErrorName)(CUresult, const char **);
+    CUresult (*MemAlloc)(CUdeviceptr *, size_t);
+    CUresult (*MemFree)(CUdeviceptr);
+    CUresult (*MemsetD32Async)(CUdeviceptr, unsigned int, size_t, CUstream);
+    CUresult (*StreamIsCapturing)(CUstream, CUstreamCaptureStatus *);
     /* optional (NULL if the driver lacks it) */
     CUresult (*OccupancyMaxActiveClusters)(int *, CUfunction, const CUlaunchConfig *);
 } coda_cuda_api_t;
@@ -122,6 +136,10 @@ extern const coda_cuda_gemm_cfg_t coda__cuda_gemm_cfgs[CODA_CUDA_GEMM_NCFG];
 
 /* Pick the configuration for a problem (index into coda__cuda_gemm_cfgs). */
 int coda__cuda_gemm_pick(int64_t m, int64_t n, int64_t k, int sm_count);
+/* Stream-K split (kernels/gemm_streamk.cuh): how many of `units` tile pairs
+ * run whole on `clusters` clusters before the rest is shared out by
+ * k-blocks (kiters per unit); `units` means no stream-K. */
+int coda__cuda_streamk_dp_units(int64_t units, int64_t clusters, int64_t kiters, int pingpong);
 
 /* The configuration CODA_GEMM_CFG forces (a benchmarking override: one
  * digit, a valid index), or -1. */
@@ -143,9 +161,10 @@ int coda__cuda_gemm_cfg_override(void);
 coda_cg_form_t coda__cuda_fused_form(const coda_program_t *p, const coda_tensor_t *const *bound, int64_t n,
                                      int pingpong, coda_ring_plan_t *plan);
 char *coda__cuda_gemm_source(const char *epilogue_src);
-/* store_c: the mainloop stores the main output C by TMA (dtype f32 if c_f32). */
+/* store_c: the mainloop stores the main output C by TMA (dtype f32 if c_f32).
+ * streamk: compile the stream-K tail in (cooperative configurations only). */
 int coda__cuda_gemm_options(coda_layout_t layout, const coda_cuda_gemm_cfg_t *cfg, int store_c,
-                            int c_f32, const char **opts, char *optbuf, size_t optcap);
+                            int c_f32, int streamk, const char **opts, char *optbuf, size_t optcap);
 
 /* Epilogue tile inputs the producer copies into the stage ring (the RING
  * form, codegen.h): box b of a 64-column chunk at accumulator column col0

@@ -43,6 +43,10 @@ static coda_status_t load_api(struct coda_cuda *c) {
         {(void **)&c->cu.PointerGetAttribute, "cuPointerGetAttribute"},
         {(void **)&c->cu.GetErrorString, "cuGetErrorString"},
         {(void **)&c->cu.GetErrorName, "cuGetErrorName"},
+        {(void **)&c->cu.MemAlloc, "cuMemAlloc_v2"},
+        {(void **)&c->cu.MemFree, "cuMemFree_v2"},
+        {(void **)&c->cu.MemsetD32Async, "cuMemsetD32Async"},
+        {(void **)&c->cu.StreamIsCapturing, "cuStreamIsCapturing"},
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
         *t[i].slot = dlsym(c->lib, t[i].sym);
@@ -121,6 +125,11 @@ void coda__cuda_free(struct coda_cuda *c) {
         if (!d->opened) continue;
         CUcontext prev;
         int pushed = c->cu.CtxPushCurrent(d->pctx) == CUDA_SUCCESS;
+        for (int w = 0; w < CODA_CUDA_SK_STREAMS; w++)
+            if (d->sk_ws[w].part) {
+                c->cu.MemFree(d->sk_ws[w].part);
+                c->cu.MemFree(d->sk_ws[w].flag);
+            }
         for (coda_cuda_kernel_t *k = d->kernels, *next; k; k = next) {
             next = k->next;
             c->cu.ModuleUnload(k->module);

@@ -40,12 +40,13 @@ int coda__cuda_gemm_cfg_override(void) {
 }
 
 static const char *const kernel_files[] = {"gemm_prelude.cuh", "gemm_wgmma.cuh", NULL,
-                                           "gemm_mainloop.cuh"};
+                                           "gemm_streamk.cuh", "gemm_mainloop.cuh"};
+#define N_KERNEL_FILES (sizeof kernel_files / sizeof kernel_files[0])
 
 char *coda__cuda_gemm_source(const char *epilogue_src) {
-    const char *parts[4];
+    const char *parts[N_KERNEL_FILES];
     size_t len = 1;
-    for (int i = 0; i < 4; i++) {
+    for (size_t i = 0; i < N_KERNEL_FILES; i++) {
         parts[i] = kernel_files[i] ? coda__cuda_source(kernel_files[i]) : epilogue_src;
         if (!parts[i]) {
             coda__fail(CODA_ERR_INTERNAL, "CUDA GEMM: kernel source %s is not embedded",
@@ -60,7 +61,7 @@ char *coda__cuda_gemm_source(const char *epilogue_src) {
         return NULL;
     }
     size_t off = 0;
-    for (int i = 0; i < 4; i++) {
+    for (size_t i = 0; i < N_KERNEL_FILES; i++) {
         size_t n = strlen(parts[i]);
         memcpy(src + off, parts[i], n);
         off += n;
@@ -77,7 +78,7 @@ size_t coda__cuda_gemm_smem(const coda_cuda_gemm_cfg_t *cfg) {
 }
 
 int coda__cuda_gemm_options(coda_layout_t layout, const coda_cuda_gemm_cfg_t *cfg, int store_c,
-                            int c_f32, const char **opts, char *optbuf, size_t optcap) {
+                            int c_f32, int streamk, const char **opts, char *optbuf, size_t optcap) {
     int n = 0;
     opts[n++] = "--gpu-architecture=sm_90a";
     opts[n++] = "--std=c++17";
@@ -85,13 +86,13 @@ int coda__cuda_gemm_options(coda_layout_t layout, const coda_cuda_gemm_cfg_t *cf
     int ta = layout == CODA_LAYOUT_TN, tb = layout != CODA_LAYOUT_NT;
     int w = snprintf(optbuf, optcap, "-DCODA_BN=%d%c-DCODA_STAGES=%d%c-DCODA_TA=%d%c-DCODA_TB=%d%c"
                      "-DCODA_CLUSTER=%d%c-DCODA_EPI_STORE_C=%d%c-DCODA_C_F32=%d%c-DCODA_GROUP_M=%d%c"
-                     "-DCODA_PINGPONG=%d%c-DCODA_EPI_STAGE=%d",
+                     "-DCODA_PINGPONG=%d%c-DCODA_EPI_STAGE=%d%c-DCODA_STREAMK=%d",
                      cfg->bn, 0, cfg->stages, 0, ta, 0, tb, 0, cfg->cluster_m, 0, store_c, 0, c_f32,
-                     0, cfg->group_m, 0, cfg->pingpong, 0, !store_c);
-    int nd = 10;
+                     0, cfg->group_m, 0, cfg->pingpong, 0, !store_c, 0, streamk && !cfg->pingpong);
+    int nd = 11;
     if (getenv("CODA_DEBUG_MN_SWAP") && w > 0 && (size_t)w + 20 < optcap) {
         memcpy(optbuf + w + 1, "-DCODA_MN_SWAP=1", 17);
-        nd = 11;
+        nd = 12;
     }
     const char *p = optbuf;
     for (int i = 0; i < nd; i++) {
@@ -181,18 +182,18 @@ static coda_status_t encode(struct coda_cuda *cu, CUtensorMap *map, const coda_t
  * (cheap next to hashing the whole source), else compiled or read from the
  * disk cache. */
 static coda_status_t get_kernel(coda_context_t *ctx, coda_cuda_device_t *d, coda_layout_t layout,
-                                int cfg_index, int store_c, int c_f32, const char *epilogue_src,
-                                const uint64_t *epilogue_key, CUfunction *fn) {
+                                int cfg_index, int store_c, int c_f32, int streamk,
+                                const char *epilogue_src, const uint64_t *epilogue_key, CUfunction *fn) {
     const char *plain = coda__cuda_source("epi_plain.cuh");
     const char *xopts = getenv("CODA_DEBUG_OPTS");
     int is_plain = epilogue_src == plain && store_c && !(xopts && *xopts);
-    if (is_plain && d->plain_fn[layout][cfg_index][c_f32]) {
-        *fn = d->plain_fn[layout][cfg_index][c_f32];
+    if (is_plain && d->plain_fn[layout][cfg_index][c_f32][streamk]) {
+        *fn = d->plain_fn[layout][cfg_index][c_f32][streamk];
         return CODA_OK;
     }
     uint64_t quick[2];
     uint32_t variant = (uint32_t)layout * 64u + (uint32_t)cfg_index * 4u + (uint32_t)store_c * 2u +
-                       (uint32_t)c_f32;
+                       (uint32_t)c_f32 + (uint32_t)streamk * 1024u;
     uint64_t key[2];
     if (epilogue_key) {
         key[0] = epilogue_key[0];
@@ -214,12 +215,12 @@ static coda_status_t get_kernel(coda_context_t *ctx, coda_cuda_device_t *d, coda
         const char *opts[CODA_CUDA_GEMM_MAX_OPTS];
         char optbuf[768];
         int n_opts = coda__cuda_gemm_options(layout, &coda__cuda_gemm_cfgs[cfg_index], store_c,
-                                             c_f32, opts, optbuf, sizeof optbuf);
+                                             c_f32, streamk, opts, optbuf, sizeof optbuf);
         coda_status_t s = coda__cuda_kernel(ctx, d, src, opts, n_opts, "coda_gemm_kernel", quick, &f);
         free(src);
         CODA_TRY(s);
     }
-    if (is_plain) d->plain_fn[layout][cfg_index][c_f32] = f;
+    if (is_plain) d->plain_fn[layout][cfg_index][c_f32][streamk] = f;
     *fn = f;
     return CODA_OK;
 }
@@ -252,6 +253,69 @@ static coda_status_t ring_maps(struct coda_cuda *cu, const coda_cuda_ring_t *rin
     return CODA_OK;
 }
 
+/* Host mirror of struct coda_sk_params (kernels/gemm_streamk.cuh). */
+typedef struct sk_params {
+    void *part;
+    void *flag;
+    int dp_units;
+    int share, extra;
+    int pad_;
+} sk_params_t;
+
+/* Units (tile pairs) done whole before the stream-K tail; units: none.
+ * The tail is the partial last wave plus one whole wave, so that each
+ * cluster's share of its k-blocks spans at least one unit.
+ *
+ * When (measured on the H200, bench/RESULTS.md, `bench_gemm variants` with
+ * CODA_VARIANTS="3- 3s"): a cluster's share of the tail runs through
+ * k-blocks of its own, where the whole units of a wave run through the same
+ * k-blocks side by side and share them in L2; so the tail is slower per
+ * k-block, and stream-K pays only where it is a small part of the work:
+ * +1-2% at 15.5 waves (8192^3, the 16384 x 4096 layer GEMMs), 27 waves
+ * (gate/up wgrad), but -3% at 3.9 waves (4096^3) and -13% at 3.9 waves with
+ * K = 16384 (o wgrad). Hence: at least 8 whole waves, and a partial wave
+ * that leaves at least 1% of the machine idle. CODA_STREAMK=0: never; =1:
+ * whenever there is a partial wave (tests). */
+int coda__cuda_streamk_dp_units(int64_t units, int64_t clusters, int64_t kiters, int pingpong) {
+    const char *env = getenv("CODA_STREAMK");
+    int mode = env && (env[0] == '0' || env[0] == '1') && !env[1] ? env[0] - '0' : 2;
+    if (mode == 0 || pingpong || clusters < 2 || units <= clusters || units % clusters == 0 || kiters < 4 ||
+        units * kiters >= INT32_MAX) /* the kernel numbers k-blocks in an int */
+        return (int)units;
+    int64_t waves = coda__cdiv(units, clusters), idle = waves * clusters - units;
+    if (mode == 2 && (units / clusters < 8 || idle * 100 < waves * clusters)) return (int)units;
+    return (int)((units / clusters - 1) * clusters);
+}
+
+/* The stream-K workspace of `stream`, made on first use (its flags zeroed
+ * on the stream itself). NULL when none can be had without harm: a stream
+ * being captured into a graph gets none (allocation would break the
+ * capture), nor an eighth stream; its GEMMs then run without stream-K. */
+static coda_cuda_sk_ws_t *sk_workspace(struct coda_cuda *cu, coda_cuda_device_t *d, CUstream stream) {
+    coda_cuda_sk_ws_t *free_slot = NULL;
+    for (int i = 0; i < CODA_CUDA_SK_STREAMS; i++) {
+        if (d->sk_ws[i].part && d->sk_ws[i].stream == stream) return &d->sk_ws[i];
+        if (!d->sk_ws[i].part && !free_slot) free_slot = &d->sk_ws[i];
+    }
+    CUstreamCaptureStatus cap = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (!free_slot || cu->cu.StreamIsCapturing(stream, &cap) != CUDA_SUCCESS ||
+        cap != CU_STREAM_CAPTURE_STATUS_NONE)
+        return NULL;
+    size_t slots = 2 * (size_t)d->sm_count;
+    CUdeviceptr part = 0, flag = 0;
+    if (cu->cu.MemAlloc(&part, slots * 64 * 256 * sizeof(float)) != CUDA_SUCCESS) return NULL;
+    if (cu->cu.MemAlloc(&flag, 4 * slots * sizeof(uint32_t)) != CUDA_SUCCESS ||
+        cu->cu.MemsetD32Async(flag, 0, 4 * slots, stream) != CUDA_SUCCESS) {
+        cu->cu.MemFree(part);
+        if (flag) cu->cu.MemFree(flag);
+        return NULL;
+    }
+    free_slot->stream = stream;
+    free_slot->part = part;
+    free_slot->flag = flag;
+    return free_slot;
+}
+
 /* Launch with d's primary context current (pushed by the caller). */
 static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_layout_t layout,
                             const coda_tensor_t *a, const coda_tensor_t *b,
@@ -265,7 +329,7 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
 
     int store_c = c_out != NULL, c_f32 = c_out && c_out->dtype == CODA_F32;
     CUfunction fn;
-    CODA_TRY(get_kernel(ctx, d, layout, cfg_index, store_c, c_f32, epilogue_src, epilogue_key, &fn));
+    CODA_TRY(get_kernel(ctx, d, layout, cfg_index, store_c, c_f32, 0, epilogue_src, epilogue_key, &fn));
 
     /* Tensor maps (inner dimension first); boxes match gemm_mainloop.cuh. */
     CUtensorMap map_a, map_b, map_c;
@@ -292,7 +356,6 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
     int Mi = (int)m, Ni = (int)n, Ki = (int)k;
     ring_params_t rp;
     CODA_TRY(ring_maps(cu, ring, &rp));
-    void *args[] = {&map_a, &map_b, &map_c, &Mi, &Ni, &Ki, (void *)params, &rp};
 
     CUlaunchAttribute attr[1];
     attr[0].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
@@ -332,10 +395,31 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
     if (units < clusters) clusters = units;
     if (clusters < 1) clusters = 1;
     lc.gridDimX = (unsigned)(clusters * cfg->cluster_m);
+
+    sk_params_t skp;
+    memset(&skp, 0, sizeof skp);
+    int64_t kiters = coda__cdiv(k, cfg->bk);
+    skp.dp_units = coda__cuda_streamk_dp_units(units, clusters, kiters, cfg->pingpong);
+    if (skp.dp_units < units) {
+        int64_t tail = (units - skp.dp_units) * kiters;
+        skp.share = (int)(tail / clusters);
+        skp.extra = (int)(tail % clusters);
+        coda_cuda_sk_ws_t *ws = sk_workspace(cu, d, (CUstream)stream);
+        if (ws) {
+            skp.part = (void *)(uintptr_t)ws->part;
+            skp.flag = (void *)(uintptr_t)ws->flag;
+            /* the stream-K kernel is a variant of its own (gemm_mainloop.cuh) */
+            CODA_TRY(get_kernel(ctx, d, layout, cfg_index, store_c, c_f32, 1, epilogue_src, epilogue_key, &fn));
+        } else {
+            skp.dp_units = (int)units;
+            skp.share = skp.extra = 0;
+        }
+    }
+    void *args[] = {&map_a, &map_b, &map_c, &Mi, &Ni, &Ki, (void *)params, &rp, &skp};
     if (getenv("CODA_DEBUG_LAUNCH"))
-        fprintf(stderr, "coda gemm: cfg %d %dx%d cluster %d, %lld units, grid %u, smem %zu, max clusters %d\n",
-                cfg_index, cfg->bm, cfg->bn, cfg->cluster_m, (long long)units, lc.gridDimX, smem,
-                d->max_clusters[cfg_index]);
+        fprintf(stderr, "coda gemm: cfg %d %dx%d cluster %d, %lld units%s, grid %u, smem %zu, max clusters %d\n",
+                cfg_index, cfg->bm, cfg->bn, cfg->cluster_m, (long long)units,
+                skp.dp_units < units ? " (stream-K tail)" : "", lc.gridDimX, smem, d->max_clusters[cfg_index]);
     CODA_CU(cu, cu->cu.LaunchKernelEx(&lc, fn, args, NULL), "cuLaunchKernelEx(coda_gemm_kernel)");
     return CODA_OK;
 }

@@ -333,6 +333,12 @@ int main(int argc, char **argv) {
     }
     run_case(texts[0], CODA_LAYOUT_TN, 264, 136, 1000, 0);
     cooperative = 0;
+    /* stream-K forced on (80 tile pairs on 66 clusters: every tile cut in
+     * two, so every epilogue runs on sums handed over between CTAs) */
+    setenv("CODA_STREAMK", "1", 1);
+    for (int i = 0; i < (small ? 2 : nt); i++) run_case(texts[i], CODA_LAYOUT_NT, 4096, 1032, 520, 256);
+    if (!small) run_case(texts[0], CODA_LAYOUT_TN, 4096, 1032, 520, 256);
+    unsetenv("CODA_STREAMK");
     unsetenv("CODA_GEMM_CFG");
     finish_case(small ? 100 : 5000, 17);
     coda_context_free(ctx);

@@ -82,8 +82,20 @@ static int run_case(coda_layout_t layout, int64_t m, int64_t n, int64_t k, coda_
     coda_status_t s = coda_gemm(ctx, layout, &A, &B, &C, alpha, beta, NULL);
     CUDA_OK(cudaGetLastError());
     CUDA_OK(cudaDeviceSynchronize());
-    unsetenv("CODA_GEMM_CFG");
     CUDA_OK(cudaMemcpy(hc, dc, esz * (size_t)(m * ldc), cudaMemcpyDeviceToHost));
+    int same_bits = 1;
+    if (beta == 0 && s == CODA_OK) { /* a second run gives the same bits (stream-K's sums too) */
+        void *again = h_alloc(esz * (size_t)(m * ldc));
+        CUDA_OK(cudaMemset(dc, 0xff, esz * (size_t)(m * ldc)));
+        s = coda_gemm(ctx, layout, &A, &B, &C, alpha, beta, NULL);
+        CUDA_OK(cudaDeviceSynchronize());
+        CUDA_OK(cudaMemcpy(again, dc, esz * (size_t)(m * ldc), cudaMemcpyDeviceToHost));
+        for (int64_t i = 0; i < m && same_bits; i++)
+            same_bits = memcmp((char *)hc + esz * (size_t)(i * ldc), (char *)again + esz * (size_t)(i * ldc),
+                               esz * (size_t)n) == 0;
+        free(again);
+    }
+    unsetenv("CODA_GEMM_CFG");
 
     /* CPU backend on the same data: the baseline error. */
     void *hcpu = h_alloc(esz * (size_t)(m * ldc));
@@ -107,16 +119,19 @@ static int run_case(coda_layout_t layout, int64_t m, int64_t n, int64_t k, coda_
     /* f32 output: the CPU's error is f32 rounding alone; allow the tensor
      * cores' own f32 accumulation order 1e-5 on top. */
     double tol = 2 * base + (cdt == CODA_F32 ? 1e-5 : 1e-6);
-    int ok = s == CODA_OK && scpu == CODA_OK && err <= tol;
+    int ok = s == CODA_OK && scpu == CODA_OK && err <= tol && same_bits;
+    CHECK(same_bits, "%s M=%lld N=%lld K=%lld cfg=%d: a second run gave different bits", lname[layout],
+          (long long)m, (long long)n, (long long)k, cfg);
     CHECK(s == CODA_OK, "%s M=%lld N=%lld K=%lld: %s", lname[layout], (long long)m, (long long)n,
           (long long)k, coda_last_error());
     CHECK(scpu == CODA_OK, "CPU reference: %s", coda_last_error());
     CHECK(err <= tol, "%s M=%lld N=%lld K=%lld %s a=%g b=%g cfg=%d: err %.3g > tol %.3g (cpu %.3g)",
           lname[layout], (long long)m, (long long)n, (long long)k, coda_dtype_name(cdt), alpha, beta,
           cfg, err, tol, base);
-    printf("%-2s M=%-6lld N=%-5lld K=%-5lld %-4s alpha=%-4g beta=%-4g cfg=%-2d err %.2e (cpu %.2e) %s\n",
+    const char *sk = getenv("CODA_STREAMK");
+    printf("%-2s M=%-6lld N=%-5lld K=%-5lld %-4s alpha=%-4g beta=%-4g cfg=%-2d%s err %.2e (cpu %.2e) %s\n",
            lname[layout], (long long)m, (long long)n, (long long)k, coda_dtype_name(cdt), alpha,
-           beta, cfg, err, base, ok ? "ok" : "FAIL");
+           beta, cfg, sk && *sk == '1' ? " stream-K" : "", err, base, ok ? "ok" : "FAIL");
     free(ha); free(hb); free(hc0); free(hc); free(hcpu); free(c0); free(ref); free(out); free(cpu);
     CUDA_OK(cudaFree(da));
     CUDA_OK(cudaFree(db));
@@ -206,6 +221,11 @@ int main(int argc, char **argv) {
             run_case((coda_layout_t)l, 1000, 392, 200, CODA_BF16, 1.0f, 0.0f, 4);
             run_case((coda_layout_t)l, 1000, 392, 136, CODA_F32, 0.5f, 1.5f, 5);
         }
+        /* stream-K (one partial wave and a whole one shared out by k-blocks) */
+        setenv("CODA_STREAMK", "1", 1);
+        run_case(CODA_LAYOUT_NT, 1500, 1800, 264, CODA_BF16, 1.0f, 0.0f, 1);
+        run_case(CODA_LAYOUT_TN, 4096, 1300, 520, CODA_F32, 0.5f, 1.5f, 3);
+        unsetenv("CODA_STREAMK");
         bad_args();
         TEST_MAIN_END();
     }
@@ -230,6 +250,21 @@ int main(int argc, char **argv) {
         run_case((coda_layout_t)l, 1000, 392, 264, CODA_BF16, 2.0f, -1.0f, -1);
         run_case((coda_layout_t)l, 513, 1000, 1032, CODA_F32, 0.75f, 0.5f, 1);
     }
+    /* stream-K, forced on: the last partial wave and one whole wave of units
+     * are shared out by k-blocks (on 132 SMs: 144, 180 and 72 units of
+     * configurations 0, 1 and 2/3); odd N, K not a multiple of 64, f32
+     * output with beta, every layout. Then the default choice on a shape
+     * where it picks stream-K itself (72 tile pairs on 66 clusters). */
+    setenv("CODA_STREAMK", "1", 1);
+    for (int l = 0; l < 3; l++) {
+        run_case((coda_layout_t)l, 1152, 4000, 264, CODA_BF16, 1.0f, 0.0f, 0);
+        run_case((coda_layout_t)l, 1500, 1800, 264, CODA_BF16, 1.0f, 0.0f, 1);
+        run_case((coda_layout_t)l, 2304, 2040, 264, CODA_BF16, 1.0f, 0.0f, 2);
+        run_case((coda_layout_t)l, 2304, 2040, 264, CODA_F32, 0.5f, 1.5f, 3);
+    }
+    run_case(CODA_LAYOUT_NT, 1152, 4001, 264, CODA_BF16, 1.0f, 0.0f, 0);
+    unsetenv("CODA_STREAMK");
+    run_case(CODA_LAYOUT_NT, 2304, 2048, 520, CODA_BF16, 1.0f, 0.0f, -1);
     run_case(CODA_LAYOUT_NT, 1000, 13, 264, CODA_BF16, 1.0f, 0.5f, -1);
     run_case(CODA_LAYOUT_NT, 1000, 301, 264, CODA_F32, 1.0f, 0.0f, -1);
     run_case(CODA_LAYOUT_TN, 1, 8, 8, CODA_BF16, 1.0f, 0.0f, -1);

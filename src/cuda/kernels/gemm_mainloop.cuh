@@ -86,6 +86,12 @@
 #ifndef CODA_EPI_RING
 #define CODA_EPI_RING 0
 #endif
+#ifndef CODA_STREAMK /* 1: the stream-K tail (gemm_streamk.cuh) is compiled in */
+#define CODA_STREAMK 0
+#endif
+#if CODA_STREAMK && CODA_PINGPONG
+#error "stream-K is for the cooperative schedule"
+#endif
 #if CODA_EPI_RING && (CODA_PINGPONG || CODA_EPI_STORE_C || (8 % CODA_EPI_BATCH) != 0)
 #error "ring inputs need the cooperative schedule, no C store and batches inside 64-column chunks"
 #endif
@@ -172,7 +178,8 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant__ coda_tmap tma_b,
                  const __grid_constant__ coda_tmap tma_c, int M, int N, int K,
                  const __grid_constant__ coda_epi_params epi,
-                 const __grid_constant__ coda_ring_params ring) {
+                 const __grid_constant__ coda_ring_params ring,
+                 const __grid_constant__ coda_sk_params sk) {
     extern __shared__ unsigned char coda_smem_raw[];
     /* 1024-byte alignment for the swizzle atoms (the host adds the slack). */
     const u32 raw = coda_smem_addr(coda_smem_raw);
@@ -219,12 +226,20 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
         if (tid == 0) {
             int it = 0;
+#if CODA_STREAMK
+            coda_work w;
+            coda_work_start(w, sk, unit0, kiters);
+            while (coda_work_next(w, sk, unit_step, kiters)) {
+                const int unit = w.unit, kb_begin = w.kb0, kb_end = w.kb1;
+#else
             for (int unit = unit0; unit < n_units; unit += unit_step) {
+                const int kb_begin = 0, kb_end = kiters;
+#endif
                 int tm2, tn;
                 coda_tile_coords(unit, tiles_m2, tiles_n, &tm2, &tn);
                 const int tm = tm2 * CODA_CLUSTER + (int)crank;
                 const int m0 = tm * CODA_BM, n0 = tn * CODA_BN;
-                for (int kb = 0; kb < kiters; kb++, it++) {
+                for (int kb = kb_begin; kb < kb_end; kb++, it++) {
                     const int s = it % CODA_STAGES;
                     coda_mbar_wait(EMPTY(s), ((it / CODA_STAGES) & 1) ^ 1);
                     const u32 sa = base + s * CODA_STAGE_BYTES, sb = sa + CODA_A_BYTES;
@@ -255,8 +270,9 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
 #endif
                 }
 #if CODA_EPI_RING
-                /* the epilogue's ring inputs, one 64-column chunk a stage */
-                for (int q = 0; q < CODA_BN / 64; q++, it++) {
+                /* the epilogue's ring inputs, one 64-column chunk a stage
+                 * (a stream-K contributor runs no epilogue) */
+                for (int q = 0; q < (kb_begin == 0 ? CODA_BN / 64 : 0); q++, it++) {
                     const int s = it % CODA_STAGES;
                     coda_mbar_wait(EMPTY(s), ((it / CODA_STAGES) & 1) ^ 1);
                     const u32 sa = base + s * CODA_STAGE_BYTES;
@@ -282,8 +298,15 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
         for (int seq = c, unit = unit0 + c * unit_step; unit < n_units;
              seq += 2, unit += 2 * unit_step) {
             it = seq * kiters;
+            const int kb_begin = 0, kb_end = kiters;
+#elif CODA_STREAMK
+        coda_work w;
+        coda_work_start(w, sk, unit0, kiters);
+        while (coda_work_next(w, sk, unit_step, kiters)) {
+            const int unit = w.unit, kb_begin = w.kb0, kb_end = w.kb1;
 #else
         for (int unit = unit0; unit < n_units; unit += unit_step) {
+            const int kb_begin = 0, kb_end = kiters;
 #endif
             int tm2, tn;
             coda_tile_coords(unit, tiles_m2, tiles_n, &tm2, &tn);
@@ -295,7 +318,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
             for (int mh = 0; mh < CODA_WG_MH; mh++)
 #pragma unroll
                 for (int i = 0; i < CODA_BN / 2; i++) acc[mh][i] = 0.0f;
-            for (int kb = 0; kb < kiters; kb++, it++) {
+            for (int kb = kb_begin; kb < kb_end; kb++, it++) {
                 const int s = it % CODA_STAGES;
                 coda_mbar_wait(FULL(s), (it / CODA_STAGES) & 1);
                 const u32 sa = base + s * CODA_STAGE_BYTES + (CODA_PINGPONG ? 0 : c * 8192);
@@ -320,7 +343,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
 #else
                 /* keep one wgmma group in flight; free the stage before it */
                 coda_wgmma_wait(1);
-                if (kb > 0 && CODA_IS_ARRIVER) {
+                if (kb > kb_begin && CODA_IS_ARRIVER) {
                     const int ps = (it + CODA_STAGES - 1) % CODA_STAGES;
 #endif
                     coda_stage_release(EMPTY(ps));
@@ -335,152 +358,169 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
 #ifdef CODA_X_WAIT0
             if (0) {
 #else
-            if (kiters > 0 && CODA_IS_ARRIVER) {
+            if (kb_end > kb_begin && CODA_IS_ARRIVER) {
 #endif
                 const int ps = (it + CODA_STAGES - 1) % CODA_STAGES;
                 coda_stage_release(EMPTY(ps));
             }
+#if CODA_STREAMK
+            /* stream-K (gemm_streamk.cuh): a contributor hands its partial
+             * sums on and runs no epilogue; the owner of a cut unit adds
+             * the contributors' partials to its own first. (With this
+             * branch ptxas keeps a second copy of the epilogue for diverged
+             * warps, hence a kernel variant of its own.) */
+            if (kb_begin > 0) {
+                coda_sk_contribute(sk, (int)blockIdx.x, c, tid, acc[0]);
+            } else {
+                for (int g = unit0 + 1; kb_end < kiters && g < unit_step &&
+                                        coda_sk_begin(sk, g, kiters) < (unit + 1) * kiters; g++)
+                    coda_sk_collect(sk, g * CODA_CLUSTER + (int)crank, c, tid, acc[0]);
+                CODA_FENCE_ACC(acc);
+#else
+            {
+#endif
 
-            /* ---- epilogue: the spliced-in program sees each adjacent column pair ----
-             * Accumulator (mh, 4j + 2h + e) is row 64 mh + 8 h of the thread's
-             * rows, column 8j + e of its columns: row slot rs = 2 mh + h,
-             * column slot cs = mh (CODA_BN / 8) + j. */
-            coda_epi_tile t;
-            t.m = M;
-            t.n = N;
-            t.tile_m = tm;
-            t.tile_n = tn;
-            const int row0 = tm * CODA_BM + (CODA_PINGPONG ? 0 : 64 * c); /* this warpgroup's rows */
-            t.row = row0 + 16 * (tid / 32) + (tid % 32) / 4;
-            t.col = tn * CODA_BN + 2 * (tid % 4);
-            t.wg = c;
-            t.tid = tid;
-            t.scratch = scratch;
-            /* fused kernels: the C staging buffers are each consumer warp's
-             * 4 KiB slab for the epilogue's staged tile inputs and outputs
-             * (coda_epi_vput / coda_epi_fetch, coda_epi_pair / coda_epi_flush) */
-            t.stage = cbufs + (u32)(c * 4 + tid / 32) * 4096u;
-            coda_epi_state st;
-            coda_epi_begin(epi, t, st);
+                /* ---- epilogue: the spliced-in program sees each adjacent column pair ----
+                 * Accumulator (mh, 4j + 2h + e) is row 64 mh + 8 h of the thread's
+                 * rows, column 8j + e of its columns: row slot rs = 2 mh + h,
+                 * column slot cs = mh (CODA_BN / 8) + j. */
+                coda_epi_tile t;
+                t.m = M;
+                t.n = N;
+                t.tile_m = tm;
+                t.tile_n = tn;
+                const int row0 = tm * CODA_BM + (CODA_PINGPONG ? 0 : 64 * c); /* this warpgroup's rows */
+                t.row = row0 + 16 * (tid / 32) + (tid % 32) / 4;
+                t.col = tn * CODA_BN + 2 * (tid % 4);
+                t.wg = c;
+                t.tid = tid;
+                t.scratch = scratch;
+                /* fused kernels: the C staging buffers are each consumer warp's
+                 * 4 KiB slab for the epilogue's staged tile inputs and outputs
+                 * (coda_epi_vput / coda_epi_fetch, coda_epi_pair / coda_epi_flush) */
+                t.stage = cbufs + (u32)(c * 4 + tid / 32) * 4096u;
+                coda_epi_state st;
+                coda_epi_begin(epi, t, st);
 #if CODA_EPI_STORE_C
-            /* C goes out in 64-row x 128-byte chunks through two staging
-             * buffers: while TMA stores one, the threads fill the other. */
-            const int lrow = 16 * (tid / 32) + (tid % 32) / 4; /* row in the 64-row block */
+                /* C goes out in 64-row x 128-byte chunks through two staging
+                 * buffers: while TMA stores one, the threads fill the other. */
+                const int lrow = 16 * (tid / 32) + (tid % 32) / 4; /* row in the 64-row block */
 #pragma unroll
-            for (int mh = 0; mh < CODA_WG_MH; mh++)
+                for (int mh = 0; mh < CODA_WG_MH; mh++)
 #pragma unroll
-            for (int q = 0; q < CODA_C_NCHUNK; q++) {
-                const u32 buf = cbufs + c * 16384 + ((mh * CODA_C_NCHUNK + q) & 1) * 8192;
-                if (tid == 0) coda_bulk_wait_read(1); /* the store from this buffer is done */
-                coda_wg_sync(2 + c);
-                coda_epi_in in[2 * (CODA_C_CHUNK_COLS / 8)];
+                for (int q = 0; q < CODA_C_NCHUNK; q++) {
+                    const u32 buf = cbufs + c * 16384 + ((mh * CODA_C_NCHUNK + q) & 1) * 8192;
+                    if (tid == 0) coda_bulk_wait_read(1); /* the store from this buffer is done */
+                    coda_wg_sync(2 + c);
+                    coda_epi_in in[2 * (CODA_C_CHUNK_COLS / 8)];
 #pragma unroll
-                for (int jj = 0; jj < CODA_C_CHUNK_COLS / 8; jj++) {
-                    const int j = q * (CODA_C_CHUNK_COLS / 8) + jj, r = t.row + 64 * mh;
-                    coda_epi_fetch(epi, t, r, t.col + 8 * j, in[2 * jj]);
-                    coda_epi_fetch(epi, t, r + 8, t.col + 8 * j, in[2 * jj + 1]);
-                }
+                    for (int jj = 0; jj < CODA_C_CHUNK_COLS / 8; jj++) {
+                        const int j = q * (CODA_C_CHUNK_COLS / 8) + jj, r = t.row + 64 * mh;
+                        coda_epi_fetch(epi, t, r, t.col + 8 * j, in[2 * jj]);
+                        coda_epi_fetch(epi, t, r + 8, t.col + 8 * j, in[2 * jj + 1]);
+                    }
 #pragma unroll
-                for (int jj = 0; jj < CODA_C_CHUNK_COLS / 8; jj++) {
-                    const int j = q * (CODA_C_CHUNK_COLS / 8) + jj;
-                    float *a = acc[mh];
-                    float v0 = a[4 * j], v1 = a[4 * j + 1], v2 = a[4 * j + 2], v3 = a[4 * j + 3];
-                    const int r = t.row + 64 * mh, cs = mh * (CODA_BN / 8) + j;
-                    coda_epi_pair(epi, t, st, 2 * mh, cs, r, t.col + 8 * j, v0, v1, in[2 * jj]);
-                    coda_epi_pair(epi, t, st, 2 * mh + 1, cs, r + 8, t.col + 8 * j, v2, v3, in[2 * jj + 1]);
-                    /* 128B swizzle: 16-byte unit u of row r sits at u ^ (r % 8);
-                     * rows lrow and lrow + 8 share r % 8 */
-                    const u32 b = (u32)(jj * 8 + 2 * (tid % 4)) * CODA_C_ESZ;
-                    const u32 off = ((((b >> 4) ^ (u32)(lrow & 7)) << 4) | (b & 15));
-                    const u32 a0 = buf + (u32)lrow * 128 + off, a1 = a0 + 8 * 128;
+                    for (int jj = 0; jj < CODA_C_CHUNK_COLS / 8; jj++) {
+                        const int j = q * (CODA_C_CHUNK_COLS / 8) + jj;
+                        float *a = acc[mh];
+                        float v0 = a[4 * j], v1 = a[4 * j + 1], v2 = a[4 * j + 2], v3 = a[4 * j + 3];
+                        const int r = t.row + 64 * mh, cs = mh * (CODA_BN / 8) + j;
+                        coda_epi_pair(epi, t, st, 2 * mh, cs, r, t.col + 8 * j, v0, v1, in[2 * jj]);
+                        coda_epi_pair(epi, t, st, 2 * mh + 1, cs, r + 8, t.col + 8 * j, v2, v3, in[2 * jj + 1]);
+                        /* 128B swizzle: 16-byte unit u of row r sits at u ^ (r % 8);
+                         * rows lrow and lrow + 8 share r % 8 */
+                        const u32 b = (u32)(jj * 8 + 2 * (tid % 4)) * CODA_C_ESZ;
+                        const u32 off = ((((b >> 4) ^ (u32)(lrow & 7)) << 4) | (b & 15));
+                        const u32 a0 = buf + (u32)lrow * 128 + off, a1 = a0 + 8 * 128;
 #if CODA_C_F32
-                    coda_st_shared_f32x2(a0, v0, v1);
-                    coda_st_shared_f32x2(a1, v2, v3);
+                        coda_st_shared_f32x2(a0, v0, v1);
+                        coda_st_shared_f32x2(a1, v2, v3);
 #else
-                    coda_st_shared_b32(a0, coda_pack_bf16x2(v0, v1));
-                    coda_st_shared_b32(a1, coda_pack_bf16x2(v2, v3));
+                        coda_st_shared_b32(a0, coda_pack_bf16x2(v0, v1));
+                        coda_st_shared_b32(a1, coda_pack_bf16x2(v2, v3));
 #endif
-                }
-                coda_fence_proxy_async();
-                coda_wg_sync(2 + c);
+                    }
+                    coda_fence_proxy_async();
+                    coda_wg_sync(2 + c);
 #ifdef CODA_X_NO_STORE
-                if (0) {
+                    if (0) {
 #else
-                if (tid == 0) {
+                    if (tid == 0) {
 #endif
-                    coda_tma_store(&tma_c, buf, tn * CODA_BN + q * CODA_C_CHUNK_COLS, row0 + 64 * mh);
-                    coda_bulk_commit();
+                        coda_tma_store(&tma_c, buf, tn * CODA_BN + q * CODA_C_CHUNK_COLS, row0 + 64 * mh);
+                        coda_bulk_commit();
+                    }
                 }
+#else
+                /* inputs for CODA_EPI_BATCH column chunks (both rows) are
+                 * fetched before the program runs on any of them. Staged inputs
+                 * (CODA_EPI_STAGE): the next batch's 16-byte vectors are loaded
+                 * while this batch runs (coda_epi_vload / coda_epi_vput). */
+#if CODA_EPI_STAGE
+                coda_epi_vin vin;
+                coda_epi_vload(epi, t, 0, 0, vin);
+#endif
+#pragma unroll
+                for (int mh = 0; mh < CODA_WG_MH; mh++)
+#pragma unroll
+                    for (int j0 = 0; j0 < CODA_BN / 8; j0 += CODA_EPI_BATCH) {
+                        const int r = t.row + 64 * mh;
+#if CODA_EPI_STAGE
+                        coda_epi_vput(t, vin);
+                        if (j0 + CODA_EPI_BATCH < CODA_BN / 8) coda_epi_vload(epi, t, mh, j0 + CODA_EPI_BATCH, vin);
+                        else if (mh + 1 < CODA_WG_MH) coda_epi_vload(epi, t, mh + 1, 0, vin);
+#endif
+#if CODA_EPI_RING
+                        if (j0 % 8 == 0) { /* a new 64-column chunk: wait for its stage */
+                            coda_mbar_wait(FULL(it % CODA_STAGES), (it / CODA_STAGES) & 1);
+                            t.ring = base + (it % CODA_STAGES) * CODA_STAGE_BYTES;
+                        }
+#endif
+                        coda_epi_in in[2 * CODA_EPI_BATCH];
+#pragma unroll
+                        for (int jj = 0; jj < CODA_EPI_BATCH; jj++) {
+                            coda_epi_fetch(epi, t, r, t.col + 8 * (j0 + jj), in[2 * jj]);
+                            coda_epi_fetch(epi, t, r + 8, t.col + 8 * (j0 + jj), in[2 * jj + 1]);
+                        }
+#if CODA_EPI_RING
+                        /* The chunk's stage is read through the generic proxy and
+                         * next written by TMA (the async proxy): without a proxy
+                         * fence between, TMA's next copy may overtake the reads
+                         * (measured: 'loads' in test_epilogue_gpu read wrong x
+                         * values in 1 of 2-6 runs without it, 0 of 20 with it). */
+                        if ((j0 + CODA_EPI_BATCH) % 8 == 0) coda_fence_proxy_async();
+#endif
+#if CODA_EPI_STAGE
+                        __syncwarp(); /* inputs read out of the slab (and the ring) before the pairs write outputs */
+#endif
+#if CODA_EPI_RING
+                        /* the chunk's last batch: free its stage. With clusters the
+                         * peer's producer waits for this too, and its next multicast
+                         * of B into this CTA's stage covers ring box 1 in the CTA of
+                         * rank 1; the arrive is CTA-scope release as for k-blocks (a
+                         * cluster-scope one stalls on the epilogue's pending global
+                         * stores: measured 4-6% slower at 4096). In practice the
+                         * round trip through the peer's producer and TMA orders the
+                         * reads first; placing box 1 in the CTA's own half of B would
+                         * make that hold by construction (not done yet). */
+                        if ((j0 + CODA_EPI_BATCH) % 8 == 0) {
+                            if (CODA_IS_ARRIVER) coda_stage_release(EMPTY(it % CODA_STAGES));
+                            it++;
+                        }
+#endif
+#pragma unroll
+                        for (int jj = 0; jj < CODA_EPI_BATCH; jj++) {
+                            const int j = j0 + jj, cs = mh * (CODA_BN / 8) + j;
+                            coda_epi_pair(epi, t, st, 2 * mh, cs, r, t.col + 8 * j, acc[mh][4 * j],
+                                          acc[mh][4 * j + 1], in[2 * jj]);
+                            coda_epi_pair(epi, t, st, 2 * mh + 1, cs, r + 8, t.col + 8 * j,
+                                          acc[mh][4 * j + 2], acc[mh][4 * j + 3], in[2 * jj + 1]);
+                        }
+                        coda_epi_flush(epi, t, mh, j0);
+                    }
+#endif
+                coda_epi_end(epi, t, st);
             }
-#else
-            /* inputs for CODA_EPI_BATCH column chunks (both rows) are
-             * fetched before the program runs on any of them. Staged inputs
-             * (CODA_EPI_STAGE): the next batch's 16-byte vectors are loaded
-             * while this batch runs (coda_epi_vload / coda_epi_vput). */
-#if CODA_EPI_STAGE
-            coda_epi_vin vin;
-            coda_epi_vload(epi, t, 0, 0, vin);
-#endif
-#pragma unroll
-            for (int mh = 0; mh < CODA_WG_MH; mh++)
-#pragma unroll
-                for (int j0 = 0; j0 < CODA_BN / 8; j0 += CODA_EPI_BATCH) {
-                    const int r = t.row + 64 * mh;
-#if CODA_EPI_STAGE
-                    coda_epi_vput(t, vin);
-                    if (j0 + CODA_EPI_BATCH < CODA_BN / 8) coda_epi_vload(epi, t, mh, j0 + CODA_EPI_BATCH, vin);
-                    else if (mh + 1 < CODA_WG_MH) coda_epi_vload(epi, t, mh + 1, 0, vin);
-#endif
-#if CODA_EPI_RING
-                    if (j0 % 8 == 0) { /* a new 64-column chunk: wait for its stage */
-                        coda_mbar_wait(FULL(it % CODA_STAGES), (it / CODA_STAGES) & 1);
-                        t.ring = base + (it % CODA_STAGES) * CODA_STAGE_BYTES;
-                    }
-#endif
-                    coda_epi_in in[2 * CODA_EPI_BATCH];
-#pragma unroll
-                    for (int jj = 0; jj < CODA_EPI_BATCH; jj++) {
-                        coda_epi_fetch(epi, t, r, t.col + 8 * (j0 + jj), in[2 * jj]);
-                        coda_epi_fetch(epi, t, r + 8, t.col + 8 * (j0 + jj), in[2 * jj + 1]);
-                    }
-#if CODA_EPI_RING
-                    /* The chunk's stage is read through the generic proxy and
-                     * next written by TMA (the async proxy): without a proxy
-                     * fence between, TMA's next copy may overtake the reads
-                     * (measured: 'loads' in test_epilogue_gpu read wrong x
-                     * values in 1 of 2-6 runs without it, 0 of 20 with it). */
-                    if ((j0 + CODA_EPI_BATCH) % 8 == 0) coda_fence_proxy_async();
-#endif
-#if CODA_EPI_STAGE
-                    __syncwarp(); /* inputs read out of the slab (and the ring) before the pairs write outputs */
-#endif
-#if CODA_EPI_RING
-                    /* the chunk's last batch: free its stage. With clusters the
-                     * peer's producer waits for this too, and its next multicast
-                     * of B into this CTA's stage covers ring box 1 in the CTA of
-                     * rank 1; the arrive is CTA-scope release as for k-blocks (a
-                     * cluster-scope one stalls on the epilogue's pending global
-                     * stores: measured 4-6% slower at 4096). In practice the
-                     * round trip through the peer's producer and TMA orders the
-                     * reads first; placing box 1 in the CTA's own half of B would
-                     * make that hold by construction (not done yet). */
-                    if ((j0 + CODA_EPI_BATCH) % 8 == 0) {
-                        if (CODA_IS_ARRIVER) coda_stage_release(EMPTY(it % CODA_STAGES));
-                        it++;
-                    }
-#endif
-#pragma unroll
-                    for (int jj = 0; jj < CODA_EPI_BATCH; jj++) {
-                        const int j = j0 + jj, cs = mh * (CODA_BN / 8) + j;
-                        coda_epi_pair(epi, t, st, 2 * mh, cs, r, t.col + 8 * j, acc[mh][4 * j],
-                                      acc[mh][4 * j + 1], in[2 * jj]);
-                        coda_epi_pair(epi, t, st, 2 * mh + 1, cs, r + 8, t.col + 8 * j,
-                                      acc[mh][4 * j + 2], acc[mh][4 * j + 3], in[2 * jj + 1]);
-                    }
-                    coda_epi_flush(epi, t, mh, j0);
-                }
-#endif
-            coda_epi_end(epi, t, st);
         }
 #if CODA_EPI_STORE_C
         /* TMA must have read the staging buffers before the CTA's shared

@@ -1,0 +1,138 @@
+/* gemm_streamk.cuh - which tiles and k-blocks a CTA works on (cooperative
+ * schedule), with a stream-K tail.
+ *
+ * A persistent grid of G clusters working through U tile pairs in waves of G
+ * loses (ceil(U/G) - U/G) / ceil(U/G) of the machine in the last, partial
+ * wave (4096^3 on 66 clusters: 256 pairs = 3.88 waves, 3% idle). With
+ * stream-K (Osama et al., 2023) the last units are shared out by k-blocks
+ * instead: every cluster first takes its whole units below sk.dp_units
+ * (unit0, unit0 + G, ..., the same count for all), then the contiguous
+ * range [b_g, b_{g+1}) of the remaining units' k-blocks, numbered
+ * unit * kiters + kb, with b_g = dp_units * kiters + g T / G (rounded
+ * so that the shares differ by at most one) and T the remaining k-block
+ * count. The host keeps one whole wave plus the partial
+ * one for this part, so each cluster's range spans at least one unit.
+ *
+ * A range cut inside a unit leaves it to more than one cluster:
+ *   - the cluster whose range starts inside the unit (kb0 > 0) is a
+ *     contributor: it does that piece first, stores its f32 accumulators
+ *     to its slot of sk.part and raises its flag, and runs no epilogue;
+ *   - the cluster that has the unit's first k-block (kb0 = 0, kb1 < kiters)
+ *     owns it: that piece is the last of its range, so the contributors
+ *     (the clusters g + 1, ... whose ranges start inside the unit) are long
+ *     done with theirs; it waits for their flags, adds their partials in
+ *     cluster order (the same sum every run) and runs the epilogue.
+ * A cluster contributes at most once (its first piece), so a slot per CTA
+ * and consumer warpgroup is enough (with a flag per warp). The owner
+ * clears each flag it waited for, which leaves them all 0 for the next
+ * launch on the stream.
+ *
+ * Host mirror of struct coda_sk_params: src/cuda/gemm.c. */
+
+struct coda_sk_params {
+    float *part;          /* (gridDim.x, 2, 64 * CODA_BN) f32 partials, or NULL */
+    unsigned *flag;       /* (gridDim.x, 2, 4): 1 = that warp's partial is ready */
+    int dp_units;         /* units done whole; n_units: no stream-K           */
+    int share, extra;     /* the tail's k-blocks T = share G + extra: cluster g
+                             gets share + (g < extra) of them (host-computed,
+                             T < 2^31, so no 64-bit division here)            */
+    int pad_;
+};
+
+/* What a cluster works on next: tile pair `unit`, k-blocks [kb0, kb1). */
+struct coda_work {
+    int unit, kb0, kb1;
+    int next_dp;                /* next whole unit */
+    int pos, end;               /* the stream-K range still to do */
+};
+
+/* Start of cluster g's stream-K range (b_g above; g = G gives the end). */
+static __device__ __forceinline__ int coda_sk_begin(const coda_sk_params &sk, int g, int kiters) {
+    return sk.dp_units * kiters + g * sk.share + min(g, sk.extra);
+}
+
+static __device__ __forceinline__ void coda_work_start(coda_work &w, const coda_sk_params &sk,
+                                                       int g, int kiters) {
+    w.next_dp = g;
+    w.pos = coda_sk_begin(sk, g, kiters);
+    w.end = coda_sk_begin(sk, g + 1, kiters);
+    w.unit = w.kb0 = w.kb1 = 0;
+}
+
+static __device__ __forceinline__ bool coda_work_next(coda_work &w, const coda_sk_params &sk,
+                                                      int n_clusters, int kiters) {
+    if (w.next_dp < sk.dp_units) {
+        w.unit = w.next_dp;
+        w.kb0 = 0;
+        w.kb1 = kiters;
+        w.next_dp += n_clusters;
+        return true;
+    }
+    if (w.pos >= w.end) return false;
+    w.unit = w.pos / kiters;
+    w.kb0 = w.pos - w.unit * kiters;
+    w.kb1 = min(kiters, w.kb0 + (w.end - w.pos));
+    w.pos += w.kb1 - w.kb0;
+    return true;
+}
+
+/* ---- partial sums between CTAs ---- */
+static __device__ __forceinline__ unsigned coda_ld_acquire_u32(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+static __device__ __forceinline__ void coda_st_release_u32(unsigned *p, unsigned v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+static __device__ __forceinline__ void coda_st_relaxed_u32(unsigned *p, unsigned v) {
+    asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+#define CODA_SK_SLOT_FLOATS (64 * CODA_BN) /* one consumer warpgroup's 64 x BN accumulators */
+
+/* Slot of CTA `cta`, consumer warpgroup c: thread tid's accumulator 4i..4i+3
+ * at float4 index i * 128 + tid (each warp writes 512 contiguous bytes). */
+static __device__ __forceinline__ float4 *coda_sk_slot(const coda_sk_params &sk, int cta, int c) {
+    return (float4 *)(sk.part + (size_t)(2 * cta + c) * CODA_SK_SLOT_FLOATS);
+}
+
+/* Flags are per warp: a warp of the owner reads exactly what the same warp
+ * of the contributor wrote (the same fragment positions), so the handover
+ * needs no barrier. (A warpgroup barrier here made ptxas assume diverged
+ * warps afterwards and keep a second copy of the whole epilogue.) */
+static __device__ __forceinline__ unsigned *coda_sk_flag(const coda_sk_params &sk, int cta, int c, int tid) {
+    return sk.flag + (2 * cta + c) * 4 + tid / 32;
+}
+
+/* A contributor's piece: partial sums out, then its warp's flag (every lane
+ * stores the same value, so no lane-divergent branch). */
+static __device__ __forceinline__ void coda_sk_contribute(const coda_sk_params &sk, int cta, int c,
+                                                          int tid, const float *acc) {
+    float4 *slot = coda_sk_slot(sk, cta, c);
+#pragma unroll
+    for (int i = 0; i < CODA_BN / 8; i++)
+        __stcg(slot + i * 128 + tid, make_float4(acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]));
+    __threadfence();
+    __syncwarp();
+    coda_st_release_u32(coda_sk_flag(sk, cta, c, tid), 1u);
+}
+
+/* The owner's piece: wait for contributor `cta`'s warp and add its sums.
+ * The poll's loop condition is the same in every lane; the flag is cleared
+ * when all lanes have seen it set, for the next launch on the stream. */
+static __device__ __forceinline__ void coda_sk_collect(const coda_sk_params &sk, int cta, int c,
+                                                       int tid, float *acc) {
+    unsigned *f = coda_sk_flag(sk, cta, c, tid);
+    while (!__all_sync(0xffffffffu, coda_ld_acquire_u32(f) != 0)) __nanosleep(64);
+    coda_st_relaxed_u32(f, 0u);
+    const float4 *slot = coda_sk_slot(sk, cta, c);
+#pragma unroll
+    for (int i = 0; i < CODA_BN / 8; i++) {
+        const float4 v = __ldcg(slot + i * 128 + tid);
+        acc[4 * i] += v.x;
+        acc[4 * i + 1] += v.y;
+        acc[4 * i + 2] += v.z;
+        acc[4 * i + 3] += v.w;
+    }
+}
