@@ -9,6 +9,10 @@
  * beta == 0: C is not read (it may hold NaN). Columns come in adjacent pairs
  * (col, col + 1): a 4-byte bf16x2 or 8-byte float2 load. */
 
+#ifndef CODA_PLAIN_SIMPLE
+#define CODA_PLAIN_SIMPLE 0
+#endif
+
 struct coda_epi_params {
     void *c;            /* (M, N) bf16 or f32                          */
     long long ldc;      /* row stride in elements                       */
@@ -27,17 +31,10 @@ static __device__ __forceinline__ void coda_epi_fetch(const coda_epi_params &p,
                                                       const coda_epi_tile &t, int row, int col,
                                                       coda_epi_in &in) {}
 
-/* v0 = acc(row, col), v1 = acc(row, col + 1), replaced by what the main
- * output C gets (the mainloop stores it through shared memory and TMA, which
- * drops rows >= M and columns >= N). h: which of the thread's two rows
- * (row = t.row + 8h); j: the 8-column chunk (col = t.col + 8j). */
-static __device__ __forceinline__ void coda_epi_pair(const coda_epi_params &p,
-                                                     const coda_epi_tile &t, coda_epi_state &s,
-                                                     int h, int j, int row, int col, float &v0,
-                                                     float &v1, const coda_epi_in &in) {
-    v0 *= p.alpha;
-    v1 *= p.alpha;
-    if (p.beta == 0.0f || row >= t.m || col >= t.n) return;
+/* beta * C(row, col .. col + 1) added to (v0, v1), inside the matrix. */
+static __device__ __forceinline__ void coda_epi_plain_beta(const coda_epi_params &p, const coda_epi_tile &t,
+                                                           int row, int col, float &v0, float &v1) {
+    if (row >= t.m || col >= t.n) return;
     const bool two = col + 1 < t.n;
 #if CODA_C_F32
     const float *c = (const float *)p.c + (long long)row * p.ldc + col;
@@ -52,6 +49,24 @@ static __device__ __forceinline__ void coda_epi_pair(const coda_epi_params &p,
     } else {
         v0 += p.beta * coda_bf16_to_f32(c[0]);
     }
+#endif
+}
+
+/* v0 = acc(row, col), v1 = acc(row, col + 1), replaced by what the main
+ * output C gets (the mainloop stores it through shared memory and TMA, which
+ * drops rows >= M and columns >= N). h: which of the thread's two rows
+ * (row = t.row + 8h); j: the 8-column chunk (col = t.col + 8j). The test of
+ * beta is the same in every thread (a uniform branch); the bounds tests
+ * behind it are not, and cost a divergence region per pair, so they run only
+ * when C is read. */
+static __device__ __forceinline__ void coda_epi_pair(const coda_epi_params &p,
+                                                     const coda_epi_tile &t, coda_epi_state &s,
+                                                     int h, int j, int row, int col, float &v0,
+                                                     float &v1, const coda_epi_in &in) {
+#if !CODA_PLAIN_SIMPLE /* set when alpha = 1 and beta = 0: C = acc as it is */
+    v0 *= p.alpha;
+    v1 *= p.alpha;
+    if (p.beta != 0.0f) coda_epi_plain_beta(p, t, row, col, v0, v1);
 #endif
 }
 
