@@ -337,8 +337,8 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
     /* Tensor maps (inner dimension first); boxes match gemm_mainloop.cuh. */
     CUtensorMap map_a, map_b, map_c;
     memset(&map_c, 0, sizeof map_c);
-    if (c_out) /* 64 rows x 128 bytes: one staging buffer */
-        CODA_TRY(encode(cu, &map_c, c_out, n, m, c_f32 ? 32 : 64, 64, "cuTensorMapEncodeTiled(c)"));
+    if (c_out) /* 16 rows x 128 bytes: one consumer warp's staging buffer */
+        CODA_TRY(encode(cu, &map_c, c_out, n, m, c_f32 ? 32 : 64, 16, "cuTensorMapEncodeTiled(c)"));
     if (layout == CODA_LAYOUT_TN)
         CODA_TRY(encode(cu, &map_a, a, m, k, 64, 64, "cuTensorMapEncodeTiled(a)"));
     else

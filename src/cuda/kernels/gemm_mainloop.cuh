@@ -410,16 +410,20 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                 for (int i = 0; i < CODA_BN / 2; i++) keep += acc[0][i];
                 if (keep == 1.5e-38f) *(float *)epi.c = keep;
 #elif CODA_EPI_STORE_C
-                /* C goes out in 64-row x 128-byte chunks through two staging
-                 * buffers: while TMA stores one, the threads fill the other. */
-                const int lrow = 16 * (tid / 32) + (tid % 32) / 4; /* row in the 64-row block */
+                /* C goes out in 128-byte-wide column chunks, each warp its own
+                 * 16 rows (the wgmma fragment gives warp w rows 16w..16w+15 of
+                 * the 64-row block) through two 2 KiB staging buffers of its
+                 * own: while TMA stores one, the warp fills the other. No
+                 * warpgroup barrier: a warp syncs with itself only. */
+                const int lane = tid % 32, wrow = lane / 4; /* row in the warp's 16 */
+                const u32 wbuf = cbufs + (u32)(c * 4 + tid / 32) * 4096u;
 #pragma unroll
                 for (int mh = 0; mh < CODA_WG_MH; mh++)
 #pragma unroll
                 for (int q = 0; q < CODA_C_NCHUNK; q++) {
-                    const u32 buf = cbufs + c * 16384 + ((mh * CODA_C_NCHUNK + q) & 1) * 8192;
-                    if (tid == 0) coda_bulk_wait_read(1); /* the store from this buffer is done */
-                    coda_wg_sync(2 + c);
+                    const u32 buf = wbuf + ((mh * CODA_C_NCHUNK + q) & 1) * 2048;
+                    if (lane == 0) coda_bulk_wait_read(1); /* the store from this buffer is done */
+                    __syncwarp();
                     coda_epi_in in[2 * (CODA_C_CHUNK_COLS / 8)];
 #pragma unroll
                     for (int jj = 0; jj < CODA_C_CHUNK_COLS / 8; jj++) {
@@ -436,10 +440,10 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                         coda_epi_pair(epi, t, st, 2 * mh, cs, r, t.col + 8 * j, v0, v1, in[2 * jj]);
                         coda_epi_pair(epi, t, st, 2 * mh + 1, cs, r + 8, t.col + 8 * j, v2, v3, in[2 * jj + 1]);
                         /* 128B swizzle: 16-byte unit u of row r sits at u ^ (r % 8);
-                         * rows lrow and lrow + 8 share r % 8 */
+                         * rows wrow and wrow + 8 share r % 8 */
                         const u32 b = (u32)(jj * 8 + 2 * (tid % 4)) * CODA_C_ESZ;
-                        const u32 off = ((((b >> 4) ^ (u32)(lrow & 7)) << 4) | (b & 15));
-                        const u32 a0 = buf + (u32)lrow * 128 + off, a1 = a0 + 8 * 128;
+                        const u32 off = ((((b >> 4) ^ (u32)wrow) << 4) | (b & 15));
+                        const u32 a0 = buf + (u32)wrow * 128 + off, a1 = a0 + 8 * 128;
 #if CODA_C_F32
                         coda_st_shared_f32x2(a0, v0, v1);
                         coda_st_shared_f32x2(a1, v2, v3);
@@ -449,13 +453,14 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
 #endif
                     }
                     coda_fence_proxy_async();
-                    coda_wg_sync(2 + c);
+                    __syncwarp();
 #ifdef CODA_X_NO_STORE
                     if (0) {
 #else
-                    if (tid == 0) {
+                    if (lane == 0) {
 #endif
-                        coda_tma_store(&tma_c, buf, tn * CODA_BN + q * CODA_C_CHUNK_COLS, row0 + 64 * mh);
+                        coda_tma_store(&tma_c, buf, tn * CODA_BN + q * CODA_C_CHUNK_COLS,
+                                       row0 + 64 * mh + 16 * (tid / 32));
                         coda_bulk_commit();
                     }
                 }
@@ -533,7 +538,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
 #if CODA_EPI_STORE_C
         /* TMA must have read the staging buffers before the CTA's shared
          * memory goes; the global writes complete on their own */
-        if (tid == 0) coda_bulk_wait_read(0);
+        if (tid % 32 == 0) coda_bulk_wait_read(0);
 #endif
     }
 #if CODA_CLUSTER > 1
