@@ -402,18 +402,19 @@ void coda__codegen_ring_plan(const coda_program_t *p, coda_ring_plan_t *plan) {
     }
 }
 
-/* A ring input's pair from the stage (t.ring: the chunk's stage). Tiles
- * start at multiples of 128 rows and 64 columns, so the row in the box is
- * row & 127 and the byte in the chunk's row (col & 63) times the bytes per
- * accumulator column; 16-byte unit u of box row r sits at u ^ (r & 7). */
+/* A ring input's pair from the stage (t.ring: the chunk's stage; box k at
+ * k * t.ring_box bytes). Tiles start at multiples of 128 rows and 64
+ * columns, so the row in the box is row & 127 and the byte in the chunk's
+ * row (col & 63) times the bytes per accumulator column; 16-byte unit u of
+ * box row r sits at u ^ (r & 7). */
 static void gen_ring_fetch(sb_t *b, int i, const coda_arg_t *a, int first_box) {
     int esz = a->dtype == CODA_BF16 ? 2 : 4, per_col = (a->space == CODA_SPACE_DOUBLE ? 2 : 1) * esz;
     int e = 2 * per_col; /* bytes of the pair */
     sb_printf(b, "    { /* %s: copied into the stage ring by TMA */\n"
                  "        const int r_ = row & 127, x_ = (col & 63) * %d;\n"
-                 "        const unsigned a_ = t.ring + %d + (x_ >> 7) * %d + r_ * 128 + "
+                 "        const unsigned a_ = t.ring + (%d + (x_ >> 7)) * t.ring_box + r_ * 128 + "
                  "((((x_ >> 4) & 7) ^ (r_ & 7)) << 4) + (x_ & 15);\n",
-              a->name, per_col, first_box * CODA_RING_BOX_BYTES, CODA_RING_BOX_BYTES);
+              a->name, per_col, first_box);
     if (e == 4) sb_printf(b, "        L.u%d[0] = cg_lds32(a_);\n", i);
     else if (e == 8) sb_printf(b, "        cg_lds64(a_, L.u%d);\n", i);
     else sb_printf(b, "        cg_lds128(a_, L.u%d);\n", i);

@@ -201,6 +201,13 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
     const u32 crank = CODA_CLUSTER > 1 ? coda_cluster_rank() : 0;
     const int unit0 = blockIdx.x / CODA_CLUSTER, unit_step = gridDim.x / CODA_CLUSTER;
+    /* Ring box b sits b ring_box bytes into its stage: box 0 over A (which
+     * only this CTA writes), box 1 over this CTA's own half of B. The peer
+     * CTA's multicast writes the other half of B here, and its next write
+     * there is ordered after this CTA's consumers freed the stage only by a
+     * CTA-scope release (as for k-blocks, whose reads are wgmma's): the ring
+     * keeps out of its way. */
+    const u32 ring_box = CODA_RING_BOX_BYTES * (1u + crank);
 
     if (threadIdx.x == 0) {
         /* the descriptors' first fetch would otherwise delay the first loads */
@@ -282,7 +289,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                     coda_mbar_expect_tx(FULL(s), CODA_EPI_RING_BOXES * CODA_RING_BOX_BYTES);
 #pragma unroll
                     for (int bx = 0; bx < CODA_EPI_RING_BOXES; bx++)
-                        coda_tma_load(sa + bx * CODA_RING_BOX_BYTES, &ring.map[bx],
+                        coda_tma_load(sa + bx * ring_box, &ring.map[bx],
                                       ring.xmul[bx] * (n0 + 64 * q) + ring.xadd[bx], m0, FULL(s));
                 }
 #endif
@@ -487,6 +494,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                         if (j0 % 8 == 0) { /* a new 64-column chunk: wait for its stage */
                             coda_mbar_wait(FULL(it % CODA_STAGES), (it / CODA_STAGES) & 1);
                             t.ring = base + (it % CODA_STAGES) * CODA_STAGE_BYTES;
+                            t.ring_box = ring_box;
                         }
 #endif
                         coda_epi_in in[2 * CODA_EPI_BATCH];
@@ -508,14 +516,11 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
 #endif
 #if CODA_EPI_RING
                         /* the chunk's last batch: free its stage. With clusters the
-                         * peer's producer waits for this too, and its next multicast
-                         * of B into this CTA's stage covers ring box 1 in the CTA of
-                         * rank 1; the arrive is CTA-scope release as for k-blocks (a
-                         * cluster-scope one stalls on the epilogue's pending global
-                         * stores: measured 4-6% slower at 4096). In practice the
-                         * round trip through the peer's producer and TMA orders the
-                         * reads first; placing box 1 in the CTA's own half of B would
-                         * make that hold by construction (not done yet). */
+                         * peer's producer waits for this too; its next multicast of B
+                         * into this stage lands in the peer's half of B, where no ring
+                         * box is (ring_box), so the CTA-scope release of k-blocks is
+                         * enough (a cluster-scope one stalls on the epilogue's pending
+                         * global stores: measured 4-6% slower at 4096). */
                         if ((j0 + CODA_EPI_BATCH) % 8 == 0) {
                             if (CODA_IS_ARRIVER) coda_stage_release(EMPTY(it % CODA_STAGES));
                             it++;

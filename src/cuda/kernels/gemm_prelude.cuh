@@ -201,13 +201,14 @@ struct coda_epi_tile {
     unsigned stage;     /* CODA_EPI_STAGE: this warp's 4 KiB staging slab (shared address) */
     unsigned ring;      /* CODA_EPI_RING: the stage holding the current 64-column
                            chunk's ring inputs (shared address) */
+    unsigned ring_box;  /* CODA_EPI_RING: bytes from one ring box to the next */
 };
 
 /* Tile inputs the producer copies into the stage ring for the epilogue
  * (the RING form, src/codegen/codegen.h): per 64-column chunk at
  * accumulator column col0, box b (128 rows x 128 bytes, 16 KiB at offset
- * 16 KiB b of the stage) is map[b] at column xmul[b] col0 + xadd[b] and the
- * tile's first row. Host mirror: coda_cuda_ring_t (src/cuda/backend.h). */
+ * b t.ring_box of the stage) is map[b] at column xmul[b] col0 + xadd[b] and
+ * the tile's first row. Host mirror: coda_cuda_ring_t (src/cuda/backend.h). */
 #define CODA_RING_MAX_BOX 2
 #define CODA_RING_BOX_BYTES 16384
 struct coda_ring_params {
