@@ -157,6 +157,20 @@ int coda_context_has_cuda(const coda_context_t *ctx);
  * A, B, C must all live on the same device; CPU tensors run on the CPU
  * reference backend. `stream` is a cudaStream_t (NULL: the default stream),
  * ignored on the CPU.
+ *
+ * Big CUDA GEMMs (at least 8 waves of tiles over the GPU, with a partial
+ * last wave) share the last waves' work out by k-blocks ("stream-K"). That
+ * needs a workspace per stream, which the context allocates on the
+ * stream's first such GEMM and keeps until coda_context_free: 128 KiB per
+ * SM (16.5 MiB on an H200) per stream, for at most 8 streams (more
+ * streams, or a stream being captured into a CUDA graph before it has its
+ * workspace, run without stream-K: same results up to f32 summation
+ * order). GEMMs on one stream run one after another, so they never use the
+ * workspace at the same time; the exception is a CUDA graph captured on a
+ * stream that already had one: replaying it concurrently with GEMMs of the
+ * same context on that stream is not safe (capture on a fresh stream, or
+ * set $CODA_STREAMK=0, which turns stream-K off). Results are bitwise
+ * reproducible for a given shape, device and stream-K setting.
  * ------------------------------------------------------------------------- */
 
 typedef enum coda_layout {
