@@ -159,18 +159,20 @@ int coda_context_has_cuda(const coda_context_t *ctx);
  * ignored on the CPU.
  *
  * Big CUDA GEMMs (at least 8 waves of tiles over the GPU, with a partial
- * last wave) share the last waves' work out by k-blocks ("stream-K"). That
- * needs a workspace per stream, which the context allocates on the
- * stream's first such GEMM and keeps until coda_context_free: 128 KiB per
- * SM (16.5 MiB on an H200) per stream, for at most 8 streams (more
- * streams, or a stream being captured into a CUDA graph before it has its
- * workspace, run without stream-K: same results up to f32 summation
- * order). GEMMs on one stream run one after another, so they never use the
- * workspace at the same time; the exception is a CUDA graph captured on a
- * stream that already had one: replaying it concurrently with GEMMs of the
- * same context on that stream is not safe (capture on a fresh stream, or
- * set $CODA_STREAMK=0, which turns stream-K off). Results are bitwise
- * reproducible for a given shape, device and stream-K setting.
+ * last wave; plain and fused, coda_gemm_epilogue too) share the last waves'
+ * work out by k-blocks ("stream-K"). That needs a workspace per stream,
+ * which the context allocates on the stream's first such GEMM and keeps
+ * until coda_context_free: 128 KiB per SM (16.5 MiB on an H200) per
+ * stream, for at most 8 streams. A GEMM that cannot have one (a ninth
+ * stream; a stream being captured into a CUDA graph before it has its
+ * workspace; a failed allocation) runs without stream-K, which changes
+ * only the order of f32 sums. GEMMs on one stream run one after another and
+ * never use the workspace at the same time; what is not safe is a CUDA
+ * graph captured on a stream that already had a workspace and then
+ * replayed on another stream while GEMMs of the same context run on the
+ * first, or two replays of such graphs at once (capture on a fresh stream,
+ * or set $CODA_STREAMK=0, which turns stream-K off). Results are bitwise
+ * reproducible run to run for a given shape, device and stream-K choice.
  * ------------------------------------------------------------------------- */
 
 typedef enum coda_layout {

@@ -76,21 +76,21 @@ static void compile_in_harness(const char *name, const char *epi) {
 }
 
 /* The real thing: generated epilogue spliced into the Hopper mainloop. */
-static void compile_in_mainloop(const char *name, const char *epi, coda_layout_t layout, int cfg) {
+static void compile_in_mainloop(const char *name, const char *epi, coda_layout_t layout, int cfg, int streamk) {
     char *src = coda__cuda_gemm_source(epi);
     CHECK(src != NULL, "%s: kernel source assembles: %s", name, coda_last_error());
     if (!src) return;
     const char *opts[CODA_CUDA_GEMM_MAX_OPTS];
     char optbuf[512];
-    int n = coda__cuda_gemm_options(layout, &coda__cuda_gemm_cfgs[cfg], 0, 0, 0, opts, optbuf, sizeof optbuf);
+    int n = coda__cuda_gemm_options(layout, &coda__cuda_gemm_cfgs[cfg], 0, 0, streamk, opts, optbuf, sizeof optbuf);
     char *cubin = NULL;
     size_t size = 0;
     double t0 = now();
     coda_status_t s = coda__nvrtc_compile(src, opts, n, &cubin, &size);
     CHECK(s == CODA_OK, "%s compiles in the mainloop (layout %d, cfg %d): %s", name, (int)layout, cfg,
           coda_last_error());
-    printf("  %-28s mainloop layout %d cfg %d: %s (%zu bytes, %.1f s)\n", name, (int)layout, cfg,
-           s == CODA_OK ? "ok" : "FAILED", size, now() - t0);
+    printf("  %-28s mainloop layout %d cfg %d%s: %s (%zu bytes, %.1f s)\n", name, (int)layout, cfg,
+           streamk ? " stream-K" : "", s == CODA_OK ? "ok" : "FAILED", size, now() - t0);
     free(cubin);
     free(src);
 }
@@ -157,13 +157,13 @@ static void check_program(const char *name, const char *text, int in_mainloop) {
         free(again);
 #ifdef CODA_WITH_CUDA
         compile_in_harness(name, src);
-        if (in_mainloop) compile_in_mainloop(name, src, (coda_layout_t)(in_mainloop - 1), 1);
+        if (in_mainloop) compile_in_mainloop(name, src, (coda_layout_t)(in_mainloop - 1), 1, 0);
         /* the branch-free form for even N */
         char *even = NULL;
         CHECK(coda__codegen_cuda_ex(p, CODA_CG_EVEN, &even) == CODA_OK && even && strcmp(even, src) != 0,
               "%s: even-N form generated: %s", name, coda_last_error());
         if (even) compile_in_harness(name, even);
-        if (even && in_mainloop) compile_in_mainloop(name, even, CODA_LAYOUT_NT, 0);
+        if (even && in_mainloop) compile_in_mainloop(name, even, CODA_LAYOUT_NT, 0, 0);
         /* N a multiple of 16, which the GPU runs most: tile outputs staged
          * through shared memory (both schedules) */
         char *n16 = NULL;
@@ -174,8 +174,8 @@ static void check_program(const char *name, const char *text, int in_mainloop) {
         if (n16) CHECK((strstr(n16, "staged, coda_epi_flush") != NULL) == (tile_outs > 0), "%s: the N16 form stages its tile outputs", name);
         if (n16) compile_in_harness(name, n16);
         if (n16 && in_mainloop) {
-            compile_in_mainloop(name, n16, CODA_LAYOUT_NT, 3);
-            compile_in_mainloop(name, n16, CODA_LAYOUT_NT, 5);
+            compile_in_mainloop(name, n16, CODA_LAYOUT_NT, 3, 0);
+            compile_in_mainloop(name, n16, CODA_LAYOUT_NT, 5, 0);
         }
         /* tile inputs through the stage ring: active on the cooperative
          * schedule (cfg 3), read from global memory on ping-pong (cfg 5) */
@@ -194,8 +194,10 @@ static void check_program(const char *name, const char *text, int in_mainloop) {
                     char *on = malloc(len), *off = malloc(len);
                     snprintf(on, len, "%s\n#if !CODA_EPI_RING\n#error \"ring off\"\n#endif\n", ring);
                     snprintf(off, len, "%s\n#if CODA_EPI_RING\n#error \"ring on\"\n#endif\n", ring);
-                    compile_in_mainloop(name, on, CODA_LAYOUT_NT, 3);
-                    if (in_mainloop) compile_in_mainloop(name, off, CODA_LAYOUT_NN, 5);
+                    compile_in_mainloop(name, on, CODA_LAYOUT_NT, 3, 0);
+                    /* the stream-K variant (its own kernel, cooperative only) */
+                    if (strcmp(name, "swiglu_bwd") == 0) compile_in_mainloop(name, on, CODA_LAYOUT_TN, 3, 1);
+                    if (in_mainloop) compile_in_mainloop(name, off, CODA_LAYOUT_NN, 5, 0);
                     free(on);
                     free(off);
                 }

@@ -27,13 +27,16 @@ int main(void) {
     const char *lname[3] = {"NT", "NN", "TN"};
     for (int cfg = 0; cfg < CODA_CUDA_GEMM_NCFG; cfg++) {
         /* C stored by the mainloop (bf16, f32), and not (fused epilogues) */
-        /* v 9..11: the stream-K variant of the plain GEMM (cooperative only) */
-        for (int v = 0; v < (coda__cuda_gemm_cfgs[cfg].pingpong ? 9 : 12); v++) {
-            int layout = v % 3, c_f32 = v / 3 == 1, store_c = v / 3 != 2, streamk = v >= 9;
+        /* v 9..14: the stream-K variants of the plain GEMM (cooperative
+         * only): bf16 C with beta = 0 (CODA_PLAIN_SIMPLE), f32 C general.
+         * v 0..2 compile the beta = 0 kernel too. */
+        for (int v = 0; v < (coda__cuda_gemm_cfgs[cfg].pingpong ? 9 : 15); v++) {
+            int layout = v % 3, c_f32 = v / 3 == 1 || v / 3 == 4, store_c = v / 3 != 2, streamk = v >= 9;
             const char *opts[CODA_CUDA_GEMM_MAX_OPTS];
             char optbuf[512];
             int n = coda__cuda_gemm_options((coda_layout_t)layout, &coda__cuda_gemm_cfgs[cfg],
                                             store_c, c_f32, streamk, opts, optbuf, sizeof optbuf);
+            if ((v < 3 || v / 3 == 3) && n < CODA_CUDA_GEMM_MAX_OPTS) opts[n++] = "-DCODA_PLAIN_SIMPLE=1";
             char *cubin = NULL;
             size_t size = 0;
             double t0 = now();
@@ -45,7 +48,7 @@ int main(void) {
                    coda__cuda_gemm_cfgs[cfg].bm, coda__cuda_gemm_cfgs[cfg].bn,
                    coda__cuda_gemm_cfgs[cfg].stages, coda__cuda_gemm_cfgs[cfg].cluster_m,
                    lname[layout], !store_c ? "by epilogue" : c_f32 ? "f32" : "bf16",
-                   streamk ? ", stream-K" : "",
+                   streamk ? (v / 3 == 3 ? ", stream-K, beta 0" : ", stream-K") : v < 3 ? ", beta 0" : "",
                    s == CODA_OK ? "ok" : "FAILED", size,
                    now() - t0);
             free(cubin);

@@ -43,7 +43,7 @@ typedef struct coda_cuda_device {
     char name[128];
     coda_cuda_kernel_t *kernels;
     CUfunction plain_fn[3][CODA_CUDA_GEMM_NCFG][2][2][2]; /* plain GEMM: layout, config, C f32,
-                                                             stream-K, alpha = 1 and beta = 0 */
+                                                             stream-K, beta = 0 */
     int max_clusters[CODA_CUDA_GEMM_NCFG];  /* co-resident clusters per config; 0: not asked yet */
     coda_cuda_sk_ws_t sk_ws[CODA_CUDA_SK_STREAMS];   /* stream-K workspaces (gemm.c) */
 } coda_cuda_device_t;
@@ -78,6 +78,7 @@ typedef struct coda_cuda_api {
     CUresult (*StreamIsCapturing)(CUstream, CUstreamCaptureStatus *);
     /* optional (NULL if the driver lacks it) */
     CUresult (*OccupancyMaxActiveClusters)(int *, CUfunction, const CUlaunchConfig *);
+    CUresult (*ThreadExchangeStreamCaptureMode)(CUstreamCaptureMode *);
 } coda_cuda_api_t;
 
 struct coda_cuda {

@@ -56,6 +56,7 @@ static coda_status_t load_api(struct coda_cuda *c) {
                               t[i].sym);
     }
     *(void **)&c->cu.OccupancyMaxActiveClusters = dlsym(c->lib, "cuOccupancyMaxActiveClusters");
+    *(void **)&c->cu.ThreadExchangeStreamCaptureMode = dlsym(c->lib, "cuThreadExchangeStreamCaptureMode");
     return CODA_OK;
 }
 

@@ -305,10 +305,18 @@ static coda_cuda_sk_ws_t *sk_workspace(struct coda_cuda *cu, coda_cuda_device_t 
         return NULL;
     size_t slots = 2 * (size_t)d->sm_count;
     CUdeviceptr part = 0, flag = 0;
-    if (cu->cu.MemAlloc(&part, slots * 64 * 256 * sizeof(float)) != CUDA_SUCCESS) return NULL;
-    if (cu->cu.MemAlloc(&flag, 4 * slots * sizeof(uint32_t)) != CUDA_SUCCESS ||
-        cu->cu.MemsetD32Async(flag, 0, 4 * slots, stream) != CUDA_SUCCESS) {
-        cu->cu.MemFree(part);
+    /* another stream of the process may be capturing in global mode, where
+     * an allocation from this thread would break its capture: relaxed mode
+     * for the allocation (the driver call is optional; without it, none) */
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    if (!cu->cu.ThreadExchangeStreamCaptureMode || cu->cu.ThreadExchangeStreamCaptureMode(&mode) != CUDA_SUCCESS)
+        return NULL;
+    CUresult r = cu->cu.MemAlloc(&part, slots * 64 * 256 * sizeof(float));
+    if (r == CUDA_SUCCESS) r = cu->cu.MemAlloc(&flag, 4 * slots * sizeof(uint32_t));
+    cu->cu.ThreadExchangeStreamCaptureMode(&mode); /* back to what it was */
+    if (r == CUDA_SUCCESS) r = cu->cu.MemsetD32Async(flag, 0, 4 * slots, stream);
+    if (r != CUDA_SUCCESS) {
+        if (part) cu->cu.MemFree(part);
         if (flag) cu->cu.MemFree(flag);
         return NULL;
     }
@@ -392,8 +400,9 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
                 d->max_clusters[cfg_index] = (int)clusters;
         }
         if (d->max_clusters[cfg_index] < clusters) clusters = d->max_clusters[cfg_index];
-        const char *env = getenv("CODA_DEBUG_CLUSTERS"); /* benchmarking override */
-        if (env && atoi(env) > 0 && atoi(env) <= d->sm_count / cfg->cluster_m) clusters = atoi(env);
+        const char *env = getenv("CODA_DEBUG_CLUSTERS"); /* benchmarking override (never more than
+                                                              fit at once: stream-K waits on peers) */
+        if (env && atoi(env) > 0 && atoi(env) <= d->max_clusters[cfg_index]) clusters = atoi(env);
     }
     if (units < clusters) clusters = units;
     if (clusters < 1) clusters = 1;
@@ -530,11 +539,11 @@ coda_status_t coda__cuda_gemm(coda_context_t *ctx, coda_layout_t layout, const c
     if (s == CODA_OK) s = check_pointer(cu, b, "b");
     if (s == CODA_OK) {
         const char *epi = coda__cuda_source("epi_plain.cuh");
-        /* alpha = 1, beta = 0 (nearly every call) has a kernel of its own:
-         * the general pair code tests beta and the bounds per column pair,
-         * and that cost 2-3% of the whole GEMM at K = 2048-4096 (measured on
-         * the H200, bench/RESULTS.md) */
-        int simple = alpha == 1.0f && beta == 0.0f;
+        /* beta = 0 (nearly every call) has a kernel of its own: the general
+         * pair code tests beta and the bounds per column pair, and that cost
+         * 2-3% of the whole GEMM at K = 2048-4096 (measured on the H200,
+         * bench/RESULTS.md) */
+        int simple = beta == 0.0f;
         s = epi ? launch(ctx, d, layout, a, b, c, epi, NULL, &p, cfg, 0, NULL, simple, stream)
                 : coda__fail(CODA_ERR_INTERNAL, "CUDA GEMM: epi_plain.cuh is not embedded");
     }

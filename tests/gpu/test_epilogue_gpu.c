@@ -333,11 +333,15 @@ int main(int argc, char **argv) {
     }
     run_case(texts[0], CODA_LAYOUT_TN, 264, 136, 1000, 0);
     cooperative = 0;
-    /* stream-K forced on (80 tile pairs on 66 clusters: every tile cut in
-     * two, so every epilogue runs on sums handed over between CTAs) */
+    /* stream-K forced on (80 tile pairs on 66 clusters: 59 of them cut in
+     * two, so most epilogues run on sums handed over between CTAs); then
+     * whole units before the tail (144 pairs: 66 whole), with a ring program */
     setenv("CODA_STREAMK", "1", 1);
     for (int i = 0; i < (small ? 2 : nt); i++) run_case(texts[i], CODA_LAYOUT_NT, 4096, 1032, 520, 256);
-    if (!small) run_case(texts[0], CODA_LAYOUT_TN, 4096, 1032, 520, 256);
+    if (!small) {
+        run_case(texts[0], CODA_LAYOUT_TN, 4096, 1032, 520, 256);
+        run_case(coda_builtin_program("rmsnorm_bwd"), CODA_LAYOUT_NT, 4096, 2304, 264, 256);
+    }
     unsetenv("CODA_STREAMK");
     unsetenv("CODA_GEMM_CFG");
     finish_case(small ? 100 : 5000, 17);

@@ -248,13 +248,16 @@ int main(int argc, char **argv) {
         run_case((coda_layout_t)l, 1000, 392, 264, CODA_F32, 1.0f, 0.0f, -1);
         run_case((coda_layout_t)l, 1000, 392, 264, CODA_F32, -0.5f, 2.0f, -1);
         run_case((coda_layout_t)l, 1000, 392, 264, CODA_BF16, 2.0f, -1.0f, -1);
+        run_case((coda_layout_t)l, 1000, 392, 264, CODA_BF16, -0.5f, 0.0f, -1); /* alpha alone */
         run_case((coda_layout_t)l, 513, 1000, 1032, CODA_F32, 0.75f, 0.5f, 1);
     }
     /* stream-K, forced on: the last partial wave and one whole wave of units
      * are shared out by k-blocks (on 132 SMs: 144, 180 and 72 units of
-     * configurations 0, 1 and 2/3); odd N, K not a multiple of 64, f32
-     * output with beta, every layout. Then the default choice on a shape
-     * where it picks stream-K itself (72 tile pairs on 66 clusters). */
+     * configurations 0, 1 and 2/3, so no whole units first); odd N, K not a
+     * multiple of 64, f32 output with beta, every layout. Then whole units
+     * before the tail (144 tile pairs on 66 clusters: 66 whole), and the
+     * default rule on a shape where it picks stream-K itself (1088 units of
+     * configuration 1 on 132 SMs: 8.2 waves, 924 whole units). */
     setenv("CODA_STREAMK", "1", 1);
     for (int l = 0; l < 3; l++) {
         run_case((coda_layout_t)l, 1152, 4000, 264, CODA_BF16, 1.0f, 0.0f, 0);
@@ -263,8 +266,9 @@ int main(int argc, char **argv) {
         run_case((coda_layout_t)l, 2304, 2040, 264, CODA_F32, 0.5f, 1.5f, 3);
     }
     run_case(CODA_LAYOUT_NT, 1152, 4001, 264, CODA_BF16, 1.0f, 0.0f, 0);
+    run_case(CODA_LAYOUT_TN, 4096, 2304, 264, CODA_BF16, 1.0f, 0.0f, 3);
     unsetenv("CODA_STREAMK");
-    run_case(CODA_LAYOUT_NT, 2304, 2048, 520, CODA_BF16, 1.0f, 0.0f, -1);
+    run_case(CODA_LAYOUT_NT, 4096, 4352, 200, CODA_BF16, 1.0f, 0.0f, 1);
     run_case(CODA_LAYOUT_NT, 1000, 13, 264, CODA_BF16, 1.0f, 0.5f, -1);
     run_case(CODA_LAYOUT_NT, 1000, 301, 264, CODA_F32, 1.0f, 0.0f, -1);
     run_case(CODA_LAYOUT_TN, 1, 8, 8, CODA_BF16, 1.0f, 0.0f, -1);

@@ -63,9 +63,9 @@ static __device__ __forceinline__ void coda_epi_pair(const coda_epi_params &p,
                                                      const coda_epi_tile &t, coda_epi_state &s,
                                                      int h, int j, int row, int col, float &v0,
                                                      float &v1, const coda_epi_in &in) {
-#if !CODA_PLAIN_SIMPLE /* set when alpha = 1 and beta = 0: C = acc as it is */
     v0 *= p.alpha;
     v1 *= p.alpha;
+#if !CODA_PLAIN_SIMPLE /* set when beta = 0: C is not read */
     if (p.beta != 0.0f) coda_epi_plain_beta(p, t, row, col, v0, v1);
 #endif
 }

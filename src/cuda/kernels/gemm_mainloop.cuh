@@ -96,6 +96,9 @@
 #if CODA_EPI_RING && (CODA_PINGPONG || CODA_EPI_STORE_C || (8 % CODA_EPI_BATCH) != 0)
 #error "ring inputs need the cooperative schedule, no C store and batches inside 64-column chunks"
 #endif
+#if CODA_EPI_RING && CODA_CLUSTER > 1 && CODA_BN != 256
+#error "ring box 1 sits over the CTA's own half of B: needs BN = 256 with clusters (see ring_box)"
+#endif
 #if CODA_EPI_RING && defined(CODA_X_ONEARRIVE)
 #error "ring inputs are freed per warp: CODA_X_ONEARRIVE would free a chunk other warps still read"
 #endif
@@ -236,7 +239,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
             int it = 0;
 #if CODA_STREAMK
             coda_work w;
-            coda_work_start(w, sk, unit0, kiters);
+            coda_work_start(w, sk, unit0, unit_step, kiters);
             while (coda_work_next(w, sk, unit_step, kiters)) {
                 const int unit = w.unit, kb_begin = w.kb0, kb_end = w.kb1;
 #else
@@ -309,7 +312,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
             const int kb_begin = 0, kb_end = kiters;
 #elif CODA_STREAMK
         coda_work w;
-        coda_work_start(w, sk, unit0, kiters);
+        coda_work_start(w, sk, unit0, unit_step, kiters);
         while (coda_work_next(w, sk, unit_step, kiters)) {
             const int unit = w.unit, kb_begin = w.kb0, kb_end = w.kb1;
 #else
@@ -380,9 +383,10 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
             if (kb_begin > 0) {
                 coda_sk_contribute(sk, (int)blockIdx.x, c, tid, acc[0]);
             } else {
-                for (int g = unit0 + 1; kb_end < kiters && g < unit_step &&
-                                        coda_sk_begin(sk, g, kiters) < (unit + 1) * kiters; g++)
-                    coda_sk_collect(sk, g * CODA_CLUSTER + (int)crank, c, tid, acc[0]);
+                /* the contributors: ranges r + 1, ... (clusters g - 1, ...) */
+                for (int r = unit_step - unit0; kb_end < kiters && r < unit_step &&
+                                                coda_sk_begin(sk, r, kiters) < (unit + 1) * kiters; r++)
+                    coda_sk_collect(sk, (unit_step - 1 - r) * CODA_CLUSTER + (int)crank, c, tid, acc[0]);
                 CODA_FENCE_ACC(acc);
 #else
             {

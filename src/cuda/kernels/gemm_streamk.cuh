@@ -5,23 +5,29 @@
  * loses (ceil(U/G) - U/G) / ceil(U/G) of the machine in the last, partial
  * wave (4096^3 on 66 clusters: 256 pairs = 3.88 waves, 3% idle). With
  * stream-K (Osama et al., 2023) the last units are shared out by k-blocks
- * instead: every cluster first takes its whole units below sk.dp_units
- * (unit0, unit0 + G, ..., the same count for all), then the contiguous
- * range [b_g, b_{g+1}) of the remaining units' k-blocks, numbered
- * unit * kiters + kb, with b_g = dp_units * kiters + g T / G (rounded
- * so that the shares differ by at most one) and T the remaining k-block
- * count. The host keeps one whole wave plus the partial
- * one for this part, so each cluster's range spans at least one unit.
+ * instead: every cluster g first takes its whole units below sk.dp_units
+ * (g, g + G, ..., the same count for all), then the contiguous range
+ * [b_r, b_{r+1}) of the remaining units' k-blocks, numbered
+ * unit * kiters + kb, where r = G - 1 - g (see below), b_r = dp_units *
+ * kiters + r T / G (rounded so that the shares differ by at most one) and
+ * T the remaining k-block count. The host keeps one whole wave plus the
+ * partial one for this part, so each cluster's range spans at least one
+ * unit.
  *
  * A range cut inside a unit leaves it to more than one cluster:
  *   - the cluster whose range starts inside the unit (kb0 > 0) is a
- *     contributor: it does that piece first, stores its f32 accumulators
- *     to its slot of sk.part and raises its flag, and runs no epilogue;
+ *     contributor: that piece is the first of its range; it stores its f32
+ *     accumulators to its slot of sk.part, raises its flags and runs no
+ *     epilogue;
  *   - the cluster that has the unit's first k-block (kb0 = 0, kb1 < kiters)
  *     owns it: that piece is the last of its range, so the contributors
- *     (the clusters g + 1, ... whose ranges start inside the unit) are long
- *     done with theirs; it waits for their flags, adds their partials in
- *     cluster order (the same sum every run) and runs the epilogue.
+ *     (ranges r + 1, ... that start inside the unit) are long done with
+ *     theirs; it waits for their flags, adds their partials in range order
+ *     (the same sum every run) and runs the epilogue.
+ * Ranges are numbered from the last cluster down (r = G - 1 - g) so that
+ * an owner waits only on clusters of lower index: blocks are dispatched in
+ * index order, so those are running whenever the owner is, even when the
+ * grid does not fit on the GPU at once (another kernel holding SMs).
  * A cluster contributes at most once (its first piece), so a slot per CTA
  * and consumer warpgroup is enough (with a flag per warp). The owner
  * clears each flag it waited for, which leaves them all 0 for the next
@@ -46,16 +52,18 @@ struct coda_work {
     int pos, end;               /* the stream-K range still to do */
 };
 
-/* Start of cluster g's stream-K range (b_g above; g = G gives the end). */
-static __device__ __forceinline__ int coda_sk_begin(const coda_sk_params &sk, int g, int kiters) {
-    return sk.dp_units * kiters + g * sk.share + min(g, sk.extra);
+/* Start of stream-K range r (b_r above; r = G gives the end). */
+static __device__ __forceinline__ int coda_sk_begin(const coda_sk_params &sk, int r, int kiters) {
+    return sk.dp_units * kiters + r * sk.share + min(r, sk.extra);
 }
 
+/* Cluster g of n_clusters: its whole units, then range r = n_clusters - 1 - g. */
 static __device__ __forceinline__ void coda_work_start(coda_work &w, const coda_sk_params &sk,
-                                                       int g, int kiters) {
+                                                       int g, int n_clusters, int kiters) {
+    const int r = n_clusters - 1 - g;
     w.next_dp = g;
-    w.pos = coda_sk_begin(sk, g, kiters);
-    w.end = coda_sk_begin(sk, g + 1, kiters);
+    w.pos = coda_sk_begin(sk, r, kiters);
+    w.end = coda_sk_begin(sk, r + 1, kiters);
     w.unit = w.kb0 = w.kb1 = 0;
 }
 
