@@ -339,8 +339,10 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
     coda__gemm_extents(layout, a, b, &m, &n, &k);
 
     int store_c = c_out != NULL, c_f32 = c_out && c_out->dtype == CODA_F32;
-    CUfunction fn;
-    CODA_TRY(get_kernel(ctx, d, layout, cfg_index, store_c, c_f32, 0, simple, epilogue_src, epilogue_key, &fn));
+    /* the kernel: got once the launch knows whether it runs a stream-K tail
+     * (a variant of its own), or earlier if the cluster occupancy query
+     * needs one */
+    CUfunction fn = NULL;
 
     /* Tensor maps (inner dimension first); boxes match gemm_mainloop.cuh. */
     CUtensorMap map_a, map_b, map_c;
@@ -392,6 +394,8 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
     if (cfg->cluster_m > 1) {
         if (!d->max_clusters[cfg_index]) {
             int mc = 0;
+            CODA_TRY(get_kernel(ctx, d, layout, cfg_index, store_c, c_f32, 0, simple, epilogue_src, epilogue_key,
+                                &fn));
             lc.gridDimX = (unsigned)(clusters * cfg->cluster_m);
             if (cu->cu.OccupancyMaxActiveClusters &&
                 cu->cu.OccupancyMaxActiveClusters(&mc, fn, &lc) == CUDA_SUCCESS && mc > 0)
@@ -411,23 +415,20 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
     sk_params_t skp;
     memset(&skp, 0, sizeof skp);
     int64_t kiters = coda__cdiv(k, cfg->bk);
-    skp.dp_units = coda__cuda_streamk_dp_units(units, clusters, kiters, cfg->pingpong);
-    if (skp.dp_units < units) {
-        int64_t tail = (units - skp.dp_units) * kiters;
+    int dp_units = coda__cuda_streamk_dp_units(units, clusters, kiters, cfg->pingpong);
+    coda_cuda_sk_ws_t *ws = dp_units < units ? sk_workspace(cu, d, (CUstream)stream) : NULL;
+    skp.dp_units = ws ? dp_units : (int)units;
+    if (ws) {
+        int64_t tail = (units - dp_units) * kiters;
         skp.share = (int)(tail / clusters);
         skp.extra = (int)(tail % clusters);
-        coda_cuda_sk_ws_t *ws = sk_workspace(cu, d, (CUstream)stream);
-        if (ws) {
-            skp.part = (void *)(uintptr_t)ws->part;
-            skp.flag = (void *)(uintptr_t)ws->flag;
-            /* the stream-K kernel is a variant of its own (gemm_mainloop.cuh) */
-            CODA_TRY(get_kernel(ctx, d, layout, cfg_index, store_c, c_f32, 1, simple, epilogue_src, epilogue_key,
-                                &fn));
-        } else {
-            skp.dp_units = (int)units;
-            skp.share = skp.extra = 0;
-        }
+        skp.part = (void *)(uintptr_t)ws->part;
+        skp.flag = (void *)(uintptr_t)ws->flag;
     }
+    /* the stream-K kernel is a variant of its own (gemm_mainloop.cuh) */
+    if (ws || !fn)
+        CODA_TRY(get_kernel(ctx, d, layout, cfg_index, store_c, c_f32, ws != NULL, simple, epilogue_src,
+                            epilogue_key, &fn));
     void *args[] = {&map_a, &map_b, &map_c, &Mi, &Ni, &Ki, (void *)params, &rp, &skp};
     if (getenv("CODA_DEBUG_LAUNCH"))
         fprintf(stderr, "coda gemm: cfg %d %dx%d cluster %d, %lld units%s, grid %u, smem %zu, max clusters %d\n",

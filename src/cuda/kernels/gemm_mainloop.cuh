@@ -122,6 +122,23 @@
 #error "CODA_BN must be 128 or 256"
 #endif
 
+/* The pieces of work of this CTA, in order: tile pair `unit`, k-blocks
+ * [kb_begin, kb_end). The producer and the cooperative consumers must walk
+ * exactly the same sequence (the stage ring's order), so both loops are
+ * this one. Without stream-K: the CTA's units, whole. Opens the loop body
+ * (the caller writes the brace). */
+#if CODA_STREAMK
+#define CODA_FOR_EACH_PIECE(unit, kb_begin, kb_end)                            \
+    coda_work work_;                                                          \
+    coda_work_start(work_, sk, unit0, unit_step, kiters);                     \
+    for (int unit, kb_begin, kb_end;                                          \
+         coda_work_next(work_, sk, unit_step, kiters) &&                      \
+         (unit = work_.unit, kb_begin = work_.kb0, kb_end = work_.kb1, 1);)
+#else
+#define CODA_FOR_EACH_PIECE(unit, kb_begin, kb_end)                            \
+    for (int unit = unit0, kb_begin = 0, kb_end = kiters; unit < n_units; unit += unit_step)
+#endif
+
 /* Keep the compiler from moving any accumulator access across this point
  * (around wgmma issue and wait). */
 #define CODA_FENCE_ACC(acc)                                                   \
@@ -237,15 +254,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
         if (tid == 0) {
             int it = 0;
-#if CODA_STREAMK
-            coda_work w;
-            coda_work_start(w, sk, unit0, unit_step, kiters);
-            while (coda_work_next(w, sk, unit_step, kiters)) {
-                const int unit = w.unit, kb_begin = w.kb0, kb_end = w.kb1;
-#else
-            for (int unit = unit0; unit < n_units; unit += unit_step) {
-                const int kb_begin = 0, kb_end = kiters;
-#endif
+            CODA_FOR_EACH_PIECE(unit, kb_begin, kb_end) {
                 int tm2, tn;
                 coda_tile_coords(unit, tiles_m2, tiles_n, &tm2, &tn);
                 const int tm = tm2 * CODA_CLUSTER + (int)crank;
@@ -310,14 +319,8 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
              seq += 2, unit += 2 * unit_step) {
             it = seq * kiters;
             const int kb_begin = 0, kb_end = kiters;
-#elif CODA_STREAMK
-        coda_work w;
-        coda_work_start(w, sk, unit0, unit_step, kiters);
-        while (coda_work_next(w, sk, unit_step, kiters)) {
-            const int unit = w.unit, kb_begin = w.kb0, kb_end = w.kb1;
 #else
-        for (int unit = unit0; unit < n_units; unit += unit_step) {
-            const int kb_begin = 0, kb_end = kiters;
+        CODA_FOR_EACH_PIECE(unit, kb_begin, kb_end) {
 #endif
             int tm2, tn;
             coda_tile_coords(unit, tiles_m2, tiles_n, &tm2, &tn);
