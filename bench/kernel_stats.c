@@ -4,7 +4,8 @@
  *   kernel_stats [cfg [DIR]]   (default: configuration 3, the cooperative
  *                               128 x 256 that big fused GEMMs run; DIR: also
  *                               write each kernel's cubin there, NAME.cubin,
- *                               for bench/sass_stats.sh)
+ *                               for bench/sass_stats.sh, and the
+ *                               generated epilogue, NAME.epi.cu)
  *
  * Needs NVRTC, not a GPU. The generated code is the form the LLaMA shapes
  * get: RING where the program has tile inputs for the stage ring, else N16
@@ -67,6 +68,13 @@ static void stats(const char *name, const char *epi, int cfg) {
     }
     free(log);
     if (r == NVRTC_SUCCESS && cubin_dir) write_cubin(prog, name);
+    if (cubin_dir) { /* the generated epilogue too, NAME.epi.cu, to read beside the SASS */
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s.epi.cu", cubin_dir, name[0] == '(' ? "plain" : name);
+        FILE *f = fopen(path, "w");
+        if (!f || fputs(epi, f) < 0) fprintf(stderr, "kernel_stats: cannot write %s\n", path);
+        if (f) fclose(f);
+    }
     nvrtcDestroyProgram(&prog);
     free(src);
 }

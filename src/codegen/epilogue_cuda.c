@@ -207,6 +207,13 @@ static void gen_state(sb_t *b, const coda_program_t *p) {
 static const char *first_col(coda_space_t s) {
     return s == CODA_SPACE_HALF ? "(col >> 1)" : s == CODA_SPACE_FULL ? "col" : "(2 * col)";
 }
+/* The same as the thread's first column and the chunk's offset from it
+ * (col - t.col: a constant once the kernel's loops are unrolled), so that
+ * `pointer + first + offset` is a per-thread register and an immediate. */
+static const char *first_col_split(coda_space_t s) {
+    return s == CODA_SPACE_HALF ? "(t.col >> 1) + ((col - t.col) >> 1)"
+         : s == CODA_SPACE_FULL ? "t.col + (col - t.col)" : "2 * t.col + 2 * (col - t.col)";
+}
 /* The same for loads, from the clamped column cl (always inside the matrix). */
 static const char *first_col_load(coda_space_t s) {
     return s == CODA_SPACE_HALF ? "(cl >> 1)" : s == CODA_SPACE_FULL ? "cl" : "(2 * cl)";
@@ -226,16 +233,16 @@ static int vec_words(int w, coda_dtype_t dt) {
  * (ok1), else the first half (missing words are 0). Alignment: rows start
  * 16-byte aligned (fused_gemm.c checks) and col is even, so a pair's
  * elements are one aligned 2, 4, 8 or 16-byte access. */
-static void gen_vec_fetch(sb_t *b, int i, int w, coda_dtype_t dt, const char *q, int pred) {
+static void gen_vec_fetch(sb_t *b, int i, int w, coda_dtype_t dt, const char *q, const char *pred) {
     const char *t = dt == CODA_BF16 ? "unsigned short" : "float";
     int nw = vec_words(w, dt);
     sb_printf(b, "    {\n        const %s *q_ = %s;\n        unsigned *u_ = L.u%d;\n", t, q, i);
     if (nw == 1 && dt == CODA_BF16 && w == 1) /* a half-space bf16 element: 2 bytes */
-        sb_printf(b, pred ? "        u_[0] = cg_ld16p(valid, q_);\n" : "        u_[0] = cg_ld16(q_);\n");
+        pred ? sb_printf(b, "        u_[0] = cg_ld16p(%s, q_);\n", pred) : sb_printf(b, "        u_[0] = cg_ld16(q_);\n");
     else if (pred)
-        sb_printf(b, nw == 1   ? "        u_[0] = cg_ld32p(valid, q_);\n"
-                     : nw == 2 ? "        cg_ld64p(valid, q_, &u_[0], &u_[1]);\n"
-                               : "        cg_ld128p(valid, q_, &u_[0], &u_[1], &u_[2], &u_[3]);\n");
+        sb_printf(b, nw == 1   ? "        u_[0] = cg_ld32p(%s, q_);\n"
+                     : nw == 2 ? "        cg_ld64p(%s, q_, &u_[0], &u_[1]);\n"
+                               : "        cg_ld128p(%s, q_, &u_[0], &u_[1], &u_[2], &u_[3]);\n", pred);
     else if (nw == 1)
         sb_printf(b, "        u_[0] = %s;\n", dt == CODA_F32 ? "cg_ld32(q_)" : "ok1 ? cg_ld32(q_) : cg_ld16(q_)");
     else if (nw == 2)
@@ -371,6 +378,21 @@ static void plan_staging(const coda_program_t *p, int n16, const coda_ring_plan_
     }
 }
 
+/* The slab address of a pair's elements (e bytes) in row half h and chunk
+ * jj of the batch (C expressions, constants once the kernel's loops are
+ * unrolled): the lane's part (its row, its bytes, the swizzle key) and the
+ * chunk's part (a 16-byte unit, and for e = 2 the upper 8 bytes) have
+ * disjoint bits, so the chunk enters by an XOR and an add to a per-thread
+ * value instead of the whole swizzle for every pair. */
+static void slab_pair_addr(char *buf, size_t cap, int off, int pitch, int e, const char *h, const char *jj) {
+    int rp = pitch >= 128 ? 1 : 128 / pitch, nch = pitch / 16;
+    snprintf(buf, cap,
+             "        const int r_ = 8 * (%s) + ((t.tid & 31) >> 2), xl_ = (t.tid & 3) * %d, xc_ = (%s) * %d;\n"
+             "        const unsigned a_ = t.stage + %d + ((r_ * %d + ((((xl_ >> 4) ^ ((r_ / %d) & %d))) << 4) + "
+             "(xl_ & 15)) ^ (xc_ & ~15)) + (xc_ & 15);\n",
+             h, e, jj, 4 * e, off, pitch, rp, nch - 1);
+}
+
 /* The swizzled slab address of byte x_ of staged row r_ (C expressions). */
 static void stage_addr(char *buf, size_t cap, int off, int pitch) {
     int rp = pitch >= 128 ? 1 : 128 / pitch, nch = pitch / 16;
@@ -406,25 +428,29 @@ void coda__codegen_ring_plan(const coda_program_t *p, coda_ring_plan_t *plan) {
  * k * t.ring_box bytes). Tiles start at multiples of 128 rows and 64
  * columns, so the row in the box is row & 127 and the byte in the chunk's
  * row (col & 63) times the bytes per accumulator column; 16-byte unit u of
- * box row r sits at u ^ (r & 7). */
+ * box row r sits at u ^ (r & 7).
+ * The address splits into a part that depends on the thread only (its
+ * row, its lane's bytes, the swizzle key r & 7, the same for row + 8) and
+ * one that depends on the chunk only (col - t.col and row - t.row are
+ * constants once the kernel's loops are unrolled): the unit's chunk bits
+ * and the lane's bits are disjoint, so the chunk enters by one XOR, and
+ * ptxas keeps the per-thread part in a register instead of redoing the
+ * swizzle for every pair (session 6: 4-6 integer instructions a load). */
 static void gen_ring_fetch(sb_t *b, int i, const coda_arg_t *a, int first_box) {
     int esz = a->dtype == CODA_BF16 ? 2 : 4, per_col = (a->space == CODA_SPACE_DOUBLE ? 2 : 1) * esz;
     int e = 2 * per_col; /* bytes of the pair */
     sb_printf(b, "    { /* %s: copied into the stage ring by TMA */\n"
-                 "        const int r_ = row & 127, x_ = (col & 63) * %d;\n"
-                 "        const unsigned a_ = t.ring + (%d + (x_ >> 7)) * t.ring_box + r_ * 128 + "
-                 "((((x_ >> 4) & 7) ^ (r_ & 7)) << 4) + (x_ & 15);\n",
-              a->name, per_col, first_box);
+                 "        const int xl_ = (t.col & 7) * %d, xc_ = ((col - t.col) & 63) * %d;\n"
+                 "        const unsigned thr_ = (t.row & 127) * 128 + ((((xl_ >> 4) ^ (t.row & 7))) << 4) + (xl_ & 15);\n"
+                 "        const unsigned a_ = t.ring + (%d + (xc_ >> 7)) * t.ring_box + (thr_ ^ (xc_ & 0x70)) + "
+                 "(row - t.row) * 128;\n",
+              a->name, per_col, per_col, first_box);
     if (e == 4) sb_printf(b, "        L.u%d[0] = cg_lds32(a_);\n", i);
     else if (e == 8) sb_printf(b, "        cg_lds64(a_, L.u%d);\n", i);
     else sb_printf(b, "        cg_lds128(a_, L.u%d);\n", i);
-    sb_printf(b, "    }\n");
+    sb_printf(b, "}\n\n");
 }
 
-/* Tile and column-vector inputs are read in a separate step, coda_epi_fetch,
- * into a struct of raw words: the mainloop fetches a batch of pairs before
- * it runs the program on any of them (CODA_EPI_BATCH), so that many loads
- * are in flight at once instead of one round trip to memory per pair. */
 static void gen_fetch(sb_t *b, const coda_program_t *p, int even_n, const coda_ring_plan_t *rp,
                       const stage_plan_t *sp) {
     sb_printf(b, "struct coda_epi_in {\n    unsigned unused_;\n");
@@ -450,11 +476,13 @@ static void gen_fetch(sb_t *b, const coda_program_t *p, int even_n, const coda_r
         char q[160];
         const char *t = a->dtype == CODA_BF16 ? "unsigned short" : "float";
         /* Tiles, N even: unclamped row and column, the load predicated on
-         * the pair being inside. Column vectors: the clamped column and no
-         * predicate, so that the compiler sees the same load for every row
-         * of a column and makes it once. */
-        const int pred = even_n && a->kind == CODA_IN_TILE;
-        const char *c0 = pred ? first_col(in->vspace) : first_col_load(in->vspace);
+         * the pair being inside, the address a per-thread pointer plus the
+         * chunk's columns as a constant. Column vectors: the clamped column
+         * and no predicate, so that ptxas sees the same load for both rows
+         * of a column and makes it once (predicated, each row kept its own:
+         * session 6). N odd: the clamped row and column. */
+        const char *pred = even_n && a->kind == CODA_IN_TILE ? "valid" : NULL;
+        const char *c0 = pred ? first_col_split(in->vspace) : first_col_load(in->vspace);
         if (a->kind == CODA_IN_TILE)
             snprintf(q, sizeof q, "(const %s *)P->ptr[%d] + %s * P->s0[%d] + %s", t, in->arg,
                      pred ? "(long long)row" : "r", in->arg, c0);
@@ -468,14 +496,12 @@ static void gen_fetch(sb_t *b, const coda_program_t *p, int even_n, const coda_r
             sb_printf(b, "#endif\n");
         } else if (sp->off[in->arg] >= 0) { /* staged: the pair's elements from the slab */
             int w = value_width(in), e = w * (a->dtype == CODA_BF16 ? 2 : 4);
-            char addr[160];
-            stage_addr(addr, sizeof addr, sp->off[in->arg], sp->pitch[in->arg]);
+            char addr[512];
+            slab_pair_addr(addr, sizeof addr, sp->off[in->arg], sp->pitch[in->arg], e, "((row - t.row) >> 3) & 1",
+                           "((col - t.col) >> 3) % CODA_EPI_BATCH");
             sb_printf(b, "#if CODA_EPI_STAGE\n"
-                         "    { /* %s: staged by coda_epi_vput */\n"
-                         "        const int r_ = (((row - t.row) >> 3) & 1) * 8 + ((t.tid & 31) >> 2);\n"
-                         "        const int x_ = (((col - t.col) >> 3) %% CODA_EPI_BATCH) * %d + (t.tid & 3) * %d;\n"
-                         "        const unsigned a_ = %s;\n",
-                      a->name, 4 * e, e, addr);
+                         "    { /* %s: staged by coda_epi_vput */\n%s",
+                      a->name, addr);
             if (e == 2) sb_printf(b, "        L.u%d[0] = cg_lds16(a_);\n", i);
             else if (e == 4) sb_printf(b, "        L.u%d[0] = cg_lds32(a_);\n", i);
             else if (e == 8) sb_printf(b, "        cg_lds64(a_, L.u%d);\n", i);
@@ -493,13 +519,9 @@ static void gen_fetch(sb_t *b, const coda_program_t *p, int even_n, const coda_r
 /* A pair's w elements of output arg k into its slab region. */
 static void gen_stage_store(sb_t *b, const coda_arg_t *a, int off, int pitch, char x[4][48]) {
     int w = space_width(a->space), esz = a->dtype == CODA_BF16 ? 2 : 4, e = w * esz;
-    char addr[160];
-    stage_addr(addr, sizeof addr, off, pitch);
-    sb_printf(b, "    { /* %s: staged, coda_epi_flush writes it out */\n"
-                 "        const int r_ = 8 * (rs & 1) + ((t.tid & 31) >> 2);\n"
-                 "        const int x_ = ((cs %% (CODA_BN / 8)) %% CODA_EPI_BATCH) * %d + (t.tid & 3) * %d;\n"
-                 "        const unsigned a_ = %s;\n",
-              a->name, 4 * e, e, addr);
+    char addr[512];
+    slab_pair_addr(addr, sizeof addr, off, pitch, e, "rs & 1", "(cs % (CODA_BN / 8)) % CODA_EPI_BATCH");
+    sb_printf(b, "    { /* %s: staged, coda_epi_flush writes it out */\n%s", a->name, addr);
     if (a->dtype == CODA_BF16) {
         if (w == 1) sb_printf(b, "        cg_sts16(a_, cg_f32_to_bf16(%s));\n", x[0]);
         else if (w == 2) sb_printf(b, "        cg_sts32(a_, cg_pack(%s, %s));\n", x[0], x[1]);
@@ -521,7 +543,8 @@ static void gen_stage_store(sb_t *b, const coda_arg_t *a, int off, int pitch, ch
 typedef struct staged_arg {
     const coda_arg_t *a;
     int esz, pitch, nch;
-    const char *first, *ncols;
+    int jmul;                  /* the arg's columns per unit of j0 (8 accumulator columns) */
+    const char *first, *ncols; /* the warp's first column in the tile (j0 = 0); the arg's columns */
     char addr[160];
 } staged_arg_t;
 
@@ -534,15 +557,20 @@ static int staged_arg(const coda_program_t *p, const stage_plan_t *sp, int k, co
     sa->pitch = sp->pitch[k];
     sa->nch = sa->pitch / 16;
     sa->first = sw == CODA_SPACE_HALF ? "(col0 >> 1)" : sw == CODA_SPACE_FULL ? "col0" : "(2 * col0)";
+    sa->jmul = sw == CODA_SPACE_HALF ? 4 : sw == CODA_SPACE_FULL ? 8 : 16;
     sa->ncols = sw == CODA_SPACE_HALF ? "(P->n / 2)" : sw == CODA_SPACE_FULL ? "(long long)P->n" : "(2LL * P->n)";
     stage_addr(sa->addr, sizeof sa->addr, sp->off[k], sa->pitch);
     return 1;
 }
 
-/* The warp's first row and the batch's first accumulator column. */
+/* The warp's first row and the tile's first accumulator column. The
+ * batch's columns (j0) are added last, as a constant: the address of a
+ * lane's vector is then one per-tile register and an immediate offset for
+ * every batch, and its bounds test one compare (session 6: the 64-bit
+ * address arithmetic had been redone for every vector of every batch). */
 static const char WARP_ORIGIN[] =
     "    const long long row0 = t.row - (lane >> 2) + 64 * mh; /* the warp's first row */\n"
-    "    const long long col0 = t.col - 2 * (lane & 3) + 8 * j0; /* the batch's first acc column */\n";
+    "    const long long col0 = t.col - 2 * (lane & 3); /* the tile's first acc column */\n";
 
 /* coda_epi_flush(P, t, mh, j0): after the pairs of the batch at chunk j0 of
  * row block mh, the warp writes each staged region out, 16 bytes a lane. N
@@ -565,19 +593,21 @@ static void gen_flush(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) 
             if (!staged_arg(p, sp, k, CODA_OUT_TILE, &sa)) continue;
             sb_printf(b,
                       "    { /* %s */\n"
-                      "        const long long nw = %s;\n"
+                      "        const long long c_ = %s + (lane %% %d) * %d, rem_ = %s - c_;\n"
+                      "        %s *g0_ = (%s *)P->ptr[%d] + (row0 + lane / %d) * P->s0[%d] + c_;\n"
+                      "        const long long step_ = %d * P->s0[%d];\n"
                       "#pragma unroll\n"
                       "        for (int i = lane; i < %d; i += 32) {\n"
                       "            const int r_ = i / %d, x_ = (i %% %d) * 16;\n"
                       "            unsigned v[4];\n"
                       "            cg_lds128(%s, v);\n"
-                      "            const long long gr = row0 + r_, gc = %s + (i %% %d) * %d;\n"
-                      "            %s *g = (%s *)P->ptr[%d] + gr * P->s0[%d] + gc;\n"
-                      "            cg_st128(gr < P->m && gc < nw, g, v[0], v[1], v[2], v[3]);\n"
+                      "            cg_st128(row0 + r_ < P->m && %d * j0 < rem_, g0_ + (i / 32) * step_ + %d * j0,\n"
+                      "                     v[0], v[1], v[2], v[3]);\n"
                       "        }\n"
                       "    }\n",
-                      sa.a->name, sa.ncols, 16 * sa.nch, sa.nch, sa.nch, sa.addr, sa.first, sa.nch, 16 / sa.esz,
-                      sa.esz == 2 ? "unsigned short" : "float", sa.esz == 2 ? "unsigned short" : "float", k, k);
+                      sa.a->name, sa.first, sa.nch, 16 / sa.esz, sa.ncols,
+                      sa.esz == 2 ? "unsigned short" : "float", sa.esz == 2 ? "unsigned short" : "float", k, sa.nch, k,
+                      32 / sa.nch, k, 16 * sa.nch, sa.nch, sa.nch, sa.addr, sa.jmul, sa.jmul);
         }
         sb_printf(b, "    __syncwarp(); /* read out before the next batch writes */\n#endif\n");
     }
@@ -626,10 +656,11 @@ static void gen_stage_in(sb_t *b, const coda_program_t *p, const stage_plan_t *s
                 else
                     sb_printf(b, "        const long long gr = row0 + r_, gc = %s + (idx %% %d) * %d;\n"
                                  "        (void)x_;\n"
-                                 "        cg_ld128p(gr < P->m && gc < %s, (const %s *)P->ptr[%d] + gr * P->s0[%d] + gc,\n"
+                                 "        cg_ld128p(gr < P->m && %d * j0 < %s - gc,\n"
+                                 "                  (const %s *)P->ptr[%d] + gr * P->s0[%d] + gc + %d * j0,\n"
                                  "                  &V.v[%d][0], &V.v[%d][1], &V.v[%d][2], &V.v[%d][3]);\n",
-                              sa.first, sa.nch, 16 / sa.esz, sa.ncols, sa.esz == 2 ? "unsigned short" : "float", k, k,
-                              v, v, v, v);
+                              sa.first, sa.nch, 16 / sa.esz, sa.jmul, sa.ncols, sa.esz == 2 ? "unsigned short" : "float",
+                              k, k, sa.jmul, v, v, v, v);
                 sb_printf(b, "    }\n");
             }
         }
@@ -818,28 +849,52 @@ static void gen_end(sb_t *b, const coda_program_t *p) {
             /* A warp holds 16 whole rows of the tile (lanes with equal lane%4
              * share columns), so its column sums are the partials of one
              * 16-row tile: on the GPU tile_m is 16 (coda_choose_tiling), and
-             * no shared memory or barrier is needed. */
+             * no shared memory or barrier is needed.
+             * The 8 lanes of a column group reduce-scatter their V values in
+             * three shuffle steps (lane bit 2, 3, 4): each step a lane keeps
+             * half of its values, sends the other half to its partner and
+             * adds what the partner sent, so a lane ends with V/8 column sums
+             * and every lane stores. Each sum is mine + partner's in the
+             * same order as a butterfly over all V values would add them
+             * (the same bits) at 7/32 of its shuffles (session 6: the
+             * butterfly and its 64 stores by 4 lanes were a quarter of
+             * rmsnorm_bwd's instructions). */
             int w = space_width(a->space);
             const char *n_w = a->space == CODA_SPACE_HALF ? "(P->n / 2)" : a->space == CODA_SPACE_FULL ? "P->n" : "(P->n * 2)";
+            char e[256];
+            red_expr(e, sizeof e, a->reduce, "kp_", "__shfl_xor_sync(0xffffffffu, sd_, 4 << (s_))");
             sb_printf(b, "    /* %s: column partials of this warp's 16 rows */\n", a->name);
-            sb_printf(b, "#pragma unroll\n    for (int j = 0; j < CODA_EPI_COL_SLOTS; j++) {\n"
-                         "        /* slot j = mh (CODA_BN / 8) + jj: row block mh, column pair jj */\n"
-                         "        const int m16 = (t.row >> 4) + 4 * (j / (CODA_BN / 8)); /* 16-row tile */\n"
-                         "        const long long c0 = t.col + 8 * (j %% (CODA_BN / 8)); /* global even acc column */\n"
-                         "        const int mok = m16 * 16 < P->m; /* the warp's rows are inside */\n");
-            for (int e = 0; e < w; e++) {
-                char col[48];
-                if (a->space == CODA_SPACE_HALF) snprintf(col, sizeof col, "(c0 >> 1)");
-                else if (a->space == CODA_SPACE_FULL) snprintf(col, sizeof col, "(c0 + %d)", e);
-                else snprintf(col, sizeof col, "(2 * c0 + %d)", e);
-                sb_printf(b, "        { float x = S->c%d[j * %d + %d];\n", k, w, e);
-                shfl_fold(b, a->reduce, 4, 16, 10);
-                sb_printf(b, "          const long long gc = %s;\n"
-                             "          cg_st32(mok && lane < 4 && gc < %s, (float *)P->ptr[%d] + gc * P->s0[%d] + m16,\n"
-                             "                  __float_as_uint(x)); }\n",
-                          col, n_w, k, k);
-            }
-            sb_printf(b, "    }\n");
+            sb_printf(b, "    {\n"
+                         "        enum { V_ = CODA_EPI_COL_SLOTS * %d };\n"
+                         "        float x_[V_];\n"
+                         "#pragma unroll\n"
+                         "        for (int i = 0; i < V_; i++) x_[i] = S->c%d[i];\n"
+                         "#define CG_RS_STEP(s_) { \\\n"
+                         "            const int hb_ = (lane >> (2 + (s_))) & 1; \\\n"
+                         "            _Pragma(\"unroll\") for (int i = 0; i < (V_ >> ((s_) + 1)); i++) { \\\n"
+                         "                const int h_ = V_ >> ((s_) + 1); \\\n"
+                         "                const float kp_ = hb_ ? x_[i + h_] : x_[i], sd_ = hb_ ? x_[i] : x_[i + h_]; \\\n"
+                         "                x_[i] = %s; \\\n"
+                         "            } }\n"
+                         "        CG_RS_STEP(0) CG_RS_STEP(1) CG_RS_STEP(2)\n"
+                         "#undef CG_RS_STEP\n"
+                         "        /* this lane's sums: values base_ .. base_ + V_/8 - 1 */\n"
+                         "        const int base_ = ((lane >> 2) & 1) * (V_ / 2) + ((lane >> 3) & 1) * (V_ / 4) +\n"
+                         "                          ((lane >> 4) & 1) * (V_ / 8);\n"
+                         "#pragma unroll\n"
+                         "        for (int u = 0; u < V_ / 8; u++) {\n"
+                         "            const int j = base_ / %d + u / %d, e = u %% %d; /* slot j = mh (CODA_BN / 8) + jj */\n"
+                         "            const int m16 = (t.row >> 4) + 4 * (j / (CODA_BN / 8)); /* 16-row tile */\n"
+                         "            const long long c0 = t.col + 8 * (j %% (CODA_BN / 8)); /* global even acc column */\n"
+                         "            const long long gc = %s;\n"
+                         "            (void)e;\n"
+                         "            cg_st32(m16 * 16 < P->m && gc < %s, (float *)P->ptr[%d] + gc * P->s0[%d] + m16,\n"
+                         "                    __float_as_uint(x_[u]));\n"
+                         "        }\n"
+                         "    }\n",
+                      w, k, e, w, w, w,
+                      a->space == CODA_SPACE_HALF ? "(c0 >> 1)" : a->space == CODA_SPACE_FULL ? "c0 + e" : "2 * c0 + e",
+                      n_w, k, k);
         }
     }
     sb_printf(b, "}\n");

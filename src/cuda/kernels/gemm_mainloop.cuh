@@ -261,6 +261,15 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                 const int m0 = tm * CODA_BM, n0 = tn * CODA_BN;
                 for (int kb = kb_begin; kb < kb_end; kb++, it++) {
                     const int s = it % CODA_STAGES;
+#if CODA_EPI_RING && CODA_RING_PREFETCH > 0
+                    /* the tile's ring inputs into L2 some k-blocks before the
+                     * end, so that their copies into the ring read L2 */
+                    if (kb_begin == 0 && kb == (kb_end > CODA_RING_PREFETCH ? kb_end - CODA_RING_PREFETCH : 0))
+                        for (int q = 0; q < CODA_BN / 64; q++)
+#pragma unroll
+                            for (int bx = 0; bx < CODA_EPI_RING_BOXES; bx++)
+                                coda_tma_prefetch_l2(&ring.map[bx], ring.xmul[bx] * (n0 + 64 * q) + ring.xadd[bx], m0);
+#endif
                     coda_mbar_wait(EMPTY(s), ((it / CODA_STAGES) & 1) ^ 1);
                     const u32 sa = base + s * CODA_STAGE_BYTES, sb = sa + CODA_A_BYTES;
                     const int k0 = kb * CODA_BK;
