@@ -56,6 +56,14 @@ static __device__ __forceinline__ unsigned cg_ld16(const void *p) {
 static __device__ __forceinline__ unsigned cg_ld32(const void *p) {
     unsigned v; asm("ld.global.nc.b32 %0, [%1];" : "=r"(v) : "l"(p)); return v;
 }
+/* The same, volatile: coda_epi_preload's loads stay where they are issued,
+ * before the tile's k-loop, instead of sinking to their use. */
+static __device__ __forceinline__ unsigned cg_ld16v(const void *p) {
+    unsigned short v; asm volatile("ld.global.nc.b16 %0, [%1];" : "=h"(v) : "l"(p)); return v;
+}
+static __device__ __forceinline__ unsigned cg_ld32v(const void *p) {
+    unsigned v; asm volatile("ld.global.nc.b32 %0, [%1];" : "=r"(v) : "l"(p)); return v;
+}
 static __device__ __forceinline__ void cg_ld64(const void *p, unsigned *a, unsigned *b) {
     asm("ld.global.nc.v2.b32 {%0, %1}, [%2];" : "=r"(*a), "=r"(*b) : "l"(p));
 }

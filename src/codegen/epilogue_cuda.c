@@ -82,13 +82,15 @@ static void elem_col(coda_space_t s, int e, char *buf, size_t cap) {
  * float, through the non-coherent asm loads: inputs are read-only, so
  * pairs of the same row share one load (the compiler may merge them, which
  * it may not for C loads between the stores). */
-static void load_text(const coda_arg_t *a, int k, const char *idx, char *buf, size_t cap) {
+static void load_text(const coda_arg_t *a, int k, const char *idx, int vol, char *buf, size_t cap) {
+    const char *v = vol ? "v" : "";
     switch (a->dtype) {
     case CODA_BF16:
-        snprintf(buf, cap, "cg_bf16_to_f32((unsigned short)cg_ld16((const unsigned short *)P->ptr[%d] + %s))", k, idx);
+        snprintf(buf, cap, "cg_bf16_to_f32((unsigned short)cg_ld16%s((const unsigned short *)P->ptr[%d] + %s))", v,
+                 k, idx);
         break;
-    case CODA_I32: snprintf(buf, cap, "(float)(int)cg_ld32((const int *)P->ptr[%d] + %s)", k, idx); break;
-    default: snprintf(buf, cap, "__uint_as_float(cg_ld32((const float *)P->ptr[%d] + %s))", k, idx); break;
+    case CODA_I32: snprintf(buf, cap, "(float)(int)cg_ld32%s((const int *)P->ptr[%d] + %s)", v, k, idx); break;
+    default: snprintf(buf, cap, "__uint_as_float(cg_ld32%s((const float *)P->ptr[%d] + %s))", v, k, idx); break;
     }
 }
 
@@ -166,8 +168,41 @@ static void shfl_fold(sb_t *b, coda_reduce_t r, int lo, int hi, int indent) {
 
 /* ---- the three functions ---- */
 
+/* Row vectors (in NAME row): coda_epi_preload reads each load's values for
+ * the thread's row slots before the tile's k-loop (volatile loads, so they
+ * stay there), coda_epi_begin keeps them in the state, and the pairs use
+ * them from registers. Loaded at the epilogue's start, their latency had
+ * been the first pair's wait in every tile. Rows past M read row M - 1
+ * (their results are never stored). */
+static void gen_preload(sb_t *b, const coda_program_t *p) {
+    sb_printf(b, "struct coda_epi_pre {\n    int unused_;\n");
+    for (int i = 0; i < p->n_insts; i++)
+        if (p->insts[i].op == CODA_OP_LOAD && p->args[p->insts[i].arg].kind == CODA_IN_ROW)
+            sb_printf(b, "    float v%d[CODA_EPI_ROW_SLOTS]; /* %s */\n", i, p->args[p->insts[i].arg].name);
+    sb_printf(b, "};\n\n"
+                 "static __device__ __forceinline__ void coda_epi_preload(const coda_epi_params &P_, int row0,\n"
+                 "        coda_epi_pre &Q) {\n"
+                 "    const coda_epi_params *P = &P_;\n"
+                 "    (void)P; (void)row0; (void)Q;\n"
+                 "#pragma unroll\n"
+                 "    for (int rs = 0; rs < CODA_EPI_ROW_SLOTS; rs++) {\n"
+                 "        const int row = row0 + 8 * (rs & 1) + 64 * (rs >> 1);\n"
+                 "        const long long r = row < P->m ? row : P->m - 1;\n"
+                 "        (void)r;\n");
+    for (int i = 0; i < p->n_insts; i++) {
+        const coda_inst_t *in = &p->insts[i];
+        if (in->op != CODA_OP_LOAD || p->args[in->arg].kind != CODA_IN_ROW) continue;
+        char idx[64], ld[256];
+        snprintf(idx, sizeof idx, "r * P->s0[%d]", in->arg);
+        load_text(&p->args[in->arg], in->arg, idx, 1, ld, sizeof ld);
+        sb_printf(b, "        Q.v%d[rs] = %s;\n", i, ld);
+    }
+    sb_printf(b, "    }\n}\n\n");
+}
+
 static void gen_state(sb_t *b, const coda_program_t *p) {
-    sb_printf(b, "struct coda_epi_state {\n    int unused_;\n");
+    gen_preload(b, p);
+    sb_printf(b, "struct coda_epi_state {\n    int unused_;\n    coda_epi_pre pre; /* row vectors */\n");
     for (int k = 0; k < p->n_args; k++) {
         const coda_arg_t *a = &p->args[k];
         if (a->kind == CODA_OUT_ROWRED)
@@ -183,8 +218,8 @@ static void gen_state(sb_t *b, const coda_program_t *p) {
     sb_printf(b, "};\n\n");
 
     sb_printf(b, "static __device__ __forceinline__ void coda_epi_begin(const coda_epi_params &P_,\n"
-                 "        const coda_epi_tile &t, coda_epi_state &S_) {\n"
-                 "    coda_epi_state *S = &S_;\n    (void)P_; (void)t;\n");
+                 "        const coda_epi_tile &t, coda_epi_state &S_, const coda_epi_pre &Q) {\n"
+                 "    coda_epi_state *S = &S_;\n    (void)P_; (void)t;\n    S->pre = Q;\n");
     for (int k = 0; k < p->n_args; k++) {
         const coda_arg_t *a = &p->args[k];
         if (a->kind == CODA_OUT_ROWRED)
@@ -670,7 +705,7 @@ static void gen_stage_in(sb_t *b, const coda_program_t *p, const stage_plan_t *s
 }
 
 static coda_status_t gen_pair(sb_t *b, const coda_program_t *p, int even_n, const stage_plan_t *sp) {
-    char e0[48], e1[48], e2[48], idx[160], ld[256], col[48];
+    char e0[48], e1[48], e2[48], col[48];
     sb_printf(b,
               "static __device__ __forceinline__ void coda_epi_pair(const coda_epi_params &P_,\n"
               "        const coda_epi_tile &t, coda_epi_state &S_, int rs, int cs, int row, int col,\n"
@@ -702,10 +737,8 @@ static coda_status_t gen_pair(sb_t *b, const coda_program_t *p, int even_n, cons
             const coda_arg_t *a = &p->args[in->arg];
             if (a->kind == CODA_IN_SCALAR) {
                 sb_printf(b, "    const float v%d_0 = P->scalar[%d];\n", i, in->arg);
-            } else if (a->kind == CODA_IN_ROW) {
-                snprintf(idx, sizeof idx, "r * P->s0[%d]", in->arg);
-                load_text(a, in->arg, idx, ld, sizeof ld);
-                sb_printf(b, "    const float v%d_0 = %s;\n", i, ld);
+            } else if (a->kind == CODA_IN_ROW) { /* loaded by coda_epi_preload */
+                sb_printf(b, "    const float v%d_0 = S->pre.v%d[rs];\n", i, i);
             } else { /* tile or column vector: fetched by coda_epi_fetch */
                 gen_vec_decode(b, i, w, a->dtype);
             }

@@ -5,7 +5,8 @@
  *
  * This is the reference user of the epilogue splice point (docs/gpu.md): an
  * epilogue defines struct coda_epi_params (passed to the kernel by value),
- * struct coda_epi_state (per thread, per tile), and the three hooks below.
+ * struct coda_epi_state (per thread, per tile), struct coda_epi_pre (row
+ * values loaded before the tile's k-loop), and the hooks below.
  * beta == 0: C is not read (it may hold NaN). Columns come in adjacent pairs
  * (col, col + 1): a 4-byte bf16x2 or 8-byte float2 load. */
 
@@ -22,10 +23,13 @@ struct coda_epi_params {
 };
 
 struct coda_epi_state { int unused_; };
+struct coda_epi_pre { int unused_; }; /* no row vectors */
 struct coda_epi_in { int unused_; }; /* nothing fetched ahead: C is read in the pair step */
 
-static __device__ __forceinline__ void coda_epi_begin(const coda_epi_params &p,
-                                                      const coda_epi_tile &t, coda_epi_state &s) {}
+static __device__ __forceinline__ void coda_epi_preload(const coda_epi_params &p, int row, coda_epi_pre &q) {}
+
+static __device__ __forceinline__ void coda_epi_begin(const coda_epi_params &p, const coda_epi_tile &t,
+                                                      coda_epi_state &s, const coda_epi_pre &q) {}
 
 static __device__ __forceinline__ void coda_epi_fetch(const coda_epi_params &p,
                                                       const coda_epi_tile &t, int row, int col,

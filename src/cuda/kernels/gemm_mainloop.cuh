@@ -337,6 +337,13 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
 #if CODA_PINGPONG
             if (seq > 0) coda_turn_wait(4 + c);
 #endif
+            /* this thread's first row of the tile (fragment layout, below) */
+            const int trow = tm * CODA_BM + (CODA_PINGPONG ? 0 : 64 * c) + 16 * (tid / 32) + (tid % 32) / 4;
+            /* the epilogue's row vectors, loaded now so that the k-loop hides
+             * their latency (at the epilogue's start it was 7% of a one-wave
+             * fused GEMM: session 6, ncu source counters) */
+            coda_epi_pre pre;
+            coda_epi_preload(epi, trow, pre);
 #pragma unroll
             for (int mh = 0; mh < CODA_WG_MH; mh++)
 #pragma unroll
@@ -413,8 +420,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                 t.n = N;
                 t.tile_m = tm;
                 t.tile_n = tn;
-                const int row0 = tm * CODA_BM + (CODA_PINGPONG ? 0 : 64 * c); /* this warpgroup's rows */
-                t.row = row0 + 16 * (tid / 32) + (tid % 32) / 4;
+                t.row = trow;
                 t.col = tn * CODA_BN + 2 * (tid % 4);
                 t.wg = c;
                 t.tid = tid;
@@ -424,7 +430,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                  * (coda_epi_vput / coda_epi_fetch, coda_epi_pair / coda_epi_flush) */
                 t.stage = cbufs + (u32)(c * 4 + tid / 32) * 4096u;
                 coda_epi_state st;
-                coda_epi_begin(epi, t, st);
+                coda_epi_begin(epi, t, st, pre);
 #if CODA_EPI_STORE_C && defined(CODA_X_NO_EPI)
                 /* experiment: no C at all (what a tile's epilogue costs); the
                  * sum keeps ptxas from dropping the wgmma whose results die */
@@ -483,7 +489,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                     if (lane == 0) {
 #endif
                         coda_tma_store(&tma_c, buf, tn * CODA_BN + q * CODA_C_CHUNK_COLS,
-                                       row0 + 64 * mh + 16 * (tid / 32));
+                                       trow - (tid % 32) / 4 + 64 * mh);
                         coda_bulk_commit();
                     }
                 }
