@@ -110,6 +110,11 @@ static __device__ __forceinline__ unsigned cg_pack(float a, float b) {
 #else
 #define CG_ST_OK(ok) (ok)
 #endif
+#ifdef CODA_X_NO_PART_STORE /* experiment: row and column partials are not stored */
+#define CG_PART_OK(ok) 0
+#else
+#define CG_PART_OK(ok) (ok)
+#endif
 static __device__ __forceinline__ void cg_st16(int ok, void *p, unsigned short v) {
     asm volatile("{ .reg .pred q; setp.ne.s32 q, %0, 0; @q st.global.b16 [%1], %2; }"
                  :: "r"(CG_ST_OK(ok)), "l"(p), "h"(v) : "memory");

@@ -860,7 +860,7 @@ static void gen_end(sb_t *b, const coda_program_t *p) {
             sb_printf(b, "    /* %s: the 4 lanes of a quad hold all columns of their rows */\n", a->name);
             sb_printf(b, "#pragma unroll\n    for (int i = 0; i < CODA_EPI_ROW_SLOTS; i++) {\n        float x = S->r%d[i];\n", k);
             shfl_fold(b, a->reduce, 1, 2, 8);
-            sb_printf(b, "        cg_st32((lane & 3) == 0 && rows[i] < P->m,\n"
+            sb_printf(b, "        cg_st32(CG_PART_OK((lane & 3) == 0 && rows[i] < P->m),\n"
                          "                (float *)P->ptr[%d] + (long long)rows[i] * P->s0[%d] + n_tile, __float_as_uint(x));\n    }\n",
                       k, k);
         } else if (a->kind == CODA_OUT_LSE) {
@@ -921,7 +921,7 @@ static void gen_end(sb_t *b, const coda_program_t *p) {
                          "            const long long c0 = t.col + 8 * (j %% (CODA_BN / 8)); /* global even acc column */\n"
                          "            const long long gc = %s;\n"
                          "            (void)e;\n"
-                         "            cg_st32(m16 * 16 < P->m && gc < %s, (float *)P->ptr[%d] + gc * P->s0[%d] + m16,\n"
+                         "            cg_st32(CG_PART_OK(m16 * 16 < P->m && gc < %s), (float *)P->ptr[%d] + gc * P->s0[%d] + m16,\n"
                          "                    __float_as_uint(x_[u]));\n"
                          "        }\n"
                          "    }\n",
