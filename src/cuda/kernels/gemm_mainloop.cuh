@@ -87,6 +87,15 @@
 #ifndef CODA_EPI_RING
 #define CODA_EPI_RING 0
 #endif
+#ifndef CODA_EPI_TMA_OUT /* 1: the generated epilogue stores its staged outputs by TMA */
+#define CODA_EPI_TMA_OUT 0
+#endif
+#ifndef CODA_EPI_SLAB_IN /* 1: the generated epilogue stages tile inputs in the slab */
+#define CODA_EPI_SLAB_IN 0
+#endif
+#if CODA_EPI_TMA_OUT && (CODA_PINGPONG || CODA_EPI_STORE_C || !CODA_EPI_STAGE)
+#error "TMA stores of staged outputs need the cooperative schedule and the slabs (no C store)"
+#endif
 #ifndef CODA_STREAMK /* 1: the stream-K tail (gemm_streamk.cuh) is compiled in */
 #define CODA_STREAMK 0
 #endif
@@ -261,15 +270,6 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                 const int m0 = tm * CODA_BM, n0 = tn * CODA_BN;
                 for (int kb = kb_begin; kb < kb_end; kb++, it++) {
                     const int s = it % CODA_STAGES;
-#if CODA_EPI_RING && CODA_RING_PREFETCH > 0
-                    /* the tile's ring inputs into L2 some k-blocks before the
-                     * end, so that their copies into the ring read L2 */
-                    if (kb_begin == 0 && kb == (kb_end > CODA_RING_PREFETCH ? kb_end - CODA_RING_PREFETCH : 0))
-                        for (int q = 0; q < CODA_BN / 64; q++)
-#pragma unroll
-                            for (int bx = 0; bx < CODA_EPI_RING_BOXES; bx++)
-                                coda_tma_prefetch_l2(&ring.map[bx], ring.xmul[bx] * (n0 + 64 * q) + ring.xadd[bx], m0);
-#endif
                     coda_mbar_wait(EMPTY(s), ((it / CODA_STAGES) & 1) ^ 1);
                     const u32 sa = base + s * CODA_STAGE_BYTES, sb = sa + CODA_A_BYTES;
                     const int k0 = kb * CODA_BK;
@@ -429,6 +429,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                  * 4 KiB slab for the epilogue's staged tile inputs and outputs
                  * (coda_epi_vput / coda_epi_fetch, coda_epi_pair / coda_epi_flush) */
                 t.stage = cbufs + (u32)(c * 4 + tid / 32) * 4096u;
+                t.omap = ring.omap;
                 coda_epi_state st;
                 coda_epi_begin(epi, t, st, pre);
 #if CODA_EPI_STORE_C && defined(CODA_X_NO_EPI)
@@ -507,6 +508,13 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
 #pragma unroll
                     for (int j0 = 0; j0 < CODA_BN / 8; j0 += CODA_EPI_BATCH) {
                         const int r = t.row + 64 * mh;
+#if CODA_EPI_TMA_OUT && CODA_EPI_SLAB_IN
+                        /* the previous batch's TMA stores have read the slab
+                         * that coda_epi_vput now writes (only lane 0 has bulk
+                         * groups; the others pass) */
+                        coda_bulk_wait_read(0);
+                        __syncwarp();
+#endif
 #if CODA_EPI_STAGE
                         coda_epi_vput(t, vin);
                         if (j0 + CODA_EPI_BATCH < CODA_BN / 8) coda_epi_vload(epi, t, mh, j0 + CODA_EPI_BATCH, vin);
@@ -532,6 +540,12 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                          * (measured: 'loads' in test_epilogue_gpu read wrong x
                          * values in 1 of 2-6 runs without it, 0 of 20 with it). */
                         if ((j0 + CODA_EPI_BATCH) % 8 == 0) coda_fence_proxy_async();
+#endif
+#if CODA_EPI_TMA_OUT && !CODA_EPI_SLAB_IN
+                        /* the previous batch's TMA stores have read the slab the
+                         * pairs now write: waited for here, after this batch's
+                         * input reads, so that the reads hide the TMA's */
+                        coda_bulk_wait_read(0);
 #endif
 #if CODA_EPI_STAGE
                         __syncwarp(); /* inputs read out of the slab (and the ring) before the pairs write outputs */
@@ -562,7 +576,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                 coda_epi_end(epi, t, st);
             }
         }
-#if CODA_EPI_STORE_C
+#if CODA_EPI_STORE_C || CODA_EPI_TMA_OUT
         /* TMA must have read the staging buffers before the CTA's shared
          * memory goes; the global writes complete on their own */
         if (tid % 32 == 0) coda_bulk_wait_read(0);

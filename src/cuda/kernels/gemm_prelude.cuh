@@ -94,13 +94,6 @@ static __device__ __forceinline__ void coda_prefetch_tmap(const coda_tmap *map) 
     asm volatile("prefetch.tensormap [%0];" ::"l"((u64)map) : "memory");
 }
 
-/* Bring a 2-D box of a tensor into L2 (no shared memory, no barrier): a
- * later TMA load of the same box then reads L2 instead of device memory. */
-static __device__ __forceinline__ void coda_tma_prefetch_l2(const coda_tmap *map, int c0, int c1) {
-    asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];"
-                 ::"l"((u64)map), "r"(c0), "r"(c1) : "memory");
-}
-
 /* ---- TMA store of a 2-D tile from shared memory (bulk group) ---- */
 static __device__ __forceinline__ void coda_tma_store(const coda_tmap *map, u32 src, int c0, int c1) {
     asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group [%0, {%2, %3}], [%1];"
@@ -209,6 +202,7 @@ struct coda_epi_tile {
     unsigned ring;      /* CODA_EPI_RING: the stage holding the current 64-column
                            chunk's ring inputs (shared address) */
     unsigned ring_box;  /* CODA_EPI_RING: bytes from one ring box to the next */
+    const coda_tmap *omap; /* CODA_EPI_TMA_OUT: the staged outputs' tensor maps */
 };
 
 /* Tile inputs the producer copies into the stage ring for the epilogue
@@ -218,14 +212,14 @@ struct coda_epi_tile {
  * the tile's first row. Host mirror: coda_cuda_ring_t (src/cuda/backend.h). */
 #define CODA_RING_MAX_BOX 2
 #define CODA_RING_BOX_BYTES 16384
-/* The producer brings a tile's ring inputs into L2 this many k-blocks
- * before the tile's end (0: not at all), so that their copies into the
- * ring, which wait for the tile's last stages, read L2. */
-#ifndef CODA_RING_PREFETCH
-#define CODA_RING_PREFETCH 0
-#endif
+/* Staged tile outputs stored by TMA from the warps' slabs (CODA_EPI_TMA_OUT,
+ * cooperative configurations): omap[q] is the q-th output of the plan
+ * (coda__codegen_out_plan), boxes of 16 rows x the slab region's row, with
+ * the region's swizzle. */
+#define CODA_OUT_MAX_MAP 4
 struct coda_ring_params {
     coda_tmap map[CODA_RING_MAX_BOX];
     int nbox;
     int xmul[CODA_RING_MAX_BOX], xadd[CODA_RING_MAX_BOX];
+    coda_tmap omap[CODA_OUT_MAX_MAP];
 };
