@@ -662,13 +662,15 @@ static void gen_flush(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) 
         for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++) n_map += out_map_index(p, sp, k) >= 0;
         if (n_map) {
             sb_printf(b, "#if CODA_EPI_TMA_OUT\n"
+                         "#ifdef CODA_X_TMA_OUT_NOSTORE /* experiment */\n#define CODA_X_TMA_OUT_STORE(...)\n"
+                         "#else\n#define CODA_X_TMA_OUT_STORE coda_tma_store\n#endif\n"
                          "    coda_fence_proxy_async();\n"
                          "    __syncwarp();\n"
                          "    if (lane == 0) {\n");
             for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++) {
                 int q = out_map_index(p, sp, k);
                 if (q < 0 || !staged_arg(p, sp, k, CODA_OUT_TILE, &sa)) continue;
-                sb_printf(b, "        coda_tma_store(&t.omap[%d], t.stage + %d, (int)(%s + %d * j0), (int)row0); /* %s */\n",
+                sb_printf(b, "        CODA_X_TMA_OUT_STORE(&t.omap[%d], t.stage + %d, (int)(%s + %d * j0), (int)row0); /* %s */\n",
                           q, sp->off[k], sa.first, sa.jmul, sa.a->name);
             }
             sb_printf(b, "        coda_bulk_commit();\n"

@@ -237,10 +237,13 @@ static coda_status_t get_kernel(coda_context_t *ctx, coda_cuda_device_t *d, coda
 /* Host mirror of struct coda_ring_params (kernels/gemm_prelude.cuh). */
 typedef struct ring_params {
     CUtensorMap map[CODA_RING_MAX_BOX];
+    CUtensorMap omap[CODA_OUT_MAX_MAP];
     int nbox;
     int xmul[CODA_RING_MAX_BOX], xadd[CODA_RING_MAX_BOX];
-    CUtensorMap omap[CODA_OUT_MAX_MAP];
 } ring_params_t;
+_Static_assert(sizeof(CUtensorMap) == 128 && offsetof(ring_params_t, omap) == 128 * CODA_RING_MAX_BOX &&
+                   offsetof(ring_params_t, nbox) == 128 * (CODA_RING_MAX_BOX + CODA_OUT_MAX_MAP),
+               "ring_params_t: the layout of struct coda_ring_params (kernels/gemm_prelude.cuh)");
 
 /* The ring's tensor maps: boxes of 128 rows x 128 bytes, 128B-swizzled,
  * as the generated epilogue reads them. */

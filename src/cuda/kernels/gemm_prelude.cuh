@@ -217,9 +217,13 @@ struct coda_epi_tile {
  * (coda__codegen_out_plan), boxes of 16 rows x the slab region's row, with
  * the region's swizzle. */
 #define CODA_OUT_MAX_MAP 4
+/* The maps come first: the host's CUtensorMap is 128-byte aligned (CUDA
+ * 13), coda_tmap 64, so a map after the ints would sit at different
+ * offsets on the two sides (it did: an illegal instruction). */
 struct coda_ring_params {
     coda_tmap map[CODA_RING_MAX_BOX];
+    coda_tmap omap[CODA_OUT_MAX_MAP];
     int nbox;
     int xmul[CODA_RING_MAX_BOX], xadd[CODA_RING_MAX_BOX];
-    coda_tmap omap[CODA_OUT_MAX_MAP];
 };
+static_assert(sizeof(coda_tmap) == 128, "maps of 128 bytes, so omap and nbox sit where the host's are");
