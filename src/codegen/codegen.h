@@ -101,19 +101,6 @@ typedef struct coda_ring_plan {
 } coda_ring_plan_t;
 void coda__codegen_ring_plan(const coda_program_t *p, coda_ring_plan_t *plan);
 coda_status_t coda__codegen_cuda_ex(const coda_program_t *p, coda_cg_form_t form, char **out);
-
-/* The staged tile outputs the N16 and RING forms store by TMA from the
- * warps' slabs on the cooperative schedule (CODA_EPI_TMA_OUT): output q of
- * the plan is argument arg[q], moved as boxes of 16 rows x box_bytes[q]
- * bytes (32, 64 or 128: the slab region's row, and its swizzle). The host
- * makes one tensor map per entry, in this order (coda_cuda_ring_t). */
-#define CODA_OUT_MAX_MAP 4
-typedef struct coda_out_plan {
-    int n;
-    int arg[CODA_OUT_MAX_MAP];
-    int box_bytes[CODA_OUT_MAX_MAP];
-} coda_out_plan_t;
-void coda__codegen_out_plan(const coda_program_t *p, coda_out_plan_t *plan);
 /* The same text, made once per program and form and kept with the program
  * (freed by coda_program_free): *out is owned by p. key (may be NULL) gets
  * the text's 128-bit hash (coda__hash, seeds CODA_HASH_SEED0/1), made with

@@ -413,35 +413,6 @@ static void plan_staging(const coda_program_t *p, int n16, const coda_ring_plan_
     }
 }
 
-/* Staged outputs stored by TMA (codegen.h): those whose slab row is at most
- * 128 bytes (TMA's widest swizzle), the first CODA_OUT_MAX_MAP of them. The
- * slab's swizzle (unit u of row r at u ^ ((r / rp) & (nch - 1))) is TMA's
- * 32, 64 or 128-byte swizzle for rows of that many bytes, and regions start
- * at multiples of 16 rows, so TMA reads the region as it is. */
-static int out_map_index(const coda_program_t *p, const stage_plan_t *sp, int k) {
-    int q = 0;
-    for (int i = 0; i < k; i++)
-        if (sp->off[i] >= 0 && p->args[i].kind == CODA_OUT_TILE && sp->pitch[i] <= 128) q++;
-    return sp->off[k] >= 0 && p->args[k].kind == CODA_OUT_TILE && sp->pitch[k] <= 128 && q < CODA_OUT_MAX_MAP
-               ? q : -1;
-}
-
-void coda__codegen_out_plan(const coda_program_t *p, coda_out_plan_t *plan) {
-    memset(plan, 0, sizeof *plan);
-    if (!p) return;
-    coda_ring_plan_t rp;
-    coda__codegen_ring_plan(NULL, &rp); /* outputs are placed the same with or without a ring */
-    stage_plan_t sp;
-    plan_staging(p, 1, &rp, &sp);
-    for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++) {
-        int q = out_map_index(p, &sp, k);
-        if (q < 0) continue;
-        plan->arg[q] = k;
-        plan->box_bytes[q] = sp.pitch[k];
-        plan->n = q + 1;
-    }
-}
-
 /* The slab address of a pair's elements (e bytes) in row half h and chunk
  * jj of the batch (C expressions, constants once the kernel's loops are
  * unrolled): the lane's part (its row, its bytes, the swizzle key) and the
@@ -653,34 +624,8 @@ static void gen_flush(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) 
                      "    const int lane = t.tid & 31;\n%s",
                   STAGE_BATCH, STAGE_BATCH, WARP_ORIGIN);
         staged_arg_t sa;
-        /* outputs with a tensor map: the warp's slab writes are handed to
-         * the async proxy, and lane 0 stores each region as one box; the
-         * mainloop waits for TMA to have read the slab before it is written
-         * again (coda_bulk_wait_read). Without the maps (ping-pong) and for
-         * the others: 16-byte vectors through the registers. */
-        int n_map = 0;
-        for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++) n_map += out_map_index(p, sp, k) >= 0;
-        if (n_map) {
-            sb_printf(b, "#if CODA_EPI_TMA_OUT\n"
-                         "#ifdef CODA_X_TMA_OUT_NOSTORE /* experiment */\n#define CODA_X_TMA_OUT_STORE(...)\n"
-                         "#else\n#define CODA_X_TMA_OUT_STORE coda_tma_store\n#endif\n"
-                         "    coda_fence_proxy_async();\n"
-                         "    __syncwarp();\n"
-                         "    if (lane == 0) {\n");
-            for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++) {
-                int q = out_map_index(p, sp, k);
-                if (q < 0 || !staged_arg(p, sp, k, CODA_OUT_TILE, &sa)) continue;
-                sb_printf(b, "        CODA_X_TMA_OUT_STORE(&t.omap[%d], t.stage + %d, (int)(%s + %d * j0), (int)row0); /* %s */\n",
-                          q, sp->off[k], sa.first, sa.jmul, sa.a->name);
-            }
-            sb_printf(b, "        coda_bulk_commit();\n"
-                         "    }\n"
-                         "#endif\n");
-        }
         for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++) {
             if (!staged_arg(p, sp, k, CODA_OUT_TILE, &sa)) continue;
-            const int tma = out_map_index(p, sp, k) >= 0;
-            if (tma) sb_printf(b, "#if !CODA_EPI_TMA_OUT\n");
             sb_printf(b,
                       "    { /* %s */\n"
                       "        const long long c_ = %s + (lane %% %d) * %d, rem_ = %s - c_;\n"
@@ -698,7 +643,6 @@ static void gen_flush(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) 
                       sa.a->name, sa.first, sa.nch, 16 / sa.esz, sa.ncols,
                       sa.esz == 2 ? "unsigned short" : "float", sa.esz == 2 ? "unsigned short" : "float", k, sa.nch, k,
                       32 / sa.nch, k, 16 * sa.nch, sa.nch, sa.nch, sa.addr, sa.jmul, sa.jmul);
-            if (tma) sb_printf(b, "#endif\n");
         }
         sb_printf(b, "    __syncwarp(); /* read out before the next batch writes */\n#endif\n");
     }
@@ -1023,17 +967,9 @@ coda_status_t coda__codegen_cuda_ex(const coda_program_t *p, coda_cg_form_t form
         sb_printf(&b, "#define CODA_EPI_RING_BOXES %d\n"
                       "#if CODA_EPI_STAGE && !CODA_PINGPONG\n#define CODA_EPI_RING 1\n#else\n#define CODA_EPI_RING 0\n#endif\n",
                   rp.nbox);
+    gen_state(&b, p);
     stage_plan_t sp;
     plan_staging(p, form == CODA_CG_N16 || form == CODA_CG_RING, &rp, &sp);
-    int n_map = 0;
-    for (int k = 0; k < p->n_args; k++) n_map += out_map_index(p, &sp, k) >= 0;
-    /* staged outputs by TMA where the host gives the maps (the cooperative
-     * mainloop); CODA_EPI_SLAB_IN: staged inputs share the slab (the
-     * mainloop then waits for TMA before coda_epi_vput) */
-    sb_printf(&b, "#if %d && CODA_EPI_STAGE && !CODA_PINGPONG\n#define CODA_EPI_TMA_OUT 1\n#else\n"
-                  "#define CODA_EPI_TMA_OUT 0\n#endif\n#define CODA_EPI_SLAB_IN %d\n",
-              n_map > 0, sp.any_in);
-    gen_state(&b, p);
     gen_fetch(&b, p, even_n, &rp, &sp);
     gen_stage_in(&b, p, &sp);
     CODA_TRY(gen_pair(&b, p, even_n, &sp));

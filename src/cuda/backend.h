@@ -176,12 +176,6 @@ typedef struct coda_cuda_ring {
     int nbox;
     const coda_tensor_t *tensor[CODA_RING_MAX_BOX];
     int xmul[CODA_RING_MAX_BOX], xadd[CODA_RING_MAX_BOX];
-    /* staged tile outputs stored by TMA (coda__codegen_out_plan): output q is
-     * out[q] (bf16 or f32, 2-D, 16-byte aligned rows), boxes of 16 rows x
-     * out_box_bytes[q] bytes with that swizzle. nout 0: none. */
-    int nout;
-    const coda_tensor_t *out[CODA_OUT_MAX_MAP];
-    int out_box_bytes[CODA_OUT_MAX_MAP];
 } coda_cuda_ring_t;
 
 /* Run the GEMM with an epilogue: the epilogue source defines struct

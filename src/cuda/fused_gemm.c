@@ -174,16 +174,5 @@ coda_status_t coda__cuda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout
         ring.xmul[b] = rp.xmul[b];
         ring.xadd[b] = rp.xadd[b];
     }
-    /* the N16 and RING forms on the cooperative schedule store their staged
-     * outputs by TMA (CODA_EPI_TMA_OUT in the generated text): a map each */
-    if ((form == CODA_CG_N16 || form == CODA_CG_RING) && !coda__cuda_gemm_cfgs[cfg].pingpong) {
-        coda_out_plan_t op;
-        coda__codegen_out_plan(p, &op);
-        ring.nout = op.n;
-        for (int q = 0; q < op.n; q++) {
-            ring.out[q] = bound[op.arg[q]];
-            ring.out_box_bytes[q] = op.box_bytes[q];
-        }
-    }
     return coda__cuda_gemm_run(ctx, layout, a, b, NULL, src, key, &params, sizeof params, 0, cfg, &ring, stream);
 }

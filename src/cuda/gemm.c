@@ -158,9 +158,9 @@ static CUtensorMapL2promotion l2_promotion(void) {
     return CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
 }
 
-static coda_status_t encode_swz(struct coda_cuda *cu, CUtensorMap *map, const coda_tensor_t *t,
-                                int64_t inner, int64_t outer, int box_inner, int box_outer,
-                                CUtensorMapSwizzle swizzle, const char *what) {
+static coda_status_t encode(struct coda_cuda *cu, CUtensorMap *map, const coda_tensor_t *t,
+                            int64_t inner, int64_t outer, int box_inner, int box_outer,
+                            const char *what) {
     CUtensorMapDataType dt = t->dtype == CODA_F32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
                                                   : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
     cuuint64_t dims[2] = {(cuuint64_t)(inner > 0 ? inner : 1), (cuuint64_t)(outer > 0 ? outer : 1)};
@@ -171,17 +171,10 @@ static coda_status_t encode_swz(struct coda_cuda *cu, CUtensorMap *map, const co
     CODA_CU(cu,
             cu->cu.TensorMapEncodeTiled(map, dt, 2, t->data, dims,
                                         strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                        swizzle, l2_promotion(),
+                                        CU_TENSOR_MAP_SWIZZLE_128B, l2_promotion(),
                                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
             what);
     return CODA_OK;
-}
-
-/* The mainloop's maps: 128-byte swizzle. */
-static coda_status_t encode(struct coda_cuda *cu, CUtensorMap *map, const coda_tensor_t *t,
-                            int64_t inner, int64_t outer, int box_inner, int box_outer,
-                            const char *what) {
-    return encode_swz(cu, map, t, inner, outer, box_inner, box_outer, CU_TENSOR_MAP_SWIZZLE_128B, what);
 }
 
 /* The kernel for an epilogue, layout and config: the plain epilogue's are
@@ -237,20 +230,21 @@ static coda_status_t get_kernel(coda_context_t *ctx, coda_cuda_device_t *d, coda
 /* Host mirror of struct coda_ring_params (kernels/gemm_prelude.cuh). */
 typedef struct ring_params {
     CUtensorMap map[CODA_RING_MAX_BOX];
-    CUtensorMap omap[CODA_OUT_MAX_MAP];
     int nbox;
     int xmul[CODA_RING_MAX_BOX], xadd[CODA_RING_MAX_BOX];
 } ring_params_t;
-_Static_assert(sizeof(CUtensorMap) == 128 && offsetof(ring_params_t, omap) == 128 * CODA_RING_MAX_BOX &&
-                   offsetof(ring_params_t, nbox) == 128 * (CODA_RING_MAX_BOX + CODA_OUT_MAX_MAP),
+/* CUDA 13's CUtensorMap is 128-byte aligned, the kernel's coda_tmap 64: a
+ * map placed after other fields would sit at different offsets on the two
+ * sides (session 6 met it as an illegal instruction), so maps go first. */
+_Static_assert(sizeof(CUtensorMap) == 128 && offsetof(ring_params_t, nbox) == 128 * CODA_RING_MAX_BOX,
                "ring_params_t: the layout of struct coda_ring_params (kernels/gemm_prelude.cuh)");
 
 /* The ring's tensor maps: boxes of 128 rows x 128 bytes, 128B-swizzled,
  * as the generated epilogue reads them. */
 static coda_status_t ring_maps(struct coda_cuda *cu, const coda_cuda_ring_t *ring, ring_params_t *rp) {
     memset(rp, 0, sizeof *rp);
-    if (!ring) return CODA_OK;
-    if (ring->nbox < 0 || ring->nbox > CODA_RING_MAX_BOX)
+    if (!ring || ring->nbox <= 0) return CODA_OK;
+    if (ring->nbox > CODA_RING_MAX_BOX)
         return coda__fail(CODA_ERR_INTERNAL, "CUDA GEMM: %d ring boxes (max %d)", ring->nbox, CODA_RING_MAX_BOX);
     for (int b = 0; b < ring->nbox; b++) {
         const coda_tensor_t *t = ring->tensor[b];
@@ -263,21 +257,6 @@ static coda_status_t ring_maps(struct coda_cuda *cu, const coda_cuda_ring_t *rin
         rp->xadd[b] = ring->xadd[b];
     }
     rp->nbox = ring->nbox;
-    if (ring->nout < 0 || ring->nout > CODA_OUT_MAX_MAP)
-        return coda__fail(CODA_ERR_INTERNAL, "CUDA GEMM: %d output maps (max %d)", ring->nout, CODA_OUT_MAX_MAP);
-    for (int q = 0; q < ring->nout; q++) {
-        const coda_tensor_t *t = ring->out[q];
-        int bytes = ring->out_box_bytes[q];
-        if (!t || t->ndim != 2 || (t->dtype != CODA_BF16 && t->dtype != CODA_F32) ||
-            (uintptr_t)t->data % 16 != 0 || t->stride[0] % 16 != 0 || t->stride[0] >= ((int64_t)1 << 40) ||
-            (bytes != 32 && bytes != 64 && bytes != 128))
-            return coda__fail(CODA_ERR_INTERNAL, "CUDA GEMM: output map %d: not a 16-byte aligned 2-D bf16/f32 "
-                              "tile with a 32, 64 or 128-byte box", q);
-        CUtensorMapSwizzle swz = bytes == 32 ? CU_TENSOR_MAP_SWIZZLE_32B
-                               : bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
-        CODA_TRY(encode_swz(cu, &rp->omap[q], t, t->shape[1], t->shape[0], bytes / (int)coda_dtype_size(t->dtype),
-                            16, swz, "cuTensorMapEncodeTiled(out)"));
-    }
     return CODA_OK;
 }
 

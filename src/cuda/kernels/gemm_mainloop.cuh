@@ -87,15 +87,6 @@
 #ifndef CODA_EPI_RING
 #define CODA_EPI_RING 0
 #endif
-#ifndef CODA_EPI_TMA_OUT /* 1: the generated epilogue stores its staged outputs by TMA */
-#define CODA_EPI_TMA_OUT 0
-#endif
-#ifndef CODA_EPI_SLAB_IN /* 1: the generated epilogue stages tile inputs in the slab */
-#define CODA_EPI_SLAB_IN 0
-#endif
-#if CODA_EPI_TMA_OUT && (CODA_PINGPONG || CODA_EPI_STORE_C || !CODA_EPI_STAGE)
-#error "TMA stores of staged outputs need the cooperative schedule and the slabs (no C store)"
-#endif
 #ifndef CODA_STREAMK /* 1: the stream-K tail (gemm_streamk.cuh) is compiled in */
 #define CODA_STREAMK 0
 #endif
@@ -429,7 +420,6 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                  * 4 KiB slab for the epilogue's staged tile inputs and outputs
                  * (coda_epi_vput / coda_epi_fetch, coda_epi_pair / coda_epi_flush) */
                 t.stage = cbufs + (u32)(c * 4 + tid / 32) * 4096u;
-                t.omap = ring.omap;
                 coda_epi_state st;
                 coda_epi_begin(epi, t, st, pre);
 #if CODA_EPI_STORE_C && defined(CODA_X_NO_EPI)
@@ -508,13 +498,6 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
 #pragma unroll
                     for (int j0 = 0; j0 < CODA_BN / 8; j0 += CODA_EPI_BATCH) {
                         const int r = t.row + 64 * mh;
-#if CODA_EPI_TMA_OUT && CODA_EPI_SLAB_IN
-                        /* the previous batch's TMA stores have read the slab
-                         * that coda_epi_vput now writes (only lane 0 has bulk
-                         * groups; the others pass) */
-                        coda_bulk_wait_read(0);
-                        __syncwarp();
-#endif
 #if CODA_EPI_STAGE
                         coda_epi_vput(t, vin);
                         if (j0 + CODA_EPI_BATCH < CODA_BN / 8) coda_epi_vload(epi, t, mh, j0 + CODA_EPI_BATCH, vin);
@@ -540,12 +523,6 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                          * (measured: 'loads' in test_epilogue_gpu read wrong x
                          * values in 1 of 2-6 runs without it, 0 of 20 with it). */
                         if ((j0 + CODA_EPI_BATCH) % 8 == 0) coda_fence_proxy_async();
-#endif
-#if CODA_EPI_TMA_OUT && !CODA_EPI_SLAB_IN
-                        /* the previous batch's TMA stores have read the slab the
-                         * pairs now write: waited for here, after this batch's
-                         * input reads, so that the reads hide the TMA's */
-                        coda_bulk_wait_read(0);
 #endif
 #if CODA_EPI_STAGE
                         __syncwarp(); /* inputs read out of the slab (and the ring) before the pairs write outputs */
@@ -576,7 +553,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                 coda_epi_end(epi, t, st);
             }
         }
-#if CODA_EPI_STORE_C || CODA_EPI_TMA_OUT
+#if CODA_EPI_STORE_C
         /* TMA must have read the staging buffers before the CTA's shared
          * memory goes; the global writes complete on their own */
         if (tid % 32 == 0) coda_bulk_wait_read(0);

@@ -202,7 +202,6 @@ struct coda_epi_tile {
     unsigned ring;      /* CODA_EPI_RING: the stage holding the current 64-column
                            chunk's ring inputs (shared address) */
     unsigned ring_box;  /* CODA_EPI_RING: bytes from one ring box to the next */
-    const coda_tmap *omap; /* CODA_EPI_TMA_OUT: the staged outputs' tensor maps */
 };
 
 /* Tile inputs the producer copies into the stage ring for the epilogue
@@ -212,18 +211,8 @@ struct coda_epi_tile {
  * the tile's first row. Host mirror: coda_cuda_ring_t (src/cuda/backend.h). */
 #define CODA_RING_MAX_BOX 2
 #define CODA_RING_BOX_BYTES 16384
-/* Staged tile outputs stored by TMA from the warps' slabs (CODA_EPI_TMA_OUT,
- * cooperative configurations): omap[q] is the q-th output of the plan
- * (coda__codegen_out_plan), boxes of 16 rows x the slab region's row, with
- * the region's swizzle. */
-#define CODA_OUT_MAX_MAP 4
-/* The maps come first: the host's CUtensorMap is 128-byte aligned (CUDA
- * 13), coda_tmap 64, so a map after the ints would sit at different
- * offsets on the two sides (it did: an illegal instruction). */
 struct coda_ring_params {
     coda_tmap map[CODA_RING_MAX_BOX];
-    coda_tmap omap[CODA_OUT_MAX_MAP];
     int nbox;
     int xmul[CODA_RING_MAX_BOX], xadd[CODA_RING_MAX_BOX];
 };
-static_assert(sizeof(coda_tmap) == 128, "maps of 128 bytes, so omap and nbox sit where the host's are");
