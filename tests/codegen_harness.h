@@ -35,6 +35,7 @@ static const char coda_test_harness_kernel[] =
     "            coda_epi_fetch(P, t, row, col, in);\n"
     "            coda_epi_pair(P, t, st, h, j, row, col, v0, v1, in);\n"
     "        }\n"
+    "        if (j % CODA_EPI_BATCH == CODA_EPI_BATCH - 1) coda_epi_flush(P, st, t, 0, j - (CODA_EPI_BATCH - 1));\n"
     "    }\n"
     "    coda_epi_end(P, t, st);\n"
     "}\n";

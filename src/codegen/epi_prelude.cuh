@@ -178,20 +178,30 @@ static __device__ __forceinline__ float cg_dsilu(float x) {
 }
 static __device__ __forceinline__ float cg_square(float x) { return x * x; }
 #define CG_NEG_INF __int_as_float(0xff800000)
-/* online log-sum-exp: fold element v into (m, l), branch-free. A new
- * maximum scales l by exp(m - v) (0 while m is -inf) and adds 1; else
- * l gains exp(v - m). -inf adds nothing (-inf - -inf would be NaN); a NaN
- * makes l NaN and leaves m, as the CPU's two-pass form. */
-static __device__ __forceinline__ void cg_lse_add(float *m, float *l, float v) {
-    const float e = __expf(-fabsf(v - *m));
-    const float l2 = v > *m ? fmaf(*l, e, 1.0f) : *l + e;
-    *l = v == CG_NEG_INF ? *l : l2;
-    *m = fmaxf(*m, v);
+/* online log-sum-exp, a batch at a time: fold the n values v[] (a row's
+ * elements of one batch of column chunks; -inf for elements outside) into
+ * (m, l), branch-free. One max over the batch, one rescale of l, then
+ * exp(v - max) for each value: 4 instructions and an exp a value, where
+ * folding one element at a time took about 10 and a chain of dependent
+ * exps (session 6). While the maximum is -inf the exps are taken
+ * against 0, so -inf adds exp(-inf) = 0 (not -inf - -inf = NaN); a NaN
+ * makes l NaN and leaves m (fmaxf ignores it), as the CPU's two-pass form
+ * does. */
+static __device__ __forceinline__ void cg_lse_fold(float *m, float *l, const float *v, int n) {
+    float bm = v[0];
+#pragma unroll
+    for (int i = 1; i < n; i++) bm = fmaxf(bm, v[i]);
+    const float mn = fmaxf(*m, bm), ms = mn == CG_NEG_INF ? 0.0f : mn;
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < n; i++) s += __expf(v[i] - ms);
+    *l = fmaf(*l, __expf(*m - ms), s);
+    *m = mn;
 }
-/* A row slot's log-sum-exp runs as CG_LSE_CHAINS independent states (by
- * column chunk), merged at the tile's end: one state is a chain of
- * dependent exps and selects that leaves the SM idle. */
-#define CG_LSE_CHAINS 4
+/* States per row slot (merged at the tile's end with cg_lse_merge): one,
+ * since a batch's exps are independent (4 chains were needed when each
+ * element's update waited on the previous one's). */
+#define CG_LSE_CHAINS 1
 /* merge state (m2, l2) into (m, l). A state whose m is still -inf has
  * l 0, or NaN if it saw a NaN: l * 0 carries that NaN into a sum with a
  * finite maximum, as the CPU's sum over the tile does (coda_epi_end sets

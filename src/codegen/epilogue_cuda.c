@@ -166,6 +166,16 @@ static void shfl_fold(sb_t *b, coda_reduce_t r, int lo, int hi, int indent) {
     }
 }
 
+/* Elements a pair gives the lse output k (the width of its value). */
+static int lse_width(const coda_program_t *p, int k) {
+    for (int i = 0; i < p->n_insts; i++)
+        if (p->insts[i].op == CODA_OP_LSE && p->insts[i].arg == k) {
+            const coda_inst_t *v = &p->insts[p->insts[i].src[0]];
+            return (v->shape & CODA_SHAPE_COL) ? space_width(v->vspace) : 1;
+        }
+    return 1;
+}
+
 /* ---- the three functions ---- */
 
 /* Row vectors (in NAME row): coda_epi_preload reads each load's values for
@@ -209,8 +219,9 @@ static void gen_state(sb_t *b, const coda_program_t *p) {
             sb_printf(b, "    float r%d[CODA_EPI_ROW_SLOTS];  /* %s: row partials */\n", k, a->name);
         else if (a->kind == CODA_OUT_LSE)
             sb_printf(b, "    float lm%d[CODA_EPI_ROW_SLOTS * CG_LSE_CHAINS], ll%d[CODA_EPI_ROW_SLOTS * CG_LSE_CHAINS];\n"
-                         "    float lp%d[CODA_EPI_ROW_SLOTS]; /* %s */\n",
-                      k, k, k, a->name);
+                         "    float lp%d[CODA_EPI_ROW_SLOTS]; /* %s */\n"
+                         "    float lb%d[CODA_EPI_ROW_SLOTS * CODA_EPI_BATCH * %d]; /* the batch's values, folded by coda_epi_flush */\n",
+                      k, k, k, a->name, k, lse_width(p, k));
         else if (a->kind == CODA_OUT_COLRED)
             sb_printf(b, "    float c%d[CODA_EPI_COL_SLOTS * %d];  /* %s: column partials */\n", k,
                       space_width(a->space), a->name);
@@ -613,10 +624,23 @@ static const char WARP_ORIGIN[] =
  * vector is wholly inside the output or wholly outside. */
 static void gen_flush(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) {
     sb_printf(b,
-              "static __device__ __forceinline__ void coda_epi_flush(const coda_epi_params &P_,\n"
+              "static __device__ __forceinline__ void coda_epi_flush(const coda_epi_params &P_, coda_epi_state &S_,\n"
               "        const coda_epi_tile &t, int mh, int j0) {\n"
               "    const coda_epi_params *P = &P_;\n"
-              "    (void)P; (void)t; (void)mh; (void)j0;\n");
+              "    coda_epi_state *S = &S_;\n"
+              "    (void)P; (void)S; (void)t; (void)mh; (void)j0;\n");
+    for (int k = 0; k < p->n_args; k++) {
+        if (p->args[k].kind != CODA_OUT_LSE) continue;
+        int w = lse_width(p, k);
+        sb_printf(b, "    /* %s: the batch's values of row slots 2 mh and 2 mh + 1 into their states */\n"
+                     "#pragma unroll\n"
+                     "    for (int h = 0; h < 2; h++) {\n"
+                     "        const int rs = 2 * mh + h;\n"
+                     "        cg_lse_fold(&S->lm%d[rs * CG_LSE_CHAINS], &S->ll%d[rs * CG_LSE_CHAINS],\n"
+                     "                    &S->lb%d[rs * CODA_EPI_BATCH * %d], CODA_EPI_BATCH * %d);\n"
+                     "    }\n",
+                  p->args[k].name, k, k, k, w, w);
+    }
     if (sp->any_out) {
         sb_printf(b, "#if CODA_EPI_STAGE\n"
                      "#if CODA_EPI_BATCH != %d\n#error \"the staged epilogue is laid out for batches of %d chunks\"\n#endif\n"
@@ -812,10 +836,11 @@ static coda_status_t gen_pair(sb_t *b, const coda_program_t *p, int even_n, cons
                 el(p, in->src[0], e, e0, sizeof e0);
                 elem_col(v->vspace, e, col, sizeof col);
                 /* no branch: an element outside folds in as -inf */
-                sb_printf(b, "    {\n        const int in_ = valid && %s, q_ = rs * CG_LSE_CHAINS + (cs & (CG_LSE_CHAINS - 1));\n"
-                             "        cg_lse_add(&S->lm%d[q_], &S->ll%d[q_], in_ ? %s : CG_NEG_INF);\n"
+                sb_printf(b, "    {\n        const int in_ = valid && %s;\n"
+                             "        S->lb%d[(rs * CODA_EPI_BATCH + (cs %% (CODA_BN / 8)) %% CODA_EPI_BATCH) * %d + %d] = "
+                             "in_ ? %s : CG_NEG_INF;\n"
                              "        S->lp%d[rs] += in_ && (float)%s == %s ? %s : 0.0f;\n    }\n",
-                          elem_ok(v->vspace, e), in->arg, in->arg, e0, in->arg, col, e1, e0);
+                          elem_ok(v->vspace, e), in->arg, wv, e, e0, in->arg, col, e1, e0);
             }
             break;
         }

@@ -82,7 +82,7 @@ static __device__ __forceinline__ void coda_epi_vput(const coda_epi_tile &t, con
 
 /* Generated epilogues write their staged tile outputs here; C goes through
  * the mainloop's own TMA store path instead. */
-static __device__ __forceinline__ void coda_epi_flush(const coda_epi_params &p,
+static __device__ __forceinline__ void coda_epi_flush(const coda_epi_params &p, coda_epi_state &s,
                                                      const coda_epi_tile &t, int mh, int j0) {}
 
 static __device__ __forceinline__ void coda_epi_end(const coda_epi_params &p,

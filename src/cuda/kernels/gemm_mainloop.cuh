@@ -547,7 +547,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                             coda_epi_pair(epi, t, st, 2 * mh + 1, cs, r + 8, t.col + 8 * j,
                                           acc[mh][4 * j + 2], acc[mh][4 * j + 3], in[2 * jj + 1]);
                         }
-                        coda_epi_flush(epi, t, mh, j0);
+                        coda_epi_flush(epi, st, t, mh, j0);
                     }
 #endif
                 coda_epi_end(epi, t, st);
