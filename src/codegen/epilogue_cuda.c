@@ -240,8 +240,9 @@ static void gen_state(sb_t *b, const coda_program_t *p) {
             sb_printf(b,
                       "#pragma unroll\n    for (int i = 0; i < CODA_EPI_ROW_SLOTS * CG_LSE_CHAINS; i++) {\n"
                       "        S->lm%d[i] = CG_NEG_INF; S->ll%d[i] = 0.0f;\n    }\n"
-                      "#pragma unroll\n    for (int i = 0; i < CODA_EPI_ROW_SLOTS; i++) S->lp%d[i] = 0.0f;\n",
-                      k, k, k);
+                      "#pragma unroll\n    for (int i = 0; i < CODA_EPI_ROW_SLOTS; i++) S->lp%d[i] = 0.0f;\n"
+                      "#pragma unroll\n    for (int i = 0; i < CODA_EPI_ROW_SLOTS * CODA_EPI_BATCH * %d; i++) S->lb%d[i] = CG_NEG_INF;\n",
+                      k, k, k, lse_width(p, k), k);
         else if (a->kind == CODA_OUT_COLRED)
             sb_printf(b, "#pragma unroll\n    for (int i = 0; i < CODA_EPI_COL_SLOTS * %d; i++) S->c%d[i] = %s;\n",
                       space_width(a->space), k, red_init(a->reduce));
@@ -638,8 +639,12 @@ static void gen_flush(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) 
                      "        const int rs = 2 * mh + h;\n"
                      "        cg_lse_fold(&S->lm%d[rs * CG_LSE_CHAINS], &S->ll%d[rs * CG_LSE_CHAINS],\n"
                      "                    &S->lb%d[rs * CODA_EPI_BATCH * %d], CODA_EPI_BATCH * %d);\n"
+                     "        /* -inf again: with N odd a pair outside returns before it writes\n"
+                     "         * its values (with N even every pair writes, and these die) */\n"
+                     "#pragma unroll\n"
+                     "        for (int i = 0; i < CODA_EPI_BATCH * %d; i++) S->lb%d[rs * CODA_EPI_BATCH * %d + i] = CG_NEG_INF;\n"
                      "    }\n",
-                  p->args[k].name, k, k, k, w, w);
+                  p->args[k].name, k, k, k, w, w, w, k, w);
     }
     if (sp->any_out) {
         sb_printf(b, "#if CODA_EPI_STAGE\n"
