@@ -13,7 +13,10 @@
  * src/cuda/kernels/gemm_mainloop.cuh (docs/gpu.md): the generated text
  * defines struct coda_epi_params, struct coda_epi_state and
  *
- *   coda_epi_begin(P, t, S)                   once per tile
+ *   coda_epi_preload(P, row, Q)                once per tile, before its
+ *        k-loop: the row vectors of the thread's row slots (struct
+ *        coda_epi_pre)
+ *   coda_epi_begin(P, t, S, Q)                once per tile, after the k-loop
  *   coda_epi_fetch(P, t, row, col, L)
  *        reads the pair's tile and column-vector inputs into L (struct
  *        coda_epi_in, raw words); the kernel fetches a batch of pairs before
@@ -25,6 +28,9 @@
  *        the global even accumulator column, the two values. It masks
  *        row >= M and col >= N itself and writes every output itself
  *        (the kernel is built with CODA_EPI_STORE_C = 0).
+ *   coda_epi_flush(P, S, t, mh, j0)           after every batch of
+ *        CODA_EPI_BATCH chunks: writes the staged outputs (N16, RING) and
+ *        folds the batch's lse values into their states (every form)
  *   coda_epi_end(P, t, S)                     once per tile, every thread:
  *        row reductions and lse states are combined over the 4 lanes that
  *        share a row (in the wgmma layout they hold all the tile's columns of

@@ -633,6 +633,7 @@ static void gen_flush(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) 
     for (int k = 0; k < p->n_args; k++) {
         if (p->args[k].kind != CODA_OUT_LSE) continue;
         int w = lse_width(p, k);
+        sb_printf(b, "#if CODA_EPI_STORE_C\n#error \"lse outputs are folded by coda_epi_flush, which the C-store path does not call\"\n#endif\n");
         sb_printf(b, "    /* %s: the batch's values of row slots 2 mh and 2 mh + 1 into their states */\n"
                      "#pragma unroll\n"
                      "    for (int h = 0; h < 2; h++) {\n"
@@ -919,13 +920,16 @@ static void gen_end(sb_t *b, const coda_program_t *p) {
              * adds what the partner sent, so a lane ends with V/8 column sums
              * and every lane stores. Each sum is mine + partner's in the
              * same order as a butterfly over all V values would add them
-             * (the same bits) at 7/32 of its shuffles (session 6: the
+             * (the same bits) at 7/24 of its shuffles (session 6: the
              * butterfly and its 64 stores by 4 lanes were a quarter of
              * rmsnorm_bwd's instructions). */
             int w = space_width(a->space);
             const char *n_w = a->space == CODA_SPACE_HALF ? "(P->n / 2)" : a->space == CODA_SPACE_FULL ? "P->n" : "(P->n * 2)";
             char e[256];
-            red_expr(e, sizeof e, a->reduce, "kp_", "__shfl_xor_sync(0xffffffffu, sd_, 4 << (s_))");
+            /* the shuffle first, by every lane: inside the max's NaN test
+             * (a short-circuit) a lane holding NaN would skip a full-mask
+             * shuffle (review, session 6) */
+            red_expr(e, sizeof e, a->reduce, "kp_", "y_");
             sb_printf(b, "    /* %s: column partials of this warp's 16 rows */\n", a->name);
             sb_printf(b, "    {\n"
                          "        enum { V_ = CODA_EPI_COL_SLOTS * %d };\n"
@@ -937,6 +941,7 @@ static void gen_end(sb_t *b, const coda_program_t *p) {
                          "            _Pragma(\"unroll\") for (int i = 0; i < (V_ >> ((s_) + 1)); i++) { \\\n"
                          "                const int h_ = V_ >> ((s_) + 1); \\\n"
                          "                const float kp_ = hb_ ? x_[i + h_] : x_[i], sd_ = hb_ ? x_[i] : x_[i + h_]; \\\n"
+                         "                const float y_ = __shfl_xor_sync(0xffffffffu, sd_, 4 << (s_)); \\\n"
                          "                x_[i] = %s; \\\n"
                          "            } }\n"
                          "        CG_RS_STEP(0) CG_RS_STEP(1) CG_RS_STEP(2)\n"
