@@ -129,6 +129,11 @@ static int compare(const char *what, const coda_tensor_t *cpu, const void *got, 
  * cooperative for 256 */
 static int cooperative;
 
+/* 1: A[0][0] is NaN, so accumulator row 0 is NaN in every column: the
+ * reductions must carry it into the row-0 partials and the 16-row column
+ * partials of the first row tile, on the GPU as on the CPU. */
+static int nan_a;
+
 /* tile_n 0: the backend's choice; else force that tile width */
 static void run_case(const char *text, coda_layout_t layout, int64_t m, int64_t n, int64_t k, int tile_n) {
     coda_program_t *p = NULL;
@@ -157,6 +162,10 @@ static void run_case(const char *text, coda_layout_t layout, int64_t m, int64_t 
     buf_t A, B;
     make_buf(&A, CODA_BF16, 2, ash, &r, 0, 0);
     make_buf(&B, CODA_BF16, 2, bsh, &r, 0, 0);
+    if (nan_a) {
+        ((uint16_t *)A.host.data)[0] = 0x7fc0; /* bf16 NaN; element [0][0] in every layout */
+        CUDA_OK(cudaMemcpy(A.dev.data, A.host.data, 2, cudaMemcpyHostToDevice));
+    }
 
     int na = coda_program_num_args(p);
     buf_t bufs[32];
@@ -344,6 +353,15 @@ int main(int argc, char **argv) {
     }
     unsetenv("CODA_STREAMK");
     unsetenv("CODA_GEMM_CFG");
+    /* NaN in the accumulator: every reduction kind (the column max's
+     * shuffles must run in every lane, NaN or not), both tile widths */
+    nan_a = 1;
+    for (int i = 0; i < nt; i++)
+        if (strncmp(texts[i], "program reductions\n", 19) == 0) {
+            run_case(texts[i], CODA_LAYOUT_NT, 127, 272, 72, 256);
+            run_case(texts[i], CODA_LAYOUT_NT, 127, 272, 72, 128);
+        }
+    nan_a = 0;
     finish_case(small ? 100 : 5000, 17);
     coda_context_free(ctx);
     TEST_MAIN_END();
