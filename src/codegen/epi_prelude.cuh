@@ -33,6 +33,8 @@ struct coda_epi_params {
 #define CODA_EPI_ROW_SLOTS (2 * CODA_WG_MH)
 #define CODA_EPI_COL_SLOTS (CODA_BN / 8 * CODA_WG_MH)
 #define CODA_EPI_TILE_N CODA_BN
+/* row of slot rs = 2 mh + h for a thread whose first row is row0 */
+#define CG_SLOT_ROW(row0, rs) ((row0) + 8 * ((rs) & 1) + 64 * ((rs) >> 1))
 #ifndef CODA_EPI_STAGE /* 1: the kernel gives each warp a staging slab (t.stage) */
 #define CODA_EPI_STAGE 0
 #endif
@@ -198,14 +200,13 @@ static __device__ __forceinline__ void cg_lse_fold(float *m, float *l, const flo
     *l = fmaf(*l, __expf(*m - ms), s);
     *m = mn;
 }
-/* States per row slot (merged at the tile's end with cg_lse_merge): one,
- * since a batch's exps are independent (4 chains were needed when each
- * element's update waited on the previous one's). */
-#define CG_LSE_CHAINS 1
-/* merge state (m2, l2) into (m, l). A state whose m is still -inf has
- * l 0, or NaN if it saw a NaN: l * 0 carries that NaN into a sum with a
- * finite maximum, as the CPU's sum over the tile does (coda_epi_end sets
- * l to 0 where the maximum stays -inf, as the CPU skips that sum). */
+/* merge state (m2, l2) into (m, l): the 4 lanes sharing a row, at the
+ * tile's end (one state per row slot and lane: a batch's exps are
+ * independent, where the element-at-a-time update had needed 4 chains).
+ * A state whose m is still -inf has l 0, or NaN if it saw a NaN: l * 0
+ * carries that NaN into a sum with a finite maximum, as the CPU's sum over
+ * the tile does (coda_epi_end sets l to 0 where the maximum stays -inf, as
+ * the CPU skips that sum). */
 static __device__ __forceinline__ void cg_lse_merge(float *m, float *l, float m2, float l2) {
     const float mn = fmaxf(*m, m2);
     const float a = *m == CG_NEG_INF ? *l * 0.0f : *l * expf(*m - mn);

@@ -78,19 +78,17 @@ static void elem_col(coda_space_t s, int e, char *buf, size_t cap) {
     else snprintf(buf, cap, "(2 * col + %d)", e);
 }
 
-/* C text that reads element at index expression `idx` of argument k as
- * float, through the non-coherent asm loads: inputs are read-only, so
- * pairs of the same row share one load (the compiler may merge them, which
- * it may not for C loads between the stores). */
-static void load_text(const coda_arg_t *a, int k, const char *idx, int vol, char *buf, size_t cap) {
-    const char *v = vol ? "v" : "";
+/* C text that reads element at index expression `idx` of a row vector,
+ * argument k, as float, through the non-coherent volatile loads that
+ * coda_epi_preload issues before the tile's k-loop. */
+static void load_text(const coda_arg_t *a, int k, const char *idx, char *buf, size_t cap) {
     switch (a->dtype) {
     case CODA_BF16:
-        snprintf(buf, cap, "cg_bf16_to_f32((unsigned short)cg_ld16%s((const unsigned short *)P->ptr[%d] + %s))", v,
-                 k, idx);
+        snprintf(buf, cap, "cg_bf16_to_f32((unsigned short)cg_ld16v((const unsigned short *)P->ptr[%d] + %s))", k,
+                 idx);
         break;
-    case CODA_I32: snprintf(buf, cap, "(float)(int)cg_ld32%s((const int *)P->ptr[%d] + %s)", v, k, idx); break;
-    default: snprintf(buf, cap, "__uint_as_float(cg_ld32%s((const float *)P->ptr[%d] + %s))", v, k, idx); break;
+    case CODA_I32: snprintf(buf, cap, "(float)(int)cg_ld32v((const int *)P->ptr[%d] + %s)", k, idx); break;
+    default: snprintf(buf, cap, "__uint_as_float(cg_ld32v((const float *)P->ptr[%d] + %s))", k, idx); break;
     }
 }
 
@@ -196,7 +194,7 @@ static void gen_preload(sb_t *b, const coda_program_t *p) {
                  "    (void)P; (void)row0; (void)Q;\n"
                  "#pragma unroll\n"
                  "    for (int rs = 0; rs < CODA_EPI_ROW_SLOTS; rs++) {\n"
-                 "        const int row = row0 + 8 * (rs & 1) + 64 * (rs >> 1);\n"
+                 "        const int row = CG_SLOT_ROW(row0, rs);\n"
                  "        const long long r = row < P->m ? row : P->m - 1;\n"
                  "        (void)r;\n");
     for (int i = 0; i < p->n_insts; i++) {
@@ -204,7 +202,7 @@ static void gen_preload(sb_t *b, const coda_program_t *p) {
         if (in->op != CODA_OP_LOAD || p->args[in->arg].kind != CODA_IN_ROW) continue;
         char idx[64], ld[256];
         snprintf(idx, sizeof idx, "r * P->s0[%d]", in->arg);
-        load_text(&p->args[in->arg], in->arg, idx, 1, ld, sizeof ld);
+        load_text(&p->args[in->arg], in->arg, idx, ld, sizeof ld);
         sb_printf(b, "        Q.v%d[rs] = %s;\n", i, ld);
     }
     sb_printf(b, "    }\n}\n\n");
@@ -218,7 +216,7 @@ static void gen_state(sb_t *b, const coda_program_t *p) {
         if (a->kind == CODA_OUT_ROWRED)
             sb_printf(b, "    float r%d[CODA_EPI_ROW_SLOTS];  /* %s: row partials */\n", k, a->name);
         else if (a->kind == CODA_OUT_LSE)
-            sb_printf(b, "    float lm%d[CODA_EPI_ROW_SLOTS * CG_LSE_CHAINS], ll%d[CODA_EPI_ROW_SLOTS * CG_LSE_CHAINS];\n"
+            sb_printf(b, "    float lm%d[CODA_EPI_ROW_SLOTS], ll%d[CODA_EPI_ROW_SLOTS];\n"
                          "    float lp%d[CODA_EPI_ROW_SLOTS]; /* %s */\n"
                          "    float lb%d[CODA_EPI_ROW_SLOTS * CODA_EPI_BATCH * %d]; /* the batch's values, folded by coda_epi_flush */\n",
                       k, k, k, a->name, k, lse_width(p, k));
@@ -238,7 +236,7 @@ static void gen_state(sb_t *b, const coda_program_t *p) {
                       red_init(a->reduce));
         else if (a->kind == CODA_OUT_LSE)
             sb_printf(b,
-                      "#pragma unroll\n    for (int i = 0; i < CODA_EPI_ROW_SLOTS * CG_LSE_CHAINS; i++) {\n"
+                      "#pragma unroll\n    for (int i = 0; i < CODA_EPI_ROW_SLOTS; i++) {\n"
                       "        S->lm%d[i] = CG_NEG_INF; S->ll%d[i] = 0.0f;\n    }\n"
                       "#pragma unroll\n    for (int i = 0; i < CODA_EPI_ROW_SLOTS; i++) S->lp%d[i] = 0.0f;\n"
                       "#pragma unroll\n    for (int i = 0; i < CODA_EPI_ROW_SLOTS * CODA_EPI_BATCH * %d; i++) S->lb%d[i] = CG_NEG_INF;\n",
@@ -495,9 +493,13 @@ static void gen_ring_fetch(sb_t *b, int i, const coda_arg_t *a, int first_box) {
     if (e == 4) sb_printf(b, "        L.u%d[0] = cg_lds32(a_);\n", i);
     else if (e == 8) sb_printf(b, "        cg_lds64(a_, L.u%d);\n", i);
     else sb_printf(b, "        cg_lds128(a_, L.u%d);\n", i);
-    sb_printf(b, "}\n\n");
+    sb_printf(b, "    }\n");
 }
 
+/* Tile and column-vector inputs are read in a separate step, coda_epi_fetch,
+ * into a struct of raw words: the mainloop fetches a batch of pairs before
+ * it runs the program on any of them (CODA_EPI_BATCH), so that many loads
+ * are in flight at once instead of one round trip to memory per pair. */
 static void gen_fetch(sb_t *b, const coda_program_t *p, int even_n, const coda_ring_plan_t *rp,
                       const stage_plan_t *sp) {
     sb_printf(b, "struct coda_epi_in {\n    unsigned unused_;\n");
@@ -638,7 +640,7 @@ static void gen_flush(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) 
                      "#pragma unroll\n"
                      "    for (int h = 0; h < 2; h++) {\n"
                      "        const int rs = 2 * mh + h;\n"
-                     "        cg_lse_fold(&S->lm%d[rs * CG_LSE_CHAINS], &S->ll%d[rs * CG_LSE_CHAINS],\n"
+                     "        cg_lse_fold(&S->lm%d[rs], &S->ll%d[rs],\n"
                      "                    &S->lb%d[rs * CODA_EPI_BATCH * %d], CODA_EPI_BATCH * %d);\n"
                      "        /* -inf again: with N odd a pair outside returns before it writes\n"
                      "         * its values (with N even every pair writes, and these die) */\n"
@@ -881,7 +883,7 @@ static void gen_end(sb_t *b, const coda_program_t *p) {
               "    coda_epi_state *S = &S_;\n"
               "    int rows[CODA_EPI_ROW_SLOTS]; /* slot rs = 2 mh + h: row + 8 h + 64 mh */\n"
               "#pragma unroll\n"
-              "    for (int i = 0; i < CODA_EPI_ROW_SLOTS; i++) rows[i] = t.row + 8 * (i & 1) + 64 * (i >> 1);\n"
+              "    for (int i = 0; i < CODA_EPI_ROW_SLOTS; i++) rows[i] = CG_SLOT_ROW(t.row, i);\n"
               "    const int m_tile = t.tile_m, n_tile = t.tile_n;\n"
               "    const int lane = t.tid & 31;\n"
               "    (void)P; (void)S; (void)rows; (void)m_tile; (void)n_tile; (void)lane;\n");
@@ -896,10 +898,8 @@ static void gen_end(sb_t *b, const coda_program_t *p) {
                       k, k);
         } else if (a->kind == CODA_OUT_LSE) {
             sb_printf(b, "#pragma unroll\n    for (int i = 0; i < CODA_EPI_ROW_SLOTS; i++) {\n"
-                         "        float m = S->lm%d[i * CG_LSE_CHAINS], l = S->ll%d[i * CG_LSE_CHAINS], pk = S->lp%d[i];\n"
-                         "#pragma unroll\n        for (int c = 1; c < CG_LSE_CHAINS; c++)\n"
-                         "            cg_lse_merge(&m, &l, S->lm%d[i * CG_LSE_CHAINS + c], S->ll%d[i * CG_LSE_CHAINS + c]);\n",
-                      k, k, k, k, k);
+                         "        float m = S->lm%d[i], l = S->ll%d[i], pk = S->lp%d[i];\n",
+                      k, k, k);
             for (int sh = 1; sh <= 2; sh *= 2)
                 sb_printf(b, "        { float m2 = __shfl_xor_sync(0xffffffffu, m, %d), l2 = __shfl_xor_sync(0xffffffffu, l, %d);\n"
                              "          pk += __shfl_xor_sync(0xffffffffu, pk, %d); cg_lse_merge(&m, &l, m2, l2); }\n",
