@@ -1,6 +1,12 @@
 /* bench_epilogue.c - what a fused epilogue costs over the GEMM alone.
  *
  *   bench_epilogue [sizes...]      default: 2048 4096 8192 (M = N = K)
+ *   CODA_BENCH_AB="-DCODA_X_..." bench_epilogue ...   A/B of a kernel
+ *                                  option: each program's fused GEMM as
+ *                                  built and with the option, run by run
+ *                                  with the plain GEMM (extra column "B ms",
+ *                                  and B / A); the option reaches NVRTC
+ *                                  through CODA_DEBUG_OPTS, set per run
  *
  * For each built-in layer program and each size, in one process: cuBLAS's
  * bf16 GEMM (bf16 out), coda's plain GEMM (coda_gemm, bf16 out), and coda's
@@ -53,10 +59,18 @@ typedef struct job {
     coda_binding_t *bind;
     int nbind;
     coda_tiling_t tl;
+    const char *opts; /* CODA_DEBUG_OPTS for this job's runs ("": none) */
 } job_t;
+
+static char run_opts[512]; /* CODA_DEBUG_OPTS as the process started: every job's but B's */
 
 static void run_once(job_t *j, int it) {
     int s = it % j->nsets;
+    /* the library reads CODA_DEBUG_OPTS at every launch (src/cuda/gemm.c) */
+    if (setenv("CODA_DEBUG_OPTS", j->opts ? j->opts : run_opts, 1) != 0) {
+        perror("setenv");
+        exit(1);
+    }
     if (j->kind == RUN_CUBLAS) {
         /* row-major C (M,N) = A (M,K) B(N,K)^T  ==  col-major C^T = B A^T */
         const float alpha = 1.0f, beta = 0.0f;
@@ -109,6 +123,8 @@ static void time_jobs(job_t *const *jobs, int n, float *median) {
 int main(int argc, char **argv) {
     int64_t sizes[8] = {2048, 4096, 8192};
     int nsizes = 3;
+    const char *opts0 = getenv("CODA_DEBUG_OPTS");
+    if (opts0) snprintf(run_opts, sizeof run_opts, "%s", opts0);
     if (argc > 1) {
         nsizes = 0;
         for (int i = 1; i < argc && nsizes < 8; i++) sizes[nsizes++] = atoll(argv[i]);
@@ -143,6 +159,8 @@ int main(int argc, char **argv) {
         jp.kind = RUN_PLAIN;
         /* CODA_BENCH_ONLY=program: one plain and one fused launch, for a profiler */
         const char *only = getenv("CODA_BENCH_ONLY");
+        const char *ab = getenv("CODA_BENCH_AB");
+        if (ab && !*ab) ab = NULL;
         if (only) {
             run_once(&jp, 0);
             CUDA_OK(cudaDeviceSynchronize());
@@ -199,13 +217,17 @@ int main(int argc, char **argv) {
             } else {
                 /* the plain GEMM again, run by run with the fused one: the
                  * ratio is what this row is for */
-                job_t *const pair[2] = {&jp, &jf};
-                float t[2];
-                time_jobs(pair, 2, t);
+                job_t jb = jf;
+                jb.opts = ab;
+                job_t *const jobs[3] = {&jp, &jf, &jb};
+                float t[3];
+                time_jobs(jobs, ab ? 3 : 2, t);
                 t_pl = t[0];
                 t_f = t[1];
+                if (ab) printf("%-20s %6lld   A/B %s: plain %.3f  A %.3f  B %.3f  B/A %.3f  (A/plain %.3f, B/plain %.3f)\n",
+                               *name, (long long)sz, ab, t_pl, t_f, t[2], t[2] / t_f, t_f / t_pl, t[2] / t_pl);
             }
-            if (!only) printf("%-20s %6lld %10.3f %10.3f %10.3f %8.3f %8.3f  %s\n", *name, (long long)sz, t_cb, t_pl, t_f,
+            if (!only && !ab) printf("%-20s %6lld %10.3f %10.3f %10.3f %8.3f %8.3f  %s\n", *name, (long long)sz, t_cb, t_pl, t_f,
                    t_f / t_pl, t_f / t_cb, jf.tl.tile_n == 128 ? "ping-pong 128" : "cooperative 256");
             fflush(stdout);
             for (int i = 0; i < na; i++)

@@ -74,7 +74,7 @@ char *coda__cuda_gemm_source(const char *epilogue_src) {
 size_t coda__cuda_gemm_smem(const coda_cuda_gemm_cfg_t *cfg) {
     size_t stage = (size_t)(cfg->bm + cfg->bn) * cfg->bk * 2;
     /* stages, C staging (2 consumers x 2 x 8 KiB), barriers, alignment slack */
-    return cfg->stages * stage + 32768 + 16 * (size_t)cfg->stages + 1024;
+    return cfg->stages * stage + 32768 + 16 * (size_t)cfg->stages + 256 + 1024;
 }
 
 int coda__cuda_gemm_options(coda_layout_t layout, const coda_cuda_gemm_cfg_t *cfg, int store_c,
@@ -282,13 +282,17 @@ typedef struct sk_params {
  * (gate/up wgrad), but -3% at 3.9 waves (4096^3) and -13% at 3.9 waves with
  * K = 16384 (o wgrad). Hence: at least 8 whole waves, and a partial wave
  * that leaves at least 1% of the machine idle. CODA_STREAMK=0: never; =1:
- * whenever there is a partial wave (tests). */
+ * whenever there is a partial wave (tests); =a (experiment): every unit
+ * shared out by k-blocks, so that the CTAs' epilogues fall at staggered
+ * times rather than all at the end of each wave. */
 int coda__cuda_streamk_dp_units(int64_t units, int64_t clusters, int64_t kiters, int pingpong) {
     const char *env = getenv("CODA_STREAMK");
     int mode = env && (env[0] == '0' || env[0] == '1') && !env[1] ? env[0] - '0' : 2;
-    if (mode == 0 || pingpong || clusters < 2 || units <= clusters || units % clusters == 0 || kiters < 4 ||
-        units * kiters >= INT32_MAX) /* the kernel numbers k-blocks in an int */
+    if (env && env[0] == 'a' && !env[1]) mode = 3;
+    if (mode == 0 || pingpong || clusters < 2 || units <= clusters || (units % clusters == 0 && mode != 3) ||
+        kiters < 4 || units * kiters >= INT32_MAX) /* the kernel numbers k-blocks in an int */
         return (int)units;
+    if (mode == 3) return 0;
     int64_t waves = coda__cdiv(units, clusters), idle = waves * clusters - units;
     if (mode == 2 && (units / clusters < 8 || idle * 100 < waves * clusters)) return (int)units;
     return (int)((units / clusters - 1) * clusters);
