@@ -439,9 +439,9 @@ static void slab_pair_addr(char *buf, size_t cap, int off, int pitch, int e, con
 }
 
 /* The swizzled slab address of byte x_ of staged row r_ (C expressions). */
-static void stage_addr(char *buf, size_t cap, const char *base, int off, int pitch) {
+static void stage_addr(char *buf, size_t cap, int off, int pitch) {
     int rp = pitch >= 128 ? 1 : 128 / pitch, nch = pitch / 16;
-    snprintf(buf, cap, "%s + %d + r_ * %d + ((((x_ >> 4) ^ ((r_ / %d) & %d))) << 4) + (x_ & 15)", base, off, pitch,
+    snprintf(buf, cap, "t.stage + %d + r_ * %d + ((((x_ >> 4) ^ ((r_ / %d) & %d))) << 4) + (x_ & 15)", off, pitch,
              rp, nch - 1);
 }
 
@@ -598,7 +598,7 @@ typedef struct staged_arg {
 } staged_arg_t;
 
 static int staged_arg(const coda_program_t *p, const stage_plan_t *sp, int k, coda_arg_kind_t kind,
-                      const char *base, staged_arg_t *sa) {
+                      staged_arg_t *sa) {
     if (sp->off[k] < 0 || p->args[k].kind != kind) return 0;
     coda_space_t sw = p->args[k].space;
     sa->a = &p->args[k];
@@ -608,7 +608,7 @@ static int staged_arg(const coda_program_t *p, const stage_plan_t *sp, int k, co
     sa->first = sw == CODA_SPACE_HALF ? "(col0 >> 1)" : sw == CODA_SPACE_FULL ? "col0" : "(2 * col0)";
     sa->jmul = sw == CODA_SPACE_HALF ? 4 : sw == CODA_SPACE_FULL ? 8 : 16;
     sa->ncols = sw == CODA_SPACE_HALF ? "(P->n / 2)" : sw == CODA_SPACE_FULL ? "(long long)P->n" : "(2LL * P->n)";
-    stage_addr(sa->addr, sizeof sa->addr, base, sp->off[k], sa->pitch);
+    stage_addr(sa->addr, sizeof sa->addr, sp->off[k], sa->pitch);
     return 1;
 }
 
@@ -621,94 +621,11 @@ static const char WARP_ORIGIN[] =
     "    const long long row0 = t.row - (lane >> 2) + 64 * mh; /* the warp's first row */\n"
     "    const long long col0 = t.col - 2 * (lane & 3); /* the tile's first acc column */\n";
 
-/* Bytes of the slab the staged outputs of one batch take. */
-static int staged_out_bytes(const coda_program_t *p, const stage_plan_t *sp) {
-    int bytes = 0;
-    for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++)
-        if (sp->off[k] >= 0 && p->args[k].kind == CODA_OUT_TILE) bytes += 16 * sp->pitch[k];
-    return bytes;
-}
-
-/* The staged outputs of a batch leave the slab in two steps, so that a
- * warp other than the one that computed them can do it (the mainloop's
- * drain warps, CODA_EPI_DRAIN). For staged output o (0 ..
- * CODA_EPI_DRAIN_OUTS - 1, in argument order):
- *   coda_epi_drain_read(stage, lane, o, V)   its 16-byte vectors out of the
- *                                            slab into registers
- *   coda_epi_drain_write(P, row0, col0, lane, j0, o, V)   out to global
- *                                            memory: row0 the warp's first
- *                                            row, col0 the tile's first
- *                                            accumulator column
- * (o is a constant wherever they are called, so each is one output's code.)
- * N is a multiple of 16 and a batch starts at a multiple of 32 columns, so
- * a vector is wholly inside the output or wholly outside.
- *
- * CODA_EPI_DRAIN is 1 when the kernel has drain warps (CODA_KERNEL_DRAIN,
- * the cooperative mainloop) and the program can use them: staged outputs,
- * no staged inputs (they would share the slab), and a batch's outputs in
- * half a slab, so that the warp fills one half while the other drains. */
-static void gen_drain(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) {
-    int out_bytes = staged_out_bytes(p, sp);
-    int drain = sp->any_out && !sp->any_in && 2 * out_bytes <= STAGE_BYTES;
-    if (drain)
-        sb_printf(b, "#if defined(CODA_KERNEL_DRAIN) && CODA_EPI_STAGE && !CODA_PINGPONG\n"
-                     "#define CODA_EPI_DRAIN 1\n#else\n#define CODA_EPI_DRAIN 0\n#endif\n"
-                     "#define CODA_EPI_SLAB_HALF %d /* the slab's two buffers */\n",
-                  STAGE_BYTES / 2);
-    else
-        sb_printf(b, "#define CODA_EPI_DRAIN 0\n");
-    int nout = 0, nv = 0;
-    staged_arg_t sa;
-    for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++)
-        if (staged_arg(p, sp, k, CODA_OUT_TILE, "stage", &sa)) {
-            nout++;
-            if (sa.nch / 2 > nv) nv = sa.nch / 2; /* 16 nch vectors over 32 lanes */
-        }
-    sb_printf(b, "#define CODA_EPI_DRAIN_OUTS %d\n\n", nout);
-    if (!nout) return;
-    sb_printf(b, "struct coda_epi_dv {\n    unsigned v[%d][4]; /* a lane's 16-byte vectors of one staged output */\n};\n\n"
-                 "static __device__ __forceinline__ void coda_epi_drain_read(unsigned stage, int lane, int o,\n"
-                 "        coda_epi_dv &V) {\n",
-              nv);
-    int o = 0;
-    for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++) {
-        if (!staged_arg(p, sp, k, CODA_OUT_TILE, "stage", &sa)) continue;
-        sb_printf(b, "    if (o == %d) { /* %s */\n", o++, sa.a->name);
-        for (int i = 0; i < sa.nch / 2; i++)
-            sb_printf(b, "        { const int idx = lane + %d, r_ = idx / %d, x_ = (idx %% %d) * 16;\n"
-                         "          cg_lds128(%s, V.v[%d]); }\n",
-                      32 * i, sa.nch, sa.nch, sa.addr, i);
-        sb_printf(b, "    }\n");
-    }
-    sb_printf(b, "}\n\n"
-                 "static __device__ __forceinline__ void coda_epi_drain_write(const coda_epi_params &P_, long long row0,\n"
-                 "        long long col0, int lane, int j0, int o, const coda_epi_dv &V) {\n"
-                 "    const coda_epi_params *P = &P_;\n");
-    o = 0;
-    for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++) {
-        if (!staged_arg(p, sp, k, CODA_OUT_TILE, "stage", &sa)) continue;
-        sb_printf(b,
-                  "    if (o == %d) { /* %s */\n"
-                  "        const long long c_ = %s + (lane %% %d) * %d, rem_ = %s - c_;\n"
-                  "        %s *g0_ = (%s *)P->ptr[%d] + (row0 + lane / %d) * P->s0[%d] + c_;\n"
-                  "        const long long step_ = %d * P->s0[%d];\n",
-                  o++, sa.a->name, sa.first, sa.nch, 16 / sa.esz, sa.ncols, sa.esz == 2 ? "unsigned short" : "float",
-                  sa.esz == 2 ? "unsigned short" : "float", k, sa.nch, k, 32 / sa.nch, k);
-        for (int i = 0; i < sa.nch / 2; i++)
-            sb_printf(b, "        cg_st128(row0 + %d + lane / %d < P->m && %d * j0 < rem_, g0_ + %d * step_ + %d * j0,\n"
-                         "                 V.v[%d][0], V.v[%d][1], V.v[%d][2], V.v[%d][3]);\n",
-                      (32 * i) / sa.nch, sa.nch, sa.jmul, i, sa.jmul, i, i, i, i);
-        sb_printf(b, "    }\n");
-    }
-    sb_printf(b, "}\n\n");
-}
-
-/* coda_epi_flush(P, S, t, mh, j0): after the pairs of the batch at chunk j0
- * of row block mh: the log-sum-exp states take the batch's values, and,
- * unless drain warps do it (CODA_EPI_DRAIN), the warp writes its staged
- * outputs out, 16 bytes a lane. */
+/* coda_epi_flush(P, t, mh, j0): after the pairs of the batch at chunk j0 of
+ * row block mh, the warp writes each staged region out, 16 bytes a lane. N
+ * is a multiple of 16 and a batch starts at a multiple of 32 columns, so a
+ * vector is wholly inside the output or wholly outside. */
 static void gen_flush(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) {
-    gen_drain(b, p, sp);
     sb_printf(b,
               "static __device__ __forceinline__ void coda_epi_flush(const coda_epi_params &P_, coda_epi_state &S_,\n"
               "        const coda_epi_tile &t, int mh, int j0) {\n"
@@ -732,19 +649,35 @@ static void gen_flush(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) 
                      "    }\n",
                   p->args[k].name, k, k, k, w, w, w, k, w);
     }
-    if (sp->any_out)
-        sb_printf(b, "#if CODA_EPI_STAGE && !CODA_EPI_DRAIN\n"
+    if (sp->any_out) {
+        sb_printf(b, "#if CODA_EPI_STAGE\n"
                      "#if CODA_EPI_BATCH != %d\n#error \"the staged epilogue is laid out for batches of %d chunks\"\n#endif\n"
                      "    __syncwarp(); /* the pairs' slab writes are visible to the warp */\n"
-                     "    const int lane = t.tid & 31;\n%s"
-                     "#pragma unroll\n"
-                     "    for (int o = 0; o < CODA_EPI_DRAIN_OUTS; o++) {\n"
-                     "        coda_epi_dv v_;\n"
-                     "        coda_epi_drain_read(t.stage, lane, o, v_);\n"
-                     "        coda_epi_drain_write(P_, row0, col0, lane, j0, o, v_);\n"
-                     "    }\n"
-                     "    __syncwarp(); /* read out before the next batch writes */\n#endif\n",
+                     "    const int lane = t.tid & 31;\n%s",
                   STAGE_BATCH, STAGE_BATCH, WARP_ORIGIN);
+        staged_arg_t sa;
+        for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++) {
+            if (!staged_arg(p, sp, k, CODA_OUT_TILE, &sa)) continue;
+            sb_printf(b,
+                      "    { /* %s */\n"
+                      "        const long long c_ = %s + (lane %% %d) * %d, rem_ = %s - c_;\n"
+                      "        %s *g0_ = (%s *)P->ptr[%d] + (row0 + lane / %d) * P->s0[%d] + c_;\n"
+                      "        const long long step_ = %d * P->s0[%d];\n"
+                      "#pragma unroll\n"
+                      "        for (int i = lane; i < %d; i += 32) {\n"
+                      "            const int r_ = i / %d, x_ = (i %% %d) * 16;\n"
+                      "            unsigned v[4];\n"
+                      "            cg_lds128(%s, v);\n"
+                      "            cg_st128(row0 + r_ < P->m && %d * j0 < rem_, g0_ + (i / 32) * step_ + %d * j0,\n"
+                      "                     v[0], v[1], v[2], v[3]);\n"
+                      "        }\n"
+                      "    }\n",
+                      sa.a->name, sa.first, sa.nch, 16 / sa.esz, sa.ncols,
+                      sa.esz == 2 ? "unsigned short" : "float", sa.esz == 2 ? "unsigned short" : "float", k, sa.nch, k,
+                      32 / sa.nch, k, 16 * sa.nch, sa.nch, sa.nch, sa.addr, sa.jmul, sa.jmul);
+        }
+        sb_printf(b, "    __syncwarp(); /* read out before the next batch writes */\n#endif\n");
+    }
     sb_printf(b, "}\n\n");
 }
 
@@ -780,7 +713,7 @@ static void gen_stage_in(sb_t *b, const coda_program_t *p, const stage_plan_t *s
         int v = 0;
         staged_arg_t sa;
         for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++) {
-            if (!staged_arg(p, sp, k, CODA_IN_TILE, "t.stage", &sa)) continue;
+            if (!staged_arg(p, sp, k, CODA_IN_TILE, &sa)) continue;
             for (int i = 0; i < sa.pitch / 32; i++, v++) {
                 sb_printf(b, "    { /* %s, vector %d */\n        const int idx = lane + %d, r_ = idx / %d, x_ = (idx %% %d) * 16;\n",
                           sa.a->name, i, 32 * i, sa.nch, sa.nch);

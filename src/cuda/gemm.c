@@ -74,7 +74,7 @@ char *coda__cuda_gemm_source(const char *epilogue_src) {
 size_t coda__cuda_gemm_smem(const coda_cuda_gemm_cfg_t *cfg) {
     size_t stage = (size_t)(cfg->bm + cfg->bn) * cfg->bk * 2;
     /* stages, C staging (2 consumers x 2 x 8 KiB), barriers, alignment slack */
-    return cfg->stages * stage + 32768 + 16 * (size_t)cfg->stages + 256 + 1024;
+    return cfg->stages * stage + 32768 + 16 * (size_t)cfg->stages + 1024;
 }
 
 int coda__cuda_gemm_options(coda_layout_t layout, const coda_cuda_gemm_cfg_t *cfg, int store_c,

@@ -55,19 +55,7 @@
  * (struct coda_ring_params). They are copied while the consumers run the
  * tile's last k-blocks; the consumers read each chunk in the epilogue and
  * free its stage as they would a k-block's, and the next tile's k-blocks
- * follow in the ring.
- *
- * Drain warps (CODA_EPI_DRAIN, set by a generated epilogue whose staged
- * outputs fit half a slab, on the cooperative schedule): a consumer warp
- * puts a batch's outputs into one half of its 4 KiB slab and goes on with
- * the next batch in the other half; warps 1-3 of the producer warpgroup
- * (idle otherwise) read the half out and store it to global memory. A
- * slab half has two mbarriers: SLAB_FULL (the consumer warp's lane 0
- * arrives once the warp's writes are done) and SLAB_EMPTY (the drain
- * warp's lane 0 arrives once the warp has read the half into registers).
- * Drain warp d serves consumer warps d, d + 3, d + 6 and walks the same
- * tiles and batches they do. The consumers' stores then wait on nothing in
- * the consumer warps, and they drain while the next tile's k-loop runs. */
+ * follow in the ring. */
 
 #define CODA_BM 128
 #define CODA_BK 64
@@ -99,12 +87,6 @@
 #ifndef CODA_EPI_RING
 #define CODA_EPI_RING 0
 #endif
-#ifndef CODA_EPI_DRAIN
-#define CODA_EPI_DRAIN 0
-#endif
-#if CODA_EPI_DRAIN && (CODA_PINGPONG || CODA_EPI_STORE_C || !CODA_EPI_STAGE || defined(CODA_X_ONEARRIVE))
-#error "drain warps are for the cooperative schedule's staged outputs"
-#endif
 #ifndef CODA_STREAMK /* 1: the stream-K tail (gemm_streamk.cuh) is compiled in */
 #define CODA_STREAMK 0
 #endif
@@ -127,18 +109,6 @@
 #define CODA_C_CHUNK_COLS (128 / CODA_C_ESZ)             /* columns per 128-byte chunk */
 #define CODA_C_NCHUNK (CODA_BN / CODA_C_CHUNK_COLS)
 #define CODA_CBUF_BYTES (2 * 2 * 8192)                   /* 2 consumers x 2 buffers */
-#define CODA_SLAB_BAR_BYTES 256                          /* 8 warps x 2 halves x full, empty */
-/* Registers a thread after setmaxnreg: the CTA's 384 x 168 shared out as
- * 128 P + 256 C. The drain warps' stores need more than the TMA thread. */
-#if CODA_EPI_DRAIN
-#define CODA_PRODUCER_REGS 56
-#define CODA_CONSUMER_REGS 224
-#else
-#define CODA_PRODUCER_REGS 40
-#define CODA_CONSUMER_REGS 232
-#endif
-#define CODA_STR_(x) #x
-#define CODA_STR(x) CODA_STR_(x)
 
 #define CODA_A_BYTES (CODA_BM * CODA_BK * 2)
 #define CODA_B_BYTES (CODA_BN * CODA_BK * 2)
@@ -239,10 +209,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
     const u32 bars = cbufs + CODA_CBUF_BYTES;  /* full[s], then empty[s] */
 #define FULL(s) (bars + 8u * (s))
 #define EMPTY(s) (bars + 8u * (CODA_STAGES + (s)))
-    /* drain warps: consumer warp w's slab half h (CODA_EPI_DRAIN) */
-#define SLAB_FULL(w, h) (bars + 16u * CODA_STAGES + 16u * (w) + 8u * (h))
-#define SLAB_EMPTY(w, h) (bars + 16u * CODA_STAGES + 128u + 16u * (w) + 8u * (h))
-    unsigned char *scratch = coda_smem_raw + (bars + 16u * CODA_STAGES + CODA_SLAB_BAR_BYTES - raw);
+    unsigned char *scratch = coda_smem_raw + (bars + 16u * CODA_STAGES - raw);
 
     const int tiles_m = (M + CODA_BM - 1) / CODA_BM;
     const int tiles_n = (N + CODA_BN - 1) / CODA_BN;
@@ -275,13 +242,6 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
              * B in this CTA's stage s is also written by the peer's multicast */
             coda_mbar_init(EMPTY(s), CODA_ARRIVERS * CODA_CLUSTER);
         }
-#if CODA_EPI_DRAIN
-        for (int w = 0; w < 8; w++)
-            for (int h = 0; h < 2; h++) {
-                coda_mbar_init(SLAB_FULL(w, h), 1);
-                coda_mbar_init(SLAB_EMPTY(w, h), 1);
-            }
-#endif
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -291,7 +251,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
 
     if (wg == 0) {
         /* ---- producer ---- */
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 " CODA_STR(CODA_PRODUCER_REGS) ";");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
         if (tid == 0) {
             int it = 0;
             CODA_FOR_EACH_PIECE(unit, kb_begin, kb_end) {
@@ -347,48 +307,12 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
 #endif
             }
         }
-#if CODA_EPI_DRAIN
-        else if (tid >= 32) {
-            /* ---- drain warps: the consumers' staged outputs out (see the top) ---- */
-            const int d = tid / 32 - 1, lane = tid % 32;
-            int nb = 0; /* batches so far, the same count for each served warp */
-            CODA_FOR_EACH_PIECE(unit, kb_begin, kb_end) {
-                if (kb_begin > 0) continue; /* a stream-K contributor runs no epilogue */
-                int tm2, tn;
-                coda_tile_coords(unit, tiles_m2, tiles_n, &tm2, &tn);
-                const int tm = tm2 * CODA_CLUSTER + (int)crank;
-                for (int j0 = 0; j0 < CODA_BN / 8; j0 += CODA_EPI_BATCH, nb++) {
-                    const int h = nb & 1;
-                    for (int w = d; w < 8; w += 3) {
-                        coda_mbar_wait_warp(SLAB_FULL(w, h), (nb >> 1) & 1);
-                        /* output by output, to keep the registers few; the
-                         * half is free once the last one is read */
-#pragma unroll
-                        for (int o = 0; o < CODA_EPI_DRAIN_OUTS; o++) {
-                            coda_epi_dv v;
-                            coda_epi_drain_read(cbufs + (u32)w * 4096u + (u32)h * CODA_EPI_SLAB_HALF, lane, o, v);
-                            if (o == CODA_EPI_DRAIN_OUTS - 1) {
-                                __syncwarp(); /* every lane has its vectors */
-                                coda_mbar_arrive_if(SLAB_EMPTY(w, h), lane == 0);
-                            }
-                            coda_epi_drain_write(epi, (long long)tm * CODA_BM + 16 * w, (long long)tn * CODA_BN,
-                                                 lane, j0, o, v);
-                        }
-                    }
-                }
-            }
-        }
-#endif
     } else {
         /* ---- consumers ---- */
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 " CODA_STR(CODA_CONSUMER_REGS) ";");
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
         const int c = wg - 1;
         float acc[CODA_WG_MH][CODA_BN / 2]; /* row block mh: rows 64 mh .. of the warpgroup's */
         int it = 0;
-#if CODA_EPI_DRAIN
-        const int cw = c * 4 + tid / 32; /* this consumer warp, 0..7 */
-        int nb = 0;                      /* its batches so far (the drain warp counts the same) */
-#endif
 #if CODA_PINGPONG
         /* tiles c, c + 2, c + 4, ... of this CTA's sequence */
         for (int seq = c, unit = unit0 + c * unit_step; unit < n_units;
@@ -615,11 +539,6 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                             it++;
                         }
 #endif
-#if CODA_EPI_DRAIN
-                        /* the slab half this batch fills: drained of its batch before last */
-                        coda_mbar_wait_warp(SLAB_EMPTY(cw, nb & 1), ((nb >> 1) & 1) ^ 1);
-                        t.stage = cbufs + (u32)cw * 4096u + (u32)(nb & 1) * CODA_EPI_SLAB_HALF;
-#endif
 #pragma unroll
                         for (int jj = 0; jj < CODA_EPI_BATCH; jj++) {
                             const int j = j0 + jj, cs = mh * (CODA_BN / 8) + j;
@@ -629,11 +548,6 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                                           acc[mh][4 * j + 2], acc[mh][4 * j + 3], in[2 * jj + 1]);
                         }
                         coda_epi_flush(epi, st, t, mh, j0);
-#if CODA_EPI_DRAIN
-                        __syncwarp(); /* the warp's slab writes are done: hand the half over */
-                        coda_mbar_arrive_if(SLAB_FULL(cw, nb & 1), tid % 32 == 0);
-                        nb++;
-#endif
                     }
 #endif
                 coda_epi_end(epi, t, st);
@@ -652,6 +566,4 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
 #endif
 #undef FULL
 #undef EMPTY
-#undef SLAB_FULL
-#undef SLAB_EMPTY
 }

@@ -52,13 +52,6 @@ static __device__ __forceinline__ void coda_mbar_expect_tx(u32 bar, u32 bytes) {
 static __device__ __forceinline__ void coda_mbar_arrive(u32 bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
-/* The same by the threads with `on` set, as a predicated instruction (no
- * branch around it). */
-static __device__ __forceinline__ void coda_mbar_arrive_if(u32 bar, int on) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.s32 p, %1, 0;\n@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}" ::"r"(bar),
-                 "r"(on)
-                 : "memory");
-}
 /* Arrive on the barrier at the same offset in CTA `cta` of the cluster.
  * Default (CTA-scope release) semantics: the consumers only say that their
  * wgmma reads of a stage are done (wgmma.wait_group), and a cluster-scope
@@ -77,22 +70,6 @@ static __device__ __forceinline__ void coda_mbar_wait(u32 bar, u32 parity) {
                      : "r"(bar), "r"(parity)
                      : "memory");
     } while (!done);
-}
-
-/* The same where the barrier's address differs from warp to warp (a
- * consumer warp's own slab barriers): the loop ends on a warp vote, so
- * ptxas knows the warp leaves it together. (With the plain loop it could
- * not, and guarded every later warp-synchronous instruction with a
- * divergent fallback path: session 7, 12 such branches in rmsnorm_bwd.) */
-static __device__ __forceinline__ void coda_mbar_wait_warp(u32 bar, u32 parity) {
-    u32 done;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, p;\n}"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
-    } while (!__all_sync(0xffffffffu, done));
 }
 
 /* ---- TMA: 2-D tile load into shared memory, completing on an mbarrier ---- */
@@ -203,14 +180,6 @@ static __device__ __forceinline__ void coda_consumer_sync(void) {
 #error "the ping-pong schedule has 128 x 128 tiles"
 #endif
 #define CODA_WG_MH (CODA_PINGPONG ? 2 : 1)
-
-/* The cooperative mainloop has drain warps for staged epilogue outputs
- * (gemm_mainloop.cuh); a generated epilogue that can use them sets
- * CODA_EPI_DRAIN. CODA_X_NO_DRAIN (experiment): the consumer warps store
- * their outputs themselves, as before session 7. */
-#if !CODA_PINGPONG && !defined(CODA_X_NO_DRAIN)
-#define CODA_KERNEL_DRAIN 1
-#endif
 
 /* What the mainloop tells the epilogue about the tile a consumer thread holds
  * (docs/gpu.md has the fragment picture). A thread holds rows row + 8 h +
