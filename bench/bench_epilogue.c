@@ -7,6 +7,7 @@
  *                                  with the plain GEMM (extra column "B ms",
  *                                  and B / A); the option reaches NVRTC
  *                                  through CODA_DEBUG_OPTS, set per run
+ *   CODA_BENCH_PROGRAMS="rmsnorm_bwd,resid_norm"   only these programs
  *
  * For each built-in layer program and each size, in one process: cuBLAS's
  * bf16 GEMM (bf16 out), coda's plain GEMM (coda_gemm, bf16 out), and coda's
@@ -61,6 +62,19 @@ typedef struct job {
     coda_tiling_t tl;
     const char *opts; /* CODA_DEBUG_OPTS for this job's runs ("": none) */
 } job_t;
+
+/* name is one of the comma-separated names of list */
+static int listed(const char *list, const char *name) {
+    size_t n = strlen(name);
+    for (const char *p = list; *p;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && strncmp(p, name, n) == 0) return 1;
+        if (!e) break;
+        p = e + 1;
+    }
+    return 0;
+}
 
 static char run_opts[512]; /* CODA_DEBUG_OPTS as the process started: every job's but B's */
 
@@ -159,6 +173,7 @@ int main(int argc, char **argv) {
         jp.kind = RUN_PLAIN;
         /* CODA_BENCH_ONLY=program: one plain and one fused launch, for a profiler */
         const char *only = getenv("CODA_BENCH_ONLY");
+        const char *progs = getenv("CODA_BENCH_PROGRAMS");
         const char *ab = getenv("CODA_BENCH_AB");
         if (ab && !*ab) ab = NULL;
         if (only) {
@@ -177,6 +192,7 @@ int main(int argc, char **argv) {
                t_cb, t_pl, "", "", "", 2.0 * sz * sz * sz / t_cb / 1e9, 2.0 * sz * sz * sz / t_pl / 1e9);
         for (const char *const *name = coda_builtin_program_names(); *name; name++) {
             if (only && strcmp(only, *name) != 0) continue;
+            if (progs && !listed(progs, *name)) continue;
             coda_program_t *p = NULL;
             REQUIRE_OK(coda_program_parse(coda_builtin_program(*name), &p));
             job_t jf = base;

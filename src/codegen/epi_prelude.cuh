@@ -174,6 +174,18 @@ static __device__ __forceinline__ float cg_reduce_2pi(float x) {
 }
 static __device__ __forceinline__ float cg_sin(float x) { return __sinf(cg_reduce_2pi(x)); }
 static __device__ __forceinline__ float cg_cos(float x) { return __cosf(cg_reduce_2pi(x)); }
+/* exp: the accurate expf (about 8 instructions, one MUFU.EX2).
+ * CODA_X_FAST_EXP (experiment): __expf, 2 instructions, with a relative
+ * error that grows with |x| (~|x| 2^-24). Measured (session 7,
+ * bench_epilogue A/B): lmhead_bwd 3% faster at 2048, 1% at 4096-8192;
+ * not worth the accuracy of a general exp. */
+static __device__ __forceinline__ float cg_exp(float x) {
+#ifdef CODA_X_FAST_EXP
+    return __expf(x);
+#else
+    return expf(x);
+#endif
+}
 static __device__ __forceinline__ float cg_dsilu(float x) {
     float s = cg_sigmoid(x);
     return s * (1.0f + x * (1.0f - s));

@@ -96,7 +96,7 @@ static const char *map_fn(coda_op_t op) {
     switch (op) {
     case CODA_OP_NEG: return "(-%s)";
     case CODA_OP_ABS: return "fabsf(%s)";
-    case CODA_OP_EXP: return "expf(%s)";
+    case CODA_OP_EXP: return "cg_exp(%s)";
     case CODA_OP_LOG: return "logf(%s)";
     case CODA_OP_SQRT: return "sqrtf(%s)";
     case CODA_OP_RSQRT: return "rsqrtf(%s)";
