@@ -8,6 +8,11 @@
  *                                  and B / A); the option reaches NVRTC
  *                                  through CODA_DEBUG_OPTS, set per run
  *   CODA_BENCH_PROGRAMS="rmsnorm_bwd,resid_norm"   only these programs
+ *   CODA_BENCH_TIMELINE=1 bench_epilogue ...   also one plain and one fused
+ *                                  launch built with CODA_X_TIMELINE: per
+ *                                  tile of consumer warp 0, the mean wait
+ *                                  for the first k-block, k-loop, epilogue
+ *                                  and the gap to the next tile (us)
  *
  * For each built-in layer program and each size, in one process: cuBLAS's
  * bf16 GEMM (bf16 out), coda's plain GEMM (coda_gemm, bf16 out), and coda's
@@ -62,6 +67,46 @@ typedef struct job {
     coda_tiling_t tl;
     const char *opts; /* CODA_DEBUG_OPTS for this job's runs ("": none) */
 } job_t;
+
+static void run_once(job_t *j, int it);
+
+/* CODA_BENCH_TIMELINE: the kernel's stamps (gemm_mainloop.cuh,
+ * CODA_X_TIMELINE): per CTA 8 tiles x 4 clock64 values, then the count. */
+#define TL_CTAS 1024
+static long long *tl_dev;
+static double tl_khz;
+
+static void timeline(job_t *j, const char *what) {
+    static long long h[TL_CTAS * 36];
+    CUDA_OK(cudaMemset(tl_dev, 0, sizeof h));
+    run_once(j, 0);
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaMemcpy(h, tl_dev, sizeof h, cudaMemcpyDeviceToHost));
+    double sum[4] = {0}, span = 0;
+    long tiles = 0, gaps = 0, ctas = 0;
+    for (int c = 0; c < TL_CTAS; c++) {
+        const long long *t = h + 36 * c;
+        int n = (int)t[32] < 8 ? (int)t[32] : 8;
+        if (n <= 0) continue;
+        ctas++;
+        for (int i = 0; i < n; i++) {
+            sum[0] += t[4 * i + 1] - t[4 * i];
+            sum[1] += t[4 * i + 2] - t[4 * i + 1];
+            sum[2] += t[4 * i + 3] - t[4 * i + 2];
+            if (i + 1 < n) sum[3] += t[4 * i + 4] - t[4 * i + 3], gaps++;
+            tiles++;
+        }
+        span += t[4 * (n - 1) + 3] - t[0];
+    }
+    if (!tiles) {
+        printf("  timeline %-6s: no stamps\n", what);
+        return;
+    }
+    const double us = 1e3 / tl_khz;
+    printf("  timeline %-6s: %ld tiles on %ld CTAs; per tile: first data %.2f us, k-loop %.2f, epilogue %.2f, "
+           "gap %.2f; CTA span %.2f us\n", what, tiles, ctas, sum[0] / tiles * us, sum[1] / tiles * us,
+           sum[2] / tiles * us, gaps ? sum[3] / gaps * us : 0.0, span / ctas * us);
+}
 
 /* name is one of the comma-separated names of list */
 static int listed(const char *list, const char *name) {
@@ -139,6 +184,15 @@ int main(int argc, char **argv) {
     int nsizes = 3;
     const char *opts0 = getenv("CODA_DEBUG_OPTS");
     if (opts0) snprintf(run_opts, sizeof run_opts, "%s", opts0);
+    char tl_opts[600] = "";
+    if (getenv("CODA_BENCH_TIMELINE")) {
+        CUDA_OK(cudaMalloc((void **)&tl_dev, TL_CTAS * 36 * sizeof(long long)));
+        int khz = 0;
+        CUDA_OK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+        tl_khz = khz;
+        snprintf(tl_opts, sizeof tl_opts, "%s%s-DCODA_X_TIMELINE=0x%llx", run_opts, *run_opts ? " " : "",
+                 (unsigned long long)(uintptr_t)tl_dev);
+    }
     if (argc > 1) {
         nsizes = 0;
         for (int i = 1; i < argc && nsizes < 8; i++) sizes[nsizes++] = atoll(argv[i]);
@@ -242,6 +296,12 @@ int main(int argc, char **argv) {
                 t_f = t[1];
                 if (ab) printf("%-20s %6lld   A/B %s: plain %.3f  A %.3f  B %.3f  B/A %.3f  (A/plain %.3f, B/plain %.3f)\n",
                                *name, (long long)sz, ab, t_pl, t_f, t[2], t[2] / t_f, t_f / t_pl, t[2] / t_pl);
+            }
+            if (tl_dev) {
+                job_t tp = jp, tf = jf;
+                tp.opts = tf.opts = tl_opts;
+                timeline(&tp, "plain");
+                timeline(&tf, "fused");
             }
             if (!only && !ab) printf("%-20s %6lld %10.3f %10.3f %10.3f %8.3f %8.3f  %s\n", *name, (long long)sz, t_cb, t_pl, t_f,
                    t_f / t_pl, t_f / t_cb, jf.tl.tile_n == 128 ? "ping-pong 128" : "cooperative 256");

@@ -358,7 +358,7 @@ int coda_program_find_arg(const coda_program_t *p, const char *name);
  *
  * On CUDA (the program becomes CUDA C inside the Hopper GEMM, compiled by
  * NVRTC on first use and cached on disk): tile_n is the mainloop's block
- * width, 256 or 128 (see coda_choose_program_tiling); tile_m is 16 for
+ * width, 256 or 128 (see coda_choose_program_tiling); tile_m is 128 for
  * programs with column reductions (any
  * for the others: row partials do not depend on it); at most 16 arguments;
  * tile and column tensors need their base and row stride aligned to one

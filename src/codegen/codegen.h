@@ -35,9 +35,11 @@
  *        row reductions and lse states are combined over the 4 lanes that
  *        share a row (in the wgmma layout they hold all the tile's columns of
  *        it) and written as the partials of tile (row, t.tile_n); column
- *        reductions are combined over the 8 lanes that share columns, i.e.
- *        over one warp's 16 rows, and written as the partials of 16-row tile
- *        (row / 16). So on the GPU the tiling is tile_m = 16 (for column
+ *        reductions are combined over the 8 lanes that share columns (one
+ *        warp's 16 rows), then over the tile's 8 such row groups through
+ *        the warps' slabs between two barriers over the tile's threads
+ *        (CODA_EPI_TILE_SYNC), and written as the partials of the 128-row
+ *        tile t.tile_m. So on the GPU the tiling is tile_m = 128 (for column
  *        partials; row partials do not depend on it), tile_n = CODA_BN.
  *
  * Arguments reach the kernel in struct coda_epi_params (coda_epi_params_t

@@ -558,6 +558,13 @@ static void gen_fetch(sb_t *b, const coda_program_t *p, int even_n, const coda_r
             sb_printf(b, "    }\n#else\n");
             gen_vec_fetch(b, i, w, a->dtype, q, pred);
             sb_printf(b, "#endif\n");
+        } else if (a->kind == CODA_IN_COL) { /* CODA_X_NO_COL_LOAD (experiment): ones, no load */
+            sb_printf(b, "#ifdef CODA_X_NO_COL_LOAD\n"
+                         "    for (int w_ = 0; w_ < %d; w_++) L.u%d[w_] = %s;\n"
+                         "#else\n",
+                      vec_words(value_width(in), a->dtype), i, a->dtype == CODA_BF16 ? "0x3f803f80u" : "0x3f800000u");
+            gen_vec_fetch(b, i, value_width(in), a->dtype, q, pred);
+            sb_printf(b, "#endif\n");
         } else {
             gen_vec_fetch(b, i, value_width(in), a->dtype, q, pred);
         }
@@ -910,29 +917,43 @@ static void gen_end(sb_t *b, const coda_program_t *p) {
                          "            o[0] = m; o[1] = l; o[2] = pk;\n        }\n    }\n",
                       k, k, k);
         } else if (a->kind == CODA_OUT_COLRED) {
-            /* A warp holds 16 whole rows of the tile (lanes with equal lane%4
-             * share columns), so its column sums are the partials of one
-             * 16-row tile: on the GPU tile_m is 16 (coda_choose_tiling), and
-             * no shared memory or barrier is needed.
-             * The 8 lanes of a column group reduce-scatter their V values in
-             * three shuffle steps (lane bit 2, 3, 4): each step a lane keeps
-             * half of its values, sends the other half to its partner and
-             * adds what the partner sent, so a lane ends with V/8 column sums
-             * and every lane stores. Each sum is mine + partner's in the
-             * same order as a butterfly over all V values would add them
-             * (the same bits) at 7/24 of its shuffles (session 6: the
-             * butterfly and its 64 stores by 4 lanes were a quarter of
-             * rmsnorm_bwd's instructions). */
+            /* Column partials of the tile's 128 rows (on the GPU tile_m is
+             * 128, coda_choose_tiling), in two steps.
+             * 1. In each warp: a warp holds 16 rows of a 64-row block
+             *    (lanes with equal lane%4 share columns). The 8 lanes of a
+             *    column group reduce-scatter their V values in three
+             *    shuffle steps (lane bit 2, 3, 4): each step a lane keeps
+             *    half of its values, sends the other half to its partner
+             *    and adds what the partner sent, so a lane ends with V/8
+             *    column sums of the warp's rows (each sum mine + partner's,
+             *    in the same order as a butterfly: session 6). The lane
+             *    puts them into its warp's slab, one row of sums per 16-row
+             *    group (mh).
+             * 2. After a barrier over the tile's consumer threads
+             *    (CODA_EPI_TILE_SYNC), each thread combines one column's 8
+             *    group sums, in group order (the same bits every run), and
+             *    stores the tile's partial; a second barrier keeps the
+             *    slabs until every thread has read them.
+             * One store per column and tile: the 16-row partials of
+             * sessions 1-6 took 8, scattered (session 7, bench_epilogue
+             * A/B without partial stores: 11% of rmsnorm_bwd's time at
+             * 2048, 5% at 4096). */
             int w = space_width(a->space);
             const char *n_w = a->space == CODA_SPACE_HALF ? "(P->n / 2)" : a->space == CODA_SPACE_FULL ? "P->n" : "(P->n * 2)";
-            char e[256];
+            const char *cw = a->space == CODA_SPACE_HALF ? "(CODA_BN / 2)" : a->space == CODA_SPACE_FULL ? "CODA_BN" : "(2 * CODA_BN)";
+            const char *lc = a->space == CODA_SPACE_HALF ? "(c0_ >> 1)" : a->space == CODA_SPACE_FULL ? "c0_ + e" : "2 * c0_ + e";
+            const char *first = a->space == CODA_SPACE_HALF ? "(long long)n_tile * (CODA_BN / 2)"
+                                : a->space == CODA_SPACE_FULL ? "(long long)n_tile * CODA_BN"
+                                                              : "2LL * n_tile * CODA_BN";
+            char e[256], e2[256];
             /* the shuffle first, by every lane: inside the max's NaN test
              * (a short-circuit) a lane holding NaN would skip a full-mask
              * shuffle (review, session 6) */
             red_expr(e, sizeof e, a->reduce, "kp_", "y_");
-            sb_printf(b, "    /* %s: column partials of this warp's 16 rows */\n", a->name);
+            red_expr(e2, sizeof e2, a->reduce, "s_", "y_");
+            sb_printf(b, "    /* %s: column partials of the tile's 128 rows */\n", a->name);
             sb_printf(b, "    {\n"
-                         "        enum { V_ = CODA_EPI_COL_SLOTS * %d };\n"
+                         "        enum { V_ = CODA_EPI_COL_SLOTS * %d, CW_ = %s };\n"
                          "        float x_[V_];\n"
                          "#pragma unroll\n"
                          "        for (int i = 0; i < V_; i++) x_[i] = S->c%d[i];\n"
@@ -946,23 +967,37 @@ static void gen_end(sb_t *b, const coda_program_t *p) {
                          "            } }\n"
                          "        CG_RS_STEP(0) CG_RS_STEP(1) CG_RS_STEP(2)\n"
                          "#undef CG_RS_STEP\n"
-                         "        /* this lane's sums: values base_ .. base_ + V_/8 - 1 */\n"
+                         "        /* this lane's sums: values base_ .. base_ + V_/8 - 1, into the slab */\n"
                          "        const int base_ = ((lane >> 2) & 1) * (V_ / 2) + ((lane >> 3) & 1) * (V_ / 4) +\n"
                          "                          ((lane >> 4) & 1) * (V_ / 8);\n"
                          "#pragma unroll\n"
                          "        for (int u = 0; u < V_ / 8; u++) {\n"
                          "            const int j = base_ / %d + u / %d, e = u %% %d; /* slot j = mh (CODA_BN / 8) + jj */\n"
-                         "            const int m16 = (t.row >> 4) + 4 * (j / (CODA_BN / 8)); /* 16-row tile */\n"
-                         "            const long long c0 = t.col + 8 * (j %% (CODA_BN / 8)); /* global even acc column */\n"
-                         "            const long long gc = %s;\n"
+                         "            const int c0_ = 2 * (lane & 3) + 8 * (j %% (CODA_BN / 8)); /* the tile's even acc column */\n"
                          "            (void)e;\n"
-                         "            cg_st32(CG_PART_OK(m16 * 16 < P->m && gc < %s), (float *)P->ptr[%d] + gc * P->s0[%d] + m16,\n"
-                         "                    __float_as_uint(x_[u]));\n"
+                         "            cg_sts32(t.stage + (unsigned)((j / (CODA_BN / 8)) * CW_ + %s) * 4u, __float_as_uint(x_[u]));\n"
                          "        }\n"
+                         "        CODA_EPI_TILE_SYNC(t);\n"
+                         "        /* group g: rows 16 g .. of the tile; its sums are in the slab of\n"
+                         "         * warp g (cooperative) or of warp g %% 4, row g / 4 (ping-pong) */\n"
+                         "        const unsigned slabs_ = t.stage - (unsigned)(t.wg * 4 + (t.tid >> 5)) * 4096u;\n"
+                         "        const int q_ = t.tid + (CODA_WG_MH == 1 ? 128 * t.wg : 0), np_ = CODA_WG_MH == 1 ? 256 : 128;\n"
+                         "#pragma unroll\n"
+                         "        for (int lc = q_; lc < CW_; lc += np_) {\n"
+                         "            float s_ = 0.0f;\n"
+                         "#pragma unroll\n"
+                         "            for (int g = 0; g < 8; g++) {\n"
+                         "                const unsigned at_ = slabs_ + (unsigned)(CODA_WG_MH == 1 ? g : t.wg * 4 + (g & 3)) * 4096u +\n"
+                         "                                     (unsigned)((CODA_WG_MH == 1 ? 0 : (g >> 2) * CW_) + lc) * 4u;\n"
+                         "                const float y_ = __uint_as_float(cg_lds32(at_));\n"
+                         "                s_ = g == 0 ? y_ : %s;\n"
+                         "            }\n"
+                         "            const long long gc = %s + lc;\n"
+                         "            cg_st32(CG_PART_OK(gc < %s), (float *)P->ptr[%d] + gc * P->s0[%d] + m_tile, __float_as_uint(s_));\n"
+                         "        }\n"
+                         "        CODA_EPI_TILE_SYNC(t); /* the slabs are read */\n"
                          "    }\n",
-                      w, k, e, w, w, w,
-                      a->space == CODA_SPACE_HALF ? "(c0 >> 1)" : a->space == CODA_SPACE_FULL ? "c0 + e" : "2 * c0 + e",
-                      n_w, k, k);
+                      w, cw, k, e, w, w, w, lc, e2, first, n_w, k, k);
         }
     }
     sb_printf(b, "}\n");

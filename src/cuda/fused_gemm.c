@@ -8,15 +8,16 @@
  *
  * Tiling on the GPU: tile_n is the mainloop's block width, 256 or 128 as
  * the plain GEMM would pick (cooperative schedule; a caller asking for 128
- * on a big problem gets the ping-pong schedule); tile_m is 16, the rows one
- * warp holds in a 64-row block, because column partials are combined within
- * a warp (codegen.h). Row partials do not depend on tile_m. */
+ * on a big problem gets the ping-pong schedule); tile_m is 128, the
+ * mainloop's block height: column partials are combined over the tile's
+ * warps through shared memory (codegen.h). Row partials do not depend on
+ * tile_m. */
 #include "codegen/codegen.h"
 #include "cuda/backend.h"
 
 #include <stdlib.h>
 
-#define GPU_TILE_M 16
+#define GPU_TILE_M 128 /* CODA_BM */
 #define PINGPONG_TILE_N 128 /* the ping-pong schedule's tile width */
 
 /* Configuration index for a tiling: tile_n 128 runs the ping-pong schedule
@@ -123,8 +124,8 @@ coda_status_t coda__cuda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout
     if (m > INT32_MAX / 4 || n > INT32_MAX / 4)
         return coda__fail(CODA_ERR_SHAPE, "fused GEMM on CUDA: extents %lld x %lld are too large",
                           (long long)m, (long long)n);
-    /* Column partials are per warp (16 rows); row partials do not depend on
-     * tile_m, so only programs with column reductions are held to 16. */
+    /* Column partials are per 128-row tile; row partials do not depend on
+     * tile_m, so only programs with column reductions are held to it. */
     int has_colred = 0;
     for (int i = 0; i < p->n_args; i++) has_colred |= p->args[i].kind == CODA_OUT_COLRED;
     if (has_colred && tiling.tile_m != GPU_TILE_M)

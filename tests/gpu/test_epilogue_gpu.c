@@ -6,7 +6,7 @@
  *
  * Each case binds every argument of the program to fresh random data (row
  * targets are column indices, some -100), runs the program on the CPU and on
- * the GPU with the same tiling (tile_m 16, tile_n the GPU's), with every
+ * the GPU with the same tiling (tile_m 128, tile_n the GPU's), with every
  * output poisoned with NaN first, and compares every output element by
  * element, partials included: relative Frobenius error <= 4e-3 (bf16 outputs
  * may differ by one rounding step where the f32 values differ in the last

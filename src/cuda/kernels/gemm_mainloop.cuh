@@ -313,6 +313,10 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
         const int c = wg - 1;
         float acc[CODA_WG_MH][CODA_BN / 2]; /* row block mh: rows 64 mh .. of the warpgroup's */
         int it = 0;
+#ifdef CODA_X_TIMELINE
+        long long tlog_[8][4];
+        int tl_n_ = 0;
+#endif
 #if CODA_PINGPONG
         /* tiles c, c + 2, c + 4, ... of this CTA's sequence */
         for (int seq = c, unit = unit0 + c * unit_step; unit < n_units;
@@ -328,6 +332,13 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
 #if CODA_PINGPONG
             if (seq > 0) coda_turn_wait(4 + c);
 #endif
+#ifdef CODA_X_TIMELINE
+            /* experiment (bench_epilogue CODA_BENCH_TIMELINE): clock64 stamps
+             * of consumer warp 0's tiles: tile start, first k-block's data
+             * in, k-loop done, epilogue done */
+            long long *tl_ = tlog_[tl_n_ < 8 ? tl_n_ : 7];
+            tl_[0] = clock64();
+#endif
             /* this thread's first row of the tile (fragment layout, below) */
             const int trow = tm * CODA_BM + (CODA_PINGPONG ? 0 : 64 * c) + 16 * (tid / 32) + (tid % 32) / 4;
             /* the epilogue's row vectors, loaded now so that the k-loop hides
@@ -342,6 +353,9 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
             for (int kb = kb_begin; kb < kb_end; kb++, it++) {
                 const int s = it % CODA_STAGES;
                 coda_mbar_wait(FULL(s), (it / CODA_STAGES) & 1);
+#ifdef CODA_X_TIMELINE
+                if (kb == kb_begin) tl_[1] = clock64();
+#endif
                 const u32 sa = base + s * CODA_STAGE_BYTES + (CODA_PINGPONG ? 0 : c * 8192);
                 const u32 sb = base + s * CODA_STAGE_BYTES + CODA_A_BYTES;
 #ifndef CODA_X_NOFENCE
@@ -376,6 +390,9 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
 #endif
             coda_wgmma_wait(0);
             CODA_FENCE_ACC(acc);
+#ifdef CODA_X_TIMELINE
+            tl_[2] = clock64();
+#endif
 #ifdef CODA_X_WAIT0
             if (0) {
 #else
@@ -552,7 +569,21 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
 #endif
                 coda_epi_end(epi, t, st);
             }
+#ifdef CODA_X_TIMELINE
+            tl_[3] = clock64();
+            tl_n_++;
+#endif
         }
+#ifdef CODA_X_TIMELINE
+        /* (CTA, tile < 8, stamp) at CODA_X_TIMELINE, a device address the
+         * benchmark put into the options; tile count at [CTA][8][0] */
+        if (threadIdx.x == 128) {
+            long long *out_ = (long long *)(CODA_X_TIMELINE) + (size_t)blockIdx.x * 36;
+            for (int i = 0; i < tl_n_ && i < 8; i++)
+                for (int k = 0; k < 4; k++) out_[4 * i + k] = tlog_[i][k];
+            out_[32] = tl_n_;
+        }
+#endif
 #if CODA_EPI_STORE_C
         /* TMA must have read the staging buffers before the CTA's shared
          * memory goes; the global writes complete on their own */

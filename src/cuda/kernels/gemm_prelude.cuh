@@ -180,6 +180,13 @@ static __device__ __forceinline__ void coda_consumer_sync(void) {
 #error "the ping-pong schedule has 128 x 128 tiles"
 #endif
 #define CODA_WG_MH (CODA_PINGPONG ? 2 : 1)
+/* The threads of one tile, for a generated epilogue's barrier (column
+ * partials): both consumer warpgroups, or in ping-pong the tile's own. */
+#if CODA_PINGPONG
+#define CODA_EPI_TILE_SYNC(t) coda_wg_sync(2 + (t).wg)
+#else
+#define CODA_EPI_TILE_SYNC(t) coda_consumer_sync()
+#endif
 
 /* What the mainloop tells the epilogue about the tile a consumer thread holds
  * (docs/gpu.md has the fragment picture). A thread holds rows row + 8 h +
