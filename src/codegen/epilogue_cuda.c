@@ -951,6 +951,7 @@ static void gen_end(sb_t *b, const coda_program_t *p) {
              * shuffle (review, session 6) */
             red_expr(e, sizeof e, a->reduce, "kp_", "y_");
             red_expr(e2, sizeof e2, a->reduce, "s_", "y_");
+            sb_printf(b, "#if CODA_EPI_STORE_C\n#error \"column partials go through the slabs, which the C-store path gives to TMA\"\n#endif\n");
             sb_printf(b, "    /* %s: column partials of the tile's 128 rows */\n", a->name);
             sb_printf(b, "    {\n"
                          "        enum { V_ = CODA_EPI_COL_SLOTS * %d, CW_ = %s };\n"
@@ -993,7 +994,10 @@ static void gen_end(sb_t *b, const coda_program_t *p) {
                          "                s_ = g == 0 ? y_ : %s;\n"
                          "            }\n"
                          "            const long long gc = %s + lc;\n"
-                         "            cg_st32(CG_PART_OK(gc < %s), (float *)P->ptr[%d] + gc * P->s0[%d] + m_tile, __float_as_uint(s_));\n"
+                         "            /* m_tile inside: with 2-CTA clusters and an odd number of row\n"
+                         "             * tiles, the last pair's second CTA runs a tile wholly below M */\n"
+                         "            cg_st32(CG_PART_OK(gc < %s && m_tile * 128 < P->m), (float *)P->ptr[%d] + gc * P->s0[%d] + m_tile,\n"
+                         "                    __float_as_uint(s_));\n"
                          "        }\n"
                          "        CODA_EPI_TILE_SYNC(t); /* the slabs are read */\n"
                          "    }\n",
