@@ -12,7 +12,12 @@
  *                                  launch built with CODA_X_TIMELINE: per
  *                                  tile of consumer warp 0, the mean wait
  *                                  for the first k-block, k-loop, epilogue
- *                                  and the gap to the next tile (us)
+ *                                  and the gap to the next tile (us at the
+ *                                  device's nominal clock, which the H200
+ *                                  does not hold under load: compare rows,
+ *                                  not absolute values). Thread 128 records:
+ *                                  in ping-pong that is every other tile;
+ *                                  with stream-K each piece counts as a tile
  *
  * For each built-in layer program and each size, in one process: cuBLAS's
  * bf16 GEMM (bf16 out), coda's plain GEMM (coda_gemm, bf16 out), and coda's
@@ -232,6 +237,24 @@ int main(int argc, char **argv) {
         const char *progs = getenv("CODA_BENCH_PROGRAMS");
         const char *ab = getenv("CODA_BENCH_AB");
         if (ab && !*ab) ab = NULL;
+        /* B: the process's options and the A/B ones (gemm.c takes up to 4,
+         * each at most 60 characters, and ignores the rest: refuse those
+         * rather than time two equal kernels) */
+        char ab_opts[600] = "";
+        if (ab) {
+            snprintf(ab_opts, sizeof ab_opts, "%s%s%s", run_opts, *run_opts ? " " : "", ab);
+            int words = 0;
+            for (const char *q = ab_opts; *q;) {
+                while (*q == ' ') q++;
+                size_t len = strcspn(q, " ");
+                if (!len) break;
+                if (len > 60 || ++words > 4) {
+                    fprintf(stderr, "CODA_BENCH_AB: with CODA_DEBUG_OPTS, at most 4 options of 60 characters\n");
+                    return 2;
+                }
+                q += len;
+            }
+        }
         if (only) {
             run_once(&jp, 0);
             CUDA_OK(cudaDeviceSynchronize());
@@ -290,7 +313,7 @@ int main(int argc, char **argv) {
                 /* the plain GEMM again, run by run with the fused one: the
                  * ratio is what this row is for */
                 job_t jb = jf;
-                jb.opts = ab;
+                jb.opts = ab_opts;
                 job_t *const jobs[3] = {&jp, &jf, &jb};
                 float t[3];
                 time_jobs(jobs, ab ? 3 : 2, t);

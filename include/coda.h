@@ -254,7 +254,8 @@ coda_status_t coda_gemm(coda_context_t *ctx, coda_layout_t layout,
  * (m, l, p): running max, sum of exp(v - m), and v at the target column if
  * it falls in the tile (else 0). Within a tile each backend reduces in a
  * fixed order of its own (the CPU in increasing column / row order, the GPU
- * over its register layout and lane shuffles), and the finishing steps
+ * over its register layout, lane shuffles and, for column reductions, the
+ * tile's warps through shared memory), and the finishing steps
  * (section 7) combine the partials in increasing t: results are bitwise
  * reproducible on a backend, and agree across backends up to rounding.
  * A NaN element makes its partials NaN (max included).

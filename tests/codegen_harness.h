@@ -19,6 +19,8 @@ static const char coda_test_harness_kernel[] =
     "    t.row = blockIdx.y * 128 + 64 * c + 16 * (tid / 32) + (tid % 32) / 4;\n"
     "    t.col = blockIdx.x * CODA_BN + 2 * (tid % 4);\n"
     "    t.wg = c; t.tid = tid; t.scratch = 0;\n"
+    "    __shared__ __align__(16) unsigned char slabs[8 * 4096]; /* each warp's slab, as the kernel's */\n"
+    "    t.stage = (unsigned)__cvta_generic_to_shared(slabs) + (unsigned)(c * 4 + tid / 32) * 4096u;\n"
     "    coda_epi_pre pre;\n"
     "    coda_epi_preload(P, t.row, pre);\n"
     "    coda_epi_state st;\n"

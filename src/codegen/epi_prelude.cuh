@@ -36,8 +36,9 @@ struct coda_epi_params {
 /* row of slot rs = 2 mh + h for a thread whose first row is row0 */
 #define CG_SLOT_ROW(row0, rs) ((row0) + 8 * ((rs) & 1) + 64 * ((rs) >> 1))
 /* A barrier over the consumer threads of one tile (column partials in
- * coda_epi_end); the kernel defines it (gemm_prelude.cuh), a stand-in
- * harness of one 256-thread block a tile gets __syncthreads. */
+ * coda_epi_end); gemm_prelude.cuh defines it for the kernel (and the
+ * stand-in harness, which includes it); anything else gets
+ * __syncthreads, right for one 256-thread block a tile. */
 #ifndef CODA_EPI_TILE_SYNC
 #define CODA_EPI_TILE_SYNC(t) __syncthreads()
 #endif
