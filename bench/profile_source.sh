@@ -1,7 +1,9 @@
 #!/bin/bash
 # profile_source.sh - where a fused GEMM's warps wait, per SASS instruction:
 # Nsight Compute's source counters (warp stall samples by reason) for one
-# plain and one fused launch, exported as CSV for bench/stall_summary.py.
+# plain and one fused launch, exported as CSV (one row per SASS
+# instruction: "Warp Stall Sampling (All Samples)", "Instructions Executed",
+# one stall_* column per reason).
 #   bench/profile_source.sh PROGRAM SIZE     e.g. rmsnorm_bwd 4096
 # Writes $OUT/src-PROGRAM-SIZE-{plain,fused}.csv (and -details.csv).
 set -u

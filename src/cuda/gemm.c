@@ -287,8 +287,8 @@ typedef struct sk_params {
  * times rather than all at the end of each wave. */
 int coda__cuda_streamk_dp_units(int64_t units, int64_t clusters, int64_t kiters, int pingpong) {
     const char *env = getenv("CODA_STREAMK");
-    int mode = env && (env[0] == '0' || env[0] == '1') && !env[1] ? env[0] - '0' : 2;
-    if (env && env[0] == 'a' && !env[1]) mode = 3;
+    const int one_char = env && env[0] && !env[1];
+    const int mode = !one_char ? 2 : env[0] == '0' ? 0 : env[0] == '1' ? 1 : env[0] == 'a' ? 3 : 2;
     if (mode == 0 || pingpong || clusters < 2 || units <= clusters || (units % clusters == 0 && mode != 3) ||
         kiters < 4 || units * kiters >= INT32_MAX) /* the kernel numbers k-blocks in an int */
         return (int)units;
