@@ -176,7 +176,6 @@ static void check_program(const char *name, const char *text, int in_mainloop) {
         if (n16 && in_mainloop) {
             compile_in_mainloop(name, n16, CODA_LAYOUT_NT, 3, 0);
             compile_in_mainloop(name, n16, CODA_LAYOUT_NT, 5, 0);
-            compile_in_mainloop(name, n16, CODA_LAYOUT_TN, 7, 0); /* 64 x 256 ping-pong */
         }
         /* tile inputs through the stage ring: active on the cooperative
          * schedule (cfg 3), read from global memory on ping-pong (cfg 5) */

@@ -30,12 +30,6 @@ struct coda_epi_params {
 #ifndef CODA_WG_MH
 #define CODA_WG_MH 1
 #endif
-#ifndef CODA_PINGPONG
-#define CODA_PINGPONG 0
-#endif
-#ifndef CODA_BM /* rows of a tile: 64 * CODA_WG_MH * (CODA_PINGPONG ? 1 : 2) */
-#define CODA_BM 128
-#endif
 #define CODA_EPI_ROW_SLOTS (2 * CODA_WG_MH)
 #define CODA_EPI_COL_SLOTS (CODA_BN / 8 * CODA_WG_MH)
 #define CODA_EPI_TILE_N CODA_BN

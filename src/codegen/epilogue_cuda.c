@@ -917,9 +917,8 @@ static void gen_end(sb_t *b, const coda_program_t *p) {
                          "            o[0] = m; o[1] = l; o[2] = pk;\n        }\n    }\n",
                       k, k, k);
         } else if (a->kind == CODA_OUT_COLRED) {
-            /* Column partials of the tile's CODA_BM rows (on the GPU
-             * tile_m is the mainloop's CODA_BM, coda_choose_tiling), in two
-             * steps.
+            /* Column partials of the tile's 128 rows (on the GPU tile_m is
+             * 128, coda_choose_tiling), in two steps.
              * 1. In each warp: a warp holds 16 rows of a 64-row block
              *    (lanes with equal lane%4 share columns). The 8 lanes of a
              *    column group reduce-scatter their V values in three
@@ -931,9 +930,8 @@ static void gen_end(sb_t *b, const coda_program_t *p) {
              *    puts them into its warp's slab, one row of sums per 16-row
              *    group (mh).
              * 2. After a barrier over the tile's consumer threads
-             *    (CODA_EPI_TILE_SYNC), each thread combines one column's
-             *    CODA_BM / 16 group sums, in group order (the same bits
-             *    every run), and
+             *    (CODA_EPI_TILE_SYNC), each thread combines one column's 8
+             *    group sums, in group order (the same bits every run), and
              *    stores the tile's partial; a second barrier keeps the
              *    slabs until every thread has read them.
              * One store per column and tile: the 16-row partials of
@@ -954,7 +952,7 @@ static void gen_end(sb_t *b, const coda_program_t *p) {
             red_expr(e, sizeof e, a->reduce, "kp_", "y_");
             red_expr(e2, sizeof e2, a->reduce, "s_", "y_");
             sb_printf(b, "#if CODA_EPI_STORE_C\n#error \"column partials go through the slabs, which the C-store path gives to TMA\"\n#endif\n");
-            sb_printf(b, "    /* %s: column partials of the tile's CODA_BM rows */\n", a->name);
+            sb_printf(b, "    /* %s: column partials of the tile's 128 rows */\n", a->name);
             sb_printf(b, "    {\n"
                          "        enum { V_ = CODA_EPI_COL_SLOTS * %d, CW_ = %s };\n"
                          "        float x_[V_];\n"
@@ -982,25 +980,23 @@ static void gen_end(sb_t *b, const coda_program_t *p) {
                          "        }\n"
                          "        CODA_EPI_TILE_SYNC(t);\n"
                          "        /* group g: rows 16 g .. of the tile; its sums are in the slab of\n"
-                         "         * the tile's warp g %% TW_ (the 8 consumer warps, or in ping-pong\n"
-                         "         * the warpgroup's 4), row g / TW_ */\n"
-                         "        enum { TW_ = CODA_PINGPONG ? 4 : 8, NG_ = CODA_BM / 16 };\n"
-                         "        const unsigned slabs_ = t.stage - (unsigned)((CODA_PINGPONG ? 0 : t.wg * 4) + (t.tid >> 5)) * 4096u;\n"
-                         "        const int q_ = t.tid + (CODA_PINGPONG ? 0 : 128 * t.wg);\n"
+                         "         * warp g (cooperative) or of warp g %% 4, row g / 4 (ping-pong) */\n"
+                         "        const unsigned slabs_ = t.stage - (unsigned)(t.wg * 4 + (t.tid >> 5)) * 4096u;\n"
+                         "        const int q_ = t.tid + (CODA_WG_MH == 1 ? 128 * t.wg : 0), np_ = CODA_WG_MH == 1 ? 256 : 128;\n"
                          "#pragma unroll\n"
-                         "        for (int lc = q_; lc < CW_; lc += 32 * TW_) {\n"
+                         "        for (int lc = q_; lc < CW_; lc += np_) {\n"
                          "            float s_ = 0.0f;\n"
                          "#pragma unroll\n"
-                         "            for (int g = 0; g < NG_; g++) {\n"
-                         "                const unsigned at_ = slabs_ + (unsigned)(g %% TW_) * 4096u +\n"
-                         "                                     (unsigned)((g / TW_) * CW_ + lc) * 4u;\n"
+                         "            for (int g = 0; g < 8; g++) {\n"
+                         "                const unsigned at_ = slabs_ + (unsigned)(CODA_WG_MH == 1 ? g : t.wg * 4 + (g & 3)) * 4096u +\n"
+                         "                                     (unsigned)((CODA_WG_MH == 1 ? 0 : (g >> 2) * CW_) + lc) * 4u;\n"
                          "                const float y_ = __uint_as_float(cg_lds32(at_));\n"
                          "                s_ = g == 0 ? y_ : %s;\n"
                          "            }\n"
                          "            const long long gc = %s + lc;\n"
                          "            /* m_tile inside: with 2-CTA clusters and an odd number of row\n"
                          "             * tiles, the last pair's second CTA runs a tile wholly below M */\n"
-                         "            cg_st32(CG_PART_OK(gc < %s && m_tile * CODA_BM < P->m), (float *)P->ptr[%d] + gc * P->s0[%d] + m_tile,\n"
+                         "            cg_st32(CG_PART_OK(gc < %s && m_tile * 128 < P->m), (float *)P->ptr[%d] + gc * P->s0[%d] + m_tile,\n"
                          "                    __float_as_uint(s_));\n"
                          "        }\n"
                          "        CODA_EPI_TILE_SYNC(t); /* the slabs are read */\n"

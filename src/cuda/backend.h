@@ -13,7 +13,7 @@
 #include <cuda.h>
 
 #define CODA_CUDA_MAX_DEVICES 16
-#define CODA_CUDA_GEMM_NCFG 8
+#define CODA_CUDA_GEMM_NCFG 6
 
 /* A compiled and loaded kernel, cached per device by key. */
 typedef struct coda_cuda_kernel {
@@ -151,7 +151,7 @@ int coda__cuda_gemm_cfg_override(void);
  * and the NVRTC options for a layout and config. Returns a malloc'd string;
  * opts[] (CODA_CUDA_GEMM_MAX_OPTS entries) point into static storage or into
  * optbuf (>= 512 bytes). */
-#define CODA_CUDA_GEMM_MAX_OPTS 24
+#define CODA_CUDA_GEMM_MAX_OPTS 20
 
 /* The form of the generated epilogue a fused GEMM of n columns runs with
  * these arguments bound (bound[k] for argument k, NULL if none): N16 only

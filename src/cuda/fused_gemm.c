@@ -6,41 +6,35 @@
  * compiled module is cached in memory and on disk (nvrtc.c), so a second run
  * of the same program starts fast and a new program needs no rebuild.
  *
- * Tiling on the GPU: (tile_m, tile_n) is the mainloop's block, which picks
- * the schedule: 128 x 256 or 128 x 128 as the plain GEMM would pick
- * (cooperative), 128 x 128 asked for on a big problem (ping-pong), 64 x 256
- * (ping-pong, one m64n256 row block a warpgroup). Column partials are
- * combined over the tile's warps through shared memory (codegen.h), so
- * they are per tile_m rows; row partials do not depend on tile_m. */
+ * Tiling on the GPU: tile_n is the mainloop's block width, 256 or 128 as
+ * the plain GEMM would pick (cooperative schedule; a caller asking for 128
+ * on a big problem gets the ping-pong schedule); tile_m is 128, the
+ * mainloop's block height: column partials are combined over the tile's
+ * warps through shared memory (codegen.h). Row partials do not depend on
+ * tile_m. */
 #include "codegen/codegen.h"
 #include "cuda/backend.h"
 
 #include <stdlib.h>
 
-#define GPU_TILE_M 128 /* CODA_BM of the cooperative schedule */
-#define PINGPONG_TILE_N 128 /* the 128-row ping-pong schedule's tile width */
-#define PINGPONG_TILE_M 64 /* the 256-wide ping-pong schedule's tile height */
+#define GPU_TILE_M 128 /* CODA_BM */
+#define PINGPONG_TILE_N 128 /* the ping-pong schedule's tile width */
 
-/* Configuration index for a tiling: 128 x 128 runs the ping-pong schedule
+/* Configuration index for a tiling: tile_n 128 runs the ping-pong schedule
  * (gemm_mainloop.cuh), which hides each tile's epilogue behind the other
- * consumer's mainloop, 128 x 256 the cooperative one (the plain GEMM's
- * pick), 64 x 256 the ping-pong schedule with one m64n256 row block a
- * warpgroup; 2-CTA clusters where there are enough tiles to fill the chip
- * twice. A tile_m other than 64 means 128 (row partials do not depend on
- * it; the caller refuses it for column partials). CODA_GEMM_CFG
- * (benchmarking) overrides when its tile matches. Returns -1 if no
- * configuration has the tile. */
+ * consumer's mainloop, 256 the cooperative one (the plain GEMM's pick);
+ * 2-CTA clusters where there are enough tiles to fill the chip twice.
+ * CODA_GEMM_CFG (benchmarking) overrides when its tile width matches.
+ * Returns -1 if no configuration has tl.tile_n. */
 static int cfg_for_tiling(coda_tiling_t tl, int64_t m, int64_t n, int sm_count) {
-    const int bm = tl.tile_m == PINGPONG_TILE_M ? PINGPONG_TILE_M : GPU_TILE_M;
     int forced = coda__cuda_gemm_cfg_override();
-    if (forced >= 0 && coda__cuda_gemm_cfgs[forced].bn == tl.tile_n && coda__cuda_gemm_cfgs[forced].bm == bm)
-        return forced;
-    int pp = tl.tile_n == PINGPONG_TILE_N || bm == PINGPONG_TILE_M, best = -1;
+    if (forced >= 0 && coda__cuda_gemm_cfgs[forced].bn == tl.tile_n) return forced;
+    int pp = tl.tile_n == PINGPONG_TILE_N, best = -1;
     int pick = coda__cuda_gemm_pick(m, n, 0, sm_count); /* the plain GEMM's, if it fits */
     if (!pp && coda__cuda_gemm_cfgs[pick].bn == tl.tile_n) return pick;
     for (int i = 0; i < CODA_CUDA_GEMM_NCFG; i++) {
         const coda_cuda_gemm_cfg_t *c = &coda__cuda_gemm_cfgs[i];
-        if (c->bn != tl.tile_n || c->bm != bm || c->pingpong != pp) continue;
+        if (c->bn != tl.tile_n || c->pingpong != pp) continue;
         int64_t tiles = coda__cdiv(m, c->bm) * coda__cdiv(n, c->bn);
         int want_cluster = tiles >= 2 * (int64_t)sm_count;
         if (best < 0 || (c->cluster_m > 1) == want_cluster) best = i;
@@ -66,10 +60,7 @@ coda_status_t coda__cuda_choose_tiling(coda_context_t *ctx, int index, int64_t m
     tiling->tile_m = GPU_TILE_M;
     tiling->tile_n = coda__cuda_gemm_cfgs[coda__cuda_gemm_pick(m, n, k, sm_count)].bn;
     int forced = coda__cuda_gemm_cfg_override(); /* as in cfg_for_tiling */
-    if (forced >= 0) {
-        tiling->tile_m = coda__cuda_gemm_cfgs[forced].bm;
-        tiling->tile_n = coda__cuda_gemm_cfgs[forced].bn;
-    }
+    if (forced >= 0) tiling->tile_n = coda__cuda_gemm_cfgs[forced].bn;
     return CODA_OK;
 }
 
@@ -133,23 +124,21 @@ coda_status_t coda__cuda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout
     if (m > INT32_MAX / 4 || n > INT32_MAX / 4)
         return coda__fail(CODA_ERR_SHAPE, "fused GEMM on CUDA: extents %lld x %lld are too large",
                           (long long)m, (long long)n);
-    /* Column partials are per tile of the mainloop's rows; row partials do
-     * not depend on tile_m, so only programs with column reductions are
-     * held to it. */
+    /* Column partials are per 128-row tile; row partials do not depend on
+     * tile_m, so only programs with column reductions are held to it. */
     int has_colred = 0;
     for (int i = 0; i < p->n_args; i++) has_colred |= p->args[i].kind == CODA_OUT_COLRED;
-    if (has_colred && tiling.tile_m != GPU_TILE_M && !(tiling.tile_m == PINGPONG_TILE_M && tiling.tile_n == 256))
+    if (has_colred && tiling.tile_m != GPU_TILE_M)
         return coda__fail(CODA_ERR_UNSUPPORTED,
-                          "fused GEMM on CUDA: tiling %d x %d; a program with column reductions needs "
-                          "tile_m %d (or 64 x 256) on the GPU (coda_choose_tiling)",
-                          tiling.tile_m, tiling.tile_n, GPU_TILE_M);
+                          "fused GEMM on CUDA: tiling.tile_m %d; a program with column reductions "
+                          "needs %d on the GPU (coda_choose_tiling)", tiling.tile_m, GPU_TILE_M);
     coda_cuda_device_t *d;
     CODA_TRY(coda__cuda_device(ctx, a->device_index, &d));
     int cfg = cfg_for_tiling(tiling, m, n, d->sm_count);
     if (cfg < 0)
         return coda__fail(CODA_ERR_UNSUPPORTED,
-                          "fused GEMM on CUDA: tiling %d x %d; the GPU mainloop has 128 x 128, "
-                          "128 x 256 and 64 x 256", tiling.tile_m, tiling.tile_n);
+                          "fused GEMM on CUDA: tiling.tile_n %d; the GPU mainloop has 128 or 256",
+                          tiling.tile_n);
     for (int i = 0; i < p->n_args; i++) {
         const coda_tensor_t *t = bound[i];
         const coda_arg_t *arg = &p->args[i];

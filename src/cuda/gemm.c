@@ -23,8 +23,6 @@ const coda_cuda_gemm_cfg_t coda__cuda_gemm_cfgs[CODA_CUDA_GEMM_NCFG] = {
     {128, 256, 64, 4, 2, 16, 0},
     {128, 128, 64, 6, 1, 8, 1},
     {128, 128, 64, 6, 2, 16, 1},
-    {64, 256, 64, 4, 1, 8, 1},
-    {64, 256, 64, 4, 2, 16, 1},
 };
 
 int coda__cuda_gemm_pick(int64_t m, int64_t n, int64_t k, int sm_count) {
@@ -88,13 +86,13 @@ int coda__cuda_gemm_options(coda_layout_t layout, const coda_cuda_gemm_cfg_t *cf
     int ta = layout == CODA_LAYOUT_TN, tb = layout != CODA_LAYOUT_NT;
     int w = snprintf(optbuf, optcap, "-DCODA_BN=%d%c-DCODA_STAGES=%d%c-DCODA_TA=%d%c-DCODA_TB=%d%c"
                      "-DCODA_CLUSTER=%d%c-DCODA_EPI_STORE_C=%d%c-DCODA_C_F32=%d%c-DCODA_GROUP_M=%d%c"
-                     "-DCODA_PINGPONG=%d%c-DCODA_EPI_STAGE=%d%c-DCODA_STREAMK=%d%c-DCODA_BM=%d",
+                     "-DCODA_PINGPONG=%d%c-DCODA_EPI_STAGE=%d%c-DCODA_STREAMK=%d",
                      cfg->bn, 0, cfg->stages, 0, ta, 0, tb, 0, cfg->cluster_m, 0, store_c, 0, c_f32,
-                     0, cfg->group_m, 0, cfg->pingpong, 0, !store_c, 0, streamk && !cfg->pingpong, 0, cfg->bm);
-    int nd = 12;
+                     0, cfg->group_m, 0, cfg->pingpong, 0, !store_c, 0, streamk && !cfg->pingpong);
+    int nd = 11;
     if (getenv("CODA_DEBUG_MN_SWAP") && w > 0 && (size_t)w + 20 < optcap) {
         memcpy(optbuf + w + 1, "-DCODA_MN_SWAP=1", 17);
-        nd = 13;
+        nd = 12;
     }
     const char *p = optbuf;
     for (int i = 0; i < nd; i++) {

@@ -6,7 +6,7 @@
  *
  * Each case binds every argument of the program to fresh random data (row
  * targets are column indices, some -100), runs the program on the CPU and on
- * the GPU with the same tiling (tile_m 128, tile_n the GPU's, and 64 x 256), with every
+ * the GPU with the same tiling (tile_m 128, tile_n the GPU's), with every
  * output poisoned with NaN first, and compares every output element by
  * element, partials included: relative Frobenius error <= 4e-3 (bf16 outputs
  * may differ by one rounding step where the f32 values differ in the last
@@ -134,10 +134,6 @@ static int cooperative;
  * partials of the first row tile, on the GPU as on the CPU. */
 static int nan_a;
 
-/* 1: the 64 x 256 ping-pong tiling (CODA_BM 64: one m64n256 row block a
- * warpgroup) instead of the backend's choice */
-static int tile64;
-
 /* tile_n 0: the backend's choice; else force that tile width */
 static void run_case(const char *text, coda_layout_t layout, int64_t m, int64_t n, int64_t k, int tile_n) {
     coda_program_t *p = NULL;
@@ -148,7 +144,6 @@ static void run_case(const char *text, coda_layout_t layout, int64_t m, int64_t 
     unsetenv("CODA_GEMM_CFG");
     REQUIRE_OK(coda_choose_tiling(ctx, CODA_DEVICE_CUDA, layout, m, n, k, &tl));
     if (tile_n) tl.tile_n = tile_n;
-    if (tile64) tl.tile_m = 64, tl.tile_n = 256;
     if (cooperative) setenv("CODA_GEMM_CFG", tl.tile_n == 256 ? "0" : "1", 1);
     /* debugging: CODA_TEST_ONLY=program runs that program alone;
      * CODA_TEST_CFG=digit forces a configuration of the tile width */
@@ -347,20 +342,6 @@ int main(int argc, char **argv) {
     }
     run_case(texts[0], CODA_LAYOUT_TN, 264, 136, 1000, 0);
     cooperative = 0;
-    /* the 64 x 256 ping-pong tiling: ragged M and N, one CTA per SM
-     * (16 x 4 tiles) and 2-CTA clusters (64 x 5 tiles), an odd number of
-     * row tiles in clusters (65 x 5), the other layouts */
-    tile64 = 1;
-    for (int i = 0; i < nt; i++) {
-        run_case(texts[i], CODA_LAYOUT_NT, small ? 127 : 1000, 784, 264, 0);
-        if (!small) run_case(texts[i], CODA_LAYOUT_NT, 4096, 1040, 520, 0);
-        if (!small) run_case(texts[i], CODA_LAYOUT_NT, 4150, 1032, 136, 0);
-    }
-    for (int i = 0; i < (small ? 1 : 5); i++) {
-        run_case(texts[i], CODA_LAYOUT_NN, 127, 272, 136, 0);
-        run_case(texts[i], CODA_LAYOUT_TN, 264, 136, 1000, 0);
-    }
-    tile64 = 0;
     /* stream-K forced on (80 tile pairs on 66 clusters: 59 of them cut in
      * two, so most epilogues run on sums handed over between CTAs); then
      * whole units before the tail (144 pairs: 66 whole), with a ring program */

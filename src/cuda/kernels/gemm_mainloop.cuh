@@ -57,6 +57,7 @@
  * free its stage as they would a k-block's, and the next tile's k-blocks
  * follow in the ring. */
 
+#define CODA_BM 128
 #define CODA_BK 64
 #ifndef CODA_GROUP_M
 #define CODA_GROUP_M 8
@@ -243,16 +244,6 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
-#ifdef CODA_X_STAGGER
-    /* experiment: odd clusters start CODA_X_STAGGER cycles late, so that
-     * their epilogues fall in the even clusters' k-loops (does the
-     * epilogue wait on a memory system every SM hits at once?) */
-    if ((blockIdx.x / CODA_CLUSTER) & 1) {
-        const long long t0_ = clock64();
-        while (clock64() - t0_ < (long long)(CODA_X_STAGGER)) {
-        }
-    }
-#endif
     __syncthreads();
 #if CODA_CLUSTER > 1
     coda_cluster_sync();
@@ -275,8 +266,8 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                     const int k0 = kb * CODA_BK;
                     coda_mbar_expect_tx(FULL(s), CODA_STAGE_BYTES);
 #if CODA_TA
-                    for (int h = 0; h < CODA_BM / 64; h++)
-                        coda_tma_load(sa + h * 8192, &tma_a, m0 + 64 * h, k0, FULL(s));
+                    coda_tma_load(sa, &tma_a, m0, k0, FULL(s));
+                    coda_tma_load(sa + 8192, &tma_a, m0 + 64, k0, FULL(s));
 #else
                     coda_tma_load(sa, &tma_a, k0, m0, FULL(s));
 #endif

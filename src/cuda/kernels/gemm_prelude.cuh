@@ -176,15 +176,10 @@ static __device__ __forceinline__ void coda_consumer_sync(void) {
 #ifndef CODA_PINGPONG
 #define CODA_PINGPONG 0
 #endif
-/* Block tile rows (-DCODA_BM): 128, or 64 with ping-pong (each consumer
- * warpgroup then owns whole 64 x 256 tiles: one m64n256 row block) */
-#ifndef CODA_BM
-#define CODA_BM 128
+#if CODA_PINGPONG && CODA_BN != 128
+#error "the ping-pong schedule has 128 x 128 tiles"
 #endif
-#if CODA_PINGPONG ? !((CODA_BM == 128 && CODA_BN == 128) || (CODA_BM == 64 && CODA_BN == 256)) : CODA_BM != 128
-#error "tiles: cooperative 128 x BN; ping-pong 128 x 128 or 64 x 256"
-#endif
-#define CODA_WG_MH (CODA_PINGPONG ? CODA_BM / 64 : 1)
+#define CODA_WG_MH (CODA_PINGPONG ? 2 : 1)
 /* The threads of one tile, for a generated epilogue's barrier (column
  * partials): both consumer warpgroups, or in ping-pong the tile's own. */
 #if CODA_PINGPONG
