@@ -7,6 +7,9 @@
  *                                  with the plain GEMM (extra column "B ms",
  *                                  and B / A); the option reaches NVRTC
  *                                  through CODA_DEBUG_OPTS, set per run
+ *   CODA_BENCH_AB="cfg=4" bench_epilogue ...   A/B of a tile configuration:
+ *                                  B runs the fused GEMM with CODA_GEMM_CFG=4
+ *                                  (its own tiling, so its own partials)
  *   CODA_BENCH_PROGRAMS="rmsnorm_bwd,resid_norm"   only these programs
  *   CODA_BENCH_TIMELINE=1 bench_epilogue ...   also one plain and one fused
  *                                  launch built with CODA_X_TIMELINE: per
@@ -71,6 +74,7 @@ typedef struct job {
     int nbind;
     coda_tiling_t tl;
     const char *opts; /* CODA_DEBUG_OPTS for this job's runs ("": none) */
+    const char *cfg;  /* CODA_GEMM_CFG for this job's runs (NULL: none) */
 } job_t;
 
 static void run_once(job_t *j, int it);
@@ -135,14 +139,52 @@ static char run_opts[512]; /* CODA_DEBUG_OPTS as the process started: every job'
  * (src/cuda/gemm.c); set only when it changes. time_jobs calls it before
  * each run's first event, so that no setenv sits inside a timed run. */
 static void use_opts(const job_t *j) {
-    static const char *cur;
+    static const char *cur, *cur_cfg;
     const char *want = j->opts ? j->opts : run_opts;
-    if (want == cur) return;
-    if (setenv("CODA_DEBUG_OPTS", want, 1) != 0) {
-        perror("setenv");
-        exit(1);
+    if (want != cur) {
+        if (setenv("CODA_DEBUG_OPTS", want, 1) != 0) {
+            perror("setenv");
+            exit(1);
+        }
+        cur = want;
     }
-    cur = want;
+    if (j->cfg != cur_cfg) {
+        if (j->cfg ? setenv("CODA_GEMM_CFG", j->cfg, 1) : unsetenv("CODA_GEMM_CFG")) {
+            perror("setenv");
+            exit(1);
+        }
+        cur_cfg = j->cfg;
+    }
+}
+
+/* Random device tensors for every argument of j's program, shaped for
+ * j's tiling (ptrs[i]: what to free, or NULL). */
+static void bind_args(job_t *j, int64_t sz, h_rng *r, coda_binding_t *bind, void **ptrs) {
+    const coda_program_t *p = j->p;
+    int na = coda_program_num_args(p);
+    for (int i = 0; i < na; i++) {
+        const char *an;
+        coda_arg_kind_t kind;
+        coda_dtype_t dt;
+        coda_space_t sp;
+        coda_reduce_t red;
+        REQUIRE_OK(coda_program_arg_info(p, i, &an, &kind, &dt, &sp, &red));
+        int nd;
+        int64_t sh[3];
+        REQUIRE_OK(coda_program_arg_shape(p, i, sz, sz, &j->tl, &nd, sh, &dt));
+        int64_t numel = nd == 0 ? 0 : nd == 1 ? sh[0] : nd == 2 ? sh[0] * sh[1] : sh[0] * sh[1] * sh[2];
+        ptrs[i] = numel ? dev_random_bytes((size_t)numel * coda_dtype_size(dt), dt, r, sz) : NULL;
+        coda_tensor_t t = nd == 0 ? coda_tensor_1d(NULL, CODA_F32, 0)
+                        : nd == 1 ? coda_tensor_1d(ptrs[i], dt, sh[0])
+                        : nd == 2 ? coda_tensor_2d(ptrs[i], dt, sh[0], sh[1])
+                                  : coda_tensor_3d(ptrs[i], dt, sh[0], sh[1], sh[2]);
+        t.device = CODA_DEVICE_CUDA;
+        bind[i].name = an;
+        bind[i].tensor = t;
+        bind[i].scalar = 0.5f;
+    }
+    j->bind = bind;
+    j->nbind = na;
 }
 
 static void run_once(job_t *j, int it) {
@@ -249,11 +291,12 @@ int main(int argc, char **argv) {
         const char *progs = getenv("CODA_BENCH_PROGRAMS");
         const char *ab = getenv("CODA_BENCH_AB");
         if (ab && !*ab) ab = NULL;
+        const char *ab_cfg = ab && strncmp(ab, "cfg=", 4) == 0 ? ab + 4 : NULL;
         /* B: the process's options and the A/B ones (gemm.c takes up to 4,
          * each at most 60 characters, and ignores the rest: refuse those
          * rather than time two equal kernels) */
         char ab_opts[600] = "";
-        if (ab) {
+        if (ab && !ab_cfg) {
             snprintf(ab_opts, sizeof ab_opts, "%s%s%s", run_opts, *run_opts ? " " : "", ab);
             int words = 0;
             for (const char *q = ab_opts; *q;) {
@@ -289,33 +332,23 @@ int main(int argc, char **argv) {
             job_t jf = base;
             jf.kind = RUN_FUSED;
             jf.p = p;
+            use_opts(&jf); /* the tiling follows CODA_GEMM_CFG, which B's runs set */
             REQUIRE_OK(coda_choose_program_tiling(ctx, CODA_DEVICE_CUDA, CODA_LAYOUT_NT, sz, sz, sz, p, &jf.tl));
             int na = coda_program_num_args(p);
-            coda_binding_t bind[32];
-            void *ptrs[32];
-            for (int i = 0; i < na; i++) {
-                const char *an;
-                coda_arg_kind_t kind;
-                coda_dtype_t dt;
-                coda_space_t sp;
-                coda_reduce_t red;
-                REQUIRE_OK(coda_program_arg_info(p, i, &an, &kind, &dt, &sp, &red));
-                int nd;
-                int64_t sh[3];
-                REQUIRE_OK(coda_program_arg_shape(p, i, sz, sz, &jf.tl, &nd, sh, &dt));
-                int64_t numel = nd == 0 ? 0 : nd == 1 ? sh[0] : nd == 2 ? sh[0] * sh[1] : sh[0] * sh[1] * sh[2];
-                ptrs[i] = numel ? dev_random_bytes((size_t)numel * coda_dtype_size(dt), dt, &r, sz) : NULL;
-                coda_tensor_t t = nd == 0 ? coda_tensor_1d(NULL, CODA_F32, 0)
-                                : nd == 1 ? coda_tensor_1d(ptrs[i], dt, sh[0])
-                                : nd == 2 ? coda_tensor_2d(ptrs[i], dt, sh[0], sh[1])
-                                          : coda_tensor_3d(ptrs[i], dt, sh[0], sh[1], sh[2]);
-                t.device = CODA_DEVICE_CUDA;
-                bind[i].name = an;
-                bind[i].tensor = t;
-                bind[i].scalar = 0.5f;
+            coda_binding_t bind[32], bind_b[32];
+            void *ptrs[32], *ptrs_b[32] = {0};
+            bind_args(&jf, sz, &r, bind, ptrs);
+            /* B: the same kernel with an option, or another configuration
+             * with its own tiling and arguments */
+            job_t jb = jf;
+            jb.opts = ab_cfg ? NULL : ab_opts;
+            if (ab_cfg) {
+                jb.cfg = ab_cfg;
+                use_opts(&jb); /* the tiling follows CODA_GEMM_CFG */
+                REQUIRE_OK(coda_choose_program_tiling(ctx, CODA_DEVICE_CUDA, CODA_LAYOUT_NT, sz, sz, sz, p, &jb.tl));
+                use_opts(&jf);
+                bind_args(&jb, sz, &r, bind_b, ptrs_b);
             }
-            jf.bind = bind;
-            jf.nbind = na;
             float t_f = 0;
             if (only) {
                 run_once(&jf, 0);
@@ -324,8 +357,6 @@ int main(int argc, char **argv) {
             } else {
                 /* the plain GEMM again, run by run with the fused one: the
                  * ratio is what this row is for */
-                job_t jb = jf;
-                jb.opts = ab_opts;
                 job_t *const jobs[3] = {&jp, &jf, &jb};
                 float t[3];
                 time_jobs(jobs, ab ? 3 : 2, t);
@@ -343,8 +374,10 @@ int main(int argc, char **argv) {
             if (!only && !ab) printf("%-20s %6lld %10.3f %10.3f %10.3f %8.3f %8.3f  %s\n", *name, (long long)sz, t_cb, t_pl, t_f,
                    t_f / t_pl, t_f / t_cb, jf.tl.tile_n == 128 ? "ping-pong 128" : "cooperative 256");
             fflush(stdout);
-            for (int i = 0; i < na; i++)
+            for (int i = 0; i < na; i++) {
                 if (ptrs[i]) CUDA_OK(cudaFree(ptrs[i]));
+                if (ptrs_b[i]) CUDA_OK(cudaFree(ptrs_b[i]));
+            }
             coda_program_free(p);
         }
         for (int s = 0; s < base.nsets; s++) {

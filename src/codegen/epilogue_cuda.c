@@ -311,20 +311,21 @@ static void gen_vec_decode(sb_t *b, int i, int w, coda_dtype_t dt) {
     }
 }
 
-/* Vector store of w elements (names x[0..w-1]) to element pointer `q`,
- * predicated on the pair being inside (valid): all w when it is whole
- * (ok1), else the first half. No branches (see cg_st32). */
-static void gen_vec_store(sb_t *b, int w, coda_dtype_t dt, const char *q, char x[4][48]) {
+/* Vector store of w elements (names x[0..w-1]; as bf16, the packed words
+ * pk[0..w/2-1]) to element pointer `q`, predicated on the pair being
+ * inside (valid): all w when it is whole (ok1), else the first half. No
+ * branches (see cg_st32). */
+static void gen_vec_store(sb_t *b, int w, coda_dtype_t dt, const char *q, char x[4][48], char pk[2][112]) {
     sb_printf(b, "    {\n        %s *q_ = %s;\n", dt == CODA_BF16 ? "unsigned short" : "float", q);
     if (dt == CODA_BF16) {
         if (w == 1) sb_printf(b, "        cg_st16(valid, q_, cg_f32_to_bf16(%s));\n", x[0]);
         else if (w == 2)
-            sb_printf(b, "        cg_st32(valid && ok1, q_, cg_pack(%s, %s));\n"
-                         "        if (!ok1) cg_st16(valid, q_, cg_f32_to_bf16(%s));\n", x[0], x[1], x[0]);
+            sb_printf(b, "        cg_st32(valid && ok1, q_, %s);\n"
+                         "        if (!ok1) cg_st16(valid, q_, cg_f32_to_bf16(%s));\n", pk[0], x[0]);
         else
-            sb_printf(b, "        cg_st64(valid && ok1, q_, cg_pack(%s, %s), cg_pack(%s, %s));\n"
-                         "        if (!ok1) cg_st32(valid, q_, cg_pack(%s, %s));\n",
-                      x[0], x[1], x[2], x[3], x[0], x[1]);
+            sb_printf(b, "        cg_st64(valid && ok1, q_, %s, %s);\n"
+                         "        if (!ok1) cg_st32(valid, q_, %s);\n",
+                      pk[0], pk[1], pk[0]);
     } else {
         if (w == 1) sb_printf(b, "        cg_st32(valid, q_, __float_as_uint(%s));\n", x[0]);
         else if (w == 2)
@@ -573,15 +574,15 @@ static void gen_fetch(sb_t *b, const coda_program_t *p, int even_n, const coda_r
 }
 
 /* A pair's w elements of output arg k into its slab region. */
-static void gen_stage_store(sb_t *b, const coda_arg_t *a, int off, int pitch, char x[4][48]) {
+static void gen_stage_store(sb_t *b, const coda_arg_t *a, int off, int pitch, char x[4][48], char pk[2][112]) {
     int w = space_width(a->space), esz = a->dtype == CODA_BF16 ? 2 : 4, e = w * esz;
     char addr[512];
     slab_pair_addr(addr, sizeof addr, off, pitch, e, "rs & 1", "(cs % (CODA_BN / 8)) % CODA_EPI_BATCH");
     sb_printf(b, "    { /* %s: staged, coda_epi_flush writes it out */\n%s", a->name, addr);
     if (a->dtype == CODA_BF16) {
         if (w == 1) sb_printf(b, "        cg_sts16(a_, cg_f32_to_bf16(%s));\n", x[0]);
-        else if (w == 2) sb_printf(b, "        cg_sts32(a_, cg_pack(%s, %s));\n", x[0], x[1]);
-        else sb_printf(b, "        cg_sts64(a_, cg_pack(%s, %s), cg_pack(%s, %s));\n", x[0], x[1], x[2], x[3]);
+        else if (w == 2) sb_printf(b, "        cg_sts32(a_, %s);\n", pk[0]);
+        else sb_printf(b, "        cg_sts64(a_, %s, %s);\n", pk[0], pk[1]);
     } else {
         if (w == 1) sb_printf(b, "        cg_sts32(a_, __float_as_uint(%s));\n", x[0]);
         else if (w == 2) sb_printf(b, "        cg_sts64(a_, __float_as_uint(%s), __float_as_uint(%s));\n", x[0], x[1]);
@@ -808,18 +809,24 @@ static coda_status_t gen_pair(sb_t *b, const coda_program_t *p, int even_n, cons
         case CODA_OP_STORE: {
             const coda_arg_t *a = &p->args[in->arg];
             int wa = space_width(a->space);
-            char x[4][48], q[160];
+            char x[4][48], q[160], pk[2][112];
             for (int e = 0; e < wa; e++) el(p, in->src[0], e, x[e], sizeof x[e]);
+            /* bf16 words: a value round_bf16 made is bf16 already, so its
+             * words are its high halves (cg_pack_exact) */
+            const int exact = p->insts[in->src[0]].op == CODA_OP_ROUND_BF16;
+            for (int h = 0; h < wa / 2; h++)
+                snprintf(pk[h], sizeof pk[h], "%s(%.47s, %.47s)", exact ? "cg_pack_exact" : "cg_pack", x[2 * h],
+                         x[2 * h + 1]);
             snprintf(q, sizeof q, "(%s *)P->ptr[%d] + r * P->s0[%d] + %s",
                      a->dtype == CODA_BF16 ? "unsigned short" : "float", in->arg, in->arg, first_col(a->space));
             if (sp->off[in->arg] >= 0) {
                 sb_printf(b, "#if CODA_EPI_STAGE\n");
-                gen_stage_store(b, a, sp->off[in->arg], sp->pitch[in->arg], x);
+                gen_stage_store(b, a, sp->off[in->arg], sp->pitch[in->arg], x, pk);
                 sb_printf(b, "#else\n");
-                gen_vec_store(b, wa, a->dtype, q, x);
+                gen_vec_store(b, wa, a->dtype, q, x, pk);
                 sb_printf(b, "#endif\n");
             } else {
-                gen_vec_store(b, wa, a->dtype, q, x);
+                gen_vec_store(b, wa, a->dtype, q, x, pk);
             }
             break;
         }
@@ -860,6 +867,16 @@ static coda_status_t gen_pair(sb_t *b, const coda_program_t *p, int even_n, cons
             break;
         }
         default: {
+            if (in->op == CODA_OP_ROUND_BF16 && w >= 2) {
+                /* two elements a conversion (cg_round_bf16x2) */
+                for (int h = 0; h < w / 2; h++) {
+                    el(p, in->src[0], 2 * h, e0, sizeof e0);
+                    el(p, in->src[0], 2 * h + 1, e1, sizeof e1);
+                    sb_printf(b, "    float v%d_%d, v%d_%d;\n    cg_round_bf16x2(%s, %s, v%d_%d, v%d_%d);\n", i, 2 * h, i,
+                              2 * h + 1, e0, e1, i, 2 * h, i, 2 * h + 1);
+                }
+                break;
+            }
             const char *fmt = map_fn(in->op);
             if (!fmt) {
                 free(b->buf);

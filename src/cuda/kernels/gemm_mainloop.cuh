@@ -244,6 +244,17 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
+#ifdef CODA_X_STAGGER
+    /* experiment: odd clusters start CODA_X_STAGGER cycles late, so that
+     * their epilogues fall in the even clusters' k-loops (session 8: the
+     * epilogues got faster, 7.8 -> 6.4 us a tile for rmsnorm_bwd at 4096,
+     * but the whole GEMM slower) */
+    if ((blockIdx.x / CODA_CLUSTER) & 1) {
+        const long long t0_ = clock64();
+        while (clock64() - t0_ < (long long)(CODA_X_STAGGER)) {
+        }
+    }
+#endif
     __syncthreads();
 #if CODA_CLUSTER > 1
     coda_cluster_sync();
