@@ -192,8 +192,25 @@ static __device__ __forceinline__ void cg_lds128(unsigned a, unsigned *v) {
 /* Branch-free math. Division and reciprocal: MUFU.RCP and a multiply
  * (<= 2 ulp; 0 for |y| > 2^126) instead of IEEE division's slow path. */
 static __device__ __forceinline__ float cg_div(float x, float y) { return __fdividef(x, y); }
-static __device__ __forceinline__ float cg_sigmoid(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
-static __device__ __forceinline__ float cg_silu(float x) { return __fdividef(x, 1.0f + __expf(-x)); }
+/* e^x as __expf computes it (2^(x log2 e), MUFU.EX2), but with results
+ * below 2^-126 flushed to zero: __expf's ex2.approx.f32 gets them right
+ * with a range test and two predicated multiplies, 5 instructions an exp
+ * where this takes 2. Only where such a term cannot change the result:
+ * in 1 + e^-x (sigmoid, silu), and in the log-sum-exp's sums, which hold
+ * a term exp(0) = 1 whenever their maximum is finite (session 8: 384 of
+ * lmhead_lse's 2460 epilogue instructions a warp and tile). CODA_X_EXPF
+ * (experiment): __expf, as before. */
+static __device__ __forceinline__ float cg_exp_ftz(float x) {
+#ifdef CODA_X_EXPF
+    return __expf(x);
+#else
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+    return y;
+#endif
+}
+static __device__ __forceinline__ float cg_sigmoid(float x) { return __fdividef(1.0f, 1.0f + cg_exp_ftz(-x)); }
+static __device__ __forceinline__ float cg_silu(float x) { return __fdividef(x, 1.0f + cg_exp_ftz(-x)); }
 /* sin and cos: x less k 2pi (2pi in two parts, fma: r is exact to ~1 ulp
  * for |x| < 2^24), then MUFU.SIN/COS on [-pi, pi] (abs error < 1e-6).
  * sinf/cosf branch to a slow path with a local-memory table. */
@@ -237,8 +254,8 @@ static __device__ __forceinline__ void cg_lse_fold(float *m, float *l, const flo
     const float mn = fmaxf(*m, bm), ms = mn == CG_NEG_INF ? 0.0f : mn;
     float s = 0.0f;
 #pragma unroll
-    for (int i = 0; i < n; i++) s += __expf(v[i] - ms);
-    *l = fmaf(*l, __expf(*m - ms), s);
+    for (int i = 0; i < n; i++) s += cg_exp_ftz(v[i] - ms);
+    *l = fmaf(*l, cg_exp_ftz(*m - ms), s);
     *m = mn;
 }
 /* merge state (m2, l2) into (m, l): the 4 lanes sharing a row, at the
