@@ -22,7 +22,7 @@ static const char coda_test_harness_kernel[] =
     "    __shared__ __align__(16) unsigned char slabs[8 * 4096]; /* each warp's slab, as the kernel's */\n"
     "    t.stage = (unsigned)__cvta_generic_to_shared(slabs) + (unsigned)(c * 4 + tid / 32) * 4096u;\n"
     "    coda_epi_pre pre;\n"
-    "    coda_epi_preload(P, t.row, pre);\n"
+    "    coda_epi_preload(P, t, pre);\n"
     "    coda_epi_state st;\n"
     "    coda_epi_begin(P, t, st, pre);\n"
     "#pragma unroll\n"

@@ -114,8 +114,9 @@ static void check_fused_form(void) {
     res.stride[0] = 72 * 2 + 4; /* a row stride that is no multiple of 16 */
     CHECK(coda__cuda_fused_form(p, bound, 64, 0, NULL) == CODA_CG_EVEN, "a row stride of 148 bytes: even form");
     res = coda_tensor_2d(buf, CODA_BF16, 32, 64);
-    g.data = buf + 2; /* a column vector is read per pair: its alignment does not matter */
-    CHECK(coda__cuda_fused_form(p, bound, 64, 0, NULL) == CODA_CG_RING, "a column vector 4-byte aligned: still the ring form");
+    g.data = buf + 2; /* column vectors are copied into shared memory 16 bytes at a time */
+    CHECK(coda__cuda_fused_form(p, bound, 64, 0, NULL) == CODA_CG_EVEN, "a column vector 4-byte aligned: even form");
+    g = coda_tensor_1d(buf, CODA_BF16, 64);
     CHECK(coda__cuda_fused_form(p, bound, 64, 1, NULL) == CODA_CG_N16, "ping-pong: N16 (the ring is the cooperative schedule's)");
     res.shape[0] = 1;
     res.stride[0] = 32; /* one row: a stride shorter than the row is legal, TMA's maps refuse it */
@@ -172,6 +173,10 @@ static void check_program(const char *name, const char *text, int in_mainloop) {
         int tile_outs = 0;
         for (int k = 0; k < p->n_args; k++) tile_outs += p->args[k].kind == CODA_OUT_TILE;
         if (n16) CHECK((strstr(n16, "staged, coda_epi_flush") != NULL) == (tile_outs > 0), "%s: the N16 form stages its tile outputs", name);
+        int cols = 0;
+        for (int k = 0; k < p->n_args; k++) cols += p->args[k].kind == CODA_IN_COL;
+        if (n16) CHECK((strstr(n16, "the tile's slice, in the slab") != NULL) == (cols > 0),
+                       "%s: the N16 form reads its column vectors from the slab", name);
         if (n16) compile_in_harness(name, n16);
         if (n16 && in_mainloop) {
             compile_in_mainloop(name, n16, CODA_LAYOUT_NT, 3, 0);

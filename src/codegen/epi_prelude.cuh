@@ -45,6 +45,14 @@ struct coda_epi_params {
 #ifndef CODA_EPI_STAGE /* 1: the kernel gives each warp a staging slab (t.stage) */
 #define CODA_EPI_STAGE 0
 #endif
+/* 1: column vectors are copied into the slab before the k-loop (N16 and
+ * RING forms); CODA_X_COL_GLOBAL (experiment): read from global memory in
+ * the epilogue, as before session 8 */
+#if CODA_EPI_STAGE && !defined(CODA_X_COL_GLOBAL)
+#define CG_COL_SLAB 1
+#else
+#define CG_COL_SLAB 0
+#endif
 static __device__ __forceinline__ float cg_bf16_to_f32(unsigned short h) {
     return __uint_as_float(((unsigned)h) << 16);
 }
@@ -189,6 +197,14 @@ static __device__ __forceinline__ void cg_lds128(unsigned a, unsigned *v) {
     asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]),
                  "=r"(v[3]) : "r"(a) : "memory");
 }
+/* Asynchronous copies into shared memory (cp.async, 16 bytes; bytes past
+ * `n` of them are zero-filled): the column vectors' tile slices, copied
+ * before the k-loop and waited for after it. */
+static __device__ __forceinline__ void cg_cp_async16(unsigned dst, const void *src, int n) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(n) : "memory");
+}
+static __device__ __forceinline__ void cg_cp_async_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
+static __device__ __forceinline__ void cg_cp_async_wait_all(void) { asm volatile("cp.async.wait_all;" ::: "memory"); }
 /* Branch-free math. Division and reciprocal: MUFU.RCP and a multiply
  * (<= 2 ulp; 0 for |y| > 2^126) instead of IEEE division's slow path. */
 static __device__ __forceinline__ float cg_div(float x, float y) { return __fdividef(x, y); }

@@ -176,21 +176,85 @@ static int lse_width(const coda_program_t *p, int k) {
 
 /* ---- the three functions ---- */
 
+/* How a program uses each consumer warp's 4 KiB slab (t.stage) in the
+ * N16 and RING forms: staged tile inputs and outputs (plan_staging, below),
+ * then the tile's slice of each column vector (coda_epi_preload). */
+#define STAGE_BATCH 4
+#define STAGE_BYTES 4096
+typedef struct stage_plan {
+    int off[CODA_EPI_MAX_ARGS];   /* region offset in the slab; -1: not staged */
+    int pitch[CODA_EPI_MAX_ARGS]; /* bytes per staged row */
+    int any_in, any_out;
+    int col_off[CODA_EPI_MAX_ARGS]; /* column vector's region; -1: read from global memory */
+    int any_col;
+} stage_plan_t;
+
 /* Row vectors (in NAME row): coda_epi_preload reads each load's values for
  * the thread's row slots before the tile's k-loop (volatile loads, so they
  * stay there), coda_epi_begin keeps them in the state, and the pairs use
  * them from registers. Loaded at the epilogue's start, their latency had
  * been the first pair's wait in every tile. Rows past M read row M - 1
  * (their results are never stored). */
-static void gen_preload(sb_t *b, const coda_program_t *p) {
+/* C text of column vector a's element count (in its space), of its
+ * elements in one tile, and of the index (in its space) of the pair at
+ * tile column `col` relative to the tile's first. */
+static const char *col_count(const coda_arg_t *a) {
+    return a->space == CODA_SPACE_HALF ? "(P->n / 2)" : a->space == CODA_SPACE_FULL ? "P->n" : "(2LL * P->n)";
+}
+static const char *col_per_tile(const coda_arg_t *a) {
+    return a->space == CODA_SPACE_HALF ? "(CODA_BN / 2)" : a->space == CODA_SPACE_FULL ? "CODA_BN" : "(2 * CODA_BN)";
+}
+static const char *col_in_tile(const coda_arg_t *a) {
+    return a->space == CODA_SPACE_HALF   ? "(((col - t.col) + 2 * (t.tid & 3)) >> 1)"
+         : a->space == CODA_SPACE_FULL ? "((col - t.col) + 2 * (t.tid & 3))"
+                                         : "(2 * ((col - t.col) + 2 * (t.tid & 3)))";
+}
+
+/* Column vectors (in NAME col) in the N16 and RING forms: each consumer
+ * warp copies the tile's slice into its slab before the k-loop (cp.async,
+ * 16 bytes a lane, zero-filled past the vector's end), coda_epi_begin waits
+ * for the copies (long done by then), and coda_epi_fetch reads each pair's
+ * elements from shared memory. Loaded from global memory batch by batch,
+ * their latency was the largest wait in rmsnorm_bwd's epilogue (session 8,
+ * Nsight Compute stall samples: about 16% of them). A warp's slab is its
+ * own, and its earlier tile's readers (the column partials' second barrier)
+ * are done before it copies the next slice. */
+static void gen_col_copy(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) {
+    if (!sp->any_col) return;
+    sb_printf(b, "#if CG_COL_SLAB\n"
+                 "    {\n"
+                 "        const int lane_ = t.tid & 31;\n"
+                 "        cg_cp_async_wait_all(); /* an earlier piece's (a stream-K contributor runs no epilogue) */\n");
+    for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++) {
+        if (sp->col_off[k] < 0) continue;
+        const coda_arg_t *a = &p->args[k];
+        int esz = a->dtype == CODA_BF16 ? 2 : 4;
+        sb_printf(b, "        { /* %s */\n"
+                     "            const long long e0_ = (long long)t.tile_n * %s;\n"
+                     "            const long long left_ = (%s - e0_) * %d; /* bytes from the slice's start to the end */\n"
+                     "            const char *g_ = (const char *)P->ptr[%d];\n"
+                     "#pragma unroll\n"
+                     "            for (int u = lane_; u < %s * %d / 16; u += 32) {\n"
+                     "                const long long n_ = left_ - 16LL * u;\n"
+                     "                cg_cp_async16(t.stage + %du + 16u * (unsigned)u, n_ > 0 ? g_ + e0_ * %d + 16LL * u : g_,\n"
+                     "                              n_ >= 16 ? 16 : n_ > 0 ? (int)n_ : 0);\n"
+                     "            }\n"
+                     "        }\n",
+                  a->name, col_per_tile(a), col_count(a), esz, k, col_per_tile(a), esz, sp->col_off[k], esz);
+    }
+    sb_printf(b, "        cg_cp_async_commit();\n    }\n#endif\n");
+}
+
+static void gen_preload(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) {
     sb_printf(b, "struct coda_epi_pre {\n    int unused_;\n");
     for (int i = 0; i < p->n_insts; i++)
         if (p->insts[i].op == CODA_OP_LOAD && p->args[p->insts[i].arg].kind == CODA_IN_ROW)
             sb_printf(b, "    float v%d[CODA_EPI_ROW_SLOTS]; /* %s */\n", i, p->args[p->insts[i].arg].name);
     sb_printf(b, "};\n\n"
-                 "static __device__ __forceinline__ void coda_epi_preload(const coda_epi_params &P_, int row0,\n"
-                 "        coda_epi_pre &Q) {\n"
+                 "static __device__ __forceinline__ void coda_epi_preload(const coda_epi_params &P_,\n"
+                 "        const coda_epi_tile &t, coda_epi_pre &Q) {\n"
                  "    const coda_epi_params *P = &P_;\n"
+                 "    const int row0 = t.row;\n"
                  "    (void)P; (void)row0; (void)Q;\n"
                  "#pragma unroll\n"
                  "    for (int rs = 0; rs < CODA_EPI_ROW_SLOTS; rs++) {\n"
@@ -205,11 +269,13 @@ static void gen_preload(sb_t *b, const coda_program_t *p) {
         load_text(&p->args[in->arg], in->arg, idx, ld, sizeof ld);
         sb_printf(b, "        Q.v%d[rs] = %s;\n", i, ld);
     }
-    sb_printf(b, "    }\n}\n\n");
+    sb_printf(b, "    }\n");
+    gen_col_copy(b, p, sp);
+    sb_printf(b, "}\n\n");
 }
 
-static void gen_state(sb_t *b, const coda_program_t *p) {
-    gen_preload(b, p);
+static void gen_state(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) {
+    gen_preload(b, p, sp);
     sb_printf(b, "struct coda_epi_state {\n    int unused_;\n    coda_epi_pre pre; /* row vectors */\n");
     for (int k = 0; k < p->n_args; k++) {
         const coda_arg_t *a = &p->args[k];
@@ -229,6 +295,8 @@ static void gen_state(sb_t *b, const coda_program_t *p) {
     sb_printf(b, "static __device__ __forceinline__ void coda_epi_begin(const coda_epi_params &P_,\n"
                  "        const coda_epi_tile &t, coda_epi_state &S_, const coda_epi_pre &Q) {\n"
                  "    coda_epi_state *S = &S_;\n    (void)P_; (void)t;\n    S->pre = Q;\n");
+    if (sp->any_col) /* the column vectors coda_epi_preload copied: in the slab, seen by the whole warp */
+        sb_printf(b, "#if CG_COL_SLAB\n    cg_cp_async_wait_all();\n    __syncwarp();\n#endif\n");
     for (int k = 0; k < p->n_args; k++) {
         const coda_arg_t *a = &p->args[k];
         if (a->kind == CODA_OUT_ROWRED)
@@ -373,13 +441,6 @@ static void gen_pair_start(sb_t *b, int even_n) {
  * output then cost 0.075 ms at M = N = K = 4096, 40% of the GEMM. Regions
  * are rows of `pitch` bytes with their 16-byte units swizzled by row, so
  * that neither the fragment writes nor the vector reads conflict on banks. */
-#define STAGE_BATCH 4
-#define STAGE_BYTES 4096
-typedef struct stage_plan {
-    int off[CODA_EPI_MAX_ARGS];   /* region offset in the slab; -1: not staged */
-    int pitch[CODA_EPI_MAX_ARGS]; /* bytes per staged row */
-    int any_in, any_out;
-} stage_plan_t;
 
 static int stage_pitch(const coda_arg_t *a) {
     return STAGE_BATCH * 4 * space_width(a->space) * (a->dtype == CODA_BF16 ? 2 : 4); /* 4 lanes a chunk */
@@ -403,8 +464,8 @@ static int loaded_in_own_space(const coda_program_t *p, int k) {
  * output, with a __syncwarp between. */
 static void plan_staging(const coda_program_t *p, int n16, const coda_ring_plan_t *rp, stage_plan_t *sp) {
     int used_in = 0, used_out = 0;
-    for (int k = 0; k < CODA_EPI_MAX_ARGS; k++) sp->off[k] = -1, sp->pitch[k] = 0;
-    sp->any_in = sp->any_out = 0;
+    for (int k = 0; k < CODA_EPI_MAX_ARGS; k++) sp->off[k] = sp->col_off[k] = -1, sp->pitch[k] = 0;
+    sp->any_in = sp->any_out = sp->any_col = 0;
     if (!n16) return;
     for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++) {
         const coda_arg_t *a = &p->args[k];
@@ -421,6 +482,18 @@ static void plan_staging(const coda_program_t *p, int n16, const coda_ring_plan_
         *used += 16 * pitch;
         if (a->kind == CODA_IN_TILE) sp->any_in = 1;
         else sp->any_out = 1;
+    }
+    /* Column vectors loaded in their own space: the tile's slice of each
+     * after the staged regions, while it fits (sized for CODA_BN = 256). */
+    int used = used_in > used_out ? used_in : used_out;
+    for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++) {
+        const coda_arg_t *a = &p->args[k];
+        if (a->kind != CODA_IN_COL || !loaded_in_own_space(p, k)) continue;
+        int bytes = 256 * space_width(a->space) / 2 * (a->dtype == CODA_BF16 ? 2 : 4);
+        if (used + bytes > STAGE_BYTES) continue;
+        sp->col_off[k] = used;
+        used += bytes;
+        sp->any_col = 1;
     }
 }
 
@@ -552,6 +625,19 @@ static void gen_fetch(sb_t *b, const coda_program_t *p, int even_n, const coda_r
             sb_printf(b, "#if CODA_EPI_STAGE\n"
                          "    { /* %s: staged by coda_epi_vput */\n%s",
                       a->name, addr);
+            if (e == 2) sb_printf(b, "        L.u%d[0] = cg_lds16(a_);\n", i);
+            else if (e == 4) sb_printf(b, "        L.u%d[0] = cg_lds32(a_);\n", i);
+            else if (e == 8) sb_printf(b, "        cg_lds64(a_, L.u%d);\n", i);
+            else sb_printf(b, "        cg_lds128(a_, L.u%d);\n", i);
+            sb_printf(b, "    }\n#else\n");
+            gen_vec_fetch(b, i, w, a->dtype, q, pred);
+            sb_printf(b, "#endif\n");
+        } else if (a->kind == CODA_IN_COL && sp->col_off[in->arg] >= 0) { /* copied by coda_epi_preload */
+            int w = value_width(in), e = w * (a->dtype == CODA_BF16 ? 2 : 4);
+            sb_printf(b, "#if CG_COL_SLAB\n"
+                         "    { /* %s: the tile's slice, in the slab */\n"
+                         "        const unsigned a_ = t.stage + %du + (unsigned)%s * %du;\n",
+                      a->name, sp->col_off[in->arg], col_in_tile(a), a->dtype == CODA_BF16 ? 2u : 4u);
             if (e == 2) sb_printf(b, "        L.u%d[0] = cg_lds16(a_);\n", i);
             else if (e == 4) sb_printf(b, "        L.u%d[0] = cg_lds32(a_);\n", i);
             else if (e == 8) sb_printf(b, "        cg_lds64(a_, L.u%d);\n", i);
@@ -1058,9 +1144,9 @@ coda_status_t coda__codegen_cuda_ex(const coda_program_t *p, coda_cg_form_t form
         sb_printf(&b, "#define CODA_EPI_RING_BOXES %d\n"
                       "#if CODA_EPI_STAGE && !CODA_PINGPONG\n#define CODA_EPI_RING 1\n#else\n#define CODA_EPI_RING 0\n#endif\n",
                   rp.nbox);
-    gen_state(&b, p);
     stage_plan_t sp;
     plan_staging(p, form == CODA_CG_N16 || form == CODA_CG_RING, &rp, &sp);
+    gen_state(&b, p, &sp);
     gen_fetch(&b, p, even_n, &rp, &sp);
     gen_stage_in(&b, p, &sp);
     CODA_TRY(gen_pair(&b, p, even_n, &sp));

@@ -50,6 +50,7 @@ static const char *const extra_programs[] = {
 typedef struct buf {
     coda_tensor_t host, dev;
     size_t bytes;
+    void *host_block, *dev_block; /* what to free when the data do not start there (skew_buf) */
 } buf_t;
 
 /* Host + device tensors of a shape; host filled with random data of `dt`. */
@@ -65,6 +66,7 @@ static void make_buf(buf_t *b, coda_dtype_t dt, int ndim, const int64_t *shape, 
     for (int d = 0; d < ndim; d++) n *= shape[d];
     if (ld) n = shape[0] * ld;
     b->bytes = (size_t)(n ? n : 1) * es;
+    b->host_block = b->dev_block = NULL;
     void *h = h_alloc(b->bytes);
     if (is_out) {
         if (dt == CODA_BF16) poison_bf16(h, n);
@@ -89,6 +91,22 @@ static void make_buf(buf_t *b, coda_dtype_t dt, int ndim, const int64_t *shape, 
     b->dev = b->host;
     b->dev.data = d;
     b->dev.device = CODA_DEVICE_CUDA;
+}
+
+/* Move b's data `es` bytes on (host and device): one accumulator pair's
+ * elements, so that its base is still aligned for a pair's access but no
+ * longer 16-byte aligned. */
+static void skew_buf(buf_t *b, size_t es) {
+    unsigned char *h = h_alloc(b->bytes + es), *d;
+    memcpy(h + es, b->host.data, b->bytes);
+    CUDA_OK(cudaMalloc((void **)&d, b->bytes + es));
+    CUDA_OK(cudaMemcpy(d + es, b->dev.data, b->bytes, cudaMemcpyDeviceToDevice));
+    free(b->host.data);
+    CUDA_OK(cudaFree(b->dev.data));
+    b->host_block = h;
+    b->dev_block = d;
+    b->host.data = h + es;
+    b->dev.data = d + es;
 }
 
 /* Compare GPU output (copied back into `got`) with the CPU's. */
@@ -133,6 +151,11 @@ static int cooperative;
  * reductions must carry it into the row-0 partials and the column
  * partials of the first row tile, on the GPU as on the CPU. */
 static int nan_a;
+
+/* 1: column vectors one element off 16-byte alignment (the generated code
+ * then reads them from global memory instead of copying them into shared
+ * memory: the even-N form) */
+static int skew_cols;
 
 /* tile_n 0: the backend's choice; else force that tile width */
 static void run_case(const char *text, coda_layout_t layout, int64_t m, int64_t n, int64_t k, int tile_n) {
@@ -182,6 +205,8 @@ static void run_case(const char *text, coda_layout_t layout, int64_t m, int64_t 
         REQUIRE_OK(coda_program_arg_shape(p, i, m, n, &tl, &nd, sh, &dt));
         if (nd == 0) nd = 1, sh[0] = 1; /* scalars: an unused one-element tensor */
         make_buf(&bufs[i], dt, nd, sh, &r, out, n);
+        if (skew_cols && kind == CODA_IN_COL)
+            skew_buf(&bufs[i], coda_dtype_size(dt) * (sp == CODA_SPACE_HALF ? 1 : sp == CODA_SPACE_FULL ? 2 : 4));
         bc[i].name = bg[i].name = name;
         bc[i].tensor = bufs[i].host;
         bg[i].tensor = bufs[i].dev;
@@ -231,8 +256,8 @@ static void run_case(const char *text, coda_layout_t layout, int64_t m, int64_t 
         }
     }
     for (int i = 0; i < na; i++) {
-        free(bufs[i].host.data);
-        CUDA_OK(cudaFree(bufs[i].dev.data));
+        free(bufs[i].host_block ? bufs[i].host_block : bufs[i].host.data);
+        CUDA_OK(cudaFree(bufs[i].dev_block ? bufs[i].dev_block : bufs[i].dev.data));
     }
     free(A.host.data);
     free(B.host.data);
@@ -362,6 +387,15 @@ int main(int argc, char **argv) {
             run_case(texts[i], CODA_LAYOUT_NT, 4200, 1032, 136, 256);
             if (!small) run_case(texts[i], CODA_LAYOUT_NT, 4200, 1032, 136, 128);
         }
+    /* column vectors off 16-byte alignment: read from global memory (the
+     * even-N form) where aligned ones are copied into the slabs */
+    skew_cols = 1;
+    for (int i = 0; i < nt; i++)
+        if (strstr(texts[i], " col ")) {
+            run_case(texts[i], CODA_LAYOUT_NT, 127, 784, 72, 256);
+            if (!small) run_case(texts[i], CODA_LAYOUT_NT, 1000, 528, 136, 128);
+        }
+    skew_cols = 0;
     /* NaN in the accumulator: every reduction kind (the column max's
      * shuffles must run in every lane, NaN or not), both tile widths */
     nan_a = 1;

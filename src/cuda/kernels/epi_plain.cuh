@@ -26,7 +26,8 @@ struct coda_epi_state { int unused_; };
 struct coda_epi_pre { int unused_; }; /* no row vectors */
 struct coda_epi_in { int unused_; }; /* nothing fetched ahead: C is read in the pair step */
 
-static __device__ __forceinline__ void coda_epi_preload(const coda_epi_params &p, int row, coda_epi_pre &q) {}
+static __device__ __forceinline__ void coda_epi_preload(const coda_epi_params &p, const coda_epi_tile &t,
+                                                        coda_epi_pre &q) {}
 
 static __device__ __forceinline__ void coda_epi_begin(const coda_epi_params &p, const coda_epi_tile &t,
                                                       coda_epi_state &s, const coda_epi_pre &q) {}

@@ -185,6 +185,29 @@ static __device__ __forceinline__ u64 coda_desc_b(u32 b, int kk) {
 #endif
 }
 
+/* What the epilogue sees of a consumer thread's tile (the ring fields are
+ * set per chunk in the epilogue). In fused kernels the C staging buffers
+ * are each consumer warp's 4 KiB slab (stage): the epilogue's staged tile
+ * inputs and outputs (coda_epi_vput / coda_epi_fetch, coda_epi_pair /
+ * coda_epi_flush) and the column vectors coda_epi_preload copies in. */
+static __device__ __forceinline__ coda_epi_tile coda_tile_view(int M, int N, int tm, int tn, int trow, int c,
+                                                              int tid, unsigned char *scratch, u32 cbufs) {
+    coda_epi_tile t;
+    t.m = M;
+    t.n = N;
+    t.tile_m = tm;
+    t.tile_n = tn;
+    t.row = trow;
+    t.col = tn * CODA_BN + 2 * (tid % 4);
+    t.wg = c;
+    t.tid = tid;
+    t.scratch = scratch;
+    t.stage = cbufs + (u32)(c * 4 + tid / 32) * 4096u;
+    t.ring = 0;
+    t.ring_box = 0;
+    return t;
+}
+
 /* A consumer warp is done with a stage: with clusters, the peer CTA's
  * producer waits for it too (its multicast writes B into this CTA's stage). */
 static __device__ __forceinline__ void coda_stage_release(u32 empty_bar) {
@@ -352,11 +375,13 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
 #endif
             /* this thread's first row of the tile (fragment layout, below) */
             const int trow = tm * CODA_BM + (CODA_PINGPONG ? 0 : 64 * c) + 16 * (tid / 32) + (tid % 32) / 4;
-            /* the epilogue's row vectors, loaded now so that the k-loop hides
-             * their latency (at the epilogue's start it was 7% of a one-wave
-             * fused GEMM: session 6, ncu source counters) */
+            /* the epilogue's row vectors (and column vectors), loaded now so
+             * that the k-loop hides their latency (at the epilogue's start
+             * the row vectors' was 7% of a one-wave fused GEMM: session 6,
+             * ncu source counters). The tile view is made again after the
+             * k-loop: kept alive across it, it cost a fused kernel spills. */
             coda_epi_pre pre;
-            coda_epi_preload(epi, trow, pre);
+            coda_epi_preload(epi, coda_tile_view(M, N, tm, tn, trow, c, tid, scratch, cbufs), pre);
 #pragma unroll
             for (int mh = 0; mh < CODA_WG_MH; mh++)
 #pragma unroll
@@ -434,20 +459,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                  * Accumulator (mh, 4j + 2h + e) is row 64 mh + 8 h of the thread's
                  * rows, column 8j + e of its columns: row slot rs = 2 mh + h,
                  * column slot cs = mh (CODA_BN / 8) + j. */
-                coda_epi_tile t;
-                t.m = M;
-                t.n = N;
-                t.tile_m = tm;
-                t.tile_n = tn;
-                t.row = trow;
-                t.col = tn * CODA_BN + 2 * (tid % 4);
-                t.wg = c;
-                t.tid = tid;
-                t.scratch = scratch;
-                /* fused kernels: the C staging buffers are each consumer warp's
-                 * 4 KiB slab for the epilogue's staged tile inputs and outputs
-                 * (coda_epi_vput / coda_epi_fetch, coda_epi_pair / coda_epi_flush) */
-                t.stage = cbufs + (u32)(c * 4 + tid / 32) * 4096u;
+                coda_epi_tile t = coda_tile_view(M, N, tm, tn, trow, c, tid, scratch, cbufs);
                 coda_epi_state st;
                 coda_epi_begin(epi, t, st, pre);
 #if CODA_EPI_STORE_C && defined(CODA_X_NO_EPI)
