@@ -13,9 +13,10 @@
  * src/cuda/kernels/gemm_mainloop.cuh (docs/gpu.md): the generated text
  * defines struct coda_epi_params, struct coda_epi_state and
  *
- *   coda_epi_preload(P, row, Q)                once per tile, before its
+ *   coda_epi_preload(P, t, Q)                  once per tile, before its
  *        k-loop: the row vectors of the thread's row slots (struct
- *        coda_epi_pre)
+ *        coda_epi_pre); in the N16 and RING forms also the tile's slice of
+ *        each column vector, copied into the warp's slab (cp.async)
  *   coda_epi_begin(P, t, S, Q)                once per tile, after the k-loop
  *   coda_epi_fetch(P, t, row, col, L)
  *        reads the pair's tile and column-vector inputs into L (struct
