@@ -35,6 +35,7 @@
 #include "harness.h"
 
 #include <cublas_v2.h>
+#include "cuda/backend.h" /* CODA_CUDA_GEMM_NCFG */
 #include "gpu/cuda_check.h"
 
 
@@ -243,6 +244,19 @@ static void time_jobs(job_t *const *jobs, int n, float *median) {
 int main(int argc, char **argv) {
     int64_t sizes[8] = {2048, 4096, 8192};
     int nsizes = 3;
+    /* CODA_BENCH_AB=cfg=N: a configuration gemm.c takes (else B would be A
+     * again), and no CODA_GEMM_CFG of the caller's (A's runs unset it) */
+    const char *ab0 = getenv("CODA_BENCH_AB");
+    if (ab0 && strncmp(ab0, "cfg=", 4) == 0) {
+        if (ab0[4] < '0' || ab0[4] >= '0' + CODA_CUDA_GEMM_NCFG || ab0[5]) {
+            fprintf(stderr, "CODA_BENCH_AB=cfg=N: N is one digit below %d\n", CODA_CUDA_GEMM_NCFG);
+            return 2;
+        }
+        if (getenv("CODA_GEMM_CFG")) {
+            fprintf(stderr, "CODA_BENCH_AB=cfg=N: unset CODA_GEMM_CFG (A runs the default configuration)\n");
+            return 2;
+        }
+    }
     const char *opts0 = getenv("CODA_DEBUG_OPTS");
     if (opts0) snprintf(run_opts, sizeof run_opts, "%s", opts0);
     char tl_opts[600] = "";
@@ -292,6 +306,7 @@ int main(int argc, char **argv) {
         const char *ab = getenv("CODA_BENCH_AB");
         if (ab && !*ab) ab = NULL;
         const char *ab_cfg = ab && strncmp(ab, "cfg=", 4) == 0 ? ab + 4 : NULL;
+
         /* B: the process's options and the A/B ones (gemm.c takes up to 4,
          * each at most 60 characters, and ignores the rest: refuse those
          * rather than time two equal kernels) */

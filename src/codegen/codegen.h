@@ -108,6 +108,10 @@ typedef struct coda_ring_plan {
     int xmul[CODA_RING_MAX_BOX], xadd[CODA_RING_MAX_BOX];
     int first_box[CODA_EPI_MAX_ARGS]; /* argument k's first box, -1 if not in the ring */
 } coda_ring_plan_t;
+/* 1 if column vector k of p may be copied into the slabs in the N16 and
+ * RING forms (it is loaded in its own space; the copy needs its base
+ * 16-byte aligned, coda__cuda_fused_form). */
+int coda__codegen_col_staged(const coda_program_t *p, int k);
 void coda__codegen_ring_plan(const coda_program_t *p, coda_ring_plan_t *plan);
 coda_status_t coda__codegen_cuda_ex(const coda_program_t *p, coda_cg_form_t form, char **out);
 /* The same text, made once per program and form and kept with the program

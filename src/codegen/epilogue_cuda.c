@@ -189,12 +189,6 @@ typedef struct stage_plan {
     int any_col;
 } stage_plan_t;
 
-/* Row vectors (in NAME row): coda_epi_preload reads each load's values for
- * the thread's row slots before the tile's k-loop (volatile loads, so they
- * stay there), coda_epi_begin keeps them in the state, and the pairs use
- * them from registers. Loaded at the epilogue's start, their latency had
- * been the first pair's wait in every tile. Rows past M read row M - 1
- * (their results are never stored). */
 /* C text of column vector a's element count (in its space), of its
  * elements in one tile, and of the index (in its space) of the pair at
  * tile column `col` relative to the tile's first. */
@@ -245,6 +239,12 @@ static void gen_col_copy(sb_t *b, const coda_program_t *p, const stage_plan_t *s
     sb_printf(b, "        cg_cp_async_commit();\n    }\n#endif\n");
 }
 
+/* Row vectors (in NAME row): coda_epi_preload reads each load's values for
+ * the thread's row slots before the tile's k-loop (volatile loads, so they
+ * stay there), coda_epi_begin keeps them in the state, and the pairs use
+ * them from registers. Loaded at the epilogue's start, their latency had
+ * been the first pair's wait in every tile. Rows past M read row M - 1
+ * (their results are never stored). */
 static void gen_preload(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) {
     sb_printf(b, "struct coda_epi_pre {\n    int unused_;\n");
     for (int i = 0; i < p->n_insts; i++)
@@ -431,7 +431,8 @@ static void gen_pair_start(sb_t *b, int even_n) {
     sb_printf(b, "    (void)ok1; (void)r; (void)cl; (void)valid;\n");
 }
 
-/* Staging of tile outputs (form N16; the kernel sets CODA_EPI_STAGE): each
+/* Staging of tile outputs (form N16; the kernel sets CODA_EPI_STAGE; the
+ * plan's struct, stage_plan_t, is defined above): each
  * consumer warp owns a 4 KiB shared-memory slab (t.stage). For one batch of
  * CODA_EPI_BATCH (4) column chunks the pairs write their outputs into the
  * slab in the fragment layout (16 rows of the warp x the batch's columns, one
@@ -441,7 +442,6 @@ static void gen_pair_start(sb_t *b, int even_n) {
  * output then cost 0.075 ms at M = N = K = 4096, 40% of the GEMM. Regions
  * are rows of `pitch` bytes with their 16-byte units swizzled by row, so
  * that neither the fragment writes nor the vector reads conflict on banks. */
-
 static int stage_pitch(const coda_arg_t *a) {
     return STAGE_BATCH * 4 * space_width(a->space) * (a->dtype == CODA_BF16 ? 2 : 4); /* 4 lanes a chunk */
 }
@@ -456,6 +456,10 @@ static int loaded_in_own_space(const coda_program_t *p, int k) {
         loads++;
     }
     return loads > 0;
+}
+
+int coda__codegen_col_staged(const coda_program_t *p, int k) {
+    return p && k >= 0 && k < p->n_args && p->args[k].kind == CODA_IN_COL && loaded_in_own_space(p, k);
 }
 
 /* Tile outputs stored once and tile inputs loaded in their own space get a
@@ -488,7 +492,7 @@ static void plan_staging(const coda_program_t *p, int n16, const coda_ring_plan_
     int used = used_in > used_out ? used_in : used_out;
     for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++) {
         const coda_arg_t *a = &p->args[k];
-        if (a->kind != CODA_IN_COL || !loaded_in_own_space(p, k)) continue;
+        if (!coda__codegen_col_staged(p, k)) continue;
         int bytes = 256 * space_width(a->space) / 2 * (a->dtype == CODA_BF16 ? 2 : 4);
         if (used + bytes > STAGE_BYTES) continue;
         sp->col_off[k] = used;

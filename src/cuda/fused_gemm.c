@@ -73,14 +73,14 @@ coda_cg_form_t coda__cuda_fused_form(const coda_program_t *p, const coda_tensor_
     if (form != CODA_CG_N16) return form;
     /* the N16 form moves tiles as 16-byte vectors and copies column vectors
      * 16 bytes at a time: every tile argument's base and row stride, and
-     * every column vector's base, must be 16-byte aligned, or the even-N
-     * form runs */
+     * the base of every column vector it may copy, must be 16-byte
+     * aligned, or the even-N form runs */
     for (int k = 0; k < p->n_args; k++) {
         const coda_tensor_t *t = bound[k];
         coda_arg_kind_t kind = p->args[k].kind;
-        if (!t || (kind != CODA_IN_TILE && kind != CODA_OUT_TILE && kind != CODA_IN_COL)) continue;
-        if ((uintptr_t)t->data % 16 != 0 || (kind != CODA_IN_COL && t->ndim == 2 && t->stride[0] % 16 != 0))
-            return CODA_CG_EVEN;
+        int col = coda__codegen_col_staged(p, k);
+        if (!t || (kind != CODA_IN_TILE && kind != CODA_OUT_TILE && !col)) continue;
+        if ((uintptr_t)t->data % 16 != 0 || (!col && t->ndim == 2 && t->stride[0] % 16 != 0)) return CODA_CG_EVEN;
     }
     /* tile inputs through the stage ring (TMA), on the cooperative schedule
      * only (ping-pong would read them pair by pair from global memory):

@@ -152,9 +152,10 @@ static int cooperative;
  * partials of the first row tile, on the GPU as on the CPU. */
 static int nan_a;
 
-/* 1: column vectors one element off 16-byte alignment (the generated code
- * then reads them from global memory instead of copying them into shared
- * memory: the even-N form) */
+/* 1: column vectors one pair's elements off 16-byte alignment (still
+ * aligned for a pair's access; the generated code then reads them from
+ * global memory instead of copying them into shared memory: the even-N
+ * form). An f32 double-space vector (16 bytes a pair) stays aligned. */
 static int skew_cols;
 
 /* tile_n 0: the backend's choice; else force that tile width */
