@@ -3,6 +3,10 @@
 # SASS lines, divergence regions (BSSY: each an if that ptxas kept as a
 # branch), calls (slow paths), MUFU, global loads/stores, local memory.
 #   bench/sass_stats.sh [cfg]      (default 3, the cooperative 128 x 256)
+#   bench/sass_stats.sh cfg ops    also each kernel's most frequent opcodes
+#                                  (instruction economy: conversions F2F/F2FP
+#                                  and MUFU on the narrow pipe, FSEL/ISETP of
+#                                  the edge-tile selects, ...)
 # The generated epilogues should have no BSSY, CALL or LDL in the pair code
 # (a few BSSY come from the mainloop and the reductions at a tile's end);
 # compare a change's numbers with the ones before it. Needs nvdisasm: from
@@ -32,4 +36,11 @@ for c in "$dir"/*.cubin; do
     n() { grep -c "$1" "$dir/k.sass" || true; }
     printf "%-20s %6d %5d %5d %5d %5d %5d %5d\n" "$(basename "$c" .cubin)" "$(wc -l < "$dir/k.sass")" \
         "$(n BSSY)" "$(n 'CALL\.')" "$(n MUFU)" "$(n LDG)" "$(n STG)" "$(n LDL)"
+    if [ "${2:-}" = ops ]; then
+        # opcode without predicate and modifiers, the 14 most frequent
+        awk '/\/\*[0-9a-f]+\*\// { sub(/.*\/\*[0-9a-f]+\*\/ */, ""); op = $1; if (op ~ /^@/) op = $2;
+                                    sub(/\..*/, "", op); sub(/;$/, "", op); if (op != "") c[op]++ }
+             END { for (k in c) print c[k], k }' "$dir/k.sass" |
+            sort -rn | head -14 | awk '{printf "  %s %s", $2, $1} END {print ""}'
+    fi
 done
