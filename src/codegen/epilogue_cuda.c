@@ -636,25 +636,27 @@ static void gen_fetch(sb_t *b, const coda_program_t *p, int even_n, const coda_r
             sb_printf(b, "    }\n#else\n");
             gen_vec_fetch(b, i, w, a->dtype, q, pred);
             sb_printf(b, "#endif\n");
-        } else if (a->kind == CODA_IN_COL && sp->col_off[in->arg] >= 0) { /* copied by coda_epi_preload */
+        } else if (a->kind == CODA_IN_COL) {
+            /* CODA_X_NO_COL_LOAD (experiment): ones, no load; else from the
+             * slab where coda_epi_preload copied the tile's slice, or from
+             * global memory */
             int w = value_width(in), e = w * (a->dtype == CODA_BF16 ? 2 : 4);
-            sb_printf(b, "#if CG_COL_SLAB\n"
-                         "    { /* %s: the tile's slice, in the slab */\n"
-                         "        const unsigned a_ = t.stage + %du + (unsigned)%s * %du;\n",
-                      a->name, sp->col_off[in->arg], col_in_tile(a), a->dtype == CODA_BF16 ? 2u : 4u);
-            if (e == 2) sb_printf(b, "        L.u%d[0] = cg_lds16(a_);\n", i);
-            else if (e == 4) sb_printf(b, "        L.u%d[0] = cg_lds32(a_);\n", i);
-            else if (e == 8) sb_printf(b, "        cg_lds64(a_, L.u%d);\n", i);
-            else sb_printf(b, "        cg_lds128(a_, L.u%d);\n", i);
-            sb_printf(b, "    }\n#else\n");
-            gen_vec_fetch(b, i, w, a->dtype, q, pred);
-            sb_printf(b, "#endif\n");
-        } else if (a->kind == CODA_IN_COL) { /* CODA_X_NO_COL_LOAD (experiment): ones, no load */
             sb_printf(b, "#ifdef CODA_X_NO_COL_LOAD\n"
-                         "    for (int w_ = 0; w_ < %d; w_++) L.u%d[w_] = %s;\n"
-                         "#else\n",
-                      vec_words(value_width(in), a->dtype), i, a->dtype == CODA_BF16 ? "0x3f803f80u" : "0x3f800000u");
-            gen_vec_fetch(b, i, value_width(in), a->dtype, q, pred);
+                         "    for (int w_ = 0; w_ < %d; w_++) L.u%d[w_] = %s;\n",
+                      vec_words(w, a->dtype), i, a->dtype == CODA_BF16 ? "0x3f803f80u" : "0x3f800000u");
+            if (sp->col_off[in->arg] >= 0) {
+                sb_printf(b, "#elif CG_COL_SLAB\n"
+                             "    { /* %s: the tile's slice, in the slab */\n"
+                             "        const unsigned a_ = t.stage + %du + (unsigned)%s * %du;\n",
+                          a->name, sp->col_off[in->arg], col_in_tile(a), a->dtype == CODA_BF16 ? 2u : 4u);
+                if (e == 2) sb_printf(b, "        L.u%d[0] = cg_lds16(a_);\n", i);
+                else if (e == 4) sb_printf(b, "        L.u%d[0] = cg_lds32(a_);\n", i);
+                else if (e == 8) sb_printf(b, "        cg_lds64(a_, L.u%d);\n", i);
+                else sb_printf(b, "        cg_lds128(a_, L.u%d);\n", i);
+                sb_printf(b, "    }\n");
+            }
+            sb_printf(b, "#else\n");
+            gen_vec_fetch(b, i, w, a->dtype, q, pred);
             sb_printf(b, "#endif\n");
         } else {
             gen_vec_fetch(b, i, value_width(in), a->dtype, q, pred);
