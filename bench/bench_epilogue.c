@@ -244,11 +244,18 @@ static void time_jobs(job_t *const *jobs, int n, float *median) {
 int main(int argc, char **argv) {
     int64_t sizes[8] = {2048, 4096, 8192};
     int nsizes = 3;
-    /* CODA_BENCH_AB=cfg=N: a configuration gemm.c takes (else B would be A
-     * again), and no CODA_GEMM_CFG of the caller's (A's runs unset it) */
-    const char *ab0 = getenv("CODA_BENCH_AB");
-    if (ab0 && strncmp(ab0, "cfg=", 4) == 0) {
-        if (ab0[4] < '0' || ab0[4] >= '0' + CODA_CUDA_GEMM_NCFG || ab0[5]) {
+    const char *opts0 = getenv("CODA_DEBUG_OPTS");
+    if (opts0) snprintf(run_opts, sizeof run_opts, "%s", opts0);
+    /* CODA_BENCH_AB: B is another configuration (cfg=N), or the process's
+     * options and the A/B ones */
+    const char *ab = getenv("CODA_BENCH_AB");
+    if (ab && !*ab) ab = NULL;
+    const char *ab_cfg = ab && strncmp(ab, "cfg=", 4) == 0 ? ab + 4 : NULL;
+    char ab_opts[600] = "";
+    if (ab_cfg) {
+        /* a configuration gemm.c takes (else B would be A again), and no
+         * CODA_GEMM_CFG of the caller's (A's runs unset it) */
+        if (ab_cfg[0] < '0' || ab_cfg[0] >= '0' + CODA_CUDA_GEMM_NCFG || ab_cfg[1]) {
             fprintf(stderr, "CODA_BENCH_AB=cfg=N: N is one digit below %d\n", CODA_CUDA_GEMM_NCFG);
             return 2;
         }
@@ -256,9 +263,22 @@ int main(int argc, char **argv) {
             fprintf(stderr, "CODA_BENCH_AB=cfg=N: unset CODA_GEMM_CFG (A runs the default configuration)\n");
             return 2;
         }
+    } else if (ab) {
+        /* gemm.c takes up to 4 options, each at most 60 characters, and
+         * ignores the rest: refuse those rather than time two equal kernels */
+        snprintf(ab_opts, sizeof ab_opts, "%s%s%s", run_opts, *run_opts ? " " : "", ab);
+        int words = 0;
+        for (const char *q = ab_opts; *q;) {
+            while (*q == ' ') q++;
+            size_t len = strcspn(q, " ");
+            if (!len) break;
+            if (len > 60 || ++words > 4) {
+                fprintf(stderr, "CODA_BENCH_AB: with CODA_DEBUG_OPTS, at most 4 options of 60 characters\n");
+                return 2;
+            }
+            q += len;
+        }
     }
-    const char *opts0 = getenv("CODA_DEBUG_OPTS");
-    if (opts0) snprintf(run_opts, sizeof run_opts, "%s", opts0);
     char tl_opts[600] = "";
     if (getenv("CODA_BENCH_TIMELINE")) {
         CUDA_OK(cudaMalloc((void **)&tl_dev, TL_CTAS * TL_PER_CTA * sizeof(long long)));
@@ -303,28 +323,6 @@ int main(int argc, char **argv) {
         /* CODA_BENCH_ONLY=program: one plain and one fused launch, for a profiler */
         const char *only = getenv("CODA_BENCH_ONLY");
         const char *progs = getenv("CODA_BENCH_PROGRAMS");
-        const char *ab = getenv("CODA_BENCH_AB");
-        if (ab && !*ab) ab = NULL;
-        const char *ab_cfg = ab && strncmp(ab, "cfg=", 4) == 0 ? ab + 4 : NULL;
-
-        /* B: the process's options and the A/B ones (gemm.c takes up to 4,
-         * each at most 60 characters, and ignores the rest: refuse those
-         * rather than time two equal kernels) */
-        char ab_opts[600] = "";
-        if (ab && !ab_cfg) {
-            snprintf(ab_opts, sizeof ab_opts, "%s%s%s", run_opts, *run_opts ? " " : "", ab);
-            int words = 0;
-            for (const char *q = ab_opts; *q;) {
-                while (*q == ' ') q++;
-                size_t len = strcspn(q, " ");
-                if (!len) break;
-                if (len > 60 || ++words > 4) {
-                    fprintf(stderr, "CODA_BENCH_AB: with CODA_DEBUG_OPTS, at most 4 options of 60 characters\n");
-                    return 2;
-                }
-                q += len;
-            }
-        }
         if (only) {
             run_once(&jp, 0);
             CUDA_OK(cudaDeviceSynchronize());

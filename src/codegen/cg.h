@@ -43,6 +43,8 @@ void sb_printf(sb_t *b, const char *fmt, ...) CODA_PRINTF(2, 3);
 #define first_col_split coda__cg_first_col_split
 #define first_col_load coda__cg_first_col_load
 #define vec_words coda__cg_vec_words
+#define space_count coda__cg_space_count
+#define space_per_tile coda__cg_space_per_tile
 #define gen_pair_start coda__cg_gen_pair_start
 /* Elements of a space per accumulator pair. */
 int space_width(coda_space_t s);
@@ -68,6 +70,9 @@ int lse_width(const coda_program_t *p, int k);
 const char *first_col(coda_space_t s);
 const char *first_col_split(coda_space_t s);
 const char *first_col_load(coda_space_t s);
+/* Elements of a row of C in space s, and of a tile's row (C text). */
+const char *space_count(coda_space_t s);
+const char *space_per_tile(coda_space_t s);
 /* 32-bit words a pair's w elements of type dt take (the fetch struct). */
 int vec_words(int w, coda_dtype_t dt);
 /* The lines coda_epi_fetch and coda_epi_pair start with (valid, r, cl, ok1). */

@@ -7,15 +7,8 @@
 
 #include <stdio.h>
 
-/* C text of column vector a's element count (in its space), of its
- * elements in one tile, and of the index (in its space) of the pair at
- * tile column `col` relative to the tile's first. */
-static const char *col_count(const coda_arg_t *a) {
-    return a->space == CODA_SPACE_HALF ? "(P->n / 2)" : a->space == CODA_SPACE_FULL ? "P->n" : "(2LL * P->n)";
-}
-static const char *col_per_tile(const coda_arg_t *a) {
-    return a->space == CODA_SPACE_HALF ? "(CODA_BN / 2)" : a->space == CODA_SPACE_FULL ? "CODA_BN" : "(2 * CODA_BN)";
-}
+/* C text of the index (in column vector a's space) of the pair at tile
+ * column `col` relative to the tile's first. */
 static const char *col_in_tile(const coda_arg_t *a) {
     return a->space == CODA_SPACE_HALF   ? "(((col - t.col) + 2 * (t.tid & 3)) >> 1)"
          : a->space == CODA_SPACE_FULL ? "((col - t.col) + 2 * (t.tid & 3))"
@@ -52,7 +45,8 @@ static void gen_col_copy(sb_t *b, const coda_program_t *p, const stage_plan_t *s
                      "                              n_ >= 16 ? 16 : n_ > 0 ? (int)n_ : 0);\n"
                      "            }\n"
                      "        }\n",
-                  a->name, col_per_tile(a), col_count(a), esz, k, col_per_tile(a), esz, sp->col_off[k], esz);
+                  a->name, space_per_tile(a->space), space_count(a->space), esz, k, space_per_tile(a->space), esz,
+                  sp->col_off[k], esz);
     }
     sb_printf(b, "        cg_cp_async_commit();\n    }\n#endif\n");
 }

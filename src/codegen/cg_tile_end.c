@@ -146,8 +146,7 @@ void gen_end(sb_t *b, const coda_program_t *p) {
              * A/B without partial stores: 11% of rmsnorm_bwd's time at
              * 2048, 5% at 4096). */
             int w = space_width(a->space);
-            const char *n_w = a->space == CODA_SPACE_HALF ? "(P->n / 2)" : a->space == CODA_SPACE_FULL ? "P->n" : "(P->n * 2)";
-            const char *cw = a->space == CODA_SPACE_HALF ? "(CODA_BN / 2)" : a->space == CODA_SPACE_FULL ? "CODA_BN" : "(2 * CODA_BN)";
+            const char *n_w = space_count(a->space), *cw = space_per_tile(a->space);
             const char *lc = a->space == CODA_SPACE_HALF ? "(c0_ >> 1)" : a->space == CODA_SPACE_FULL ? "c0_ + e" : "2 * c0_ + e";
             const char *first = a->space == CODA_SPACE_HALF ? "(long long)n_tile * (CODA_BN / 2)"
                                 : a->space == CODA_SPACE_FULL ? "(long long)n_tile * CODA_BN"

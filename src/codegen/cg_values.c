@@ -119,6 +119,15 @@ const char *first_col_load(coda_space_t s) {
     return s == CODA_SPACE_HALF ? "(cl >> 1)" : s == CODA_SPACE_FULL ? "cl" : "(2 * cl)";
 }
 
+/* Elements of a row of C in space s (C text: P->n columns), and of a
+ * tile's row (CODA_BN columns): column vectors and column partials. */
+const char *space_count(coda_space_t s) {
+    return s == CODA_SPACE_HALF ? "(P->n / 2)" : s == CODA_SPACE_FULL ? "P->n" : "(P->n * 2)";
+}
+const char *space_per_tile(coda_space_t s) {
+    return s == CODA_SPACE_HALF ? "(CODA_BN / 2)" : s == CODA_SPACE_FULL ? "CODA_BN" : "(2 * CODA_BN)";
+}
+
 /* 32-bit words a pair's w elements of type dt take (the fetch struct). */
 int vec_words(int w, coda_dtype_t dt) {
     int bytes = w * (dt == CODA_BF16 ? 2 : 4);
