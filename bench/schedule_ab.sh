@@ -23,6 +23,6 @@ for spec in "$@"; do
     CODA_BENCH_AB=cfg=$2 timeout 300 build/bench/bench_epilogue "$1" > "$OUT/ab-$1-cfg$2.log" 2>&1
     echo "rc=$?"
     sed -n 's/^\([a-z_]*\) *[0-9]* *A\/B cfg=[0-9]: plain \([0-9.]*\)  A \([0-9.]*\)  B \([0-9.]*\)  B\/A \([0-9.]*\)  (A\/plain \([0-9.]*\), B\/plain \([0-9.]*\))/\1 A\/pl \6 B\/pl \7 B\/A \5/p' \
-        "$OUT/ab-$1-cfg$2.log"
+        "$OUT/ab-$1-cfg$2.log" | column -t
     grep -E "FATAL|error|GEMM alone" "$OUT/ab-$1-cfg$2.log" | head -5
 done

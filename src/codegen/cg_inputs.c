@@ -291,10 +291,6 @@ void gen_stage_in(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) {
     int nv = 0;
     for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++)
         if (sp->off[k] >= 0 && p->args[k].kind == CODA_IN_TILE) nv += sp->pitch[k] / 32;
-    /* CODA_EPI_SLAB_IN 0: coda_epi_fetch reads nothing that a batch's
-     * outputs overwrite in the slab, so the mainloop may fetch the next
-     * batch's inputs before it runs the current one */
-    sb_printf(b, "#define CODA_EPI_SLAB_IN %d\n", sp->any_in);
     sb_printf(b, "struct coda_epi_vin {\n    unsigned v[%d][4]; /* 16-byte vectors of the staged inputs */\n};\n\n",
               nv ? nv : 1);
     for (int put = 0; put < 2; put++) {

@@ -93,18 +93,6 @@
 #if CODA_STREAMK && CODA_PINGPONG
 #error "stream-K is for the cooperative schedule"
 #endif
-/* Generated epilogues say whether their fetch reads the slab's staged
- * inputs (CODA_EPI_SLAB_IN); without the fetch-ahead order below those
- * need their batch's __syncwarp between inputs and outputs.
- * CODA_X_NO_FETCH_AHEAD (experiment): the batch-by-batch order for all. */
-#ifndef CODA_EPI_SLAB_IN
-#define CODA_EPI_SLAB_IN 1
-#endif
-#if !CODA_EPI_STORE_C && !CODA_EPI_SLAB_IN && !defined(CODA_X_NO_FETCH_AHEAD)
-#define CODA_EPI_FETCH_AHEAD 1
-#else
-#define CODA_EPI_FETCH_AHEAD 0
-#endif
 #if CODA_EPI_RING && (CODA_PINGPONG || CODA_EPI_STORE_C || (8 % CODA_EPI_BATCH) != 0)
 #error "ring inputs need the cooperative schedule, no C store and batches inside 64-column chunks"
 #endif
@@ -537,66 +525,6 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                     }
                 }
 #else
-#if CODA_EPI_FETCH_AHEAD
-                /* One batch ahead: the next batch's inputs (CODA_EPI_BATCH
-                 * column chunks, both rows) are fetched after this batch's
-                 * pairs and before its flush, so their shared or global
-                 * loads are in flight while the batch's outputs go out,
-                 * instead of each batch waiting for its own loads (two
-                 * consumer warps a scheduler hide little latency). Fetched
-                 * before the pairs, the two batches' inputs made swiglu_bwd
-                 * spill. Taken when the fetch reads nothing that a batch's
-                 * outputs overwrite in the slab (CODA_EPI_SLAB_IN 0); the
-                 * ring's stages are waited for and freed as the fetches
-                 * reach them. */
-                enum { NB_ = CODA_BN / 8 / CODA_EPI_BATCH }; /* batches per 64-row block */
-                coda_epi_in in[2][2 * CODA_EPI_BATCH];
-#pragma unroll
-                for (int q = -1; q < CODA_WG_MH * NB_; q++) {
-                    if (q >= 0) { /* batch q's pairs */
-                        const int mh = q / NB_, j0 = (q % NB_) * CODA_EPI_BATCH, r = t.row + 64 * mh;
-                        const coda_epi_in *L = in[q & 1];
-#pragma unroll
-                        for (int jj = 0; jj < CODA_EPI_BATCH; jj++) {
-                            const int j = j0 + jj, cs = mh * (CODA_BN / 8) + j;
-                            coda_epi_pair(epi, t, st, 2 * mh, cs, r, t.col + 8 * j, acc[mh][4 * j],
-                                          acc[mh][4 * j + 1], L[2 * jj]);
-                            coda_epi_pair(epi, t, st, 2 * mh + 1, cs, r + 8, t.col + 8 * j,
-                                          acc[mh][4 * j + 2], acc[mh][4 * j + 3], L[2 * jj + 1]);
-                        }
-                    }
-                    if (q + 1 < CODA_WG_MH * NB_) { /* fetch batch q + 1 */
-                        const int mh = (q + 1) / NB_, j0 = ((q + 1) % NB_) * CODA_EPI_BATCH, r = t.row + 64 * mh;
-                        coda_epi_in *f = in[(q + 1) & 1];
-#if CODA_EPI_RING
-                        if (j0 % 8 == 0) { /* a new 64-column chunk: wait for its stage */
-                            coda_mbar_wait(FULL(it % CODA_STAGES), (it / CODA_STAGES) & 1);
-                            t.ring = base + (it % CODA_STAGES) * CODA_STAGE_BYTES;
-                            t.ring_box = ring_box;
-                        }
-#endif
-#pragma unroll
-                        for (int jj = 0; jj < CODA_EPI_BATCH; jj++) {
-                            coda_epi_fetch(epi, t, r, t.col + 8 * (j0 + jj), f[2 * jj]);
-                            coda_epi_fetch(epi, t, r + 8, t.col + 8 * (j0 + jj), f[2 * jj + 1]);
-                        }
-#if CODA_EPI_RING
-                        /* the chunk's last batch: free its stage (the proxy
-                         * fence and the release as below) */
-                        if ((j0 + CODA_EPI_BATCH) % 8 == 0) {
-                            coda_fence_proxy_async();
-                            __syncwarp();
-                            if (CODA_IS_ARRIVER) coda_stage_release(EMPTY(it % CODA_STAGES));
-                            it++;
-                        }
-#endif
-                    }
-                    if (q >= 0) { /* batch q's outputs */
-                        const int mh = q / NB_, j0 = (q % NB_) * CODA_EPI_BATCH;
-                        coda_epi_flush(epi, st, t, mh, j0);
-                    }
-                }
-#else
                 /* inputs for CODA_EPI_BATCH column chunks (both rows) are
                  * fetched before the program runs on any of them. Staged inputs
                  * (CODA_EPI_STAGE): the next batch's 16-byte vectors are loaded
@@ -661,7 +589,6 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                         }
                         coda_epi_flush(epi, st, t, mh, j0);
                     }
-#endif
 #endif
                 coda_epi_end(epi, t, st);
             }
