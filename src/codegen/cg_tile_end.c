@@ -65,39 +65,23 @@ void gen_flush(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) {
         staged_arg_t sa;
         for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++) {
             if (!staged_arg(p, sp, k, CODA_OUT_TILE, &sa)) continue;
-            /* a region's vectors are all read from the slab, then stored: a
-             * load and its store in turn made each store wait for its own
-             * load (ncu, resid_norm at 4096: short-scoreboard stalls of the
-             * stores, 13% of the epilogue's samples); all regions' loads
-             * before any store made swiglu_bwd spill */
-            char st[512];
-            snprintf(st, sizeof st,
-                     "cg_st128(row0 + (lane + 32 * n) / %d < P->m && %d * j0 < rem_, g0_ + n * step_ + %d * j0,\n"
-                     "                     v[n][0], v[n][1], v[n][2], v[n][3]);\n",
-                     sa.nch, sa.jmul, sa.jmul);
             sb_printf(b,
                       "    { /* %s */\n"
                       "        const long long c_ = %s + (lane %% %d) * %d, rem_ = %s - c_;\n"
                       "        %s *g0_ = (%s *)P->ptr[%d] + (row0 + lane / %d) * P->s0[%d] + c_;\n"
                       "        const long long step_ = %d * P->s0[%d];\n"
-                      "        unsigned v[%d][4];\n"
                       "#pragma unroll\n"
-                      "        for (int n = 0; n < %d; n++) {\n"
-                      "            const int i = lane + 32 * n, r_ = i / %d, x_ = (i %% %d) * 16;\n"
-                      "            cg_lds128(%s, v[n]);\n"
-                      "#ifdef CODA_X_FLUSH_PAIRWISE /* experiment: each store right after its load */\n"
-                      "            %s"
-                      "#endif\n"
+                      "        for (int i = lane; i < %d; i += 32) {\n"
+                      "            const int r_ = i / %d, x_ = (i %% %d) * 16;\n"
+                      "            unsigned v[4];\n"
+                      "            cg_lds128(%s, v);\n"
+                      "            cg_st128(row0 + r_ < P->m && %d * j0 < rem_, g0_ + (i / 32) * step_ + %d * j0,\n"
+                      "                     v[0], v[1], v[2], v[3]);\n"
                       "        }\n"
-                      "#ifndef CODA_X_FLUSH_PAIRWISE\n"
-                      "#pragma unroll\n"
-                      "        for (int n = 0; n < %d; n++)\n"
-                      "            %s"
-                      "#endif\n"
                       "    }\n",
                       sa.a->name, sa.first, sa.nch, 16 / sa.esz, sa.ncols,
                       sa.esz == 2 ? "unsigned short" : "float", sa.esz == 2 ? "unsigned short" : "float", k, sa.nch, k,
-                      32 / sa.nch, k, sa.nch / 2, sa.nch / 2, sa.nch, sa.nch, sa.addr, st, sa.nch / 2, st);
+                      32 / sa.nch, k, 16 * sa.nch, sa.nch, sa.nch, sa.addr, sa.jmul, sa.jmul);
         }
         sb_printf(b, "    __syncwarp(); /* read out before the next batch writes */\n#endif\n");
     }
