@@ -11,6 +11,8 @@
  *                                  B runs the fused GEMM with CODA_GEMM_CFG=4
  *                                  (its own tiling, so its own partials)
  *   CODA_BENCH_PROGRAMS="rmsnorm_bwd,resid_norm"   only these programs
+ *   CODA_BENCH_FILES="a.coda,b.coda"   also these program files (named by
+ *                                  file in the table), bound like the rest
  *   CODA_BENCH_TIMELINE=1 bench_epilogue ...   also one plain and one fused
  *                                  launch built with CODA_X_TIMELINE: per
  *                                  tile of consumer warp 0, the mean wait
@@ -119,6 +121,20 @@ static void timeline(job_t *j, const char *what) {
     printf("  timeline %-6s: %ld tiles (of each CTA's first 7 and last) on %ld CTAs; per tile: first data %.2f us, k-loop %.2f, epilogue %.2f, "
            "gap %.2f; CTA span %.2f us\n", what, tiles, ctas, sum[0] / tiles * us, sum[1] / tiles * us,
            sum[2] / tiles * us, gaps ? sum[3] / gaps * us : 0.0, span / ctas * us);
+}
+
+/* A whole text file (malloc'd, NUL-terminated), or NULL. */
+static char *read_text(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    if (n >= 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1))) {
+        if (fread(buf, 1, (size_t)n, f) == (size_t)n) buf[n] = 0;
+        else free(buf), buf = NULL;
+    }
+    fclose(f);
+    return buf;
 }
 
 /* name is one of the comma-separated names of list */
@@ -301,6 +317,26 @@ int main(int argc, char **argv) {
         fprintf(stderr, "cublasCreate failed\n");
         return 1;
     }
+    /* the built-in programs, then CODA_BENCH_FILES="a.coda,b.coda" (a
+     * user's programs, named by their file) */
+    const char *prog_names[64], *prog_texts[64];
+    int n_progs = 0;
+    for (const char *const *name = coda_builtin_program_names(); *name && n_progs < 64; name++)
+        prog_names[n_progs] = *name, prog_texts[n_progs++] = coda_builtin_program(*name);
+    for (const char *f = getenv("CODA_BENCH_FILES"); f && *f && n_progs < 64;) {
+        size_t len = strcspn(f, ",");
+        char path[512];
+        snprintf(path, sizeof path, "%.*s", (int)len, f);
+        char *text = read_text(path);
+        if (!text) {
+            fprintf(stderr, "bench_epilogue: cannot read %s\n", path);
+            return 2;
+        }
+        const char *base_ = strrchr(path, '/');
+        prog_names[n_progs] = strdup(base_ ? base_ + 1 : path);
+        prog_texts[n_progs++] = text;
+        f += len + (f[len] == ',');
+    }
     h_rng r = rng_new(2026);
     printf("%-20s %6s %10s %10s %10s %8s %8s\n", "program", "M=N=K", "cuBLAS ms", "plain ms", "fused ms",
            "fused/pl", "fused/cb");
@@ -337,11 +373,12 @@ int main(int argc, char **argv) {
         }
         printf("%-20s %6lld %10.3f %10.3f %10s %8s %8s   (%.0f / %.0f TFLOP/s)\n", "(GEMM alone)", (long long)sz,
                t_cb, t_pl, "", "", "", 2.0 * sz * sz * sz / t_cb / 1e9, 2.0 * sz * sz * sz / t_pl / 1e9);
-        for (const char *const *name = coda_builtin_program_names(); *name; name++) {
+        for (int pi = 0; pi < n_progs; pi++) {
+            const char *const *name = &prog_names[pi];
             if (only && strcmp(only, *name) != 0) continue;
             if (progs && !listed(progs, *name)) continue;
             coda_program_t *p = NULL;
-            REQUIRE_OK(coda_program_parse(coda_builtin_program(*name), &p));
+            REQUIRE_OK(coda_program_parse(prog_texts[pi], &p));
             job_t jf = base;
             jf.kind = RUN_FUSED;
             jf.p = p;
