@@ -322,17 +322,6 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                                      n0 + (int)crank * (CODA_BN / 2), FULL(s), 3);
 #endif
 #endif
-#if CODA_EPI_RING && defined(CODA_X_RING_PREFETCH)
-                    /* experiment: the tile's ring inputs brought into L2
-                     * CODA_X_RING_PREFETCH eighths into its k-loop, so that
-                     * their DRAM reads spread over the k-loop instead of
-                     * falling in its last k-blocks */
-                    if (kb_begin == 0 && kb == (kb_end * (CODA_X_RING_PREFETCH)) / 8)
-                        for (int q = 0; q < CODA_BN / 64; q++)
-#pragma unroll
-                            for (int bx = 0; bx < CODA_EPI_RING_BOXES; bx++)
-                                coda_tma_prefetch_l2(&ring.map[bx], ring.xmul[bx] * (n0 + 64 * q) + ring.xadd[bx], m0);
-#endif
                 }
 #if CODA_EPI_RING
                 /* the epilogue's ring inputs, one 64-column chunk a stage

@@ -80,12 +80,6 @@ static __device__ __forceinline__ void coda_tma_load(u32 dst, const coda_tmap *m
                  "l"((u64)map), "r"(c0), "r"(c1), "r"(bar)
                  : "memory");
 }
-/* One box of a tensor map brought into L2 (no shared memory, no barrier). */
-static __device__ __forceinline__ void coda_tma_prefetch_l2(const coda_tmap *map, int c0, int c1) {
-    asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];" ::"l"((u64)map), "r"(c0),
-                 "r"(c1)
-                 : "memory");
-}
 /* The same, written into the same offset of every CTA in `mask` of the cluster. */
 static __device__ __forceinline__ void coda_tma_load_mc(u32 dst, const coda_tmap *map, int c0,
                                                         int c1, u32 bar, unsigned short mask) {
