@@ -12,7 +12,10 @@ Peers: the cuBLAS GEMM alone (torch.matmul; the floor), PyTorch eager,
 torch.compile, Liger-Kernel (Triton; imported from $LIGER_SRC if set, else
 skipped) for the memory-bound part after a cuBLAS GEMM. coda: the fused GEMM
 (and the tiny finishing step that turns partials into rstd where the program
-needs one). Every variant is captured in a CUDA graph of 10 calls over 2-4
+needs one); "coda rowpart": the same programs with the rstd computed in the
+consuming GEMM's epilogue from the producer's partials (`in ss rowpart`), so
+no finishing step runs at all (resid_rmsnorm is then its GEMM alone: its
+partials are finished by the next GEMM, whose rows count that work). Every variant is captured in a CUDA graph of 10 calls over 2-4
 rotating input sets and replayed: 5 warm-up replays, median of 50 timed
 replays, per call. Ratios are to the GEMM alone from the same run.
 """
@@ -90,6 +93,24 @@ def load_liger():
         return None, "%s: %s" % (type(e).__name__, e)
 
 
+def rowpart_program(name):
+    """A built-in program that reads `r` (rstd) as a row vector, rewritten to
+    compute it from the previous epilogue's sum-of-squares partials."""
+    text = coda.builtin_program(name)
+    lines = text.split("\n")
+    out = []
+    for ln in lines:
+        w = ln.split()
+        if w[:3] == ["in", "r", "row"]:
+            out += ["in ssp rowpart", "in invd scalar", "in eps scalar"]
+        elif w[:4] == ["rv", "=", "load", "r"]:
+            out += ["sq = load ssp", "id = load invd", "ms = mul sq id", "ep = load eps", "va = add ms ep",
+                    "rv = rsqrt va"]
+        else:
+            out.append(ln)
+    return coda.Program("\n".join(out).replace("program " + name, "program " + name + "_rowpart", 1))
+
+
 def bench_size(ctx, n, liger, results):
     dev, bf = "cuda", torch.bfloat16
     nsets = 4 if n <= 2048 else 2
@@ -125,7 +146,11 @@ def bench_size(ctx, n, liger, results):
                                                             "ss": ss}, tl_rr)
         coda.finish_rstd(ctx, ss, n, EPS, rstd)
 
-    variants = [("eager", eager_rr), ("torch.compile", comp_rr), ("coda", coda_rr)]
+    def coda_rr_part(s):  # rstd left to the consumer (rmsnorm_* "coda rowpart")
+        coda.gemm_epilogue(ctx, "nt", s["x"], s["w"], p_rr, {"res": s["res"], "g": g, "h": h_o, "hg": hg_o,
+                                                            "ss": ss}, tl_rr)
+
+    variants = [("eager", eager_rr), ("torch.compile", comp_rr), ("coda", coda_rr), ("coda rowpart", coda_rr_part)]
     if liger:
         def liger_rr(s):
             y = s["x"] @ s["w"].t()
@@ -152,7 +177,14 @@ def bench_size(ctx, n, liger, results):
         coda.gemm_epilogue(ctx, "nt", s["x"], s["w"], p_sw, {"r": r_in, "c": c_o},
                            coda.choose_tiling(ctx, "cuda", "nt", n, n, n, program=p_sw))
 
-    variants = [("eager", eager_sw), ("torch.compile", comp_sw), ("coda", coda_sw)]
+    p_sw_part = rowpart_program("gateup_swiglu")
+    tl_sw = coda.choose_tiling(ctx, "cuda", "nt", n, n, n, program=p_sw_part)
+
+    def coda_sw_part(s):
+        coda.gemm_epilogue(ctx, "nt", s["x"], s["w"], p_sw_part,
+                           {"ssp": ss_in, "invd": 1.0 / n, "eps": EPS, "c": c_o}, tl_sw)
+
+    variants = [("eager", eager_sw), ("torch.compile", comp_sw), ("coda", coda_sw), ("coda rowpart", coda_sw_part)]
     if liger:
         def liger_sw(s):
             xn = liger[1].apply(s["x"], g, EPS, 0.0, "llama", False)
@@ -199,7 +231,14 @@ def bench_size(ctx, n, liger, results):
         coda.gemm_epilogue(ctx, "nt", s["x"], s["w"], p_rope, {"r": r_in, "pos": pos, "freq": freq, "qkv": qkv_o},
                            tl_rope)
 
-    variants = [("eager", eager_rope), ("torch.compile", comp_rope), ("coda", coda_rope)]
+    p_rope_part = rowpart_program("qkv_rope")
+
+    def coda_rope_part(s):
+        coda.gemm_epilogue(ctx, "nt", s["x"], s["w"], p_rope_part,
+                           {"ssp": ss_in, "invd": 1.0 / n, "eps": EPS, "pos": pos, "freq": freq, "qkv": qkv_o}, tl_rope)
+
+    variants = [("eager", eager_rope), ("torch.compile", comp_rope), ("coda", coda_rope),
+                ("coda rowpart", coda_rope_part)]
     if liger:
         def liger_rope(s):
             xn = liger[1].apply(s["x"], g, EPS, 0.0, "llama", False)

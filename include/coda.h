@@ -227,6 +227,7 @@ coda_status_t coda_gemm(coda_context_t *ctx, coda_layout_t layout,
  *     in  NAME row    DTYPE               (M) tensor, bf16, f32 or i32
  *     in  NAME col    DTYPE [SPACE]       (W) tensor, bf16 or f32
  *     in  NAME scalar                     f32 value
+ *     in  NAME rowpart                    f32 row partials (M, T), any T >= 1
  *     out NAME tile   DTYPE [SPACE]       (M, W) tensor, bf16 or f32
  *     out NAME rowsum|rowmax|rowsumsq      f32 partials (M, n_tiles)
  *     out NAME colsum|colmax|colsumsq [SPACE]  f32 partials (W, m_tiles)
@@ -259,6 +260,22 @@ coda_status_t coda_gemm(coda_context_t *ctx, coda_layout_t layout,
  * (section 7) combine the partials in increasing t: results are bitwise
  * reproducible on a backend, and agree across backends up to rounding.
  * A NaN element makes its partials NaN (max included).
+ *
+ * Partials read by the next GEMM. An `in NAME rowpart` argument takes the
+ * row partials (M, T) of an earlier GEMM's row reduction (`out NAME
+ * rowsum` or rowsumsq, whatever its T) and `load NAME` gives, per row, their
+ * sum in increasing t, the sum coda_finish_reduce and coda_finish_rstd make,
+ * bit for bit. So the consumer of an RMSNorm finishes it itself and no
+ * finishing step runs between the two GEMMs:
+ *     in  ss  rowpart                     # the previous epilogue's sum of x^2
+ *     in  inv scalar                      # 1 / d
+ *     in  eps scalar
+ *     q = load ss
+ *     m = mul q inv
+ *     v = add m eps
+ *     r = rsqrt v                         # rstd, one per row
+ * (rsqrt here is 1 / sqrtf on the CPU and the GPU's approximate rsqrt, so r
+ * may differ from coda_finish_rstd's in the last bits.)
  * ------------------------------------------------------------------------- */
 
 typedef struct coda_program coda_program_t;
@@ -277,7 +294,8 @@ typedef enum coda_arg_kind {
     CODA_OUT_TILE = 4,
     CODA_OUT_ROWRED = 5,
     CODA_OUT_COLRED = 6,
-    CODA_OUT_LSE = 7
+    CODA_OUT_LSE = 7,
+    CODA_IN_ROWPART = 8  /* an input: (M, T) f32 row partials, loaded as their sum */
 } coda_arg_kind_t;
 
 typedef enum coda_reduce {
@@ -401,7 +419,8 @@ coda_status_t coda_choose_program_tiling(coda_context_t *ctx, coda_device_t devi
 /* The tensor program argument `index` must be bound to, for a GEMM of m rows
  * and n columns cut by `tiling` (NULL or zeros: the CPU default; for CUDA
  * pass coda_choose_tiling's result): its number of dims (0 for a scalar),
- * extents and dtype. Use it to allocate outputs. */
+ * extents and dtype. Use it to allocate outputs. For an in rowpart the
+ * second extent is 0: any T >= 1 is taken (the producing GEMM's). */
 coda_status_t coda_program_arg_shape(const coda_program_t *p, int index, int64_t m, int64_t n,
                                      const coda_tiling_t *tiling, int *ndim,
                                      int64_t shape[3], coda_dtype_t *dtype);

@@ -36,6 +36,10 @@ static const char *const primitive_programs[] = {
     /* stateful: online log-sum-exp with the target pick */
     "program lse\nin t row i32\nin r row f32\nout st lse\nout st2 lse\na = acc\nrr = load r\nz = mul a rr\n"
     "tt = load t\nlse st z tt\ne = even z\nlse st2 e tt\n",
+    /* row partials read by the next GEMM: an RMSNorm finished in the epilogue */
+    "program rowpart\nin ss rowpart\nin inv scalar\nin eps scalar\nout y tile f32\nout sv tile f32\n"
+    "a = acc\ns = load ss\ni = load inv\nm = mul s i\nv = abs m\ne = load eps\nw = add v e\nr = rsqrt w\n"
+    "y1 = mul a r\nstore y y1\nstore sv s\n",
 };
 #define N_PRIMITIVE (int)(sizeof primitive_programs / sizeof primitive_programs[0])
 

@@ -629,6 +629,79 @@ static void test_idx(const prob_t *P, const coda_tiling_t *tl) {
 }
 
 /* ======================================================================
+ * 5b. row partials read by the next GEMM (in NAME rowpart): the load is
+ *     the row's partials summed as coda_finish_reduce sums them (the same
+ *     bits), any T, padded rows; bad bindings change nothing
+ * ==================================================================== */
+
+static const char prog_rowpart[] =
+    "program rowpart\n"
+    "in  ss  rowpart\n"
+    "in  inv scalar\n"
+    "in  eps scalar\n"
+    "out y   tile f32\n"
+    "out sv  tile f32\n"
+    "a = acc\n"
+    "s = load ss\n"
+    "i = load inv\n"
+    "m = mul s i\n"
+    "e = load eps\n"
+    "w = add m e\n"
+    "r = rsqrt w\n"
+    "y1 = mul a r\n"
+    "store y y1\n"
+    "store sv s\n";
+
+static void test_rowpart(const prob_t *P, const coda_tiling_t *tl) {
+    const int64_t M = P->M, N = P->N, T = 1 + M % 5, ld = T + 3;
+    coda_program_t *prog = parse(prog_rowpart);
+    int nd;
+    int64_t sh[3];
+    coda_dtype_t dt;
+    CHECK_OK(coda_program_arg_shape(prog, 0, M, N, tl, &nd, sh, &dt));
+    CHECK(nd == 2 && sh[0] == M && sh[1] == 0 && dt == CODA_F32, "%s rowpart arg_shape (M, 0) f32: %d (%lld, %lld)",
+          g_case, nd, (long long)sh[0], (long long)sh[1]);
+    h_rng rr = rng_new(77 + (uint64_t)M);
+    float *ss = h_alloc((size_t)(M * ld) * 4), *sum = out_f32(M);
+    for (int64_t i = 0; i < M * ld; i++) ss[i] = 1.0f + 0.5f * rng_uniform(&rr); /* positive, like sums of squares */
+    coda_tensor_t pt = coda_tensor_2d(ss, CODA_F32, M, T);
+    pt.stride[0] = ld * 4;
+    float *y = out_f32(M * N), *sv = out_f32(M * N);
+    const float inv = 1.0f / 64, eps = 1e-5f;
+    coda_binding_t bd[] = {bind("ss", pt), bind_scalar("inv", inv), bind_scalar("eps", eps),
+                           bind("y", coda_tensor_2d(y, CODA_F32, M, N)), bind("sv", coda_tensor_2d(sv, CODA_F32, M, N))};
+
+    /* bad bindings: T = 0, wrong M, bf16, one dim; nothing is written */
+    const coda_tensor_t good = pt;
+    bd[0].tensor = coda_tensor_2d(ss, CODA_F32, M, 0);
+    CHECK_STATUS(coda_gemm_epilogue(g_ctx, P->layout, &P->a, &P->b, prog, bd, 5, tl, NULL), CODA_ERR_SHAPE);
+    bd[0].tensor = coda_tensor_2d(ss, CODA_F32, M + 1, T);
+    CHECK_STATUS(coda_gemm_epilogue(g_ctx, P->layout, &P->a, &P->b, prog, bd, 5, tl, NULL), CODA_ERR_SHAPE);
+    bd[0].tensor = coda_tensor_2d(ss, CODA_BF16, M, T);
+    CHECK_STATUS(coda_gemm_epilogue(g_ctx, P->layout, &P->a, &P->b, prog, bd, 5, tl, NULL), CODA_ERR_DTYPE);
+    bd[0].tensor = coda_tensor_1d(ss, CODA_F32, M);
+    CHECK_STATUS(coda_gemm_epilogue(g_ctx, P->layout, &P->a, &P->b, prog, bd, 5, tl, NULL), CODA_ERR_SHAPE);
+    CHECK(isnan(y[0]) && isnan(sv[M * N - 1]), "%s rowpart: a refused call writes nothing", g_case);
+
+    bd[0].tensor = good;
+    CHECK_OK(coda_gemm_epilogue(g_ctx, P->layout, &P->a, &P->b, prog, bd, 5, tl, NULL));
+    coda_tensor_t st = coda_tensor_1d(sum, CODA_F32, M);
+    CHECK_OK(coda_finish_reduce(g_ctx, CODA_REDUCE_SUM, &good, &st, NULL));
+    int64_t diff = 0;
+    for (int64_t i = 0; i < M * N; i++) diff += memcmp(&sv[i], &sum[i / N], 4) != 0;
+    CHECK(diff == 0, "%s rowpart: %lld loaded sums differ from coda_finish_reduce's bits", g_case, (long long)diff);
+    double *ref = dalloc(M * N);
+    for (int64_t i = 0; i < M * N; i++) {
+        double s = 0;
+        for (int64_t t = 0; t < T; t++) s += ss[(i / N) * ld + t];
+        ref[i] = P->acc[i] / sqrt(s * inv + eps);
+    }
+    cmp_f32("acc * rstd from rowpart", y, ref, M * N, 1e-4, 1e-4);
+    free(ss); free(sum); free(y); free(sv); free(ref);
+    coda_program_free(prog);
+}
+
+/* ======================================================================
  * 6. padded row strides everywhere (A, B, tile inputs, outputs, partials),
  *    f32 A and B, odd N for a program without pairs: the padding must stay
  *    untouched and the results equal the contiguous case
@@ -806,6 +879,7 @@ int main(void) {
         int before = h_failures;
         test_maps(&P, tl);
         test_lse(&P, tl);
+        test_rowpart(&P, tl);
         if (P.N % 2 == 0) {
             test_pairs(&P, tl);
             test_oproj(&P, tl);

@@ -617,6 +617,8 @@ static const bad_t bads[] = {
     {"out x row bf16\n", P, 1, "'row' is an input kind"},
     {"in x blob bf16\n", P, 1, "unknown kind 'blob'"},
     {"in eps scalar f32\n", P, 1, "scalar takes no dtype"},
+    {"in ss rowpart f32\n", P, 1, "rowpart takes no dtype"},
+    {"out ss rowpart\n", P, 1, "'rowpart' is an input kind"},
     {"out s rowsum half\n", P, 1, "rowsum takes no column space"},
     {"out l lse f32\n", P, 1, "lse takes no dtype"},
     {"in r row bf16 half\n", P, 1, "row takes no column space"},
@@ -681,6 +683,7 @@ static const bad_t bads[] = {
     /* kinds of arguments */
     {HDR "b = load h\n", V, 4, "load h: h is an out tile; loads read inputs only"},
     {HDR "store x a\n", V, 4, "store into x: x is an in tile; store writes outputs only"},
+    {"in p rowpart\n" HDR "reduce p a\n", V, 5, "reduce into p: p is an in rowpart; reduce writes outputs only"},
     {HDR "out s rowsum\nreduce h a\n", V, 5, "reduce into h: h is an out tile, not a reduction"},
     {HDR "out s rowsum\nstore s a\n", V, 5, "store into s: s is an out rowsum, not an out tile"},
     {HDR "out l lse\nstore l a\n", V, 5, "not an out tile (use lse)"},

@@ -72,7 +72,7 @@ DEVICE_CPU, DEVICE_CUDA = 0, 1
 LAYOUTS = {"nt": 0, "nn": 1, "tn": 2}
 REDUCE = {"sum": 0, "max": 1, "sumsq": 2}
 ARG_KINDS = ["in_tile", "in_row", "in_col", "in_scalar", "out_tile", "out_rowred",
-             "out_colred", "out_lse"]
+             "out_colred", "out_lse", "in_rowpart"]
 SPACES = {-1: "half", 0: "full", 1: "double"}
 
 

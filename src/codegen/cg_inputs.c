@@ -52,7 +52,11 @@ static void gen_col_copy(sb_t *b, const coda_program_t *p, const stage_plan_t *s
 }
 
 
-/* Row vectors (in NAME row): coda_epi_preload reads each load's values for
+static int is_row_input(coda_arg_kind_t k) { return k == CODA_IN_ROW || k == CODA_IN_ROWPART; }
+
+/* Row vectors (in NAME row) and row partials (in NAME rowpart, summed in
+ * increasing t as the finishing steps sum them, so the same bits):
+ * coda_epi_preload reads each load's values for
  * the thread's row slots before the tile's k-loop (volatile loads, so they
  * stay there), coda_epi_begin keeps them in the state, and the pairs use
  * them from registers. Loaded at the epilogue's start, their latency had
@@ -61,7 +65,7 @@ static void gen_col_copy(sb_t *b, const coda_program_t *p, const stage_plan_t *s
 static void gen_preload(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) {
     sb_printf(b, "struct coda_epi_pre {\n    int unused_;\n");
     for (int i = 0; i < p->n_insts; i++)
-        if (p->insts[i].op == CODA_OP_LOAD && p->args[p->insts[i].arg].kind == CODA_IN_ROW)
+        if (p->insts[i].op == CODA_OP_LOAD && is_row_input(p->args[p->insts[i].arg].kind))
             sb_printf(b, "    float v%d[CODA_EPI_ROW_SLOTS]; /* %s */\n", i, p->args[p->insts[i].arg].name);
     sb_printf(b, "};\n\n"
                  "static __device__ __forceinline__ void coda_epi_preload(const coda_epi_params &P_,\n"
@@ -76,8 +80,18 @@ static void gen_preload(sb_t *b, const coda_program_t *p, const stage_plan_t *sp
                  "        (void)r;\n");
     for (int i = 0; i < p->n_insts; i++) {
         const coda_inst_t *in = &p->insts[i];
-        if (in->op != CODA_OP_LOAD || p->args[in->arg].kind != CODA_IN_ROW) continue;
+        if (in->op != CODA_OP_LOAD || !is_row_input(p->args[in->arg].kind)) continue;
         char idx[64], ld[256];
+        if (p->args[in->arg].kind == CODA_IN_ROWPART) {
+            sb_printf(b, "        { /* %s: the row's partials summed in increasing t */\n"
+                         "            const float *q_ = (const float *)P->ptr[%d] + r * P->s0[%d];\n"
+                         "            float s_ = 0.0f;\n"
+                         "            for (int u = 0; u < P->e1[%d]; u++) s_ += __uint_as_float(cg_ld32v(q_ + u * P->s1[%d]));\n"
+                         "            Q.v%d[rs] = s_;\n"
+                         "        }\n",
+                      p->args[in->arg].name, in->arg, in->arg, in->arg, in->arg, i);
+            continue;
+        }
         snprintf(idx, sizeof idx, "r * P->s0[%d]", in->arg);
         load_text(&p->args[in->arg], in->arg, idx, ld, sizeof ld);
         sb_printf(b, "        Q.v%d[rs] = %s;\n", i, ld);

@@ -22,6 +22,7 @@ struct coda_epi_params {
     long long s0[16];
     long long s1[16];
     float scalar[16];
+    int e1[16];
     int m, n;
 };
 /* the kernel's fragment geometry (src/cuda/kernels/gemm_mainloop.cuh):

@@ -67,6 +67,7 @@ static const char *kind_text(coda_arg_kind_t k) {
     case CODA_OUT_ROWRED: return "out row reduction";
     case CODA_OUT_COLRED: return "out column reduction";
     case CODA_OUT_LSE: return "out lse";
+    case CODA_IN_ROWPART: return "in rowpart";
     }
     return "?";
 }
@@ -115,6 +116,7 @@ coda_status_t coda_program_arg_shape(const coda_program_t *p, int index, int64_t
     case CODA_OUT_ROWRED: shape[1] = coda__cdiv(n, tn); *dtype = CODA_F32; break;
     case CODA_OUT_COLRED: shape[0] = w; shape[1] = coda__cdiv(m, tm); *dtype = CODA_F32; break;
     case CODA_OUT_LSE: *ndim = 3; shape[1] = coda__cdiv(n, tn); *dtype = CODA_F32; break;
+    case CODA_IN_ROWPART: shape[1] = 0; *dtype = CODA_F32; break; /* any T >= 1 */
     }
     return CODA_OK;
 }
@@ -132,8 +134,11 @@ static coda_status_t check_bound(const coda_program_t *p, int i, const coda_tens
     CODA_TRY(coda_program_arg_shape(p, i, m, n, &tl, &ndim, shape, &want));
     if (t->ndim != ndim)
         return coda__fail(CODA_ERR_SHAPE, "%s: expected %d dims, got %d", what, ndim, t->ndim);
+    if (arg->kind == CODA_IN_ROWPART && t->ndim == 2 && t->shape[1] < 1)
+        return coda__fail(CODA_ERR_SHAPE, "%s: shape (%lld, %lld), expected (%lld, T) with T >= 1", what,
+                          (long long)t->shape[0], (long long)t->shape[1], (long long)m);
     for (int d = 0; d < ndim; d++)
-        if (t->shape[d] != shape[d]) {
+        if (t->shape[d] != shape[d] && !(arg->kind == CODA_IN_ROWPART && d == 1)) {
             if (ndim == 1)
                 return coda__fail(CODA_ERR_SHAPE, "%s: shape (%lld), expected (%lld)", what,
                                   (long long)t->shape[0], (long long)shape[0]);
@@ -153,7 +158,7 @@ static coda_status_t check_bound(const coda_program_t *p, int i, const coda_tens
     return CODA_OK;
 }
 
-static int is_output(coda_arg_kind_t k) { return k >= CODA_OUT_TILE; }
+static int is_output(coda_arg_kind_t k) { return !coda__arg_is_input(k); }
 
 coda_status_t coda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout, const coda_tensor_t *a,
                                  const coda_tensor_t *b, const coda_program_t *program,

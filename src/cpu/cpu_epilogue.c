@@ -173,6 +173,13 @@ static void run_tile(const plan_t *pl, const tile_t *t, const float *acc, float 
             } else if (a->kind == CODA_IN_ROW) {
                 for (int64_t r = 0; r < nr; r++)
                     out[r] = ld_elem(coda__at1(tt, t->r0 + r), tt->dtype);
+            } else if (a->kind == CODA_IN_ROWPART) { /* summed in increasing t, as coda_finish_reduce */
+                for (int64_t r = 0; r < nr; r++) {
+                    float s = 0.0f;
+                    for (int64_t q = 0; q < tt->shape[1]; q++)
+                        s += ld_elem(coda__at2(tt, t->r0 + r, q), CODA_F32);
+                    out[r] = s;
+                }
             } else if (a->kind == CODA_IN_COL) {
                 for (int64_t c = 0; c < nc; c++)
                     out[c] = ld_elem(coda__at1(tt, t->c0[sp] + c), tt->dtype);

@@ -113,6 +113,7 @@ static void fill_params(const coda_program_t *p, const coda_tensor_t *const *bou
         P->ptr[k] = (uint64_t)(uintptr_t)t->data;
         P->s0[k] = t->stride[0] / es;
         P->s1[k] = t->ndim > 1 ? t->stride[1] / es : 1;
+        P->e1[k] = t->ndim > 1 ? (int32_t)t->shape[1] : 1;
     }
     P->m = (int32_t)m;
     P->n = (int32_t)n;

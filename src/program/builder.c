@@ -112,7 +112,7 @@ int coda_program_arg(coda_program_t *p, const char *name, coda_arg_kind_t kind,
     if (p->n_args >= CODA_MAX_ARGS)
         return build_error(p, CODA_ERR_VERIFY, "%stoo many arguments (limit %d)", where,
                            CODA_MAX_ARGS);
-    if ((int)kind < CODA_IN_TILE || kind > CODA_OUT_LSE)
+    if (!coda__arg_kind_ok(kind))
         return build_error(p, CODA_ERR_INVALID_ARG, "%skind %d is not a coda_arg_kind_t", where,
                            (int)kind);
     /* dtype, space and reduce are ignored (normalised) for kinds that have

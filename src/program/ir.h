@@ -66,6 +66,11 @@ struct coda_program {
     _Atomic(struct coda_cg_text *) cuda_src[4]; /* CODA_CG_NFORMS (checked in codegen) */
 };
 
+/* Is an argument kind one the program reads (an input)? */
+static inline int coda__arg_is_input(coda_arg_kind_t k) { return k <= CODA_IN_SCALAR || k == CODA_IN_ROWPART; }
+/* Is it a valid coda_arg_kind_t? */
+static inline int coda__arg_kind_ok(coda_arg_kind_t k) { return k >= CODA_IN_TILE && k <= CODA_IN_ROWPART; }
+
 /* Operand count of a map op (1..3), 0 for sources, -1 for statements. */
 int coda__op_arity(coda_op_t op);
 /* Op from its text name, or -1. */

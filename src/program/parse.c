@@ -108,6 +108,7 @@ static const kind_word_t in_kinds[] = {
     {"row", CODA_IN_ROW, CODA_REDUCE_SUM, 1, 0},
     {"col", CODA_IN_COL, CODA_REDUCE_SUM, 1, 1},
     {"scalar", CODA_IN_SCALAR, CODA_REDUCE_SUM, 0, 0},
+    {"rowpart", CODA_IN_ROWPART, CODA_REDUCE_SUM, 0, 0},
 };
 static const kind_word_t out_kinds[] = {
     {"tile", CODA_OUT_TILE, CODA_REDUCE_SUM, 1, 1},
@@ -119,6 +120,9 @@ static const kind_word_t out_kinds[] = {
     {"colsumsq", CODA_OUT_COLRED, CODA_REDUCE_SUMSQ, 0, 1},
     {"lse", CODA_OUT_LSE, CODA_REDUCE_SUM, 0, 0},
 };
+
+#define N_IN_KINDS (sizeof in_kinds / sizeof in_kinds[0])
+#define N_OUT_KINDS (sizeof out_kinds / sizeof out_kinds[0])
 
 static const kind_word_t *find_kind(token_t tk, const kind_word_t *kinds, size_t n) {
     for (size_t i = 0; i < n; i++)
@@ -205,9 +209,9 @@ static coda_status_t parse_decl(parser_t *ps, int is_in) {
     if (ps->nt < 3) return perr(ps, CODA_ERR_PARSE, "expected '%s NAME KIND ...'", dir);
     token_t name = ps->t[1], kw = ps->t[2];
     CODA_TRY(check_new_name(ps, name));
-    const kind_word_t *k = is_in ? find_kind(kw, in_kinds, 4) : find_kind(kw, out_kinds, 8);
+    const kind_word_t *k = is_in ? find_kind(kw, in_kinds, N_IN_KINDS) : find_kind(kw, out_kinds, N_OUT_KINDS);
     if (!k) {
-        const kind_word_t *other = is_in ? find_kind(kw, out_kinds, 8) : find_kind(kw, in_kinds, 4);
+        const kind_word_t *other = is_in ? find_kind(kw, out_kinds, N_OUT_KINDS) : find_kind(kw, in_kinds, N_IN_KINDS);
         if (other)
             return perr(ps, CODA_ERR_PARSE, "%s %.*s: '%.*s' is %s kind", dir, TOK(name),
                         TOK(kw), is_in ? "an output" : "an input");

@@ -46,6 +46,7 @@ static void print_arg(out_t *o, const coda_arg_t *a) {
     case CODA_IN_ROW: put(o, "in %s row %s\n", a->name, dt); break;
     case CODA_IN_COL: put(o, "in %s col %s%s\n", a->name, dt, space_suffix(a->space)); break;
     case CODA_IN_SCALAR: put(o, "in %s scalar\n", a->name); break;
+    case CODA_IN_ROWPART: put(o, "in %s rowpart\n", a->name); break;
     case CODA_OUT_TILE: put(o, "out %s tile %s%s\n", a->name, dt, space_suffix(a->space)); break;
     case CODA_OUT_ROWRED: put(o, "out %s row%s\n", a->name, red[a->reduce]); break;
     case CODA_OUT_COLRED:

@@ -42,6 +42,7 @@ static const char *kind_words(const coda_arg_t *a) {
             return a->kind == CODA_OUT_ROWRED ? red[0][a->reduce] : red[1][a->reduce];
         return "a reduction";
     case CODA_OUT_LSE: return "an out lse";
+    case CODA_IN_ROWPART: return "an in rowpart";
     }
     return "?";
 }
@@ -75,8 +76,8 @@ static coda_status_t fail_arg(const coda_program_t *p, int i, const char *fmt, .
 
 static coda_status_t verify_arg(const coda_program_t *p, int i) {
     const coda_arg_t *a = &p->args[i];
-    const char *dir = a->kind <= CODA_IN_SCALAR ? "in" : "out";
-    if (a->kind < CODA_IN_TILE || a->kind > CODA_OUT_LSE)
+    const char *dir = coda__arg_is_input(a->kind) ? "in" : "out";
+    if (!coda__arg_kind_ok(a->kind))
         return fail_arg(p, i, "%s: unknown argument kind %d", a->name, (int)a->kind);
     int has_dtype = a->kind == CODA_IN_TILE || a->kind == CODA_IN_ROW || a->kind == CODA_IN_COL ||
                     a->kind == CODA_OUT_TILE;
@@ -205,6 +206,7 @@ static coda_status_t verify_inst(coda_program_t *p, int i, int *written) {
         case CODA_IN_ROW: in->shape = CODA_SHAPE_ROW; break;
         case CODA_IN_COL: in->shape = CODA_SHAPE_COL; in->vspace = a->space; break;
         case CODA_IN_SCALAR: in->shape = CODA_SHAPE_SCALAR; break;
+        case CODA_IN_ROWPART: in->shape = CODA_SHAPE_ROW; break;
         default:
             return fail_inst(p, i, "load %s: %s is %s; loads read inputs only", a->name, a->name,
                              kind_words(a));
@@ -246,7 +248,7 @@ static coda_status_t verify_inst(coda_program_t *p, int i, int *written) {
         const coda_arg_t *a = &p->args[in->arg];
         const coda_inst_t *v = &p->insts[in->src[0]];
         int want_red = in->op == CODA_OP_REDUCE;
-        if (a->kind <= CODA_IN_SCALAR)
+        if (coda__arg_is_input(a->kind))
             return fail_inst(p, i, "%s into %s: %s is %s; %s writes outputs only", opname,
                              a->name, a->name, kind_words(a), opname);
         if (in->op == CODA_OP_STORE && a->kind != CODA_OUT_TILE)
@@ -303,7 +305,7 @@ coda_status_t coda__program_verify(coda_program_t *p) {
     for (int i = 0; i < p->n_args; i++) {
         const coda_arg_t *a = &p->args[i];
         if (a->line > last_line) last_line = a->line;
-        if (a->kind <= CODA_IN_SCALAR) continue;
+        if (coda__arg_is_input(a->kind)) continue;
         n_out++;
         if (!written[i]) return fail_arg(p, i, "out %s: output is never written", a->name);
     }

@@ -45,6 +45,10 @@ static const char *const extra_programs[] = {
     "reduce cm e\nx = interleave a a\nreduce cq x\n",
     "program lse\nin t row i32\nin r row f32\nout st lse\na = acc\nrr = load r\nz = mul a rr\n"
     "tt = load t\nlse st z tt\n",
+    /* row partials read by the next GEMM: an RMSNorm finished in the epilogue */
+    "program rowpart\nin ss rowpart\nin inv scalar\nin eps scalar\nout y tile f32\nout sv tile f32\n"
+    "a = acc\ns = load ss\ni = load inv\nm = mul s i\nv = abs m\ne = load eps\nw = add v e\nr = rsqrt w\n"
+    "y1 = mul a r\nstore y y1\nstore sv s\n",
 };
 
 typedef struct buf {
@@ -202,9 +206,10 @@ static void run_case(const char *text, coda_layout_t layout, int64_t m, int64_t 
         coda_reduce_t red;
         REQUIRE_OK(coda_program_arg_info(p, i, &name, &kind, &dt, &sp, &red));
         int64_t sh[3];
-        int nd, out = kind >= CODA_OUT_TILE;
+        int nd, out = kind >= CODA_OUT_TILE && kind <= CODA_OUT_LSE;
         REQUIRE_OK(coda_program_arg_shape(p, i, m, n, &tl, &nd, sh, &dt));
         if (nd == 0) nd = 1, sh[0] = 1; /* scalars: an unused one-element tensor */
+        if (kind == CODA_IN_ROWPART) sh[1] = 7; /* any T: the producer's column tiles */
         make_buf(&bufs[i], dt, nd, sh, &r, out, n);
         if (skew_cols && kind == CODA_IN_COL)
             skew_buf(&bufs[i], coda_dtype_size(dt) * (sp == CODA_SPACE_HALF ? 1 : sp == CODA_SPACE_FULL ? 2 : 4));
@@ -230,7 +235,7 @@ static void run_case(const char *text, coda_layout_t layout, int64_t m, int64_t 
             coda_space_t sp;
             coda_reduce_t red;
             REQUIRE_OK(coda_program_arg_info(p, i, &name, &kind, &dt, &sp, &red));
-            if (kind < CODA_OUT_TILE) continue;
+            if (kind < CODA_OUT_TILE || kind > CODA_OUT_LSE) continue;
             void *got = h_alloc(bufs[i].bytes), *again = h_alloc(bufs[i].bytes);
             CUDA_OK(cudaMemcpy(got, bufs[i].dev.data, bufs[i].bytes, cudaMemcpyDeviceToHost));
             compare(name, &bufs[i].host, got, bufs[i].bytes);
