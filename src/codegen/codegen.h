@@ -60,8 +60,8 @@ typedef struct coda_epi_params {
     int64_t s0[CODA_EPI_MAX_ARGS];    /* stride of dim 0, in elements         */
     int64_t s1[CODA_EPI_MAX_ARGS];    /* stride of dim 1, in elements         */
     float scalar[CODA_EPI_MAX_ARGS];  /* scalar arguments                     */
-    int32_t e1[CODA_EPI_MAX_ARGS];    /* extent of dim 1 (an in rowpart's T)  */
     int32_t m, n;                     /* GEMM extents                         */
+    int32_t e1[CODA_EPI_MAX_ARGS];    /* extent of dim 1 (an in rowpart's T)  */
 } coda_epi_params_t;
 
 /* CUDA C text for program p (malloc'd, NUL-terminated; caller frees).

@@ -22,8 +22,8 @@ struct coda_epi_params {
     long long s0[16];
     long long s1[16];
     float scalar[16];
-    int e1[16];
     int m, n;
+    int e1[16]; /* last: kernels that do not read it are unchanged */
 };
 /* the kernel's fragment geometry (src/cuda/kernels/gemm_mainloop.cuh):
  * CODA_WG_MH 64-row blocks per thread, 2 rows and CODA_BN / 8 column
