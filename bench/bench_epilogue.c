@@ -123,20 +123,6 @@ static void timeline(job_t *j, const char *what) {
            sum[2] / tiles * us, gaps ? sum[3] / gaps * us : 0.0, span / ctas * us);
 }
 
-/* A whole text file (malloc'd, NUL-terminated), or NULL. */
-static char *read_text(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char *buf = NULL;
-    long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
-    if (n >= 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1))) {
-        if (fread(buf, 1, (size_t)n, f) == (size_t)n) buf[n] = 0;
-        else free(buf), buf = NULL;
-    }
-    fclose(f);
-    return buf;
-}
-
 /* name is one of the comma-separated names of list */
 static int listed(const char *list, const char *name) {
     size_t n = strlen(name);
@@ -189,8 +175,15 @@ static void bind_args(job_t *j, int64_t sz, h_rng *r, coda_binding_t *bind, void
         int nd;
         int64_t sh[3];
         REQUIRE_OK(coda_program_arg_shape(p, i, sz, sz, &j->tl, &nd, sh, &dt));
+        if (kind == CODA_IN_ROWPART) sh[1] = (sz + 255) / 256; /* the partials of a GEMM like this one */
         int64_t numel = nd == 0 ? 0 : nd == 1 ? sh[0] : nd == 2 ? sh[0] * sh[1] : sh[0] * sh[1] * sh[2];
         ptrs[i] = numel ? dev_random_bytes((size_t)numel * coda_dtype_size(dt), dt, r, sz) : NULL;
+        if (kind == CODA_IN_ROWPART) { /* sums of squares: positive */
+            float *h = h_alloc((size_t)numel * 4);
+            for (int64_t e = 0; e < numel; e++) h[e] = 1.0f + 0.5f * rng_uniform(r);
+            CUDA_OK(cudaMemcpy(ptrs[i], h, (size_t)numel * 4, cudaMemcpyHostToDevice));
+            free(h);
+        }
         coda_tensor_t t = nd == 0 ? coda_tensor_1d(NULL, CODA_F32, 0)
                         : nd == 1 ? coda_tensor_1d(ptrs[i], dt, sh[0])
                         : nd == 2 ? coda_tensor_2d(ptrs[i], dt, sh[0], sh[1])
@@ -323,20 +316,7 @@ int main(int argc, char **argv) {
     int n_progs = 0;
     for (const char *const *name = coda_builtin_program_names(); *name && n_progs < 64; name++)
         prog_names[n_progs] = *name, prog_texts[n_progs++] = coda_builtin_program(*name);
-    for (const char *f = getenv("CODA_BENCH_FILES"); f && *f && n_progs < 64;) {
-        size_t len = strcspn(f, ",");
-        char path[512];
-        snprintf(path, sizeof path, "%.*s", (int)len, f);
-        char *text = read_text(path);
-        if (!text) {
-            fprintf(stderr, "bench_epilogue: cannot read %s\n", path);
-            return 2;
-        }
-        const char *base_ = strrchr(path, '/');
-        prog_names[n_progs] = strdup(base_ ? base_ + 1 : path);
-        prog_texts[n_progs++] = text;
-        f += len + (f[len] == ',');
-    }
+    if (h_program_files(getenv("CODA_BENCH_FILES"), prog_names, prog_texts, &n_progs, 64)) return 2;
     h_rng r = rng_new(2026);
     printf("%-20s %6s %10s %10s %10s %8s %8s\n", "program", "M=N=K", "cuBLAS ms", "plain ms", "fused ms",
            "fused/pl", "fused/cb");

@@ -6,6 +6,8 @@
  *                               write each kernel's cubin there, NAME.cubin,
  *                               for bench/sass_stats.sh, and the
  *                               generated epilogue, NAME.epi.cu)
+ *   CODA_BENCH_FILES="a.coda,b.coda" kernel_stats ...   also these program
+ *                               files (named by file)
  *
  * Needs NVRTC, not a GPU. The generated code is the form the LLaMA shapes
  * get: RING where the program has tile inputs for the stage ring, else N16
@@ -91,9 +93,15 @@ int main(int argc, char **argv) {
     printf("configuration %d: %dx%d, %d stages, cluster %d, %s\n", cfg, c->bm, c->bn, c->stages,
            c->cluster_m, c->pingpong ? "ping-pong" : "cooperative");
     stats("(plain)", coda__cuda_source("epi_plain.cuh"), cfg);
-    for (const char *const *name = coda_builtin_program_names(); *name; name++) {
+    const char *names[64], *texts[64];
+    int n = 0;
+    for (const char *const *name = coda_builtin_program_names(); *name && n < 64; name++)
+        names[n] = *name, texts[n++] = coda_builtin_program(*name);
+    if (h_program_files(getenv("CODA_BENCH_FILES"), names, texts, &n, 64)) return 2;
+    for (int i = 0; i < n; i++) {
+        const char *const *name = &names[i];
         coda_program_t *p = NULL;
-        REQUIRE_OK(coda_program_parse(coda_builtin_program(*name), &p));
+        REQUIRE_OK(coda_program_parse(texts[i], &p));
         char *epi = NULL;
         coda_ring_plan_t rp;
         coda__codegen_ring_plan(p, &rp);

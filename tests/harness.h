@@ -64,6 +64,42 @@ static int h_checks __attribute__((unused)), h_failures __attribute__((unused));
         return h_failures ? 1 : 0;                                              \
     } while (0)
 
+/* A whole text file (malloc'd, NUL-terminated), or NULL. */
+static inline char *h_read_text(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    if (n >= 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1))) {
+        if (fread(buf, 1, (size_t)n, f) == (size_t)n) buf[n] = 0;
+        else free(buf), buf = NULL;
+    }
+    fclose(f);
+    return buf;
+}
+
+/* The program files of a comma-separated list (CODA_BENCH_FILES) appended
+ * to names[] (the file's name) and texts[] from *n on, up to cap: 0, or
+ * the index of the list's first unreadable file + 1 (reported on stderr). */
+static inline int h_program_files(const char *list, const char **names, const char **texts, int *n, int cap) {
+    int idx = 0;
+    for (const char *f = list; f && *f && *n < cap; idx++) {
+        size_t len = strcspn(f, ",");
+        char path[512];
+        snprintf(path, sizeof path, "%.*s", (int)len, f);
+        char *text = h_read_text(path);
+        if (!text) {
+            fprintf(stderr, "cannot read program file %s\n", path);
+            return idx + 1;
+        }
+        const char *base = strrchr(path, '/');
+        names[*n] = strdup(base ? base + 1 : path);
+        texts[(*n)++] = text;
+        f += len + (f[len] == ',');
+    }
+    return 0;
+}
+
 static inline void *h_alloc(size_t bytes) {
     void *p = malloc(bytes ? bytes : 1);
     if (!p) {

@@ -53,20 +53,32 @@ static void gen_col_copy(sb_t *b, const coda_program_t *p, const stage_plan_t *s
 
 
 static int is_row_input(coda_arg_kind_t k) { return k == CODA_IN_ROW || k == CODA_IN_ROWPART; }
+static int is_rowpart_load(const coda_program_t *p, const coda_inst_t *in) {
+    return in->op == CODA_OP_LOAD && p->args[in->arg].kind == CODA_IN_ROWPART;
+}
 
-/* Row vectors (in NAME row) and row partials (in NAME rowpart, summed in
- * increasing t as the finishing steps sum them, so the same bits):
- * coda_epi_preload reads each load's values for
+/* Row partials (in NAME rowpart): coda_epi_preload loads a row's first
+ * CG_ROWPART_REGS partials into registers and does no arithmetic on them,
+ * so nothing waits for the loads before the k-loop (summed there, the
+ * first add held the k-loop's start for a memory latency: fused GEMM +2%
+ * at 8192). coda_epi_begin sums them in increasing t, loading any beyond
+ * CG_ROWPART_REGS then: the bits coda_finish_reduce makes.
+ * Row vectors (in NAME row): coda_epi_preload reads each load's values for
  * the thread's row slots before the tile's k-loop (volatile loads, so they
  * stay there), coda_epi_begin keeps them in the state, and the pairs use
  * them from registers. Loaded at the epilogue's start, their latency had
  * been the first pair's wait in every tile. Rows past M read row M - 1
  * (their results are never stored). */
 static void gen_preload(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) {
+    sb_printf(b, "#ifndef CG_ROWPART_REGS /* row partials a thread holds in registers across the k-loop */\n"
+                 "#define CG_ROWPART_REGS 16\n#endif\n");
     sb_printf(b, "struct coda_epi_pre {\n    int unused_;\n");
     for (int i = 0; i < p->n_insts; i++)
-        if (p->insts[i].op == CODA_OP_LOAD && is_row_input(p->args[p->insts[i].arg].kind))
+        if (p->insts[i].op == CODA_OP_LOAD && is_row_input(p->args[p->insts[i].arg].kind)) {
             sb_printf(b, "    float v%d[CODA_EPI_ROW_SLOTS]; /* %s */\n", i, p->args[p->insts[i].arg].name);
+            if (is_rowpart_load(p, &p->insts[i]))
+                sb_printf(b, "    float q%d[CODA_EPI_ROW_SLOTS][CG_ROWPART_REGS > 0 ? CG_ROWPART_REGS : 1];\n", i);
+        }
     sb_printf(b, "};\n\n"
                  "static __device__ __forceinline__ void coda_epi_preload(const coda_epi_params &P_,\n"
                  "        const coda_epi_tile &t, coda_epi_pre &Q) {\n"
@@ -83,13 +95,13 @@ static void gen_preload(sb_t *b, const coda_program_t *p, const stage_plan_t *sp
         if (in->op != CODA_OP_LOAD || !is_row_input(p->args[in->arg].kind)) continue;
         char idx[64], ld[256];
         if (p->args[in->arg].kind == CODA_IN_ROWPART) {
-            sb_printf(b, "        { /* %s: the row's partials summed in increasing t */\n"
+            sb_printf(b, "        { /* %s: the row's first partials (T >= 1: partial 0 stands in past T) */\n"
                          "            const float *q_ = (const float *)P->ptr[%d] + r * P->s0[%d];\n"
-                         "            float s_ = 0.0f;\n"
-                         "            for (int u = 0; u < P->e1[%d]; u++) s_ += __uint_as_float(cg_ld32v(q_ + u * P->s1[%d]));\n"
-                         "            Q.v%d[rs] = s_;\n"
+                         "#pragma unroll\n"
+                         "            for (int u = 0; u < CG_ROWPART_REGS; u++)\n"
+                         "                Q.q%d[rs][u] = __uint_as_float(cg_ld32v(q_ + (u < P->e1[%d] ? u : 0) * P->s1[%d]));\n"
                          "        }\n",
-                      p->args[in->arg].name, in->arg, in->arg, in->arg, in->arg, i);
+                      p->args[in->arg].name, in->arg, in->arg, i, in->arg, in->arg);
             continue;
         }
         snprintf(idx, sizeof idx, "r * P->s0[%d]", in->arg);
@@ -122,7 +134,24 @@ void gen_state(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) {
 
     sb_printf(b, "static __device__ __forceinline__ void coda_epi_begin(const coda_epi_params &P_,\n"
                  "        const coda_epi_tile &t, coda_epi_state &S_, const coda_epi_pre &Q) {\n"
-                 "    coda_epi_state *S = &S_;\n    (void)P_; (void)t;\n    S->pre = Q;\n");
+                 "    coda_epi_state *S = &S_;\n    const coda_epi_params *P = &P_;\n"
+                 "    (void)P; (void)t;\n    S->pre = Q;\n");
+    for (int i = 0; i < p->n_insts; i++) {
+        const coda_inst_t *in = &p->insts[i];
+        if (!is_rowpart_load(p, in)) continue;
+        sb_printf(b, "#pragma unroll\n"
+                     "    for (int rs = 0; rs < CODA_EPI_ROW_SLOTS; rs++) { /* %s: summed in increasing t */\n"
+                     "        const int row = CG_SLOT_ROW(t.row, rs);\n"
+                     "        const long long r = row < P->m ? row : P->m - 1;\n"
+                     "        const float *q_ = (const float *)P->ptr[%d] + r * P->s0[%d];\n"
+                     "        float s_ = 0.0f;\n"
+                     "#pragma unroll\n"
+                     "        for (int u = 0; u < CG_ROWPART_REGS; u++) s_ = u < P->e1[%d] ? s_ + Q.q%d[rs][u] : s_;\n"
+                     "        for (int u = CG_ROWPART_REGS; u < P->e1[%d]; u++) s_ += __uint_as_float(cg_ld32v(q_ + u * P->s1[%d]));\n"
+                     "        S->pre.v%d[rs] = s_;\n"
+                     "    }\n",
+                  p->args[in->arg].name, in->arg, in->arg, in->arg, i, in->arg, in->arg, i);
+    }
     if (sp->any_col) /* the column vectors coda_epi_preload copied: in the slab, seen by the whole warp */
         sb_printf(b, "#if CG_COL_SLAB\n    cg_cp_async_wait_all();\n    __syncwarp();\n#endif\n");
     for (int k = 0; k < p->n_args; k++) {
