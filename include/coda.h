@@ -227,7 +227,7 @@ coda_status_t coda_gemm(coda_context_t *ctx, coda_layout_t layout,
  *     in  NAME row    DTYPE               (M) tensor, bf16, f32 or i32
  *     in  NAME col    DTYPE [SPACE]       (W) tensor, bf16 or f32
  *     in  NAME scalar                     f32 value
- *     in  NAME rowpart                    f32 row partials (M, T), any T >= 1
+ *     in  NAME rowpart                    f32 row partials (M, T), 1 <= T < 2^31
  *     out NAME tile   DTYPE [SPACE]       (M, W) tensor, bf16 or f32
  *     out NAME rowsum|rowmax|rowsumsq      f32 partials (M, n_tiles)
  *     out NAME colsum|colmax|colsumsq [SPACE]  f32 partials (W, m_tiles)
@@ -268,14 +268,18 @@ coda_status_t coda_gemm(coda_context_t *ctx, coda_layout_t layout,
  * bit for bit. So the consumer of an RMSNorm finishes it itself and no
  * finishing step runs between the two GEMMs:
  *     in  ss  rowpart                     # the previous epilogue's sum of x^2
- *     in  inv scalar                      # 1 / d
+ *     in  d   scalar                      # the normalised width
  *     in  eps scalar
  *     q = load ss
- *     m = mul q inv
- *     v = add m eps
+ *     dd = load d
+ *     m = div q dd
+ *     e = load eps
+ *     v = add m e
  *     r = rsqrt v                         # rstd, one per row
- * (rsqrt here is 1 / sqrtf on the CPU and the GPU's approximate rsqrt, so r
- * may differ from coda_finish_rstd's in the last bits.)
+ * On the CPU this is coda_finish_rstd's arithmetic, bit for bit; on the GPU
+ * div and rsqrt are the fast approximate ones, so r may differ in the last
+ * bits (multiplying by a scalar 1/d instead of dividing is cheaper, and
+ * differs from coda_finish_rstd unless d is a power of two).
  * ------------------------------------------------------------------------- */
 
 typedef struct coda_program coda_program_t;
@@ -286,6 +290,8 @@ typedef enum coda_space {
     CODA_SPACE_DOUBLE = 1   /* 2N columns  */
 } coda_space_t;
 
+/* The kinds' values do not split inputs from outputs: rowpart, an input,
+ * came last. */
 typedef enum coda_arg_kind {
     CODA_IN_TILE = 0,
     CODA_IN_ROW = 1,
@@ -420,7 +426,8 @@ coda_status_t coda_choose_program_tiling(coda_context_t *ctx, coda_device_t devi
  * and n columns cut by `tiling` (NULL or zeros: the CPU default; for CUDA
  * pass coda_choose_tiling's result): its number of dims (0 for a scalar),
  * extents and dtype. Use it to allocate outputs. For an in rowpart the
- * second extent is 0: any T >= 1 is taken (the producing GEMM's). */
+ * second extent is 0: any T with 1 <= T < 2^31 is taken (the producing
+ * GEMM's). */
 coda_status_t coda_program_arg_shape(const coda_program_t *p, int index, int64_t m, int64_t n,
                                      const coda_tiling_t *tiling, int *ndim,
                                      int64_t shape[3], coda_dtype_t *dtype);

@@ -4,10 +4,10 @@
 
 int main(void) {
     coda_program_t *p = NULL;
-    REQUIRE_OK(coda_program_parse("in x tile bf16\nin r row i32\nin g col f32 half\nin s scalar\n"
-                                  "out y tile f32 double\nout rs rowsum\nout cs colmax half\nout st lse\n"
+    REQUIRE_OK(coda_program_parse("in x tile bf16\nin r row i32\nin g col f32 half\nin s scalar\nin pp rowpart\n"
+                                  "out y tile f32 double\nout y2 tile bf16\nout rs rowsum\nout cs colmax half\nout st lse\n"
                                   "a = acc\nxx = load x\nb = add a xx\nd = interleave b b\nstore y d\n"
-                                  "reduce rs b\ne = even b\nreduce cs e\nrr = load r\nlse st b rr\n",
+                                  "reduce rs b\ne = even b\nreduce cs e\nrr = load r\nlse st b rr\nqq = load pp\nbq = add b qq\nstore y2 bq\n",
                                   &p));
     const coda_tiling_t tl = {16, 256};
     struct {
@@ -20,6 +20,7 @@ int main(void) {
         {"g", 1, {260}, CODA_F32},           {"s", 0, {0}, CODA_F32},
         {"y", 2, {1000, 1040}, CODA_F32},    {"rs", 2, {1000, 3}, CODA_F32},
         {"cs", 2, {260, 63}, CODA_F32},      {"st", 3, {1000, 3, 3}, CODA_F32},
+        {"pp", 2, {1000, 0}, CODA_F32},      {"y2", 2, {1000, 520}, CODA_BF16},
     };
     for (int k = 0; k < (int)(sizeof want / sizeof want[0]); k++) {
         int i = coda_program_find_arg(p, want[k].name), ndim = -1;
@@ -40,7 +41,7 @@ int main(void) {
     CHECK(shape[0] == 260 && shape[1] == 8, "default tiling: (%lld, %lld)", (long long)shape[0], (long long)shape[1]);
     /* bad arguments */
     CHECK_STATUS(coda_program_arg_shape(NULL, 0, 1, 1, NULL, &ndim, shape, &dt), CODA_ERR_INVALID_ARG);
-    CHECK_STATUS(coda_program_arg_shape(p, 8, 1, 1, NULL, &ndim, shape, &dt), CODA_ERR_INVALID_ARG);
+    CHECK_STATUS(coda_program_arg_shape(p, coda_program_num_args(p), 1, 1, NULL, &ndim, shape, &dt), CODA_ERR_INVALID_ARG);
     CHECK_STATUS(coda_program_arg_shape(p, -1, 1, 1, NULL, &ndim, shape, &dt), CODA_ERR_INVALID_ARG);
     CHECK_STATUS(coda_program_arg_shape(p, 0, -1, 1, NULL, &ndim, shape, &dt), CODA_ERR_SHAPE);
     CHECK_STATUS(coda_program_arg_shape(p, 0, 1, 1, NULL, NULL, shape, &dt), CODA_ERR_INVALID_ARG);

@@ -681,6 +681,8 @@ static void test_rowpart(const prob_t *P, const coda_tiling_t *tl) {
     CHECK_STATUS(coda_gemm_epilogue(g_ctx, P->layout, &P->a, &P->b, prog, bd, 5, tl, NULL), CODA_ERR_DTYPE);
     bd[0].tensor = coda_tensor_1d(ss, CODA_F32, M);
     CHECK_STATUS(coda_gemm_epilogue(g_ctx, P->layout, &P->a, &P->b, prog, bd, 5, tl, NULL), CODA_ERR_SHAPE);
+    bd[0].tensor = coda_tensor_2d(ss, CODA_F32, M, (int64_t)1 << 31); /* a descriptor: refused before any read */
+    CHECK_STATUS(coda_gemm_epilogue(g_ctx, P->layout, &P->a, &P->b, prog, bd, 5, tl, NULL), CODA_ERR_SHAPE);
     CHECK(isnan(y[0]) && isnan(sv[M * N - 1]), "%s rowpart: a refused call writes nothing", g_case);
 
     bd[0].tensor = good;

@@ -819,6 +819,22 @@ static void test_builder_errors(void) {
     CHECK(coda_program_arg(p, "y", CODA_OUT_TILE, CODA_BF16, 0, 0) == -1, "after an error");
     CHECK(coda_program_num_args(p) == 0, "nothing added after an error");
     expect_finish_fail("bad kind", p, CODA_ERR_INVALID_ARG, "argument 0: kind 99");
+    p = fresh();
+    CHECK(coda_program_arg(p, "x", (coda_arg_kind_t)(CODA_IN_ROWPART + 1), CODA_BF16, 0, 0) == -1,
+          "the first kind past the last");
+    expect_finish_fail("kind past the last", p, CODA_ERR_INVALID_ARG, "argument 0: kind 9");
+    /* the builder's rowpart: an input, f32, no dtype of its own */
+    p = fresh();
+    int rp = coda_program_arg(p, "pp", CODA_IN_ROWPART, CODA_BF16, CODA_SPACE_FULL, CODA_REDUCE_SUM);
+    int out = coda_program_arg(p, "y", CODA_OUT_TILE, CODA_F32, CODA_SPACE_FULL, CODA_REDUCE_SUM);
+    int va = coda_program_value(p, "a", CODA_OP_ACC, -1, -1, -1), vq = coda_program_load(p, "q", rp);
+    coda_program_store(p, out, coda_program_value(p, "s", CODA_OP_ADD, va, vq, -1));
+    CHECK_OK(coda_program_finish(p));
+    coda_arg_kind_t kk;
+    coda_dtype_t kd;
+    CHECK_OK(coda_program_arg_info(p, rp, NULL, &kk, &kd, NULL, NULL));
+    CHECK(kk == CODA_IN_ROWPART && kd == CODA_F32, "builder rowpart: kind %d dtype %d", (int)kk, (int)kd);
+    coda_program_free(p);
 
     p = fresh();
     CHECK(coda_program_arg(p, "x", CODA_IN_TILE, (coda_dtype_t)7, 0, 0) == -1, "bad dtype");

@@ -52,13 +52,18 @@ static void gen_col_copy(sb_t *b, const coda_program_t *p, const stage_plan_t *s
 }
 
 
-static int is_row_input(coda_arg_kind_t k) { return k == CODA_IN_ROW || k == CODA_IN_ROWPART; }
-static int is_rowpart_load(const coda_program_t *p, const coda_inst_t *in) {
-    return in->op == CODA_OP_LOAD && p->args[in->arg].kind == CODA_IN_ROWPART;
+/* Is argument k an in rowpart that some instruction loads? (Its sum is kept
+ * once per argument, however many loads read it.) */
+static int rowpart_loaded(const coda_program_t *p, int k) {
+    if (p->args[k].kind != CODA_IN_ROWPART) return 0;
+    for (int i = 0; i < p->n_insts; i++)
+        if (p->insts[i].op == CODA_OP_LOAD && p->insts[i].arg == k) return 1;
+    return 0;
 }
 
 /* Row partials (in NAME rowpart): coda_epi_preload loads a row's first
- * CG_ROWPART_REGS partials into registers and does no arithmetic on them,
+ * CG_ROWPART_REGS partials (32 registers a thread in all row slots, per
+ * argument) into registers and does no arithmetic on them,
  * so nothing waits for the loads before the k-loop (summed there, the
  * first add held the k-loop's start for a memory latency: fused GEMM +2%
  * at 8192). coda_epi_begin sums them in increasing t, loading any beyond
@@ -70,15 +75,18 @@ static int is_rowpart_load(const coda_program_t *p, const coda_inst_t *in) {
  * been the first pair's wait in every tile. Rows past M read row M - 1
  * (their results are never stored). */
 static void gen_preload(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) {
-    sb_printf(b, "#ifndef CG_ROWPART_REGS /* row partials a thread holds in registers across the k-loop */\n"
-                 "#define CG_ROWPART_REGS 16\n#endif\n");
+    sb_printf(b, "#ifndef CG_ROWPART_REGS /* row partials a thread holds per row slot across the k-loop */\n"
+                 "#define CG_ROWPART_REGS (32 / CODA_EPI_ROW_SLOTS)\n#endif\n"
+                 "#if CG_ROWPART_REGS < 0\n#error \"CG_ROWPART_REGS is a count\"\n#endif\n");
     sb_printf(b, "struct coda_epi_pre {\n    int unused_;\n");
     for (int i = 0; i < p->n_insts; i++)
-        if (p->insts[i].op == CODA_OP_LOAD && is_row_input(p->args[p->insts[i].arg].kind)) {
+        if (p->insts[i].op == CODA_OP_LOAD && p->args[p->insts[i].arg].kind == CODA_IN_ROW)
             sb_printf(b, "    float v%d[CODA_EPI_ROW_SLOTS]; /* %s */\n", i, p->args[p->insts[i].arg].name);
-            if (is_rowpart_load(p, &p->insts[i]))
-                sb_printf(b, "    float q%d[CODA_EPI_ROW_SLOTS][CG_ROWPART_REGS > 0 ? CG_ROWPART_REGS : 1];\n", i);
-        }
+    for (int k = 0; k < p->n_args; k++)
+        if (rowpart_loaded(p, k))
+            sb_printf(b, "    float pr%d[CODA_EPI_ROW_SLOTS]; /* %s: the rows' sums (coda_epi_begin) */\n"
+                         "    float pq%d[CODA_EPI_ROW_SLOTS][CG_ROWPART_REGS > 0 ? CG_ROWPART_REGS : 1];\n",
+                      k, p->args[k].name, k);
     sb_printf(b, "};\n\n"
                  "static __device__ __forceinline__ void coda_epi_preload(const coda_epi_params &P_,\n"
                  "        const coda_epi_tile &t, coda_epi_pre &Q) {\n"
@@ -92,22 +100,21 @@ static void gen_preload(sb_t *b, const coda_program_t *p, const stage_plan_t *sp
                  "        (void)r;\n");
     for (int i = 0; i < p->n_insts; i++) {
         const coda_inst_t *in = &p->insts[i];
-        if (in->op != CODA_OP_LOAD || !is_row_input(p->args[in->arg].kind)) continue;
+        if (in->op != CODA_OP_LOAD || p->args[in->arg].kind != CODA_IN_ROW) continue;
         char idx[64], ld[256];
-        if (p->args[in->arg].kind == CODA_IN_ROWPART) {
-            sb_printf(b, "        { /* %s: the row's first partials (T >= 1: partial 0 stands in past T) */\n"
-                         "            const float *q_ = (const float *)P->ptr[%d] + r * P->s0[%d];\n"
-                         "#pragma unroll\n"
-                         "            for (int u = 0; u < CG_ROWPART_REGS; u++)\n"
-                         "                Q.q%d[rs][u] = __uint_as_float(cg_ld32v(q_ + (u < P->e1[%d] ? u : 0) * P->s1[%d]));\n"
-                         "        }\n",
-                      p->args[in->arg].name, in->arg, in->arg, i, in->arg, in->arg);
-            continue;
-        }
         snprintf(idx, sizeof idx, "r * P->s0[%d]", in->arg);
         load_text(&p->args[in->arg], in->arg, idx, ld, sizeof ld);
         sb_printf(b, "        Q.v%d[rs] = %s;\n", i, ld);
     }
+    for (int k = 0; k < p->n_args; k++)
+        if (rowpart_loaded(p, k))
+            sb_printf(b, "        { /* %s: the row's first partials (T >= 1: partial 0 stands in past T) */\n"
+                         "            const float *q_ = (const float *)P->ptr[%d] + r * P->s0[%d];\n"
+                         "#pragma unroll\n"
+                         "            for (int u = 0; u < CG_ROWPART_REGS; u++)\n"
+                         "                Q.pq%d[rs][u] = __uint_as_float(cg_ld32v(q_ + (u < P->e1[%d] ? u : 0) * P->s1[%d]));\n"
+                         "        }\n",
+                      p->args[k].name, k, k, k, k, k);
     sb_printf(b, "    }\n");
     gen_col_copy(b, p, sp);
     sb_printf(b, "}\n\n");
@@ -136,9 +143,8 @@ void gen_state(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) {
                  "        const coda_epi_tile &t, coda_epi_state &S_, const coda_epi_pre &Q) {\n"
                  "    coda_epi_state *S = &S_;\n    const coda_epi_params *P = &P_;\n"
                  "    (void)P; (void)t;\n    S->pre = Q;\n");
-    for (int i = 0; i < p->n_insts; i++) {
-        const coda_inst_t *in = &p->insts[i];
-        if (!is_rowpart_load(p, in)) continue;
+    for (int k = 0; k < p->n_args; k++) {
+        if (!rowpart_loaded(p, k)) continue;
         sb_printf(b, "#pragma unroll\n"
                      "    for (int rs = 0; rs < CODA_EPI_ROW_SLOTS; rs++) { /* %s: summed in increasing t */\n"
                      "        const int row = CG_SLOT_ROW(t.row, rs);\n"
@@ -146,11 +152,11 @@ void gen_state(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) {
                      "        const float *q_ = (const float *)P->ptr[%d] + r * P->s0[%d];\n"
                      "        float s_ = 0.0f;\n"
                      "#pragma unroll\n"
-                     "        for (int u = 0; u < CG_ROWPART_REGS; u++) s_ = u < P->e1[%d] ? s_ + Q.q%d[rs][u] : s_;\n"
+                     "        for (int u = 0; u < CG_ROWPART_REGS; u++) s_ = u < P->e1[%d] ? s_ + Q.pq%d[rs][u] : s_;\n"
                      "        for (int u = CG_ROWPART_REGS; u < P->e1[%d]; u++) s_ += __uint_as_float(cg_ld32v(q_ + u * P->s1[%d]));\n"
-                     "        S->pre.v%d[rs] = s_;\n"
+                     "        S->pre.pr%d[rs] = s_;\n"
                      "    }\n",
-                  p->args[in->arg].name, in->arg, in->arg, in->arg, i, in->arg, in->arg, i);
+                  p->args[k].name, k, k, k, k, k, k, k);
     }
     if (sp->any_col) /* the column vectors coda_epi_preload copied: in the slab, seen by the whole warp */
         sb_printf(b, "#if CG_COL_SLAB\n    cg_cp_async_wait_all();\n    __syncwarp();\n#endif\n");

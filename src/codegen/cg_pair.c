@@ -138,8 +138,10 @@ coda_status_t gen_pair(sb_t *b, const coda_program_t *p, int even_n, const stage
             const coda_arg_t *a = &p->args[in->arg];
             if (a->kind == CODA_IN_SCALAR) {
                 sb_printf(b, "    const float v%d_0 = P->scalar[%d];\n", i, in->arg);
-            } else if (a->kind == CODA_IN_ROW || a->kind == CODA_IN_ROWPART) { /* loaded by coda_epi_preload */
+            } else if (a->kind == CODA_IN_ROW) { /* loaded by coda_epi_preload */
                 sb_printf(b, "    const float v%d_0 = S->pre.v%d[rs];\n", i, i);
+            } else if (a->kind == CODA_IN_ROWPART) { /* summed by coda_epi_begin */
+                sb_printf(b, "    const float v%d_0 = S->pre.pr%d[rs];\n", i, in->arg);
             } else { /* tile or column vector: fetched by coda_epi_fetch */
                 gen_vec_decode(b, i, w, a->dtype);
             }

@@ -45,12 +45,14 @@
  *
  * Arguments reach the kernel in struct coda_epi_params (coda_epi_params_t
  * below, the same layout on host and device): one pointer, two element
- * strides and one scalar per program argument.
+ * strides, one scalar and one dim-1 extent per program argument.
  */
 #ifndef CODA_CODEGEN_H
 #define CODA_CODEGEN_H
 
 #include "program/ir.h"
+
+#include <stddef.h>
 
 #define CODA_EPI_MAX_ARGS 16
 
@@ -63,6 +65,9 @@ typedef struct coda_epi_params {
     int32_t m, n;                     /* GEMM extents                         */
     int32_t e1[CODA_EPI_MAX_ARGS];    /* extent of dim 1 (an in rowpart's T)  */
 } coda_epi_params_t;
+_Static_assert(offsetof(coda_epi_params_t, m) == 448 && offsetof(coda_epi_params_t, e1) == 456 &&
+                   sizeof(coda_epi_params_t) == 520,
+               "coda_epi_params_t mirrors struct coda_epi_params in epi_prelude.cuh");
 
 /* CUDA C text for program p (malloc'd, NUL-terminated; caller frees).
  * CODA_ERR_UNSUPPORTED for a program the GPU cannot run (too many arguments,

@@ -7,7 +7,8 @@
  * it needs no CUDA header (NVRTC compiles it bare). In it:
  *   coda_epi_params    the parameter block, the mirror of coda_epi_params_t
  *                      (src/codegen/codegen.h): one pointer, two strides and
- *                      one scalar per program argument, then M and N
+ *                      one scalar per program argument, M and N, then each
+ *                      argument's dim-1 extent (an in rowpart's T)
  *   cg_ld*, cg_st*     global loads (of read-only inputs) and stores; the
  *                      predicated forms (cg_ld*p, cg_st*) have no branch
  *   cg_lds*, cg_sts*   the warp's shared-memory slab (the N16 form)

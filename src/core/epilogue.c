@@ -137,8 +137,11 @@ static coda_status_t check_bound(const coda_program_t *p, int i, const coda_tens
     if (arg->kind == CODA_IN_ROWPART && t->ndim == 2 && (t->shape[1] < 1 || t->shape[1] > INT32_MAX))
         return coda__fail(CODA_ERR_SHAPE, "%s: shape (%lld, %lld), expected (%lld, T) with 1 <= T < 2^31", what,
                           (long long)t->shape[0], (long long)t->shape[1], (long long)m);
+    if (arg->kind == CODA_IN_ROWPART && t->ndim == 2 && t->shape[0] != m)
+        return coda__fail(CODA_ERR_SHAPE, "%s: shape (%lld, %lld), expected (%lld, T)", what,
+                          (long long)t->shape[0], (long long)t->shape[1], (long long)m);
     for (int d = 0; d < ndim; d++)
-        if (t->shape[d] != shape[d] && !(arg->kind == CODA_IN_ROWPART && d == 1)) {
+        if (t->shape[d] != shape[d] && arg->kind != CODA_IN_ROWPART) {
             if (ndim == 1)
                 return coda__fail(CODA_ERR_SHAPE, "%s: shape (%lld), expected (%lld)", what,
                                   (long long)t->shape[0], (long long)shape[0]);

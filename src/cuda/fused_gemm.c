@@ -100,8 +100,8 @@ coda_cg_form_t coda__cuda_fused_form(const coda_program_t *p, const coda_tensor_
     return CODA_CG_RING;
 }
 
-/* The parameter block: one pointer, two element strides, one scalar per
- * program argument (codegen.h). */
+/* The parameter block: one pointer, two element strides, one scalar and
+ * one dim-1 extent per program argument (codegen.h). */
 static void fill_params(const coda_program_t *p, const coda_tensor_t *const *bound,
                         const float *scalars, int64_t m, int64_t n, coda_epi_params_t *P) {
     memset(P, 0, sizeof *P);

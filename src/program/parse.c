@@ -217,7 +217,7 @@ static coda_status_t parse_decl(parser_t *ps, int is_in) {
                         TOK(kw), is_in ? "an output" : "an input");
         return perr(ps, CODA_ERR_PARSE, "%s %.*s: unknown kind '%.*s' (expected %s)", dir,
                     TOK(name), TOK(kw),
-                    is_in ? "tile, row, col or scalar"
+                    is_in ? "tile, row, col, scalar or rowpart"
                           : "tile, rowsum, rowmax, rowsumsq, colsum, colmax, colsumsq or lse");
     }
     coda_dtype_t dtype = CODA_F32;
