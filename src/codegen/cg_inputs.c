@@ -65,8 +65,8 @@ static int rowpart_loaded(const coda_program_t *p, int k) {
  * CG_ROWPART_REGS partials (32 registers a thread in all row slots, per
  * argument) into registers and does no arithmetic on them,
  * so nothing waits for the loads before the k-loop (summed there, the
- * first add held the k-loop's start for a memory latency: fused GEMM +2%
- * at 8192). coda_epi_begin sums them in increasing t, loading any beyond
+ * first add would hold the k-loop's start for a memory latency).
+ * coda_epi_begin sums them in increasing t, loading any beyond
  * CG_ROWPART_REGS then: the bits coda_finish_reduce makes.
  * Row vectors (in NAME row): coda_epi_preload reads each load's values for
  * the thread's row slots before the tile's k-loop (volatile loads, so they
