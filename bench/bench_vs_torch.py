@@ -94,21 +94,11 @@ def load_liger():
 
 
 def rowpart_program(name):
-    """A built-in program that reads `r` (rstd) as a row vector, rewritten to
-    compute it from the previous epilogue's sum-of-squares partials."""
-    text = coda.builtin_program(name)
-    lines = text.split("\n")
-    out = []
-    for ln in lines:
-        w = ln.split()
-        if w[:3] == ["in", "r", "row"]:
-            out += ["in ssp rowpart", "in invd scalar", "in eps scalar"]
-        elif w[:4] == ["rv", "=", "load", "r"]:
-            out += ["sq = load ssp", "id = load invd", "ms = mul sq id", "ep = load eps", "va = add ms ep",
-                    "rv = rsqrt va"]
-        else:
-            out.append(ln)
-    return coda.Program("\n".join(out).replace("program " + name, "program " + name + "_rowpart", 1))
+    """bench/variants/NAME_rowpart.coda: the built-in program NAME with its
+    rstd made from the previous epilogue's sum-of-squares partials."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "variants", name + "_rowpart.coda")
+    with open(path) as f:
+        return coda.Program(f.read())
 
 
 def bench_size(ctx, n, liger, results):
