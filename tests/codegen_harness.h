@@ -12,7 +12,8 @@
 
 static const char coda_test_harness_kernel[] =
     "extern \"C\" __global__ void __launch_bounds__(256) coda_epi_harness(\n"
-    "        const __grid_constant__ coda_epi_params P, const float *acc, long long ld) {\n"
+    "        const __grid_constant__ coda_epi_params P, const float *acc, long long ld,\n"
+    "        const __grid_constant__ coda_store_maps O) {\n"
     "    coda_epi_tile t;\n"
     "    const int c = threadIdx.x / 128, tid = threadIdx.x % 128;\n"
     "    t.m = P.m; t.n = P.n; t.tile_m = blockIdx.y; t.tile_n = blockIdx.x;\n"
@@ -27,6 +28,7 @@ static const char coda_test_harness_kernel[] =
     "    coda_epi_begin(P, t, st, pre);\n"
     "#pragma unroll\n"
     "    for (int j = 0; j < CODA_BN / 8; j++) {\n"
+    "        if (j % CODA_EPI_BATCH == 0) coda_epi_slab_wait(t);\n"
     "#pragma unroll\n"
     "        for (int h = 0; h < 2; h++) {\n"
     "            const int row = t.row + 8 * h, col = t.col + 8 * j;\n"
@@ -37,7 +39,7 @@ static const char coda_test_harness_kernel[] =
     "            coda_epi_fetch(P, t, row, col, in);\n"
     "            coda_epi_pair(P, t, st, h, j, row, col, v0, v1, in);\n"
     "        }\n"
-    "        if (j % CODA_EPI_BATCH == CODA_EPI_BATCH - 1) coda_epi_flush(P, st, t, 0, j - (CODA_EPI_BATCH - 1));\n"
+    "        if (j % CODA_EPI_BATCH == CODA_EPI_BATCH - 1) coda_epi_flush(P, st, t, 0, j - (CODA_EPI_BATCH - 1), O);\n"
     "    }\n"
     "    coda_epi_end(P, t, st);\n"
     "}\n";

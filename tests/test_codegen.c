@@ -283,6 +283,61 @@ static void check_ring_plan(void) {
     CHECK(none.nbox == 0 && none.first_box[0] == -1, "no program: an empty plan");
 }
 
+/* The store plan (codegen.h): which staged outputs go out by TMA, with
+ * what boxes, and that the generated flush issues exactly those copies. */
+static void check_store_plan(void) {
+    static const struct {
+        const char *name, *text;
+        coda_cg_form_t form;
+        int nmap, arg0, cols0, arg1, cols1;
+    } cases[] = {
+        /* h, hg: bf16 full, rows of 32 elements (64 bytes) */
+        {"resid_norm", NULL, CODA_CG_RING, 2, 2, 32, 3, 32},
+        {"resid_norm", NULL, CODA_CG_N16, 2, 2, 32, 3, 32},
+        {"resid_norm", NULL, CODA_CG_EVEN, 0, -1, 0, -1, 0},
+        /* dz: bf16 double (128 bytes), c: bf16 full */
+        {"swiglu_bwd", NULL, CODA_CG_RING, 2, 1, 64, 2, 32},
+        /* one staged output: vector stores (cg_layout.c) */
+        {"gateup_swiglu", NULL, CODA_CG_N16, 0, -1, 0, -1, 0},
+        /* z: bf16 full, c: bf16 half (32 bytes, 16 elements) */
+        {"gateup_swiglu_train", NULL, CODA_CG_N16, 2, 1, 32, 2, 16},
+        /* an f32 double-space output (256-byte rows) stays with vector stores,
+         * so one is left: none */
+        {"f32double", "out y tile f32 double\nout w tile f32\na = acc\nx = interleave a a\nstore y x\nstore w a\n",
+         CODA_CG_N16, 0, -1, 0, -1, 0},
+        /* f32 full (128 bytes) and f32 half (64 bytes) */
+        {"f32pair", "out y tile f32\nout w tile f32 half\na = acc\ne = even a\nstore y a\nstore w e\n", CODA_CG_N16,
+         2, 0, 32, 1, 16},
+    };
+    for (int c = 0; c < (int)(sizeof cases / sizeof cases[0]); c++) {
+        coda_program_t *p = parse_or_fail(cases[c].name, cases[c].text ? cases[c].text : coda_builtin_program(cases[c].name));
+        if (!p) continue;
+        coda_store_plan_t sp;
+        coda__codegen_store_plan(p, cases[c].form, &sp);
+        CHECK(sp.nmap == cases[c].nmap, "store plan %s form %d: %d maps, want %d", cases[c].name, (int)cases[c].form,
+              sp.nmap, cases[c].nmap);
+        if (sp.nmap == 2 && cases[c].nmap == 2)
+            CHECK(sp.arg[0] == cases[c].arg0 && sp.cols[0] == cases[c].cols0 && sp.arg[1] == cases[c].arg1 &&
+                      sp.cols[1] == cases[c].cols1 && sp.map_of[cases[c].arg0] == 0 && sp.map_of[cases[c].arg1] == 1,
+                  "store plan %s: maps (%d, %d cols) (%d, %d cols)", cases[c].name, sp.arg[0], sp.cols[0], sp.arg[1],
+                  sp.cols[1]);
+        char *src = NULL;
+        CHECK_OK(coda__codegen_cuda_ex(p, cases[c].form, &src));
+        if (src) {
+            int copies = 0;
+            for (const char *q = src; (q = strstr(q, "coda_tma_store(&O.map[")) != NULL; q++) copies++;
+            CHECK(copies == sp.nmap, "store plan %s: the flush issues %d copies, want %d", cases[c].name, copies, sp.nmap);
+            CHECK((strstr(src, "#define CODA_EPI_TMA_STORES 1") != NULL) == (sp.nmap > 0),
+                  "store plan %s: CODA_EPI_TMA_STORES follows the plan", cases[c].name);
+        }
+        free(src);
+        coda_program_free(p);
+    }
+    coda_store_plan_t none;
+    coda__codegen_store_plan(NULL, CODA_CG_N16, &none);
+    CHECK(none.nmap == 0 && none.map_of[0] == -1, "no program: an empty store plan");
+}
+
 static void check_cache(void) {
     coda_program_t *p = parse_or_fail("cache", coda_builtin_program("resid_norm"));
     if (!p) return;
@@ -358,6 +413,7 @@ int main(void) {
     }
     check_cache();
     check_ring_plan();
+    check_store_plan();
 #ifdef CODA_WITH_CUDA
     check_fused_form();
     compile_finish();

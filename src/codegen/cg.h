@@ -91,6 +91,8 @@ typedef struct stage_plan {
     int any_in, any_out;
     int col_off[CODA_EPI_MAX_ARGS]; /* column vector's region; -1: read from global memory */
     int any_col;
+    int map[CODA_EPI_MAX_ARGS]; /* staged output's TMA map (the store plan, codegen.h); -1: vector stores */
+    int nmap;
 } stage_plan_t;
 
 #define loaded_in_own_space coda__cg_loaded_in_own_space
@@ -131,6 +133,7 @@ extern const char coda__cg_warp_origin[];
 #define gen_stage_in coda__cg_gen_stage_in
 #define gen_pair coda__cg_gen_pair
 #define gen_flush coda__cg_gen_flush
+#define gen_slab_wait coda__cg_gen_slab_wait
 #define gen_end coda__cg_gen_end
 /* Fetch value i's w elements as raw words from element pointer q into
  * L.u<i>[] (pred: C text of the load's predicate, or NULL). */
@@ -143,8 +146,10 @@ void gen_fetch(sb_t *b, const coda_program_t *p, int even_n, const coda_ring_pla
 void gen_stage_in(sb_t *b, const coda_program_t *p, const stage_plan_t *sp);
 /* coda_epi_pair. */
 coda_status_t gen_pair(sb_t *b, const coda_program_t *p, int even_n, const stage_plan_t *sp);
+/* CODA_EPI_TMA_STORES and coda_epi_slab_wait (before every other hook). */
+void gen_slab_wait(sb_t *b, const stage_plan_t *sp);
 /* coda_epi_flush and coda_epi_end. */
 void gen_flush(sb_t *b, const coda_program_t *p, const stage_plan_t *sp);
-void gen_end(sb_t *b, const coda_program_t *p);
+void gen_end(sb_t *b, const coda_program_t *p, const stage_plan_t *sp);
 
 #endif

@@ -359,6 +359,7 @@ void gen_stage_in(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) {
                      "#if CODA_EPI_BATCH != %d\n#error \"the staged epilogue is laid out for batches of %d chunks\"\n#endif\n"
                      "    const int lane = t.tid & 31;\n%s",
                   STAGE_BATCH, STAGE_BATCH, put ? "" : WARP_ORIGIN);
+        if (put) sb_printf(b, "    coda_epi_slab_wait(t); /* TMA has read the last batch's outputs */\n");
         int v = 0;
         staged_arg_t sa;
         for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++) {

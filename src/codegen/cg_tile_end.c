@@ -28,6 +28,28 @@ static void shfl_fold(sb_t *b, coda_reduce_t r, int lo, int hi, int indent) {
 }
 
 
+/* CODA_EPI_TMA_STORES and coda_epi_slab_wait(t): whether coda_epi_flush
+ * hands outputs to TMA (the store plan, codegen.h), and the wait before a
+ * warp next writes its slab until TMA has read the last batch out of it
+ * (the kernel calls it before the pairs of each batch; coda_epi_vput and
+ * coda_epi_end, which write the slab too, call it first). The copies then
+ * run while the next batch's inputs are read. */
+void gen_slab_wait(sb_t *b, const stage_plan_t *sp) {
+    if (sp->nmap > 0)
+        sb_printf(b, "#if CODA_EPI_STAGE && !defined(CODA_X_LSU_STORE)\n#define CODA_EPI_TMA_STORES 1\n#else\n"
+                     "#define CODA_EPI_TMA_STORES 0\n#endif\n");
+    else
+        sb_printf(b, "#define CODA_EPI_TMA_STORES 0\n");
+    sb_printf(b, "static __device__ __forceinline__ void coda_epi_slab_wait(const coda_epi_tile &t) {\n"
+                 "    (void)t;\n"
+                 "#if CODA_EPI_TMA_STORES\n"
+                 "    if ((t.tid & 31) == 0) coda_bulk_wait_read(0);\n"
+                 "    __syncwarp();\n"
+                 "#endif\n"
+                 "}\n\n");
+}
+
+
 /* coda_epi_flush(P, t, mh, j0): after the pairs of the batch at chunk j0 of
  * row block mh, the warp writes each staged region out, 16 bytes a lane. N
  * is a multiple of 16 and a batch starts at a multiple of 32 columns, so a
@@ -35,10 +57,10 @@ static void shfl_fold(sb_t *b, coda_reduce_t r, int lo, int hi, int indent) {
 void gen_flush(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) {
     sb_printf(b,
               "static __device__ __forceinline__ void coda_epi_flush(const coda_epi_params &P_, coda_epi_state &S_,\n"
-              "        const coda_epi_tile &t, int mh, int j0) {\n"
+              "        const coda_epi_tile &t, int mh, int j0, const coda_store_maps &O) {\n"
               "    const coda_epi_params *P = &P_;\n"
               "    coda_epi_state *S = &S_;\n"
-              "    (void)P; (void)S; (void)t; (void)mh; (void)j0;\n");
+              "    (void)P; (void)S; (void)t; (void)mh; (void)j0; (void)O;\n");
     for (int k = 0; k < p->n_args; k++) {
         if (p->args[k].kind != CODA_OUT_LSE) continue;
         int w = lse_width(p, k);
@@ -63,8 +85,26 @@ void gen_flush(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) {
                      "    const int lane = t.tid & 31;\n%s",
                   STAGE_BATCH, STAGE_BATCH, WARP_ORIGIN);
         staged_arg_t sa;
+        if (sp->nmap > 0) {
+            /* the store plan's outputs: one bulk copy each of the warp's 16
+             * rows, clipped by TMA at the tensor's edges; every lane's slab
+             * writes are ordered before the copy engine reads them */
+            sb_printf(b, "#if CODA_EPI_TMA_STORES\n"
+                         "    coda_fence_proxy_async();\n"
+                         "    __syncwarp();\n"
+                         "    if (lane == 0) {\n");
+            for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++) {
+                if (sp->map[k] < 0 || !staged_arg(p, sp, k, CODA_OUT_TILE, &sa)) continue;
+                sb_printf(b, "        coda_tma_store(&O.map[%d], t.stage + %d, (int)(%s + %d * j0), (int)row0); /* %s */\n",
+                          sp->map[k], sp->off[k], sa.first, sa.jmul, sa.a->name);
+            }
+            sb_printf(b, "        coda_bulk_commit();\n"
+                         "    }\n"
+                         "#endif\n");
+        }
         for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++) {
             if (!staged_arg(p, sp, k, CODA_OUT_TILE, &sa)) continue;
+            if (sp->map[k] >= 0) sb_printf(b, "#if !CODA_EPI_TMA_STORES\n");
             sb_printf(b,
                       "    { /* %s */\n"
                       "        const long long c_ = %s + (lane %% %d) * %d, rem_ = %s - c_;\n"
@@ -82,6 +122,7 @@ void gen_flush(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) {
                       sa.a->name, sa.first, sa.nch, 16 / sa.esz, sa.ncols,
                       sa.esz == 2 ? "unsigned short" : "float", sa.esz == 2 ? "unsigned short" : "float", k, sa.nch, k,
                       32 / sa.nch, k, 16 * sa.nch, sa.nch, sa.nch, sa.addr, sa.jmul, sa.jmul);
+            if (sp->map[k] >= 0) sb_printf(b, "#endif\n");
         }
         sb_printf(b, "    __syncwarp(); /* read out before the next batch writes */\n#endif\n");
     }
@@ -89,7 +130,7 @@ void gen_flush(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) {
 }
 
 
-void gen_end(sb_t *b, const coda_program_t *p) {
+void gen_end(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) {
     sb_printf(b,
               "static __device__ __forceinline__ void coda_epi_end(const coda_epi_params &P_,\n"
               "        const coda_epi_tile &t, coda_epi_state &S_) {\n"
@@ -101,6 +142,10 @@ void gen_end(sb_t *b, const coda_program_t *p) {
               "    const int m_tile = t.tile_m, n_tile = t.tile_n;\n"
               "    const int lane = t.tid & 31;\n"
               "    (void)P; (void)S; (void)rows; (void)m_tile; (void)n_tile; (void)lane;\n");
+    int colred = 0;
+    for (int k = 0; k < p->n_args; k++) colred |= p->args[k].kind == CODA_OUT_COLRED;
+    if (colred && sp->nmap > 0) /* the column partials go through the slabs */
+        sb_printf(b, "    coda_epi_slab_wait(t);\n");
     for (int k = 0; k < p->n_args; k++) {
         const coda_arg_t *a = &p->args[k];
         if (a->kind == CODA_OUT_ROWRED) {

@@ -114,6 +114,28 @@ typedef struct coda_ring_plan {
     int xmul[CODA_RING_MAX_BOX], xadd[CODA_RING_MAX_BOX];
     int first_box[CODA_EPI_MAX_ARGS]; /* argument k's first box, -1 if not in the ring */
 } coda_ring_plan_t;
+/* The store plan: which staged tile outputs (N16 and RING forms) coda_epi_flush
+ * hands to TMA (cp.async.bulk.tensor) instead of writing them itself. The
+ * slab region of such an output is 16 rows of `cols` elements (32, 64 or
+ * 128 bytes a row), swizzled as TMA's 32B, 64B or 128B modes (16-byte unit u
+ * of row r at u ^ (r / (128 / bytes)) mod units: cg_layout.c's layout) and
+ * aligned to the mode's period, so that one bulk copy writes the warp's 16
+ * rows of a batch and clips them at the tensor's edges. Only programs with
+ * two such outputs or more use it (with one it measured slower: cg_layout.c);
+ * outputs whose rows are 256 bytes (f32 in the double space), whose region
+ * is not aligned, or beyond CODA_STORE_MAX_MAP, keep the 16-byte vector
+ * stores. The kernel
+ * gets one tensor map per entry (struct coda_store_maps, gemm_prelude.cuh);
+ * the generated text's CODA_X_LSU_STORE (experiment) goes back to the
+ * vector stores for all. nmap 0: none (other forms, or no staged output). */
+#define CODA_STORE_MAX_MAP 4
+typedef struct coda_store_plan {
+    int nmap;
+    int arg[CODA_STORE_MAX_MAP];  /* the output argument */
+    int cols[CODA_STORE_MAX_MAP]; /* elements per box row */
+    int map_of[CODA_EPI_MAX_ARGS]; /* argument k's map, -1 if none */
+} coda_store_plan_t;
+void coda__codegen_store_plan(const coda_program_t *p, coda_cg_form_t form, coda_store_plan_t *plan);
 /* 1 if column vector k of p may be copied into the slabs in the N16 and
  * RING forms (it is loaded in its own space; the copy needs its base
  * 16-byte aligned, coda__cuda_fused_form). */

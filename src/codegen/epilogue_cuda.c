@@ -59,12 +59,13 @@ coda_status_t coda__codegen_cuda_ex(const coda_program_t *p, coda_cg_form_t form
                   rp.nbox);
     stage_plan_t sp;
     plan_staging(p, form == CODA_CG_N16 || form == CODA_CG_RING, &rp, &sp);
+    gen_slab_wait(&b, &sp);
     gen_state(&b, p, &sp);
     gen_fetch(&b, p, even_n, &rp, &sp);
     gen_stage_in(&b, p, &sp);
     CODA_TRY(gen_pair(&b, p, even_n, &sp));
     gen_flush(&b, p, &sp);
-    gen_end(&b, p);
+    gen_end(&b, p, &sp);
     if (b.oom) {
         free(b.buf);
         return coda__fail(CODA_ERR_NO_MEMORY, "codegen: out of memory");

@@ -168,15 +168,27 @@ char *coda__cuda_gemm_source(const char *epilogue_src);
 int coda__cuda_gemm_options(coda_layout_t layout, const coda_cuda_gemm_cfg_t *cfg, int store_c,
                             int c_f32, int streamk, const char **opts, char *optbuf, size_t optcap);
 
-/* Epilogue tile inputs the producer copies into the stage ring (the RING
- * form, codegen.h): box b of a 64-column chunk at accumulator column col0
- * is tensor[b] (bf16 or f32, 2-D, 16-byte aligned rows) from column
- * xmul[b] col0 + xadd[b]. nbox 0: none. */
-typedef struct coda_cuda_ring {
+/* What a launch must know of the epilogue's own tensors (all may be empty):
+ *   ring    tile inputs the producer copies into the stage ring (the RING
+ *           form, codegen.h): box b of a 64-column chunk at accumulator
+ *           column col0 is tensor[b] (bf16 or f32, 2-D, 16-byte aligned
+ *           rows) from column xmul[b] col0 + xadd[b]; nbox 0: none
+ *   store   staged tile outputs that coda_epi_flush hands to TMA (the store
+ *           plan, codegen.h): map s is store[s], boxes of 16 rows x
+ *           store_cols[s] elements, swizzled store_cols[s] x element bytes
+ *   bound   every tensor bound to the program, whose pointers are checked
+ *           to be device memory of a's device before the launch */
+typedef struct coda_cuda_epi_io {
     int nbox;
     const coda_tensor_t *tensor[CODA_RING_MAX_BOX];
     int xmul[CODA_RING_MAX_BOX], xadd[CODA_RING_MAX_BOX];
-} coda_cuda_ring_t;
+    int nstore;
+    const coda_tensor_t *store[CODA_STORE_MAX_MAP];
+    int store_cols[CODA_STORE_MAX_MAP];
+    int nbound;
+    const coda_tensor_t *bound[CODA_EPI_MAX_ARGS]; /* NULL: not a tensor */
+    const char *bound_name[CODA_EPI_MAX_ARGS];     /* its argument's name, for messages */
+} coda_cuda_epi_io_t;
 
 /* Run the GEMM with an epilogue: the epilogue source defines struct
  * coda_epi_params (docs/gpu.md) and `params` (params_size bytes, the same
@@ -186,17 +198,18 @@ typedef struct coda_cuda_ring {
  * CODA_HASH_SEED0/1), so that a launch need not hash a long generated text
  * to find its kernel. c_out (may be NULL):
  * the main (M, N) output, bf16 or f32, stored by the mainloop with TMA from
- * the values the epilogue's pair hook leaves. ring (may be NULL): the
- * epilogue's ring inputs; used only by an epilogue text of the RING form on
- * a cooperative configuration. A, B are descriptors already checked by the
- * front end; this checks them (and c_out) for the copy engine. */
+ * the values the epilogue's pair hook leaves. io (may be NULL): the
+ * epilogue's ring inputs (used only by an epilogue text of the RING form on
+ * a cooperative configuration), TMA-stored outputs and bound tensors. A, B
+ * are descriptors already checked by the front end; this checks them (and
+ * c_out) for the copy engine, and every pointer's device. */
 coda_status_t coda__cuda_gemm_run(coda_context_t *ctx, coda_layout_t layout,
                                   const coda_tensor_t *a, const coda_tensor_t *b,
                                   const coda_tensor_t *c_out,
                                   const char *epilogue_src, const uint64_t *epilogue_key,
                                   const void *params,
                                   size_t params_size, size_t scratch_bytes, int cfg_index,
-                                  const coda_cuda_ring_t *ring, void *stream);
+                                  const coda_cuda_epi_io_t *io, void *stream);
 
 /* Shared memory the mainloop uses besides the epilogue's scratch. */
 size_t coda__cuda_gemm_smem(const coda_cuda_gemm_cfg_t *cfg);

@@ -81,6 +81,9 @@ coda_cg_form_t coda__cuda_fused_form(const coda_program_t *p, const coda_tensor_
         int col = coda__codegen_col_staged(p, k);
         if (!t || (kind != CODA_IN_TILE && kind != CODA_OUT_TILE && !col)) continue;
         if ((uintptr_t)t->data % 16 != 0 || (!col && t->ndim == 2 && t->stride[0] % 16 != 0)) return CODA_CG_EVEN;
+        /* staged outputs may go out by TMA (the store plan), which takes
+         * row strides below 2^40 bytes */
+        if (kind == CODA_OUT_TILE && t->ndim == 2 && t->stride[0] >= ((int64_t)1 << 40)) return CODA_CG_EVEN;
     }
     /* tile inputs through the stage ring (TMA), on the cooperative schedule
      * only (ping-pong would read them pair by pair from global memory):
@@ -171,13 +174,25 @@ coda_status_t coda__cuda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout
     CODA_TRY(coda__codegen_cuda_cached(p, form, &src, &key));
     coda_epi_params_t params;
     fill_params(p, bound, scalars, m, n, &params);
-    coda_cuda_ring_t ring;
-    memset(&ring, 0, sizeof ring);
-    ring.nbox = rp.nbox; /* 0 unless the form is RING */
+    coda_cuda_epi_io_t io;
+    memset(&io, 0, sizeof io);
+    io.nbox = rp.nbox; /* 0 unless the form is RING */
     for (int b = 0; b < rp.nbox; b++) {
-        ring.tensor[b] = bound[rp.arg[b]];
-        ring.xmul[b] = rp.xmul[b];
-        ring.xadd[b] = rp.xadd[b];
+        io.tensor[b] = bound[rp.arg[b]];
+        io.xmul[b] = rp.xmul[b];
+        io.xadd[b] = rp.xadd[b];
     }
-    return coda__cuda_gemm_run(ctx, layout, a, b, NULL, src, key, &params, sizeof params, 0, cfg, &ring, stream);
+    coda_store_plan_t sp; /* empty unless the form is N16 or RING */
+    coda__codegen_store_plan(p, form, &sp);
+    io.nstore = sp.nmap;
+    for (int s = 0; s < sp.nmap; s++) {
+        io.store[s] = bound[sp.arg[s]];
+        io.store_cols[s] = sp.cols[s];
+    }
+    io.nbound = p->n_args;
+    for (int i = 0; i < p->n_args; i++) {
+        io.bound[i] = bound[i];
+        io.bound_name[i] = p->args[i].name;
+    }
+    return coda__cuda_gemm_run(ctx, layout, a, b, NULL, src, key, &params, sizeof params, 0, cfg, &io, stream);
 }

@@ -158,9 +158,9 @@ static CUtensorMapL2promotion l2_promotion(void) {
     return CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
 }
 
-static coda_status_t encode(struct coda_cuda *cu, CUtensorMap *map, const coda_tensor_t *t,
-                            int64_t inner, int64_t outer, int box_inner, int box_outer,
-                            const char *what) {
+static coda_status_t encode_swizzled(struct coda_cuda *cu, CUtensorMap *map, const coda_tensor_t *t,
+                                     int64_t inner, int64_t outer, int box_inner, int box_outer,
+                                     CUtensorMapSwizzle swizzle, const char *what) {
     CUtensorMapDataType dt = t->dtype == CODA_F32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
                                                   : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
     cuuint64_t dims[2] = {(cuuint64_t)(inner > 0 ? inner : 1), (cuuint64_t)(outer > 0 ? outer : 1)};
@@ -171,10 +171,16 @@ static coda_status_t encode(struct coda_cuda *cu, CUtensorMap *map, const coda_t
     CODA_CU(cu,
             cu->cu.TensorMapEncodeTiled(map, dt, 2, t->data, dims,
                                         strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                        CU_TENSOR_MAP_SWIZZLE_128B, l2_promotion(),
+                                        swizzle, l2_promotion(),
                                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
             what);
     return CODA_OK;
+}
+
+static coda_status_t encode(struct coda_cuda *cu, CUtensorMap *map, const coda_tensor_t *t,
+                            int64_t inner, int64_t outer, int box_inner, int box_outer,
+                            const char *what) {
+    return encode_swizzled(cu, map, t, inner, outer, box_inner, box_outer, CU_TENSOR_MAP_SWIZZLE_128B, what);
 }
 
 /* The kernel for an epilogue, layout and config: the plain epilogue's are
@@ -241,7 +247,7 @@ _Static_assert(sizeof(CUtensorMap) == 128 && offsetof(ring_params_t, nbox) == 12
 
 /* The ring's tensor maps: boxes of 128 rows x 128 bytes, 128B-swizzled,
  * as the generated epilogue reads them. */
-static coda_status_t ring_maps(struct coda_cuda *cu, const coda_cuda_ring_t *ring, ring_params_t *rp) {
+static coda_status_t ring_maps(struct coda_cuda *cu, const coda_cuda_epi_io_t *ring, ring_params_t *rp) {
     memset(rp, 0, sizeof *rp);
     if (!ring || ring->nbox <= 0) return CODA_OK;
     if (ring->nbox > CODA_RING_MAX_BOX)
@@ -257,6 +263,33 @@ static coda_status_t ring_maps(struct coda_cuda *cu, const coda_cuda_ring_t *rin
         rp->xadd[b] = ring->xadd[b];
     }
     rp->nbox = ring->nbox;
+    return CODA_OK;
+}
+
+/* Host mirror of struct coda_store_maps (kernels/gemm_prelude.cuh). */
+typedef struct store_maps {
+    CUtensorMap map[CODA_STORE_MAX_MAP];
+} store_maps_t;
+
+/* The store plan's tensor maps (codegen.h): boxes of 16 rows x cols
+ * elements, swizzled by the row's bytes (32, 64 or 128), as the generated
+ * coda_epi_flush lays out the warp's slab region. */
+static coda_status_t store_maps(struct coda_cuda *cu, const coda_cuda_epi_io_t *io, store_maps_t *sm) {
+    memset(sm, 0, sizeof *sm);
+    if (!io || io->nstore <= 0) return CODA_OK;
+    if (io->nstore > CODA_STORE_MAX_MAP)
+        return coda__fail(CODA_ERR_INTERNAL, "CUDA GEMM: %d store maps (max %d)", io->nstore, CODA_STORE_MAX_MAP);
+    for (int s = 0; s < io->nstore; s++) {
+        const coda_tensor_t *t = io->store[s];
+        int bytes = t ? io->store_cols[s] * (int)coda_dtype_size(t->dtype) : 0;
+        CUtensorMapSwizzle sw = bytes == 32 ? CU_TENSOR_MAP_SWIZZLE_32B
+                                : bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
+        if (!t || t->ndim != 2 || (t->dtype != CODA_BF16 && t->dtype != CODA_F32) || (uintptr_t)t->data % 16 != 0 ||
+            t->stride[0] % 16 != 0 || t->stride[0] >= ((int64_t)1 << 40) || (bytes != 32 && bytes != 64 && bytes != 128))
+            return coda__fail(CODA_ERR_INTERNAL, "CUDA GEMM: store map %d: not a 16-byte aligned 2-D bf16/f32 tile", s);
+        CODA_TRY(encode_swizzled(cu, &sm->map[s], t, t->shape[1], t->shape[0], io->store_cols[s], 16, sw,
+                                 "cuTensorMapEncodeTiled(store)"));
+    }
     return CODA_OK;
 }
 
@@ -340,7 +373,7 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
                             const coda_tensor_t *a, const coda_tensor_t *b,
                             const coda_tensor_t *c_out, const char *epilogue_src,
                             const uint64_t *epilogue_key, const void *params, int cfg_index,
-                            size_t scratch_bytes, const coda_cuda_ring_t *ring, int simple,
+                            size_t scratch_bytes, const coda_cuda_epi_io_t *io, int simple,
                             void *stream) {
     struct coda_cuda *cu = ctx->cuda;
     const coda_cuda_gemm_cfg_t *cfg = &coda__cuda_gemm_cfgs[cfg_index];
@@ -377,7 +410,9 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
     int64_t units = tiles_m2 * coda__cdiv(n, cfg->bn);
     int Mi = (int)m, Ni = (int)n, Ki = (int)k;
     ring_params_t rp;
-    CODA_TRY(ring_maps(cu, ring, &rp));
+    CODA_TRY(ring_maps(cu, io, &rp));
+    store_maps_t sm;
+    CODA_TRY(store_maps(cu, io, &sm));
 
     CUlaunchAttribute attr[1];
     attr[0].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
@@ -438,7 +473,7 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
     if (ws || !fn)
         CODA_TRY(get_kernel(ctx, d, layout, cfg_index, store_c, c_f32, ws != NULL, simple, epilogue_src,
                             epilogue_key, &fn));
-    void *args[] = {&map_a, &map_b, &map_c, &Mi, &Ni, &Ki, (void *)params, &rp, &skp};
+    void *args[] = {&map_a, &map_b, &map_c, &Mi, &Ni, &Ki, (void *)params, &rp, &sm, &skp};
     if (getenv("CODA_DEBUG_LAUNCH"))
         fprintf(stderr, "coda gemm: cfg %d %dx%d cluster %d, %lld units%s, grid %u, smem %zu, max clusters %d\n",
                 cfg_index, cfg->bm, cfg->bn, cfg->cluster_m, (long long)units,
@@ -484,7 +519,7 @@ coda_status_t coda__cuda_gemm_run(coda_context_t *ctx, coda_layout_t layout,
                                   const coda_tensor_t *c_out,
                                   const char *epilogue_src, const uint64_t *epilogue_key,
                                   const void *params, size_t params_size, size_t scratch_bytes,
-                                  int cfg_index, const coda_cuda_ring_t *ring, void *stream) {
+                                  int cfg_index, const coda_cuda_epi_io_t *io, void *stream) {
     (void)params_size;
     if (cfg_index < 0 || cfg_index >= CODA_CUDA_GEMM_NCFG)
         return coda__fail(CODA_ERR_INVALID_ARG, "CUDA GEMM: tile configuration %d out of range",
@@ -504,9 +539,11 @@ coda_status_t coda__cuda_gemm_run(coda_context_t *ctx, coda_layout_t layout,
     coda_status_t s = check_pointer(cu, a, "a");
     if (s == CODA_OK) s = check_pointer(cu, b, "b");
     if (s == CODA_OK && c_out) s = check_pointer(cu, c_out, "c");
+    for (int i = 0; s == CODA_OK && io && i < io->nbound; i++)
+        if (io->bound[i]) s = check_pointer(cu, io->bound[i], io->bound_name[i] ? io->bound_name[i] : "argument");
     if (s == CODA_OK)
         s = launch(ctx, d, layout, a, b, c_out, epilogue_src, epilogue_key, params, cfg_index,
-                   scratch_bytes, ring, 0, stream);
+                   scratch_bytes, io, 0, stream);
     CUcontext prev;
     cu->cu.CtxPopCurrent(&prev);
     return s;

@@ -61,11 +61,17 @@ typedef struct buf {
 /* Rows of 2-D tiles padded to 16 bytes (needed when N is odd); the padding
  * starts poisoned on both sides and must stay so. */
 static int pad_rows;
+/* 1: every 2-D tensor's rows 32 bytes longer still (N16 and ring forms with
+ * row strides that are not the row's bytes: the TMA-stored outputs must
+ * keep off the poisoned padding) */
+static int pad_extra;
 
 static void make_buf(buf_t *b, coda_dtype_t dt, int ndim, const int64_t *shape, h_rng *r, int is_out,
                      int64_t target_w) {
     size_t es = coda_dtype_size(dt);
-    int64_t ld = ndim == 2 && pad_rows ? (shape[1] * (int64_t)es + 15) / 16 * 16 / (int64_t)es : 0;
+    int64_t ld = ndim == 2 && (pad_rows || pad_extra)
+                     ? ((shape[1] * (int64_t)es + 15) / 16 * 16 + (pad_extra ? 32 : 0)) / (int64_t)es
+                     : 0;
     int64_t n = 1;
     for (int d = 0; d < ndim; d++) n *= shape[d];
     if (ld) n = shape[0] * ld;
@@ -113,11 +119,20 @@ static void skew_buf(buf_t *b, size_t es) {
     b->dev.data = d + es;
 }
 
-/* Compare GPU output (copied back into `got`) with the CPU's. */
+/* Compare GPU output (copied back into `got`) with the CPU's: normalised
+ * error at most 4e-3, or else a few rounding flips. The second case: an
+ * output whose norm one element dominates (lmhead_bwd's exp of random
+ * logits reaches 1e9 and more) fails the first test when that element's
+ * bf16 rounding goes the other way on the GPU (a 1e-7 difference in its
+ * exp crossing a rounding boundary: measured, session 10, |d| = 2^22 at
+ * 2^30, one bf16 unit), and so do the sums taken over it. So: every
+ * element within one bf16 unit (2^-7 relative) of the CPU's, and at most
+ * 1 in 10^4 (or 2) further off than 1e-3 relative. A wrong value, a
+ * misplaced tile or a systematic error is still far outside. */
 static int compare(const char *what, const coda_tensor_t *cpu, const void *got, size_t bytes) {
     int64_t n = (int64_t)(bytes / coda_dtype_size(cpu->dtype)); /* padding included */
-    double num = 0, den = 0;
-    int64_t bad_nan = 0, worst = -1;
+    double num = 0, den = 0, worst_rel = 0;
+    int64_t bad_nan = 0, worst = -1, n_far = 0;
     double worst_d = 0;
     for (int64_t i = 0; i < n; i++) {
         float c, g;
@@ -137,12 +152,19 @@ static int compare(const char *what, const coda_tensor_t *cpu, const void *got, 
         num += d * d;
         den += (double)c * c;
         if (fabs(d) > worst_d) worst_d = fabs(d), worst = i;
+        if (d != 0) {
+            double er = fabs(d) / (fabs((double)c) > 1e-30 ? fabs((double)c) : 1e-30);
+            if (er > worst_rel) worst_rel = er;
+            n_far += er > 1e-3;
+        }
     }
     double rel = den > 0 ? sqrt(num / den) : sqrt(num);
-    int ok = bad_nan == 0 && rel <= 4e-3;
-    CHECK(ok, "%s: rel err %.3g, %lld NaN/inf mismatches, worst |d| %.3g at %lld", what, rel,
-          (long long)bad_nan, worst_d, (long long)worst);
-    printf("    %-14s rel %.2e%s\n", what, rel, ok ? "" : "  FAIL");
+    int flips = rel > 4e-3 && worst_rel <= 1.0 / 128 && n_far <= (n / 10000 > 2 ? n / 10000 : 2);
+    int ok = bad_nan == 0 && (rel <= 4e-3 || flips);
+    CHECK(ok, "%s: rel err %.3g, %lld NaN/inf mismatches, worst |d| %.3g at %lld, worst element rel %.3g, "
+              "%lld elements off by > 1e-3", what, rel, (long long)bad_nan, worst_d, (long long)worst, worst_rel,
+          (long long)n_far);
+    printf("    %-14s rel %.2e%s\n", what, rel, !ok ? "  FAIL" : flips ? " (rounding flips: each element within 2^-7)" : "");
     return ok;
 }
 
@@ -271,6 +293,73 @@ static void run_case(const char *text, coda_layout_t layout, int64_t m, int64_t 
         free(bufs[i].host_block ? bufs[i].host_block : bufs[i].host.data);
         CUDA_OK(cudaFree(bufs[i].dev_block ? bufs[i].dev_block : bufs[i].dev.data));
     }
+    free(A.host.data);
+    free(B.host.data);
+    CUDA_OK(cudaFree(A.dev.data));
+    CUDA_OK(cudaFree(B.dev.data));
+    coda_program_free(p);
+}
+
+/* A bound tensor whose pointer is host memory (descriptor says CUDA): the
+ * launch is refused with CODA_ERR_DEVICE and no output changes. */
+static void host_pointer_case(const char *name) {
+    coda_program_t *p = NULL;
+    REQUIRE_OK(coda_program_parse(coda_builtin_program(name), &p));
+    h_rng r = rng_new(seed++);
+    const int64_t m = 256, n = 512, k = 128;
+    pad_rows = 0;
+    coda_tiling_t tl;
+    REQUIRE_OK(coda_choose_tiling(ctx, CODA_DEVICE_CUDA, CODA_LAYOUT_NT, m, n, k, &tl));
+    int64_t ash[2] = {m, k}, bsh[2] = {n, k};
+    buf_t A, B, bufs[16];
+    make_buf(&A, CODA_BF16, 2, ash, &r, 0, 0);
+    make_buf(&B, CODA_BF16, 2, bsh, &r, 0, 0);
+    int na = coda_program_num_args(p);
+    coda_binding_t bg[16];
+    for (int bad = 0; bad < na; bad++) {
+        for (int i = 0; i < na; i++) {
+            const char *an;
+            coda_arg_kind_t kind;
+            coda_dtype_t dt;
+            coda_space_t sp;
+            coda_reduce_t red;
+            REQUIRE_OK(coda_program_arg_info(p, i, &an, &kind, &dt, &sp, &red));
+            int64_t sh[3];
+            int nd;
+            REQUIRE_OK(coda_program_arg_shape(p, i, m, n, &tl, &nd, sh, &dt));
+            if (nd == 0) nd = 1, sh[0] = 1;
+            make_buf(&bufs[i], dt, nd, sh, &r, kind >= CODA_OUT_TILE && kind <= CODA_OUT_LSE, n);
+            bg[i].name = an;
+            bg[i].tensor = bufs[i].dev;
+            bg[i].scalar = 0.5f;
+        }
+        coda_arg_kind_t bk;
+        const char *bn;
+        coda_dtype_t bdt;
+        coda_space_t bsp;
+        coda_reduce_t bred;
+        REQUIRE_OK(coda_program_arg_info(p, bad, &bn, &bk, &bdt, &bsp, &bred));
+        if (bk != CODA_IN_SCALAR) {
+            bg[bad].tensor.data = bufs[bad].host.data; /* host memory, said to be on cuda:0 */
+            coda_status_t s = coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &A.dev, &B.dev, p, bg, na, &tl, NULL);
+            CHECK(s == CODA_ERR_DEVICE, "%s: host pointer for '%s' gives %s (%s)", name, bn, coda_status_name(s),
+                  coda_last_error());
+            CUDA_OK(cudaDeviceSynchronize());
+            for (int i = 0; i < na; i++) { /* outputs still poisoned: as they were made */
+                if (i == bad) continue;
+                void *got = h_alloc(bufs[i].bytes);
+                CUDA_OK(cudaMemcpy(got, bufs[i].dev.data, bufs[i].bytes, cudaMemcpyDeviceToHost));
+                CHECK(memcmp(got, bufs[i].host.data, bufs[i].bytes) == 0, "%s: refused run changed '%s'", name,
+                      bg[i].name);
+                free(got);
+            }
+        }
+        for (int i = 0; i < na; i++) {
+            free(bufs[i].host.data);
+            CUDA_OK(cudaFree(bufs[i].dev.data));
+        }
+    }
+    printf("  %-28s host pointers refused, one argument at a time\n", name);
     free(A.host.data);
     free(B.host.data);
     CUDA_OK(cudaFree(A.dev.data));
@@ -417,6 +506,22 @@ int main(int argc, char **argv) {
             run_case(texts[i], CODA_LAYOUT_NT, 127, 272, 72, 128);
         }
     nan_a = 0;
+    /* rows longer than their bytes: the TMA-stored outputs of the N16 and
+     * ring forms stop at the row's end (the padding stays poisoned) */
+    pad_extra = 1;
+    for (int i = 0; i < nt; i++) {
+        run_case(texts[i], CODA_LAYOUT_NT, small ? 127 : 1000, 784, 264, 256);
+        if (!small) {
+            cooperative = 1;
+            run_case(texts[i], CODA_LAYOUT_NT, 1000, 528, 264, 0);
+            cooperative = 0;
+        }
+    }
+    pad_extra = 0;
+    if (!small) { /* not under compute-sanitizer (the small set): it reports the refused pointer queries */
+        host_pointer_case("rmsnorm_bwd");
+        host_pointer_case("swiglu_bwd");
+    }
     finish_case(small ? 100 : 5000, 17);
     coda_context_free(ctx);
     TEST_MAIN_END();

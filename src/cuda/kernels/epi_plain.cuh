@@ -84,7 +84,10 @@ static __device__ __forceinline__ void coda_epi_vput(const coda_epi_tile &t, con
 /* Generated epilogues write their staged tile outputs here; C goes through
  * the mainloop's own TMA store path instead. */
 static __device__ __forceinline__ void coda_epi_flush(const coda_epi_params &p, coda_epi_state &s,
-                                                     const coda_epi_tile &t, int mh, int j0) {}
+                                                     const coda_epi_tile &t, int mh, int j0,
+                                                     const coda_store_maps &o) {}
+#define CODA_EPI_TMA_STORES 0
+static __device__ __forceinline__ void coda_epi_slab_wait(const coda_epi_tile &t) {}
 
 static __device__ __forceinline__ void coda_epi_end(const coda_epi_params &p,
                                                     const coda_epi_tile &t, coda_epi_state &s) {}

@@ -223,6 +223,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                  const __grid_constant__ coda_tmap tma_c, int M, int N, int K,
                  const __grid_constant__ coda_epi_params epi,
                  const __grid_constant__ coda_ring_params ring,
+                 const __grid_constant__ coda_store_maps smaps,
                  const __grid_constant__ coda_sk_params sk) {
     extern __shared__ unsigned char coda_smem_raw[];
     /* 1024-byte alignment for the swizzle atoms (the host adds the slack). */
@@ -566,6 +567,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
 #endif
 #if CODA_EPI_STAGE
                         __syncwarp(); /* inputs read out of the slab (and the ring) before the pairs write outputs */
+                        coda_epi_slab_wait(t); /* and TMA has read the last batch's outputs */
 #endif
 #if CODA_EPI_RING
                         /* the chunk's last batch: free its stage. With clusters the
@@ -587,7 +589,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                             coda_epi_pair(epi, t, st, 2 * mh + 1, cs, r + 8, t.col + 8 * j,
                                           acc[mh][4 * j + 2], acc[mh][4 * j + 3], in[2 * jj + 1]);
                         }
-                        coda_epi_flush(epi, st, t, mh, j0);
+                        coda_epi_flush(epi, st, t, mh, j0, smaps);
                     }
 #endif
                 coda_epi_end(epi, t, st);
@@ -607,8 +609,9 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
             out_[32] = tl_n_;
         }
 #endif
-#if CODA_EPI_STORE_C
-        /* TMA must have read the staging buffers before the CTA's shared
+#if CODA_EPI_STORE_C || CODA_EPI_TMA_STORES
+        /* TMA must have read the staging buffers (the C store's, or the
+         * slabs of a generated epilogue's outputs) before the CTA's shared
          * memory goes; the global writes complete on their own */
         if (tid % 32 == 0) coda_bulk_wait_read(0);
 #endif

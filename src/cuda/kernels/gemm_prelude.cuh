@@ -223,3 +223,12 @@ struct coda_ring_params {
     int nbox;
     int xmul[CODA_RING_MAX_BOX], xadd[CODA_RING_MAX_BOX];
 };
+
+/* Staged tile outputs that a generated coda_epi_flush hands to TMA (the
+ * store plan, src/codegen/codegen.h): map s covers output s of the plan,
+ * boxes of 16 rows, swizzled as the warp's slab region. Host mirror: built
+ * in src/cuda/gemm.c from coda_cuda_epi_io_t. */
+#define CODA_STORE_MAX_MAP 4
+struct coda_store_maps {
+    coda_tmap map[CODA_STORE_MAX_MAP];
+};
