@@ -5,7 +5,8 @@
 Kernel-level, forward, M = N = K, bf16, in one process (DESIGN.md section 6):
 
   resid_rmsnorm   y = x W^T + res, then RMSNorm of y          (O-proj / down)
-  rmsnorm_swiglu  RMSNorm(x) W_gu^T, then silu(gate) * up      (gate/up)
+  rmsnorm_swiglu  RMSNorm(x) W_gu^T, then silu(gate) * up      (gate/up; "coda train"
+                  also stores the pre-activation for the backward)
   rmsnorm_rope    RMSNorm(x) W_qkv^T, then RoPE on q and k     (QKV)
 
 Peers: the cuBLAS GEMM alone (torch.matmul; the floor), PyTorch eager,
@@ -174,7 +175,16 @@ def bench_size(ctx, n, liger, results):
         coda.gemm_epilogue(ctx, "nt", s["x"], s["w"], p_sw_part,
                            {"ssp": ss_in, "invd": 1.0 / n, "eps": EPS, "c": c_o}, tl_sw)
 
-    variants = [("eager", eager_sw), ("torch.compile", comp_sw), ("coda", coda_sw), ("coda rowpart", coda_sw_part)]
+    p_sw_tr = coda.Program.builtin("gateup_swiglu_train")
+    z_o = mk(n, n)
+
+    def coda_sw_train(s):  # training: the pre-activation z kept for the backward (the peers keep theirs)
+        coda.finish_rstd(ctx, ss_in, n, EPS, r_in)
+        coda.gemm_epilogue(ctx, "nt", s["x"], s["w"], p_sw_tr, {"r": r_in, "z": z_o, "c": c_o},
+                           coda.choose_tiling(ctx, "cuda", "nt", n, n, n, program=p_sw_tr))
+
+    variants = [("eager", eager_sw), ("torch.compile", comp_sw), ("coda", coda_sw), ("coda rowpart", coda_sw_part),
+                ("coda train", coda_sw_train)]
     if liger:
         def liger_sw(s):
             xn = liger[1].apply(s["x"], g, EPS, 0.0, "llama", False)

@@ -3,7 +3,8 @@
 #   tests/gpu/run_epilogue_gpu.sh          NVRTC/codegen test, GPU test under
 #                                          compute-sanitizer memcheck and racecheck
 #                                          (small), full GPU test
-#   tests/gpu/run_epilogue_gpu.sh bench    bench_epilogue and bench_vs_torch
+#   tests/gpu/run_epilogue_gpu.sh bench    bench_epilogue, bench_vs_torch and
+#                                          bench_vs_torch_train
 #                                          (Liger from $LIGER_SRC, default .liger/src)
 set -u
 OUT=${OUT:-gpu-logs}
@@ -31,4 +32,8 @@ timeout 300 build/bench/bench_epilogue > "$OUT/bench-epi.log" 2>&1; echo "rc=$?"
 echo "== bench_vs_torch"
 LIGER_SRC=${LIGER_SRC:-$PWD/.liger/src} CODA_LIB=$PWD/build/libcoda.so PYTHONUNBUFFERED=1 \
   timeout 400 python3 bench/bench_vs_torch.py > "$OUT/bench-torch.log" 2>&1; echo "rc=$?"
-tail -45 "$OUT/bench-torch.log"
+tail -50 "$OUT/bench-torch.log"
+echo "== bench_vs_torch_train"
+LIGER_SRC=${LIGER_SRC:-$PWD/.liger/src} CODA_LIB=$PWD/build/libcoda.so PYTHONUNBUFFERED=1 \
+  timeout 500 python3 bench/bench_vs_torch_train.py > "$OUT/bench-torch-train.log" 2>&1; echo "rc=$?"
+tail -110 "$OUT/bench-torch-train.log"

@@ -1,0 +1,432 @@
+"""bench_vs_torch_train.py - the layer's other fused GEMMs against the tools people use today.
+
+    python3 bench/bench_vs_torch_train.py [sizes...]   default 2048 4096 8192 (on the GPU)
+    python3 bench/bench_vs_torch_train.py --check [n]  no timing: every kernel's coda output
+                                                       against its eager formula (CPU if
+                                                       there is no GPU; n default 200)
+
+bench_vs_torch.py has the forward kernels that end in an RMSNorm, SwiGLU or
+RoPE; this file has the rest of the layer's programs (docs/layer.md), M = N
+= K = n, bf16:
+
+  resid_add      y = x W^T + res                              (down, no loss)
+  lm_loss        loss_i = CE(r_i (x W^T)_i, t_i)              (LM head forward)
+  lm_loss_grad   the same, and dlogits = scale (softmax - onehot), 0 on
+                 ignored rows                                 (what training needs)
+  swiglu_bwd     dc = dy W, then the SwiGLU backward into dz  (down dgrad)
+  rmsnorm_bwd    db = dz W, then the RMSNorm backward into dx,
+                 and dg                                       (every dgrad into a norm)
+
+Peers: the cuBLAS GEMM alone (torch.matmul; the floor), PyTorch eager,
+torch.compile, Liger-Kernel from $LIGER_SRC (Triton, after a cuBLAS GEMM)
+where it has the kernel, and for resid_add cuBLAS's own beta = 1 GEMM
+(torch.addmm). coda: the fused GEMM plus the finishing kernels the program
+needs (rstd, log-sum-exp, the column partials' sum).
+
+What each side computes differs where the layer's algebra differs
+(docs/layer.md), and the table says so in favour of the peers:
+  * lm_loss_grad: coda runs two GEMMs (lmhead_lse, then lmhead_bwd on the
+    recomputed logits) and never stores the (M, V) logits; the peers run one
+    GEMM and keep the logits.
+  * swiglu_bwd: coda also recomputes c = silu(g) u (for the down weight's
+    gradient) and the row sums s that its RMSNorm backward takes; the peers
+    have c saved from the forward.
+  * rmsnorm_bwd: coda also writes b = r x g (for the weight gradient) and
+    takes s from the GEMM downstream; the peers have b saved and compute
+    their row sums themselves.
+Eager and torch.compile variants start from what their forward would have
+saved (x, rstd, the pre-activation halves); Liger's SwiGLU backward reads
+(gate | up) halves where coda's z interleaves them. Timing as in
+bench_vs_torch.py: CUDA graphs of 10 calls over rotating inputs, median of
+50 replays, per call, variants one after the other (compare within a size).
+Liger's cross entropy syncs with the host (it checks the targets), so it
+cannot be captured: it is timed call by call without a graph (marked).
+"""
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
+sys.path.insert(0, HERE)
+import coda  # noqa: E402
+from bench_vs_torch import CALLS, EPS, Rot, median_ms  # noqa: E402
+
+IGNORE = -100
+
+
+def median_ms_nograph(fn):
+    """Median per-call time of fn() called CALLS times between two events."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(50):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(CALLS):
+            fn()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) / CALLS)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def load_liger():
+    src = os.environ.get("LIGER_SRC")
+    if not src:
+        return None, "LIGER_SRC not set"
+    sys.path.insert(0, src)
+    try:
+        from liger_kernel.ops.cross_entropy import cross_entropy_forward
+        from liger_kernel.ops.rms_norm import rms_norm_backward
+        from liger_kernel.ops.swiglu import swiglu_fused_gate_up_backward
+        from liger_kernel.ops.utils import calculate_settings
+        return dict(ce=cross_entropy_forward, rms_bwd=rms_norm_backward, swiglu_bwd=swiglu_fused_gate_up_backward,
+                    settings=calculate_settings), None
+    except Exception as e:  # report, do not hide
+        return None, "%s: %s" % (type(e).__name__, e)
+
+
+def compiled(fn):
+    """torch.compile(fn), made lazily (no compile until its first call); the
+    checks also run on old PyTorch builds without it."""
+    return torch.compile(fn) if hasattr(torch, "compile") else None
+
+
+def rel(a, b):
+    """Relative norm difference of two tensors (float64)."""
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def tiles(ctx, dev, layout, n, prog):
+    tl = coda.choose_tiling(ctx, dev, layout, n, n, n, program=prog)
+    return tl, (n + tl[0] - 1) // tl[0], (n + tl[1] - 1) // tl[1]
+
+
+def targets(n, dev):
+    t = torch.randint(0, n, (n,), device=dev, dtype=torch.int32)
+    t[torch.rand(n, device=dev) < 0.1] = IGNORE  # some ignored rows
+    return t
+
+
+# Each kernel: kernel(ctx, dev, n, liger) -> (name, sets, variants, check).
+# variants: (label, fn(set), graph) in table order; check() -> [(what, rel)]
+# of coda's outputs, and of the eager variant's, against a float reference
+# on sets[0] (so the peers are checked to compute the same thing).
+
+def k_resid_add(ctx, dev, n, liger):
+    bf = torch.bfloat16
+    mk = lambda *s: torch.randn(*s, device=dev, dtype=bf)  # noqa: E731
+    sets = [dict(x=mk(n, n), w=mk(n, n) / n ** 0.5, res=mk(n, n)) for _ in range(4 if n <= 2048 else 2)]
+    p = coda.Program.builtin("resid_add")
+    tl, _, _ = tiles(ctx, dev, "nt", n, p)
+    h = torch.empty(n, n, device=dev, dtype=bf)
+
+    def eager(s):
+        return s["x"] @ s["w"].t() + s["res"]
+
+    def addmm(s):
+        return torch.addmm(s["res"], s["x"], s["w"].t())
+
+    def fused(s):
+        coda.gemm_epilogue(ctx, "nt", s["x"], s["w"], p, {"res": s["res"], "h": h}, tl)
+
+    def check():
+        s = sets[0]
+        fused(s)
+        ref = (s["x"].float() @ s["w"].float().t() + s["res"].float())
+        return [("h", rel(h, ref)), ("eager h", rel(eager(s), ref)), ("addmm h", rel(addmm(s), ref))]
+
+    return "resid_add", sets, [("eager", eager, 1), ("torch.compile", compiled(eager), 1),
+                               ("cuBLAS addmm", addmm, 1), ("coda", fused, 1)], check
+
+
+def lm_setup(ctx, dev, n):
+    """x: the LM head's A operand (y gf, as the layer feeds it), w: (V = n, n)."""
+    bf = torch.bfloat16
+    mk = lambda *s: torch.randn(*s, device=dev, dtype=bf)  # noqa: E731
+    sets = [dict(x=mk(n, n), w=mk(n, n) / n ** 0.5, t=targets(n, dev)) for _ in range(4 if n <= 2048 else 2)]
+    r = torch.rand(n, device=dev, dtype=torch.float32) + 0.5  # rstd of y, from the previous epilogue
+    return sets, r
+
+
+def lm_logits_ref(s, r):
+    return (s["x"].float() @ s["w"].float().t()) * r[:, None]
+
+
+def lm_loss_ref(s, r):
+    lf = lm_logits_ref(s, r)
+    t = s["t"].long()
+    return F.cross_entropy(lf, t.clamp_min(0), reduction="none") * (t != IGNORE)
+
+
+def k_lm_loss(ctx, dev, n, liger):
+    sets, r = lm_setup(ctx, dev, n)
+    p = coda.Program.builtin("lmhead_lse")
+    tl, _, nt = tiles(ctx, dev, "nt", n, p)
+    part = torch.empty(n, nt, 3, device=dev, dtype=torch.float32)
+    lse = torch.empty(n, device=dev, dtype=torch.float32)
+    loss = torch.empty(n, device=dev, dtype=torch.float32)
+
+    def eager(s):  # the peers' A is their RMSNorm's output: no rstd to apply
+        logits = (s["x"] @ s["w"].t()).float()
+        return F.cross_entropy(logits, s["t"].long(), ignore_index=IGNORE, reduction="none")
+
+    def fused(s):
+        coda.gemm_epilogue(ctx, "nt", s["x"], s["w"], p, {"r": r, "t": s["t"], "part": part}, tl)
+        coda.finish_lse(ctx, part, s["t"], lse, loss, IGNORE)
+
+    variants = [("eager", eager, 1), ("torch.compile", compiled(eager), 1)]
+    if liger:
+        logits_b = torch.empty(n, n, device=dev, dtype=torch.bfloat16)
+
+        def lig(s):
+            torch.matmul(s["x"], s["w"].t(), out=logits_b)
+            return liger["ce"](logits_b, s["t"].long(), None, IGNORE, 0.0, 0.0, "none", None, False)[0]
+        variants.append(("liger (no graph)", lig, 0))
+    variants.append(("coda", fused, 1))
+
+    def check():
+        s = sets[0]
+        fused(s)
+        one = torch.ones_like(r)
+        return [("loss", rel(loss, lm_loss_ref(s, r))), ("eager loss", rel(eager(s), lm_loss_ref(s, one)))]
+
+    return "lm_loss", sets, variants, check
+
+
+def k_lm_loss_grad(ctx, dev, n, liger):
+    sets, r = lm_setup(ctx, dev, n)
+    p1, p2 = coda.Program.builtin("lmhead_lse"), coda.Program.builtin("lmhead_bwd")
+    tl1, _, nt1 = tiles(ctx, dev, "nt", n, p1)
+    tl2, _, nt2 = tiles(ctx, dev, "nt", n, p2)
+    part = torch.empty(n, nt1, 3, device=dev, dtype=torch.float32)
+    lse = torch.empty(n, device=dev, dtype=torch.float32)
+    loss = torch.empty(n, device=dev, dtype=torch.float32)
+    dl = torch.empty(n, n, device=dev, dtype=torch.bfloat16)
+    sp = torch.empty(n, nt2, device=dev, dtype=torch.float32)
+    scale = 1.0 / n
+
+    def eager(s):  # as in lm_loss: A is the normalised input
+        logits = (s["x"] @ s["w"].t()).float()
+        t = s["t"].long()
+        ls = F.cross_entropy(logits, t, ignore_index=IGNORE, reduction="none")
+        g = torch.softmax(logits, -1)
+        idx = t.clamp_min(0)[:, None]
+        g.scatter_add_(1, idx, -torch.ones_like(idx, dtype=g.dtype))
+        return ls, (g * (scale * (t != IGNORE))[:, None]).to(torch.bfloat16)
+
+    def fused(s):
+        coda.gemm_epilogue(ctx, "nt", s["x"], s["w"], p1, {"r": r, "t": s["t"], "part": part}, tl1)
+        coda.finish_lse(ctx, part, s["t"], lse, loss, IGNORE)
+        coda.gemm_epilogue(ctx, "nt", s["x"], s["w"], p2,
+                           {"r": r, "logz": lse, "t": s["t"], "scale": scale, "dl": dl, "s": sp}, tl2)
+
+    variants = [("eager", eager, 1), ("torch.compile", compiled(eager), 1)]
+    if liger:
+        logits_b = torch.empty(n, n, device=dev, dtype=torch.bfloat16, requires_grad=True)
+
+        def lig(s):  # loss, and the gradient written over the logits
+            with torch.no_grad():
+                torch.matmul(s["x"], s["w"].t(), out=logits_b)
+            return liger["ce"](logits_b, s["t"].long(), None, IGNORE, 0.0, 0.0, "none", None, False)[0]
+        variants.append(("liger (no graph)", lig, 0))
+    variants.append(("coda", fused, 1))
+
+    def check():
+        s = sets[0]
+        fused(s)
+        lf = lm_logits_ref(s, r)
+        t = s["t"].long()
+        keep = (t != IGNORE)[:, None]
+        ref = (torch.softmax(lf, -1) - F.one_hot(t.clamp_min(0), n)) * (scale * keep)
+        one = torch.ones_like(r)
+        el, edl = eager(s)
+        eref = (torch.softmax(lm_logits_ref(s, one), -1) - F.one_hot(t.clamp_min(0), n)) * (scale * keep)
+        return [("loss", rel(loss, lm_loss_ref(s, r))), ("dlogits", rel(dl, ref)),
+                ("eager loss", rel(el, lm_loss_ref(s, one))), ("eager dlogits", rel(edl, eref))]
+
+    return "lm_loss_grad", sets, variants, check
+
+
+def k_swiglu_bwd(ctx, dev, n, liger):
+    bf = torch.bfloat16
+    mk = lambda *s: torch.randn(*s, device=dev, dtype=bf)  # noqa: E731
+    nsets = 4 if n <= 2048 else 2
+    sets = []
+    for _ in range(nsets):
+        gate, up = mk(n, n), mk(n, n)
+        sets.append(dict(dy=mk(n, n), w=mk(n, n) / n ** 0.5, halves=torch.cat([gate, up], -1),
+                         inter=torch.stack([gate, up], -1).reshape(n, 2 * n)))
+    p = coda.Program.builtin("swiglu_bwd")
+    tl, _, nt = tiles(ctx, dev, "nn", n, p)
+    dz = torch.empty(n, 2 * n, device=dev, dtype=bf)
+    c = torch.empty(n, n, device=dev, dtype=bf)
+    sp = torch.empty(n, nt, device=dev, dtype=torch.float32)
+
+    def eager(s):
+        dc = (s["dy"] @ s["w"]).float()
+        g, u = s["halves"].float().chunk(2, -1)
+        sig = torch.sigmoid(g)
+        dg = dc * u * sig * (1 + g * (1 - sig))
+        du = dc * g * sig
+        return torch.cat([dg, du], -1).to(bf)
+
+    def fused(s):
+        coda.gemm_epilogue(ctx, "nn", s["dy"], s["w"], p, {"z": s["inter"], "dz": dz, "c": c, "s": sp}, tl)
+
+    variants = [("eager", eager, 1), ("torch.compile", compiled(eager), 1)]
+    if liger:
+        def lig(s):
+            return liger["swiglu_bwd"](s["halves"], s["dy"] @ s["w"])
+        variants.append(("liger", lig, 1))
+    variants.append(("coda", fused, 1))
+
+    def check():
+        s = sets[0]
+        fused(s)
+        dc = s["dy"].float() @ s["w"].float()
+        g, u = s["halves"].float().chunk(2, -1)
+        sig = torch.sigmoid(g)
+        dgr, dur = dc * u * sig * (1 + g * (1 - sig)), dc * g * sig
+        ref = torch.stack([dgr, dur], -1).reshape(n, 2 * n)
+        return [("dz", rel(dz, ref)), ("c", rel(c, g * sig * u)), ("eager dz", rel(eager(s), torch.cat([dgr, dur], -1)))]
+
+    return "swiglu_bwd", sets, variants, check
+
+
+def k_rmsnorm_bwd(ctx, dev, n, liger):
+    bf = torch.bfloat16
+    mk = lambda *s: torch.randn(*s, device=dev, dtype=bf)  # noqa: E731
+    g = torch.rand(n, device=dev, dtype=bf) + 0.5
+    sets = []
+    for _ in range(4 if n <= 2048 else 2):
+        x = mk(n, n)
+        rstd = torch.rsqrt(x.float().pow(2).mean(-1) + EPS)
+        s = dict(dz=mk(n, n), w=mk(n, n) / n ** 0.5, x=x, dres=mk(n, n), rstd=rstd)
+        # s_i = sum_j g_j db_ij x_ij r_i: what the GEMM downstream hands coda
+        db = s["dz"].float() @ s["w"].float()
+        s["s"] = (db * g.float() * x.float() * rstd[:, None]).sum(-1)
+        sets.append(s)
+    p = coda.Program.builtin("rmsnorm_bwd")
+    tl, mt, _ = tiles(ctx, dev, "nn", n, p)
+    dx = torch.empty(n, n, device=dev, dtype=bf)
+    b = torch.empty(n, n, device=dev, dtype=bf)
+    dgp = torch.empty(n, mt, device=dev, dtype=torch.float32)
+    dg = torch.empty(n, device=dev, dtype=torch.float32)
+
+    def eager(s):
+        db = (s["dz"] @ s["w"]).float()
+        r = s["rstd"][:, None]
+        xh = s["x"].float() * r
+        dxh = db * g.float()
+        dxv = s["dres"].float() + r * (dxh - xh * (dxh * xh).mean(-1, keepdim=True))
+        return dxv.to(bf), (db * xh).sum(0)
+
+    def fused(s):
+        coda.gemm_epilogue(ctx, "nn", s["dz"], s["w"], p,
+                           {"dres": s["dres"], "x": s["x"], "g": g, "r": s["rstd"], "s": s["s"], "invd": 1.0 / n,
+                            "dx": dx, "b": b, "dg": dgp}, tl)
+        coda.finish_reduce(ctx, "sum", dgp, dg)
+
+    variants = [("eager", eager, 1), ("torch.compile", compiled(eager), 1)]
+    if liger:
+        bs, nw = liger["settings"](n)
+
+        def lig(s):
+            dxl, dgl = liger["rms_bwd"](s["dz"] @ s["w"], s["x"], g, s["rstd"], 0.0, "llama", bs, nw, False, False)
+            return dxl + s["dres"], dgl
+        variants.append(("liger", lig, 1))
+    variants.append(("coda", fused, 1))
+
+    def check():
+        s = sets[0]
+        fused(s)
+        db = s["dz"].float() @ s["w"].float()
+        r = s["rstd"][:, None]
+        xh = s["x"].float() * r
+        dxh = db * g.float()
+        ref = s["dres"].float() + r * (dxh - xh * (dxh * xh).mean(-1, keepdim=True))
+        edx, edg = eager(s)
+        return [("dx", rel(dx, ref)), ("b", rel(b, xh * g.float())), ("dg", rel(dg, (db * xh).sum(0))),
+                ("eager dx", rel(edx, ref)), ("eager dg", rel(edg, (db * xh).sum(0)))]
+
+    return "rmsnorm_bwd", sets, variants, check
+
+
+KERNELS = [k_resid_add, k_lm_loss, k_lm_loss_grad, k_swiglu_bwd, k_rmsnorm_bwd]
+
+# Each check must come out below this (bf16 outputs: about 2^-8 of rounding,
+# and the GEMM's bf16 inputs summed in a different order).
+CHECK_TOL = 1e-2
+
+
+def run_checks(ctx, dev, n):
+    """coda's outputs against the eager formulas; returns the failures."""
+    fails = 0
+    for kern in KERNELS:
+        name, _, _, check = kern(ctx, dev, n, None)
+        for what, e in check():
+            ok = e <= CHECK_TOL
+            fails += not ok
+            print("  %-14s %-14s rel %.2e%s" % (name, what, e, "" if ok else "  FAIL"))
+    return fails
+
+
+def main():
+    args = sys.argv[1:]
+    ctx = coda.Context()
+    if args and args[0] == "--check":
+        n = int(args[1]) if len(args) > 1 else 200
+        dev = "cuda" if ctx.has_cuda and torch.cuda.is_available() else "cpu"
+        print("bench_vs_torch_train --check: n %d on %s" % (n, dev))
+        fails = run_checks(ctx, dev, n)
+        print("bench_vs_torch_train.py: %d checks failed" % fails)
+        return 1 if fails else 0
+    sizes = [int(a) for a in args] or [2048, 4096, 8192]
+    if not ctx.has_cuda:
+        print("bench_vs_torch_train: no usable CUDA device")
+        return 1
+    liger, why = load_liger()
+    print("device: %s; torch %s; Liger-Kernel: %s" % (torch.cuda.get_device_name(), torch.__version__,
+                                                      "yes" if liger else "no (%s)" % why))
+    results, checks = [], []
+    for n in sizes:
+        x, w = torch.randn(n, n, device="cuda", dtype=torch.bfloat16), torch.randn(n, n, device="cuda",
+                                                                                   dtype=torch.bfloat16)
+        out = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+        results.append((n, "gemm", "cuBLAS (floor)", median_ms(lambda: torch.matmul(x, w.t(), out=out))))
+        for kern in KERNELS:
+            name, sets, variants, check = kern(ctx, "cuda", n, liger)
+            checks += [(n, name, what, e) for what, e in check()]
+            for label, fn, graph in variants:
+                if fn is None:
+                    continue
+                rot = Rot(sets)
+                try:
+                    t = (median_ms if graph else median_ms_nograph)(lambda: fn(rot.next()))
+                except Exception as e:  # a peer that fails is reported, and the rest still run
+                    print("%s %d %s failed: %s: %s" % (name, n, label, type(e).__name__, str(e)[:300]))
+                    torch.cuda.synchronize()
+                    continue
+                results.append((n, name, label, t))
+            torch.cuda.empty_cache()
+    floor = {n: t for (n, k, name, t) in results if k == "gemm"}
+    print("\n%-16s %6s %-18s %9s %9s" % ("kernel", "M=N=K", "variant", "ms", "/ GEMM"))
+    for n, k, name, t in results:
+        print("%-16s %6d %-18s %9.3f %9.3f" % (k, n, name, t, t / floor[n]))
+    print("\ncoda against the eager formula (relative norm difference):")
+    bad = 0
+    for n, name, what, e in checks:
+        bad += e > CHECK_TOL
+        print("  %6d %-14s %-14s %.2e%s" % (n, name, what, e, "" if e <= CHECK_TOL else "  FAIL"))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
