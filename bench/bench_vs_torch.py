@@ -17,8 +17,10 @@ needs one); "coda rowpart": the same programs with the rstd computed in the
 consuming GEMM's epilogue from the producer's partials (`in ss rowpart`), so
 no finishing step runs at all (resid_rmsnorm is then its GEMM alone: its
 partials are finished by the next GEMM, whose rows count that work). Every variant is captured in a CUDA graph of 10 calls over 2-4
-rotating input sets and replayed: 5 warm-up replays, median of 50 timed
-replays, per call. Ratios are to the GEMM alone from the same run.
+rotating input sets and replayed: 5 warm-up rounds, median of 50 timed
+rounds, per call. A kernel's variants and the GEMM alone are timed round by
+round (each round replays every one of them once), and its ratios are to
+the GEMM alone of its own rounds.
 """
 import os
 import sys
@@ -32,11 +34,11 @@ EPS = 1e-5
 CALLS = 10
 
 
-def median_ms(fn):
-    """Median per-call time of fn() from graph replays."""
+def capture(fn):
+    """A CUDA graph of CALLS calls of fn() (after 3 calls outside it: compiles, loads)."""
     torch.cuda.synchronize()
     for _ in range(3):
-        fn()  # compile / load outside the capture
+        fn()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     s = torch.cuda.Stream()
@@ -46,19 +48,56 @@ def median_ms(fn):
             for _ in range(CALLS):
                 fn()
     torch.cuda.current_stream().wait_stream(s)
-    for _ in range(5):
-        g.replay()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(50):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1) / CALLS)
-    times.sort()
-    return times[len(times) // 2]
+    return g
+
+
+def interleaved_ms(fns, graphs=None, rounds=50):
+    """Median per-call times of several variants timed round by round: each
+    round replays every variant once in turn, so that the clocks, which fall
+    under sustained load, weigh on all of them alike (timed one after the
+    other, the 4096 and 8192 ratios moved by 10% between runs, session 9).
+    graphs[i] false: variant i cannot be captured (it syncs with the host)
+    and is called CALLS times between the events instead."""
+    graphs = graphs or [True] * len(fns)
+    runs = []
+    for fn, gr in zip(fns, graphs):
+        if gr:
+            g = capture(fn)
+            runs.append(g.replay)
+        else:
+            for _ in range(3):
+                fn()
+            runs.append(lambda fn=fn: [fn() for _ in range(CALLS)])
+    for _ in range(5):
+        for r in runs:
+            r()
+    torch.cuda.synchronize()
+    times = [[] for _ in runs]
+    for _ in range(rounds):
+        for i, r in enumerate(runs):
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            r()
+            e1.record()
+            e1.synchronize()
+            times[i].append(e0.elapsed_time(e1) / CALLS)
+    for t in times:
+        t.sort()
+    return [t[len(t) // 2] for t in times]
+
+
+def time_group(results, n, kernel, floor_fn, sets, variants):
+    """Times the GEMM alone (floor_fn) and each (name, fn(set)) of variants
+    interleaved; appends (n, kernel, name, ms, ms / floor) to results."""
+    fns = [floor_fn]
+    for _, fn in variants:
+        r = Rot(sets)
+        fns.append(lambda fn=fn, r=r: fn(r.next()))
+    ts = interleaved_ms(fns)
+    results.append((n, kernel, "cuBLAS GEMM (floor)", ts[0], 1.0))
+    for (name, _), t in zip(variants, ts[1:]):
+        results.append((n, kernel, name, t, t / ts[0]))
 
 
 class Rot:
@@ -117,8 +156,7 @@ def bench_size(ctx, n, liger, results):
     def gemm_alone(s):
         return torch.matmul(s["x"], s["w"].t(), out=out)
 
-    floor = median_ms(lambda: gemm_alone(rot.next()))
-    results.append((n, "gemm", "cuBLAS (floor)", floor))
+    floor_fn = lambda: gemm_alone(rot.next())  # noqa: E731  (timed in every group)
 
     # ---- resid_rmsnorm ----
     def eager_rr(s):
@@ -147,9 +185,7 @@ def bench_size(ctx, n, liger, results):
             y = s["x"] @ s["w"].t()
             return liger[0].apply(y, s["res"], g, EPS, 0.0, "llama", False)
         variants.insert(2, ("liger", liger_rr))
-    for name, fn in variants:
-        r = Rot(sets)
-        results.append((n, "resid_rmsnorm", name, median_ms(lambda: fn(r.next()))))
+    time_group(results, n, "resid_rmsnorm", floor_fn, sets, variants)
 
     # ---- rmsnorm_swiglu: gate/up interleaved for coda, split halves for peers ----
     def eager_sw(s):
@@ -192,9 +228,7 @@ def bench_size(ctx, n, liger, results):
             a, b = z.chunk(2, dim=-1)
             return liger[3].apply(a, b)
         variants.insert(2, ("liger", liger_sw))
-    for name, fn in variants:
-        r = Rot(sets)
-        results.append((n, "rmsnorm_swiglu", name, median_ms(lambda: fn(r.next()))))
+    time_group(results, n, "rmsnorm_swiglu", floor_fn, sets, variants)
 
     # ---- rmsnorm_rope: N = q (n/2) | k (n/4) | v (n/4), head_dim 128 ----
     hd, T = 128, 2048
@@ -247,9 +281,13 @@ def bench_size(ctx, n, liger, results):
             k = z[:, nq:nq + nk].view(1, n, -1, hd).transpose(1, 2)
             return liger[2].apply(q, k, cos[None], sin[None])
         variants.insert(2, ("liger", liger_rope))
-    for name, fn in variants:
-        r = Rot(sets)
-        results.append((n, "rmsnorm_rope", name, median_ms(lambda: fn(r.next()))))
+    time_group(results, n, "rmsnorm_rope", floor_fn, sets, variants)
+
+
+def print_results(results):
+    print("\n%-16s %6s %-20s %9s %9s" % ("kernel", "M=N=K", "variant", "ms", "/ GEMM"))
+    for n, k, name, t, ratio in results:
+        print("%-16s %6d %-20s %9.3f %9.3f" % (k, n, name, t, ratio))
 
 
 def main():
@@ -268,10 +306,7 @@ def main():
         except Exception as e:
             print("size %d failed: %s: %s" % (n, type(e).__name__, e))
             raise
-    floor = {n: t for (n, k, name, t) in results if k == "gemm"}
-    print("\n%-16s %6s %-16s %9s %9s" % ("kernel", "M=N=K", "variant", "ms", "/ GEMM"))
-    for n, k, name, t in results:
-        print("%-16s %6d %-16s %9.3f %9.3f" % (k, n, name, t, t / floor[n]))
+    print_results(results)
     return 0
 
 

@@ -37,10 +37,11 @@ What each side computes differs where the layer's algebra differs
 Eager and torch.compile variants start from what their forward would have
 saved (x, rstd, the pre-activation halves); Liger's SwiGLU backward reads
 (gate | up) halves where coda's z interleaves them. Timing as in
-bench_vs_torch.py: CUDA graphs of 10 calls over rotating inputs, median of
-50 replays, per call, variants one after the other (compare within a size).
-Liger's cross entropy syncs with the host (it checks the targets), so it
-cannot be captured: it is timed call by call without a graph (marked).
+bench_vs_torch.py: CUDA graphs of 10 calls over rotating inputs; each
+kernel's variants and the GEMM alone timed round by round (median of 50
+rounds, per call), ratios to that GEMM. Liger's cross entropy syncs with
+the host (it checks the targets), so it cannot be captured: it is called
+10 times between the events instead (marked "no graph").
 """
 import os
 import sys
@@ -52,27 +53,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
 sys.path.insert(0, HERE)
 import coda  # noqa: E402
-from bench_vs_torch import CALLS, EPS, Rot, median_ms  # noqa: E402
+from bench_vs_torch import EPS, interleaved_ms, print_results, Rot  # noqa: E402
 
 IGNORE = -100
-
-
-def median_ms_nograph(fn):
-    """Median per-call time of fn() called CALLS times between two events."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(50):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        for _ in range(CALLS):
-            fn()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1) / CALLS)
-    times.sort()
-    return times[len(times) // 2]
 
 
 def load_liger():
@@ -397,29 +380,30 @@ def main():
                                                       "yes" if liger else "no (%s)" % why))
     results, checks = [], []
     for n in sizes:
-        x, w = torch.randn(n, n, device="cuda", dtype=torch.bfloat16), torch.randn(n, n, device="cuda",
-                                                                                   dtype=torch.bfloat16)
+        x = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
         out = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
-        results.append((n, "gemm", "cuBLAS (floor)", median_ms(lambda: torch.matmul(x, w.t(), out=out))))
         for kern in KERNELS:
             name, sets, variants, check = kern(ctx, "cuda", n, liger)
             checks += [(n, name, what, e) for what, e in check()]
+            variants = [v for v in variants if v[1] is not None]
+            fns, graphs = [lambda: torch.matmul(x, w.t(), out=out)], [True]
             for label, fn, graph in variants:
-                if fn is None:
-                    continue
                 rot = Rot(sets)
-                try:
-                    t = (median_ms if graph else median_ms_nograph)(lambda: fn(rot.next()))
-                except Exception as e:  # a peer that fails is reported, and the rest still run
-                    print("%s %d %s failed: %s: %s" % (name, n, label, type(e).__name__, str(e)[:300]))
-                    torch.cuda.synchronize()
-                    continue
-                results.append((n, name, label, t))
+                fns.append(lambda fn=fn, rot=rot: fn(rot.next()))
+                graphs.append(bool(graph))
+            try:
+                ts = interleaved_ms(fns, graphs)
+            except Exception as e:  # reported; the other kernels still run
+                print("%s %d failed: %s: %s" % (name, n, type(e).__name__, str(e)[:300]))
+                torch.cuda.synchronize()
+                continue
+            results.append((n, name, "cuBLAS GEMM (floor)", ts[0], 1.0))
+            for (label, _, _), t in zip(variants, ts[1:]):
+                results.append((n, name, label, t, t / ts[0]))
+            del sets, variants, fns
             torch.cuda.empty_cache()
-    floor = {n: t for (n, k, name, t) in results if k == "gemm"}
-    print("\n%-16s %6s %-18s %9s %9s" % ("kernel", "M=N=K", "variant", "ms", "/ GEMM"))
-    for n, k, name, t in results:
-        print("%-16s %6d %-18s %9.3f %9.3f" % (k, n, name, t, t / floor[n]))
+    print_results(results)
     print("\ncoda against the eager formula (relative norm difference):")
     bad = 0
     for n, name, what, e in checks:
