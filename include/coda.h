@@ -390,8 +390,11 @@ int coda_program_find_arg(const coda_program_t *p, const char *name);
  * accumulator pair's elements (e.g. 4 bytes for a full-space bf16 tile, 16
  * for a double-space f32 tile); M and N below 2^29. Fastest when N is a
  * multiple of 16 and every tile's base and row stride are multiples of 16
- * bytes: tiles then move through shared memory as 16-byte vectors. Use
- * coda_choose_program_tiling (or coda_choose_tiling).
+ * bytes: tiles then move through shared memory as 16-byte vectors (and a
+ * program's tile outputs, when it has two or more, leave by TMA bulk
+ * copies). Every bound tensor must be device memory of a's device, else
+ * CODA_ERR_DEVICE and nothing is written. Use coda_choose_program_tiling
+ * (or coda_choose_tiling).
  * ------------------------------------------------------------------------- */
 
 typedef struct coda_binding {
