@@ -118,7 +118,8 @@ test-c: $(TEST_BIN) $(BUILD)/coda
 	@set -e; for t in $(TEST_BIN); do echo "== $$t"; $$t; done
 	@echo "== all C tests passed"
 
-# the benchmark's peers too: its eager formulas and coda's programs agree (CPU)
+# the benchmark's peers too: its eager formulas and coda's programs agree
+# (on the CPU; on the GPU where there is one)
 test-py: lib
 	@set -e; for t in $(wildcard tests/test_*.py); do echo "== $$t"; $(PYTHON) $$t; done
 	@echo "== bench/bench_vs_torch_train.py --check"; $(PYTHON) bench/bench_vs_torch_train.py --check

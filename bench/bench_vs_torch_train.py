@@ -1,9 +1,10 @@
 """bench_vs_torch_train.py - the layer's other fused GEMMs against the tools people use today.
 
     python3 bench/bench_vs_torch_train.py [sizes...]   default 2048 4096 8192 (on the GPU)
-    python3 bench/bench_vs_torch_train.py --check [n]  no timing: every kernel's coda output
-                                                       against its eager formula (CPU if
-                                                       there is no GPU; n default 200)
+    python3 bench/bench_vs_torch_train.py --check [n...]  no timing: every kernel's coda
+                                                       output and its eager peer's against
+                                                       a float reference (CPU if there is
+                                                       no GPU; n default 200 and 256)
 
 bench_vs_torch.py has the forward kernels that end in an RMSNorm, SwiGLU or
 RoPE; this file has the rest of the layer's programs (docs/layer.md), M = N
@@ -17,7 +18,8 @@ RoPE; this file has the rest of the layer's programs (docs/layer.md), M = N
   rmsnorm_bwd    db = dz W, then the RMSNorm backward into dx,
                  and dg                                       (every dgrad into a norm)
 
-Peers: the cuBLAS GEMM alone (torch.matmul; the floor), PyTorch eager,
+Peers: the cuBLAS GEMM alone (torch.matmul in the kernel's layout, on the
+same rotating inputs; the floor), PyTorch eager,
 torch.compile, Liger-Kernel from $LIGER_SRC (Triton, after a cuBLAS GEMM)
 where it has the kernel, and for resid_add cuBLAS's own beta = 1 GEMM
 (torch.addmm). coda: the fused GEMM plus the finishing kernels the program
@@ -65,11 +67,13 @@ def load_liger():
     sys.path.insert(0, src)
     try:
         from liger_kernel.ops.cross_entropy import cross_entropy_forward
-        from liger_kernel.ops.rms_norm import rms_norm_backward
+        from liger_kernel.ops.rms_norm import _str_to_casting_mode, rms_norm_backward
         from liger_kernel.ops.swiglu import swiglu_fused_gate_up_backward
         from liger_kernel.ops.utils import calculate_settings
+        # rms_norm_backward takes the casting mode as its number (only the
+        # forward converts the name)
         return dict(ce=cross_entropy_forward, rms_bwd=rms_norm_backward, swiglu_bwd=swiglu_fused_gate_up_backward,
-                    settings=calculate_settings), None
+                    settings=calculate_settings, llama=_str_to_casting_mode["llama"]), None
     except Exception as e:  # report, do not hide
         return None, "%s: %s" % (type(e).__name__, e)
 
@@ -91,16 +95,27 @@ def tiles(ctx, dev, layout, n, prog):
     return tl, (n + tl[0] - 1) // tl[0], (n + tl[1] - 1) // tl[1]
 
 
+def gemm_floor(n, dev, layout, a, b):
+    """The GEMM alone of a kernel, as its variants run it: the same layout
+    and the same rotating inputs (set keys a, b), bf16 out."""
+    out = torch.empty(n, n, device=dev, dtype=torch.bfloat16)
+    if layout == "nt":
+        return lambda s: torch.matmul(s[a], s[b].t(), out=out)
+    return lambda s: torch.matmul(s[a], s[b], out=out)
+
+
 def targets(n, dev):
     t = torch.randint(0, n, (n,), device=dev, dtype=torch.int32)
     t[torch.rand(n, device=dev) < 0.1] = IGNORE  # some ignored rows
     return t
 
 
-# Each kernel: kernel(ctx, dev, n, liger) -> (name, sets, variants, check).
-# variants: (label, fn(set), graph) in table order; check() -> [(what, rel)]
-# of coda's outputs, and of the eager variant's, against a float reference
-# on sets[0] (so the peers are checked to compute the same thing).
+# Each kernel: kernel(ctx, dev, n, liger) -> dict: name; sets (rotating
+# inputs); variants, (label, fn(set), graph) in table order; floor, the
+# GEMM alone as fn(set); check() -> [(what, rel)] of coda's outputs and the
+# eager variant's against a float reference on sets[0], and lcheck() the
+# same for the Liger variant (None without Liger or a Liger kernel), so
+# that every peer is checked to compute the same thing.
 
 def k_resid_add(ctx, dev, n, liger):
     bf = torch.bfloat16
@@ -125,8 +140,9 @@ def k_resid_add(ctx, dev, n, liger):
         ref = (s["x"].float() @ s["w"].float().t() + s["res"].float())
         return [("h", rel(h, ref)), ("eager h", rel(eager(s), ref)), ("addmm h", rel(addmm(s), ref))]
 
-    return "resid_add", sets, [("eager", eager, 1), ("torch.compile", compiled(eager), 1),
-                               ("cuBLAS addmm", addmm, 1), ("coda", fused, 1)], check
+    return dict(name="resid_add", sets=sets, check=check, lcheck=None, floor=gemm_floor(n, dev, "nt", "x", "w"),
+                variants=[("eager", eager, 1), ("torch.compile", compiled(eager), 1), ("cuBLAS addmm", addmm, 1),
+                          ("coda", fused, 1)])
 
 
 def lm_setup(ctx, dev, n):
@@ -165,6 +181,8 @@ def k_lm_loss(ctx, dev, n, liger):
         coda.finish_lse(ctx, part, s["t"], lse, loss, IGNORE)
 
     variants = [("eager", eager, 1), ("torch.compile", compiled(eager), 1)]
+    one = torch.ones_like(r)
+    lcheck = None
     if liger:
         logits_b = torch.empty(n, n, device=dev, dtype=torch.bfloat16)
 
@@ -172,15 +190,18 @@ def k_lm_loss(ctx, dev, n, liger):
             torch.matmul(s["x"], s["w"].t(), out=logits_b)
             return liger["ce"](logits_b, s["t"].long(), None, IGNORE, 0.0, 0.0, "none", None, False)[0]
         variants.append(("liger (no graph)", lig, 0))
+
+        def lcheck():
+            return [("liger loss", rel(lig(sets[0]), lm_loss_ref(sets[0], one)))]
     variants.append(("coda", fused, 1))
 
     def check():
         s = sets[0]
         fused(s)
-        one = torch.ones_like(r)
         return [("loss", rel(loss, lm_loss_ref(s, r))), ("eager loss", rel(eager(s), lm_loss_ref(s, one)))]
 
-    return "lm_loss", sets, variants, check
+    return dict(name="lm_loss", sets=sets, variants=variants, check=check, lcheck=lcheck,
+                floor=gemm_floor(n, dev, "nt", "x", "w"))
 
 
 def k_lm_loss_grad(ctx, dev, n, liger):
@@ -211,14 +232,22 @@ def k_lm_loss_grad(ctx, dev, n, liger):
                            {"r": r, "logz": lse, "t": s["t"], "scale": scale, "dl": dl, "s": sp}, tl2)
 
     variants = [("eager", eager, 1), ("torch.compile", compiled(eager), 1)]
+    lcheck = None
     if liger:
         logits_b = torch.empty(n, n, device=dev, dtype=torch.bfloat16, requires_grad=True)
 
-        def lig(s):  # loss, and the gradient written over the logits
+        def lig(s):  # loss, and the gradient (not scaled: reduction "none") written over the logits
             with torch.no_grad():
                 torch.matmul(s["x"], s["w"].t(), out=logits_b)
             return liger["ce"](logits_b, s["t"].long(), None, IGNORE, 0.0, 0.0, "none", None, False)[0]
         variants.append(("liger (no graph)", lig, 0))
+
+        def lcheck():
+            s, one = sets[0], torch.ones_like(r)
+            ls = lig(s)
+            t = s["t"].long()
+            gref = (torch.softmax(lm_logits_ref(s, one), -1) - F.one_hot(t.clamp_min(0), n)) * (t != IGNORE)[:, None]
+            return [("liger loss", rel(ls, lm_loss_ref(s, one))), ("liger dlogits", rel(logits_b.detach(), gref))]
     variants.append(("coda", fused, 1))
 
     def check():
@@ -232,9 +261,22 @@ def k_lm_loss_grad(ctx, dev, n, liger):
         el, edl = eager(s)
         eref = (torch.softmax(lm_logits_ref(s, one), -1) - F.one_hot(t.clamp_min(0), n)) * (scale * keep)
         return [("loss", rel(loss, lm_loss_ref(s, r))), ("dlogits", rel(dl, ref)),
+                ("s", rel(sp.sum(-1), (lf * dl.float()).sum(-1))),  # of coda's own rounded dl
                 ("eager loss", rel(el, lm_loss_ref(s, one))), ("eager dlogits", rel(edl, eref))]
 
-    return "lm_loss_grad", sets, variants, check
+    return dict(name="lm_loss_grad", sets=sets, variants=variants, check=check, lcheck=lcheck,
+                floor=gemm_floor(n, dev, "nt", "x", "w"))
+
+
+def swiglu_ref(s):
+    """Float reference of swiglu_bwd on set s: dz as (gate | up) halves and
+    interleaved, c, and s_i = sum_k z_ik dz_ik (of the bf16-rounded dz)."""
+    dc = s["dy"].float() @ s["w"].float()
+    g, u = s["halves"].float().chunk(2, -1)
+    sig = torch.sigmoid(g)
+    dgr, dur = dc * u * sig * (1 + g * (1 - sig)), dc * g * sig
+    inter = torch.stack([dgr, dur], -1).reshape(g.shape[0], -1)
+    return torch.cat([dgr, dur], -1), inter, g * sig * u, (s["inter"].float() * inter.to(torch.bfloat16).float()).sum(-1)
 
 
 def k_swiglu_bwd(ctx, dev, n, liger):
@@ -264,23 +306,34 @@ def k_swiglu_bwd(ctx, dev, n, liger):
         coda.gemm_epilogue(ctx, "nn", s["dy"], s["w"], p, {"z": s["inter"], "dz": dz, "c": c, "s": sp}, tl)
 
     variants = [("eager", eager, 1), ("torch.compile", compiled(eager), 1)]
+    lcheck = None
     if liger:
         def lig(s):
             return liger["swiglu_bwd"](s["halves"], s["dy"] @ s["w"])
         variants.append(("liger", lig, 1))
+
+        def lcheck():
+            return [("liger dz", rel(lig(sets[0]), swiglu_ref(sets[0])[0]))]
     variants.append(("coda", fused, 1))
 
     def check():
         s = sets[0]
         fused(s)
-        dc = s["dy"].float() @ s["w"].float()
-        g, u = s["halves"].float().chunk(2, -1)
-        sig = torch.sigmoid(g)
-        dgr, dur = dc * u * sig * (1 + g * (1 - sig)), dc * g * sig
-        ref = torch.stack([dgr, dur], -1).reshape(n, 2 * n)
-        return [("dz", rel(dz, ref)), ("c", rel(c, g * sig * u)), ("eager dz", rel(eager(s), torch.cat([dgr, dur], -1)))]
+        halves, inter, cref, sref = swiglu_ref(s)
+        return [("dz", rel(dz, inter)), ("c", rel(c, cref)), ("s", rel(sp.sum(-1), sref)),
+                ("eager dz", rel(eager(s), halves))]
 
-    return "swiglu_bwd", sets, variants, check
+    return dict(name="swiglu_bwd", sets=sets, variants=variants, check=check, lcheck=lcheck,
+                floor=gemm_floor(n, dev, "nn", "dy", "w"))
+
+
+def rmsnorm_ref(s, g):
+    """Float reference of rmsnorm_bwd on set s: dx, b = r x g, dg."""
+    db = s["dz"].float() @ s["w"].float()
+    r = s["rstd"][:, None]
+    xh = s["x"].float() * r
+    dxh = db * g.float()
+    return s["dres"].float() + r * (dxh - xh * (dxh * xh).mean(-1, keepdim=True)), xh * g.float(), (db * xh).sum(0)
 
 
 def k_rmsnorm_bwd(ctx, dev, n, liger):
@@ -318,28 +371,32 @@ def k_rmsnorm_bwd(ctx, dev, n, liger):
         coda.finish_reduce(ctx, "sum", dgp, dg)
 
     variants = [("eager", eager, 1), ("torch.compile", compiled(eager), 1)]
+    lcheck = None
     if liger:
         bs, nw = liger["settings"](n)
 
         def lig(s):
-            dxl, dgl = liger["rms_bwd"](s["dz"] @ s["w"], s["x"], g, s["rstd"], 0.0, "llama", bs, nw, False, False)
+            dxl, dgl = liger["rms_bwd"](s["dz"] @ s["w"], s["x"], g, s["rstd"], 0.0, liger["llama"], bs, nw, False,
+                                        False)
             return dxl + s["dres"], dgl
         variants.append(("liger", lig, 1))
+
+        def lcheck():
+            dxr, _, dgr = rmsnorm_ref(sets[0], g)
+            dxl, dgl = lig(sets[0])
+            return [("liger dx", rel(dxl, dxr)), ("liger dg", rel(dgl, dgr))]
     variants.append(("coda", fused, 1))
 
     def check():
         s = sets[0]
         fused(s)
-        db = s["dz"].float() @ s["w"].float()
-        r = s["rstd"][:, None]
-        xh = s["x"].float() * r
-        dxh = db * g.float()
-        ref = s["dres"].float() + r * (dxh - xh * (dxh * xh).mean(-1, keepdim=True))
+        dxr, br, dgr = rmsnorm_ref(s, g)
         edx, edg = eager(s)
-        return [("dx", rel(dx, ref)), ("b", rel(b, xh * g.float())), ("dg", rel(dg, (db * xh).sum(0))),
-                ("eager dx", rel(edx, ref)), ("eager dg", rel(edg, (db * xh).sum(0)))]
+        return [("dx", rel(dx, dxr)), ("b", rel(b, br)), ("dg", rel(dg, dgr)), ("eager dx", rel(edx, dxr)),
+                ("eager dg", rel(edg, dgr))]
 
-    return "rmsnorm_bwd", sets, variants, check
+    return dict(name="rmsnorm_bwd", sets=sets, variants=variants, check=check, lcheck=lcheck,
+                floor=gemm_floor(n, dev, "nn", "dz", "w"))
 
 
 KERNELS = [k_resid_add, k_lm_loss, k_lm_loss_grad, k_swiglu_bwd, k_rmsnorm_bwd]
@@ -353,11 +410,11 @@ def run_checks(ctx, dev, n):
     """coda's outputs against the eager formulas; returns the failures."""
     fails = 0
     for kern in KERNELS:
-        name, _, _, check = kern(ctx, dev, n, None)
-        for what, e in check():
+        k = kern(ctx, dev, n, None)
+        for what, e in k["check"]():
             ok = e <= CHECK_TOL
             fails += not ok
-            print("  %-14s %-14s rel %.2e%s" % (name, what, e, "" if ok else "  FAIL"))
+            print("  %6d %-14s %-14s rel %.2e%s" % (n, k["name"], what, e, "" if ok else "  FAIL"))
     return fails
 
 
@@ -365,10 +422,10 @@ def main():
     args = sys.argv[1:]
     ctx = coda.Context()
     if args and args[0] == "--check":
-        n = int(args[1]) if len(args) > 1 else 200
+        ns = [int(a) for a in args[1:]] or [200, 256]  # on a GPU 256 runs the N16 / ring forms
         dev = "cuda" if ctx.has_cuda and torch.cuda.is_available() else "cpu"
-        print("bench_vs_torch_train --check: n %d on %s" % (n, dev))
-        fails = run_checks(ctx, dev, n)
+        print("bench_vs_torch_train --check: n %s on %s" % (ns, dev))
+        fails = sum(run_checks(ctx, dev, n) for n in ns)
         print("bench_vs_torch_train.py: %d checks failed" % fails)
         return 1 if fails else 0
     sizes = [int(a) for a in args] or [2048, 4096, 8192]
@@ -380,14 +437,15 @@ def main():
                                                       "yes" if liger else "no (%s)" % why))
     results, checks = [], []
     for n in sizes:
-        x = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-        out = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
         for kern in KERNELS:
-            name, sets, variants, check = kern(ctx, "cuda", n, liger)
-            checks += [(n, name, what, e) for what, e in check()]
-            variants = [v for v in variants if v[1] is not None]
-            fns, graphs = [lambda: torch.matmul(x, w.t(), out=out)], [True]
+            k = kern(ctx, "cuda", n, liger)
+            name, sets = k["name"], k["sets"]
+            checks += [(n, name, what, e) for what, e in k["check"]()]
+            if k["lcheck"]:
+                checks += [(n, name, what, e) for what, e in k["lcheck"]()]
+            variants = [v for v in k["variants"] if v[1] is not None]
+            frot = Rot(sets)
+            fns, graphs = [lambda: k["floor"](frot.next())], [True]
             for label, fn, graph in variants:
                 rot = Rot(sets)
                 fns.append(lambda fn=fn, rot=rot: fn(rot.next()))
@@ -401,7 +459,7 @@ def main():
             results.append((n, name, "cuBLAS GEMM (floor)", ts[0], 1.0))
             for (label, _, _), t in zip(variants, ts[1:]):
                 results.append((n, name, label, t, t / ts[0]))
-            del sets, variants, fns
+            del k, sets, variants, fns
             torch.cuda.empty_cache()
     print_results(results)
     print("\ncoda against the eager formula (relative norm difference):")

@@ -392,8 +392,10 @@ int coda_program_find_arg(const coda_program_t *p, const char *name);
  * multiple of 16 and every tile's base and row stride are multiples of 16
  * bytes: tiles then move through shared memory as 16-byte vectors (and a
  * program's tile outputs, when it has two or more, leave by TMA bulk
- * copies). Every bound tensor must be device memory of a's device, else
- * CODA_ERR_DEVICE and nothing is written. Use coda_choose_program_tiling
+ * copies). Every bound tensor's pointer must be CUDA memory of a's device,
+ * as the driver reports it (host memory unknown to CUDA, or memory of
+ * another device: CODA_ERR_DEVICE, nothing written; the check asks the
+ * driver for the pointer's device, so pinned host memory it maps may pass). Use coda_choose_program_tiling
  * (or coda_choose_tiling).
  * ------------------------------------------------------------------------- */
 

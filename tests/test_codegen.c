@@ -301,10 +301,14 @@ static void check_store_plan(void) {
         {"gateup_swiglu", NULL, CODA_CG_N16, 0, -1, 0, -1, 0},
         /* z: bf16 full, c: bf16 half (32 bytes, 16 elements) */
         {"gateup_swiglu_train", NULL, CODA_CG_N16, 2, 1, 32, 2, 16},
-        /* an f32 double-space output (256-byte rows) stays with vector stores,
-         * so one is left: none */
+        /* an f32 double-space output (256-byte rows, a region of the whole
+         * slab): w finds no room and is stored straight; no TMA */
         {"f32double", "out y tile f32 double\nout w tile f32\na = acc\nx = interleave a a\nstore y x\nstore w a\n",
          CODA_CG_N16, 0, -1, 0, -1, 0},
+        /* three outputs, b's region (at 512) off its 1 KiB period: a and c
+         * by TMA, b by vector stores in the same flush */
+        {"mixed", "out a tile bf16 half\nout b tile f32\nout c tile bf16 half\nx = acc\ne = even x\no = odd x\n"
+                  "store a e\nstore b x\nstore c o\n", CODA_CG_N16, 2, 0, 16, 2, 16},
         /* f32 full (128 bytes) and f32 half (64 bytes) */
         {"f32pair", "out y tile f32\nout w tile f32 half\na = acc\ne = even a\nstore y a\nstore w e\n", CODA_CG_N16,
          2, 0, 32, 1, 16},
@@ -330,9 +334,20 @@ static void check_store_plan(void) {
             CHECK((strstr(src, "#define CODA_EPI_TMA_STORES 1") != NULL) == (sp.nmap > 0),
                   "store plan %s: CODA_EPI_TMA_STORES follows the plan", cases[c].name);
         }
+        if (src && strcmp(cases[c].name, "mixed") == 0) /* mixed: b's flush is the vector one, outside the TMA-only #if */
+            CHECK(strstr(src, "{ /* b */\n") != NULL && strstr(src, "#if !CODA_EPI_TMA_STORES\n    { /* b */") == NULL,
+                  "store plan mixed: b keeps its vector stores");
         free(src);
         coda_program_free(p);
     }
+#ifdef CODA_WITH_CUDA
+    /* the kernel's copies of the limits (gemm_prelude.cuh) are the host's */
+    const char *pre = coda__cuda_source("gemm_prelude.cuh");
+    char want[2][64];
+    snprintf(want[0], sizeof want[0], "#define CODA_STORE_MAX_MAP %d\n", CODA_STORE_MAX_MAP);
+    snprintf(want[1], sizeof want[1], "#define CODA_RING_MAX_BOX %d\n", CODA_RING_MAX_BOX);
+    CHECK(pre && strstr(pre, want[0]) && strstr(pre, want[1]), "gemm_prelude.cuh: %s and %s", want[0], want[1]);
+#endif
     coda_store_plan_t none;
     coda__codegen_store_plan(NULL, CODA_CG_N16, &none);
     CHECK(none.nmap == 0 && none.map_of[0] == -1, "no program: an empty store plan");

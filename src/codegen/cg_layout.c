@@ -12,7 +12,8 @@
  * consumer warp owns a 4 KiB shared-memory slab (t.stage). For one batch of
  * CODA_EPI_BATCH (4) column chunks the pairs write their outputs into the
  * slab in the fragment layout (16 rows of the warp x the batch's columns, one
- * region per output), and coda_epi_flush writes them out as 16-byte vectors.
+ * region per output), and coda_epi_flush writes them out as 16-byte vectors
+ * or, for the store plan's outputs, by TMA bulk copies (codegen.h).
  * Stored straight from the fragment, every store instruction would put 4 to
  * 8 bytes into each of 8 rows: measured on the H200, resid_add's one bf16
  * output then cost 0.075 ms at M = N = K = 4096, 40% of the GEMM. Regions
@@ -70,10 +71,10 @@ void plan_staging(const coda_program_t *p, int n16, const coda_ring_plan_t *rp, 
     }
     /* ... for two outputs or more. Measured on the H200 (bench_epilogue,
      * A/B against CODA_X_LSU_STORE, session 10): with two staged outputs
-     * TMA was 0.2-2.8% faster (resid_norm, gateup_swiglu_train, swiglu_bwd,
+     * TMA was 0.1-3.7% faster (resid_norm, gateup_swiglu_train, swiglu_bwd,
      * rmsnorm_bwd at 2048-8192), with one 0-2.7% slower (qkv_rope,
-     * gateup_swiglu, lmhead_bwd at 2048): the batch then waits for TMA to
-     * read the slab, where the vector stores it replaces cost little. */
+     * gateup_swiglu, lmhead_bwd at 2048), double-buffered or not: its
+     * fence and copy cost more than the vector stores they replace. */
     if (sp->nmap < 2) {
         for (int k = 0; k < CODA_EPI_MAX_ARGS; k++) sp->map[k] = -1;
         sp->nmap = 0;

@@ -32,8 +32,10 @@ static void shfl_fold(sb_t *b, coda_reduce_t r, int lo, int hi, int indent) {
  * hands outputs to TMA (the store plan, codegen.h), and the wait before a
  * warp next writes its slab until TMA has read the last batch out of it
  * (the kernel calls it before the pairs of each batch; coda_epi_vput and
- * coda_epi_end, which write the slab too, call it first). The copies then
- * run while the next batch's inputs are read. */
+ * coda_epi_end, which write the slab too, call it first). In the ring form
+ * the copies run while the next batch's inputs are read from the ring;
+ * with staged inputs (N16 form) coda_epi_vput waits right after the flush,
+ * so there they overlap nothing. */
 void gen_slab_wait(sb_t *b, const stage_plan_t *sp) {
     if (sp->nmap > 0)
         sb_printf(b, "#if CODA_EPI_STAGE && !defined(CODA_X_LSU_STORE)\n#define CODA_EPI_TMA_STORES 1\n#else\n"
@@ -51,7 +53,8 @@ void gen_slab_wait(sb_t *b, const stage_plan_t *sp) {
 
 
 /* coda_epi_flush(P, t, mh, j0): after the pairs of the batch at chunk j0 of
- * row block mh, the warp writes each staged region out, 16 bytes a lane. N
+ * row block mh, the warp writes each staged region out: by one TMA bulk
+ * copy per region for the store plan's outputs, else 16 bytes a lane. N
  * is a multiple of 16 and a batch starts at a multiple of 32 columns, so a
  * vector is wholly inside the output or wholly outside. */
 void gen_flush(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) {
@@ -92,7 +95,7 @@ void gen_flush(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) {
             sb_printf(b, "#if CODA_EPI_TMA_STORES\n"
                          "    coda_fence_proxy_async();\n"
                          "    __syncwarp();\n"
-                         "    if (lane == 0) {\n");
+                         "    if (lane == 0 && CG_ST_OK(1)) { /* CODA_X_NO_EPI_STORE: none */\n");
             for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++) {
                 if (sp->map[k] < 0 || !staged_arg(p, sp, k, CODA_OUT_TILE, &sa)) continue;
                 sb_printf(b, "        coda_tma_store(&O.map[%d], t.stage + %d, (int)(%s + %d * j0), (int)row0); /* %s */\n",

@@ -82,8 +82,11 @@ coda_cg_form_t coda__cuda_fused_form(const coda_program_t *p, const coda_tensor_
         if (!t || (kind != CODA_IN_TILE && kind != CODA_OUT_TILE && !col)) continue;
         if ((uintptr_t)t->data % 16 != 0 || (!col && t->ndim == 2 && t->stride[0] % 16 != 0)) return CODA_CG_EVEN;
         /* staged outputs may go out by TMA (the store plan), which takes
-         * row strides below 2^40 bytes */
-        if (kind == CODA_OUT_TILE && t->ndim == 2 && t->stride[0] >= ((int64_t)1 << 40)) return CODA_CG_EVEN;
+         * row strides below 2^40 bytes and no shorter than a row (a
+         * one-row tensor may have any stride) */
+        if (kind == CODA_OUT_TILE && t->ndim == 2 &&
+            (t->stride[0] >= ((int64_t)1 << 40) || t->stride[0] < t->shape[1] * (int64_t)coda_dtype_size(t->dtype)))
+            return CODA_CG_EVEN;
     }
     /* tile inputs through the stage ring (TMA), on the cooperative schedule
      * only (ping-pong would read them pair by pair from global memory):

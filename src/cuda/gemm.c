@@ -270,6 +270,8 @@ static coda_status_t ring_maps(struct coda_cuda *cu, const coda_cuda_epi_io_t *r
 typedef struct store_maps {
     CUtensorMap map[CODA_STORE_MAX_MAP];
 } store_maps_t;
+_Static_assert(sizeof(store_maps_t) == 128 * CODA_STORE_MAX_MAP,
+               "store_maps_t: the layout of struct coda_store_maps (kernels/gemm_prelude.cuh)");
 
 /* The store plan's tensor maps (codegen.h): boxes of 16 rows x cols
  * elements, swizzled by the row's bytes (32, 64 or 128), as the generated

@@ -45,6 +45,10 @@ static const char *const extra_programs[] = {
     "reduce cm e\nx = interleave a a\nreduce cq x\n",
     "program lse\nin t row i32\nin r row f32\nout st lse\na = acc\nrr = load r\nz = mul a rr\n"
     "tt = load t\nlse st z tt\n",
+    /* three staged outputs, the f32 one's region off its 1 KiB swizzle
+     * period: two leave by TMA, the middle one by vector stores (store plan) */
+    "program mixedstore\nout a tile bf16 half\nout b tile f32\nout c tile bf16 half\nx = acc\ne = even x\n"
+    "o = odd x\nstore a e\nstore b x\nstore c o\n",
     /* row partials read by the next GEMM: an RMSNorm finished in the epilogue */
     "program rowpart\nin ss rowpart\nin inv scalar\nin eps scalar\nout y tile f32\nout sv tile f32\n"
     "a = acc\ns = load ss\ni = load inv\nm = mul s i\nv = abs m\ne = load eps\nw = add v e\nr = rsqrt w\n"
@@ -125,14 +129,16 @@ static void skew_buf(buf_t *b, size_t es) {
  * logits reaches 1e9 and more) fails the first test when that element's
  * bf16 rounding goes the other way on the GPU (a 1e-7 difference in its
  * exp crossing a rounding boundary: measured, session 10, |d| = 2^22 at
- * 2^30, one bf16 unit), and so do the sums taken over it. So: every
- * element within one bf16 unit (2^-7 relative) of the CPU's, and at most
- * 1 in 10^4 (or 2) further off than 1e-3 relative. A wrong value, a
- * misplaced tile or a systematic error is still far outside. */
+ * 2^30, one bf16 unit), and so do the f32 sums taken over it. So: every
+ * element of a bf16 output within one unit in the last place of the
+ * CPU's, every element of an f32 output within 2^-7 relative (a sum over
+ * such a flip), and at most 1 in 10^4 (or 2) elements further off than
+ * 1e-3 relative. A wrong value, a misplaced tile or a systematic error is
+ * still far outside. */
 static int compare(const char *what, const coda_tensor_t *cpu, const void *got, size_t bytes) {
     int64_t n = (int64_t)(bytes / coda_dtype_size(cpu->dtype)); /* padding included */
     double num = 0, den = 0, worst_rel = 0;
-    int64_t bad_nan = 0, worst = -1, n_far = 0;
+    int64_t bad_nan = 0, worst = -1, n_far = 0, over_ulp = 0;
     double worst_d = 0;
     for (int64_t i = 0; i < n; i++) {
         float c, g;
@@ -156,15 +162,18 @@ static int compare(const char *what, const coda_tensor_t *cpu, const void *got, 
             double er = fabs(d) / (fabs((double)c) > 1e-30 ? fabs((double)c) : 1e-30);
             if (er > worst_rel) worst_rel = er;
             n_far += er > 1e-3;
+            /* one bf16 unit at c: 2^(exponent of c - 7) */
+            if (cpu->dtype == CODA_BF16 && fabs(d) > ldexp(1.0, ilogb(c) - 7)) over_ulp++;
         }
     }
     double rel = den > 0 ? sqrt(num / den) : sqrt(num);
-    int flips = rel > 4e-3 && worst_rel <= 1.0 / 128 && n_far <= (n / 10000 > 2 ? n / 10000 : 2);
+    int flips = rel > 4e-3 && n_far <= (n / 10000 > 2 ? n / 10000 : 2) &&
+                (cpu->dtype == CODA_BF16 ? over_ulp == 0 : worst_rel <= 1.0 / 128);
     int ok = bad_nan == 0 && (rel <= 4e-3 || flips);
     CHECK(ok, "%s: rel err %.3g, %lld NaN/inf mismatches, worst |d| %.3g at %lld, worst element rel %.3g, "
               "%lld elements off by > 1e-3", what, rel, (long long)bad_nan, worst_d, (long long)worst, worst_rel,
           (long long)n_far);
-    printf("    %-14s rel %.2e%s\n", what, rel, !ok ? "  FAIL" : flips ? " (rounding flips: each element within 2^-7)" : "");
+    printf("    %-14s rel %.2e%s\n", what, rel, !ok ? "  FAIL" : flips ? " (rounding flips: bf16 within 1 unit, f32 within 2^-7)" : "");
     return ok;
 }
 

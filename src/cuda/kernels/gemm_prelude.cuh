@@ -215,7 +215,10 @@ struct coda_epi_tile {
  * (the RING form, src/codegen/codegen.h): per 64-column chunk at
  * accumulator column col0, box b (128 rows x 128 bytes, 16 KiB at offset
  * b t.ring_box of the stage) is map[b] at column xmul[b] col0 + xadd[b] and
- * the tile's first row. Host mirror: coda_cuda_ring_t (src/cuda/backend.h). */
+ * the tile's first row. Host mirror: ring_params_t (src/cuda/gemm.c), made
+ * from coda_cuda_epi_io_t (src/cuda/backend.h). CODA_RING_MAX_BOX and
+ * CODA_STORE_MAX_MAP are also defined in src/codegen/codegen.h; test_codegen
+ * checks that the two agree. */
 #define CODA_RING_MAX_BOX 2
 #define CODA_RING_BOX_BYTES 16384
 struct coda_ring_params {
@@ -226,8 +229,8 @@ struct coda_ring_params {
 
 /* Staged tile outputs that a generated coda_epi_flush hands to TMA (the
  * store plan, src/codegen/codegen.h): map s covers output s of the plan,
- * boxes of 16 rows, swizzled as the warp's slab region. Host mirror: built
- * in src/cuda/gemm.c from coda_cuda_epi_io_t. */
+ * boxes of 16 rows, swizzled as the warp's slab region. Host mirror:
+ * store_maps_t (src/cuda/gemm.c), made from coda_cuda_epi_io_t. */
 #define CODA_STORE_MAX_MAP 4
 struct coda_store_maps {
     coda_tmap map[CODA_STORE_MAX_MAP];
