@@ -117,20 +117,26 @@ def rms(x, g):
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS)).to(x.dtype) * g
 
 
-def load_liger():
+def import_liger(load):
+    """Liger-Kernel from $LIGER_SRC: (load(), None), or (None, why not)."""
     src = os.environ.get("LIGER_SRC")
     if not src:
         return None, "LIGER_SRC not set"
     sys.path.insert(0, src)
     try:
+        return load(), None
+    except Exception as e:  # report, do not hide
+        return None, "%s: %s" % (type(e).__name__, e)
+
+
+def load_liger():
+    def load():
         from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
         from liger_kernel.ops.rms_norm import LigerRMSNormFunction
         from liger_kernel.ops.rope import LigerRopeFunction
         from liger_kernel.ops.swiglu import LigerSiLUMulFunction
-        return (LigerFusedAddRMSNormFunction, LigerRMSNormFunction, LigerRopeFunction,
-                LigerSiLUMulFunction), None
-    except Exception as e:  # report, do not hide
-        return None, "%s: %s" % (type(e).__name__, e)
+        return (LigerFusedAddRMSNormFunction, LigerRMSNormFunction, LigerRopeFunction, LigerSiLUMulFunction)
+    return import_liger(load)
 
 
 def rowpart_program(name):

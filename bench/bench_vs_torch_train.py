@@ -55,17 +55,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
 sys.path.insert(0, HERE)
 import coda  # noqa: E402
-from bench_vs_torch import EPS, interleaved_ms, print_results, Rot  # noqa: E402
+from bench_vs_torch import EPS, import_liger, interleaved_ms, print_results, Rot  # noqa: E402
 
 IGNORE = -100
 
 
 def load_liger():
-    src = os.environ.get("LIGER_SRC")
-    if not src:
-        return None, "LIGER_SRC not set"
-    sys.path.insert(0, src)
-    try:
+    def load():
         from liger_kernel.ops.cross_entropy import cross_entropy_forward
         from liger_kernel.ops.rms_norm import _str_to_casting_mode, rms_norm_backward
         from liger_kernel.ops.swiglu import swiglu_fused_gate_up_backward
@@ -73,9 +69,8 @@ def load_liger():
         # rms_norm_backward takes the casting mode as its number (only the
         # forward converts the name)
         return dict(ce=cross_entropy_forward, rms_bwd=rms_norm_backward, swiglu_bwd=swiglu_fused_gate_up_backward,
-                    settings=calculate_settings, llama=_str_to_casting_mode["llama"]), None
-    except Exception as e:  # report, do not hide
-        return None, "%s: %s" % (type(e).__name__, e)
+                    settings=calculate_settings, llama=_str_to_casting_mode["llama"])
+    return import_liger(load)
 
 
 def compiled(fn):
@@ -145,7 +140,7 @@ def k_resid_add(ctx, dev, n, liger):
                           ("coda", fused, 1)])
 
 
-def lm_setup(ctx, dev, n):
+def lm_setup(dev, n):
     """x: the LM head's A operand (y gf, as the layer feeds it), w: (V = n, n)."""
     bf = torch.bfloat16
     mk = lambda *s: torch.randn(*s, device=dev, dtype=bf)  # noqa: E731
@@ -165,7 +160,7 @@ def lm_loss_ref(s, r):
 
 
 def k_lm_loss(ctx, dev, n, liger):
-    sets, r = lm_setup(ctx, dev, n)
+    sets, r = lm_setup(dev, n)
     p = coda.Program.builtin("lmhead_lse")
     tl, _, nt = tiles(ctx, dev, "nt", n, p)
     part = torch.empty(n, nt, 3, device=dev, dtype=torch.float32)
@@ -205,7 +200,7 @@ def k_lm_loss(ctx, dev, n, liger):
 
 
 def k_lm_loss_grad(ctx, dev, n, liger):
-    sets, r = lm_setup(ctx, dev, n)
+    sets, r = lm_setup(dev, n)
     p1, p2 = coda.Program.builtin("lmhead_lse"), coda.Program.builtin("lmhead_bwd")
     tl1, _, nt1 = tiles(ctx, dev, "nt", n, p1)
     tl2, _, nt2 = tiles(ctx, dev, "nt", n, p2)

@@ -245,6 +245,15 @@ typedef struct ring_params {
 _Static_assert(sizeof(CUtensorMap) == 128 && offsetof(ring_params_t, nbox) == 128 * CODA_RING_MAX_BOX,
                "ring_params_t: the layout of struct coda_ring_params (kernels/gemm_prelude.cuh)");
 
+/* A tensor the copy engine may move as a 2-D tile (ring inputs, TMA-stored
+ * outputs): bf16 or f32, 16-byte aligned base and rows, rows < 2^40 bytes
+ * apart. The planners (fused_gemm.c) only pick such tensors; this is the
+ * launch's own check. */
+static int tma_tile_ok(const coda_tensor_t *t) {
+    return t && t->ndim == 2 && (t->dtype == CODA_BF16 || t->dtype == CODA_F32) && (uintptr_t)t->data % 16 == 0 &&
+           t->stride[0] % 16 == 0 && t->stride[0] < ((int64_t)1 << 40);
+}
+
 /* The ring's tensor maps: boxes of 128 rows x 128 bytes, 128B-swizzled,
  * as the generated epilogue reads them. */
 static coda_status_t ring_maps(struct coda_cuda *cu, const coda_cuda_epi_io_t *ring, ring_params_t *rp) {
@@ -254,8 +263,7 @@ static coda_status_t ring_maps(struct coda_cuda *cu, const coda_cuda_epi_io_t *r
         return coda__fail(CODA_ERR_INTERNAL, "CUDA GEMM: %d ring boxes (max %d)", ring->nbox, CODA_RING_MAX_BOX);
     for (int b = 0; b < ring->nbox; b++) {
         const coda_tensor_t *t = ring->tensor[b];
-        if (!t || t->ndim != 2 || (t->dtype != CODA_BF16 && t->dtype != CODA_F32) ||
-            (uintptr_t)t->data % 16 != 0 || t->stride[0] % 16 != 0 || t->stride[0] >= ((int64_t)1 << 40))
+        if (!tma_tile_ok(t))
             return coda__fail(CODA_ERR_INTERNAL, "CUDA GEMM: ring box %d: not a 16-byte aligned 2-D bf16/f32 tile", b);
         int elems = 128 / (int)coda_dtype_size(t->dtype);
         CODA_TRY(encode(cu, &rp->map[b], t, t->shape[1], t->shape[0], elems, 128, "cuTensorMapEncodeTiled(ring)"));
@@ -286,8 +294,7 @@ static coda_status_t store_maps(struct coda_cuda *cu, const coda_cuda_epi_io_t *
         int bytes = t ? io->store_cols[s] * (int)coda_dtype_size(t->dtype) : 0;
         CUtensorMapSwizzle sw = bytes == 32 ? CU_TENSOR_MAP_SWIZZLE_32B
                                 : bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
-        if (!t || t->ndim != 2 || (t->dtype != CODA_BF16 && t->dtype != CODA_F32) || (uintptr_t)t->data % 16 != 0 ||
-            t->stride[0] % 16 != 0 || t->stride[0] >= ((int64_t)1 << 40) || (bytes != 32 && bytes != 64 && bytes != 128))
+        if (!tma_tile_ok(t) || (bytes != 32 && bytes != 64 && bytes != 128))
             return coda__fail(CODA_ERR_INTERNAL, "CUDA GEMM: store map %d: not a 16-byte aligned 2-D bf16/f32 tile", s);
         CODA_TRY(encode_swizzled(cu, &sm->map[s], t, t->shape[1], t->shape[0], io->store_cols[s], 16, sw,
                                  "cuTensorMapEncodeTiled(store)"));

@@ -177,6 +177,29 @@ static int compare(const char *what, const coda_tensor_t *cpu, const void *got, 
     return ok;
 }
 
+/* What a test needs of argument i of p for an (m, n) GEMM cut by tl: its
+ * name, kind and space, and the tensor it is bound to (a scalar gets an
+ * unused one-element one). */
+typedef struct arg_desc {
+    const char *name;
+    coda_arg_kind_t kind;
+    coda_space_t sp;
+    coda_dtype_t dt;
+    int nd;
+    int64_t sh[3];
+    int out; /* an output (tile, partials, lse) */
+} arg_desc_t;
+
+static arg_desc_t describe_arg(const coda_program_t *p, int i, int64_t m, int64_t n, const coda_tiling_t *tl) {
+    arg_desc_t d;
+    coda_reduce_t red;
+    REQUIRE_OK(coda_program_arg_info(p, i, &d.name, &d.kind, &d.dt, &d.sp, &red));
+    REQUIRE_OK(coda_program_arg_shape(p, i, m, n, tl, &d.nd, d.sh, &d.dt));
+    if (d.nd == 0) d.nd = 1, d.sh[0] = 1;
+    d.out = d.kind >= CODA_OUT_TILE && d.kind <= CODA_OUT_LSE;
+    return d;
+}
+
 /* 1: run fused GEMMs on the cooperative schedule (CODA_GEMM_CFG 0 or 1,
  * by tile width) instead of the default: ping-pong for tile_n 128,
  * cooperative for 256 */
@@ -230,28 +253,19 @@ static void run_case(const char *text, coda_layout_t layout, int64_t m, int64_t 
     buf_t bufs[32];
     coda_binding_t bc[32], bg[32];
     for (int i = 0; i < na; i++) {
-        const char *name;
-        coda_arg_kind_t kind;
-        coda_dtype_t dt;
-        coda_space_t sp;
-        coda_reduce_t red;
-        REQUIRE_OK(coda_program_arg_info(p, i, &name, &kind, &dt, &sp, &red));
-        int64_t sh[3];
-        int nd, out = kind >= CODA_OUT_TILE && kind <= CODA_OUT_LSE;
-        REQUIRE_OK(coda_program_arg_shape(p, i, m, n, &tl, &nd, sh, &dt));
-        if (nd == 0) nd = 1, sh[0] = 1; /* scalars: an unused one-element tensor */
-        if (kind == CODA_IN_ROWPART) { /* any T: around the registers' 16 (CG_ROWPART_REGS), 1 and 40 */
+        arg_desc_t d = describe_arg(p, i, m, n, &tl);
+        if (d.kind == CODA_IN_ROWPART) { /* any T: around the registers' 16 (CG_ROWPART_REGS), 1 and 40 */
             static const int64_t ts[] = {7, 1, 16, 17, 40, 33};
             static int next;
-            sh[1] = ts[next++ % 6];
+            d.sh[1] = ts[next++ % 6];
         }
-        make_buf(&bufs[i], dt, nd, sh, &r, out, n);
-        if (skew_cols && kind == CODA_IN_COL)
-            skew_buf(&bufs[i], coda_dtype_size(dt) * (sp == CODA_SPACE_HALF ? 1 : sp == CODA_SPACE_FULL ? 2 : 4));
-        bc[i].name = bg[i].name = name;
+        make_buf(&bufs[i], d.dt, d.nd, d.sh, &r, d.out, n);
+        if (skew_cols && d.kind == CODA_IN_COL)
+            skew_buf(&bufs[i], coda_dtype_size(d.dt) * (d.sp == CODA_SPACE_HALF ? 1 : d.sp == CODA_SPACE_FULL ? 2 : 4));
+        bc[i].name = bg[i].name = d.name;
         bc[i].tensor = bufs[i].host;
         bg[i].tensor = bufs[i].dev;
-        bc[i].scalar = bg[i].scalar = kind == CODA_IN_SCALAR ? 0.25f + rng_uniform(&r) * 0.1f : 0.0f;
+        bc[i].scalar = bg[i].scalar = d.kind == CODA_IN_SCALAR ? 0.25f + rng_uniform(&r) * 0.1f : 0.0f;
     }
     CHECK_OK(coda_gemm_epilogue(ctx, layout, &A.host, &B.host, p, bc, na, &tl, NULL));
     coda_status_t s = coda_gemm_epilogue(ctx, layout, &A.dev, &B.dev, p, bg, na, &tl, NULL);
@@ -264,13 +278,8 @@ static void run_case(const char *text, coda_layout_t layout, int64_t m, int64_t 
     fflush(stdout); /* FAIL lines (stderr) land under their case */
     if (s == CODA_OK) {
         for (int i = 0; i < na; i++) {
-            const char *name;
-            coda_arg_kind_t kind;
-            coda_dtype_t dt;
-            coda_space_t sp;
-            coda_reduce_t red;
-            REQUIRE_OK(coda_program_arg_info(p, i, &name, &kind, &dt, &sp, &red));
-            if (kind < CODA_OUT_TILE || kind > CODA_OUT_LSE) continue;
+            const char *name = bg[i].name;
+            if (!describe_arg(p, i, m, n, &tl).out) continue;
             void *got = h_alloc(bufs[i].bytes), *again = h_alloc(bufs[i].bytes);
             CUDA_OK(cudaMemcpy(got, bufs[i].dev.data, bufs[i].bytes, cudaMemcpyDeviceToHost));
             compare(name, &bufs[i].host, got, bufs[i].bytes);
@@ -326,28 +335,16 @@ static void host_pointer_case(const char *name) {
     int na = coda_program_num_args(p);
     coda_binding_t bg[16];
     for (int bad = 0; bad < na; bad++) {
+        coda_arg_kind_t bk = CODA_IN_SCALAR;
         for (int i = 0; i < na; i++) {
-            const char *an;
-            coda_arg_kind_t kind;
-            coda_dtype_t dt;
-            coda_space_t sp;
-            coda_reduce_t red;
-            REQUIRE_OK(coda_program_arg_info(p, i, &an, &kind, &dt, &sp, &red));
-            int64_t sh[3];
-            int nd;
-            REQUIRE_OK(coda_program_arg_shape(p, i, m, n, &tl, &nd, sh, &dt));
-            if (nd == 0) nd = 1, sh[0] = 1;
-            make_buf(&bufs[i], dt, nd, sh, &r, kind >= CODA_OUT_TILE && kind <= CODA_OUT_LSE, n);
-            bg[i].name = an;
+            arg_desc_t d = describe_arg(p, i, m, n, &tl);
+            make_buf(&bufs[i], d.dt, d.nd, d.sh, &r, d.out, n);
+            bg[i].name = d.name;
             bg[i].tensor = bufs[i].dev;
             bg[i].scalar = 0.5f;
+            if (i == bad) bk = d.kind;
         }
-        coda_arg_kind_t bk;
-        const char *bn;
-        coda_dtype_t bdt;
-        coda_space_t bsp;
-        coda_reduce_t bred;
-        REQUIRE_OK(coda_program_arg_info(p, bad, &bn, &bk, &bdt, &bsp, &bred));
+        const char *bn = bg[bad].name;
         if (bk != CODA_IN_SCALAR) {
             bg[bad].tensor.data = bufs[bad].host.data; /* host memory, said to be on cuda:0 */
             coda_status_t s = coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &A.dev, &B.dev, p, bg, na, &tl, NULL);
