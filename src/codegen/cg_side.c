@@ -148,20 +148,27 @@ static int fetch_words(const coda_program_t *p, const coda_inst_t *in) {
     return a->kind == CODA_IN_ROW ? 1 : 0;
 }
 
-/* One chunk's loads of the side program into L.u<i>: of the column vectors
- * (cols; a lane's chunk of columns is the same for every row of the tile,
- * so coda_epi_side loads them once a tile) or of the tile inputs and row
- * vectors. Every load is predicated (zeros when not). */
-static void gen_side_loads(sb_t *b, const coda_program_t *p, int cols) {
+/* coda_side_fetch: the chunk's inputs as raw words, every load predicated
+ * on the chunk being inside (zeros when not). */
+static void gen_side_fetch(sb_t *b, const coda_program_t *p) {
+    sb_printf(b, "struct coda_side_in {\n    unsigned unused_;\n");
+    for (int i = 0; i < p->n_insts; i++)
+        if (p->insts[i].op == CODA_OP_LOAD && fetch_words(p, &p->insts[i]))
+            sb_printf(b, "    unsigned u%d[%d]; /* %s */\n", i, fetch_words(p, &p->insts[i]), p->args[p->insts[i].arg].name);
+    sb_printf(b, "};\n\n"
+                 "static __device__ __forceinline__ void coda_side_fetch(const coda_epi_params &P_, int row, int col0,\n"
+                 "        int inside, coda_side_in &L) {\n"
+                 "    const coda_epi_params *P = &P_;\n"
+                 "    const int valid = inside && row < P->m && col0 < P->n;\n"
+                 "    (void)P; (void)L; (void)valid;\n");
     for (int i = 0; i < p->n_insts; i++) {
         const coda_inst_t *in = &p->insts[i];
         if (in->op != CODA_OP_LOAD || !fetch_words(p, in)) continue;
         const coda_arg_t *a = &p->args[in->arg];
-        if ((a->kind == CODA_IN_COL) != cols) continue;
         const char *t = a->dtype == CODA_BF16 ? "unsigned short" : a->dtype == CODA_I32 ? "int" : "float";
         if (a->kind == CODA_IN_ROW) {
             sb_printf(b, "    L.u%d[0] = %s(valid, (const %s *)P->ptr[%d] + (long long)row * P->s0[%d]); /* %s */\n", i,
-                      a->dtype == CODA_BF16 ? "cg_side_ld16" : "cg_side_ld32", t, in->arg, in->arg, a->name);
+                      a->dtype == CODA_BF16 ? "cg_ld16p" : "cg_ld32p", t, in->arg, in->arg, a->name);
             continue;
         }
         char q[192];
@@ -172,40 +179,12 @@ static void gen_side_loads(sb_t *b, const coda_program_t *p, int cols) {
             snprintf(q, sizeof q, "(const %s *)P->ptr[%d] + %s", t, in->arg, chunk_first(a));
         sb_printf(b, "    { /* %s */\n        const %s *q_ = %s;\n", a->name, t, q);
         int bytes = chunk_bytes(a);
-        if (bytes == 8) sb_printf(b, "        cg_side_ld64(valid, q_, &L.u%d[0], &L.u%d[1]);\n", i, i);
+        if (bytes == 8) sb_printf(b, "        cg_ld64p(valid, q_, &L.u%d[0], &L.u%d[1]);\n", i, i);
         for (int v = 0; v < bytes / 16; v++)
-            sb_printf(b, "        cg_side_ld128(valid, (const char *)q_ + %d, &L.u%d[%d], &L.u%d[%d], &L.u%d[%d], &L.u%d[%d]);\n",
+            sb_printf(b, "        cg_ld128p(valid, (const char *)q_ + %d, &L.u%d[%d], &L.u%d[%d], &L.u%d[%d], &L.u%d[%d]);\n",
                       16 * v, i, 4 * v, i, 4 * v + 1, i, 4 * v + 2, i, 4 * v + 3);
         sb_printf(b, "    }\n");
     }
-}
-
-/* struct coda_side_col and coda_side_fetch_cols (a lane's column-vector
- * chunks, once a tile), struct coda_side_in and coda_side_fetch (a chunk's
- * tile inputs and row vectors). */
-static void gen_side_fetch(sb_t *b, const coda_program_t *p) {
-    for (int cols = 1; cols >= 0; cols--) {
-        sb_printf(b, "struct coda_side_%s {\n    unsigned unused_;\n", cols ? "col" : "in");
-        for (int i = 0; i < p->n_insts; i++) {
-            const coda_inst_t *in = &p->insts[i];
-            if (in->op == CODA_OP_LOAD && fetch_words(p, in) && (p->args[in->arg].kind == CODA_IN_COL) == cols)
-                sb_printf(b, "    unsigned u%d[%d]; /* %s */\n", i, fetch_words(p, in), p->args[in->arg].name);
-        }
-        sb_printf(b, "};\n\n");
-    }
-    sb_printf(b, "static __device__ __forceinline__ void coda_side_fetch_cols(const coda_epi_params &P_, int col0,\n"
-                 "        coda_side_col &L) {\n"
-                 "    const coda_epi_params *P = &P_;\n"
-                 "    const int valid = col0 < P->n;\n"
-                 "    (void)P; (void)L; (void)valid;\n");
-    gen_side_loads(b, p, 1);
-    sb_printf(b, "}\n\n"
-                 "static __device__ __forceinline__ void coda_side_fetch(const coda_epi_params &P_, int row, int col0,\n"
-                 "        int inside, coda_side_in &L) {\n"
-                 "    const coda_epi_params *P = &P_;\n"
-                 "    const int valid = inside && row < P->m && col0 < P->n;\n"
-                 "    (void)P; (void)L; (void)valid;\n");
-    gen_side_loads(b, p, 0);
     sb_printf(b, "}\n\n");
 }
 
@@ -214,11 +193,11 @@ static void gen_side_fetch(sb_t *b, const coda_program_t *p) {
  * gathered, then written as vectors. */
 static coda_status_t gen_side_chunk(sb_t *b, const coda_program_t *p) {
     sb_printf(b, "static __device__ __forceinline__ void coda_side_chunk(const coda_epi_params &P_, int row, int col0,\n"
-                 "        int inside, const coda_side_col &C, const coda_side_in &L) {\n"
+                 "        int inside, const coda_side_in &L) {\n"
                  "    const coda_epi_params *P = &P_;\n"
                  "    const int valid = inside && row < P->m && col0 < P->n;\n"
                  "    const int ok1 = 1; /* N16: every pair whole */\n"
-                 "    (void)P; (void)L; (void)C; (void)ok1;\n");
+                 "    (void)P; (void)L; (void)ok1;\n");
     for (int i = 0; i < p->n_insts; i++)
         if (p->insts[i].op == CODA_OP_STORE)
             sb_printf(b, "    float o%d_[%d]; /* %s */\n", i, SIDE_PAIRS * space_width(p->args[p->insts[i].arg].space),
@@ -238,13 +217,11 @@ static coda_status_t gen_side_chunk(sb_t *b, const coda_program_t *p) {
                     else sb_printf(b, "    const float v%d_0 = __uint_as_float(L.u%d[0]);\n", i, i);
                 } else {
                     int w = value_width(in);
-                    const char *st = a->kind == CODA_IN_COL ? "C" : "L";
                     for (int e = 0; e < w; e++) {
                         int x = q * w + e; /* element in the chunk */
                         if (a->dtype == CODA_BF16)
-                            sb_printf(b, "    const float v%d_%d = cg_%s(%s.u%d[%d]);\n", i, e, x % 2 ? "hi" : "lo", st, i,
-                                      x / 2);
-                        else sb_printf(b, "    const float v%d_%d = __uint_as_float(%s.u%d[%d]);\n", i, e, st, i, x);
+                            sb_printf(b, "    const float v%d_%d = cg_%s(L.u%d[%d]);\n", i, e, x % 2 ? "hi" : "lo", i, x / 2);
+                        else sb_printf(b, "    const float v%d_%d = __uint_as_float(L.u%d[%d]);\n", i, e, i, x);
                     }
                 }
             } else if (in->op == CODA_OP_STORE) {
@@ -270,9 +247,9 @@ static coda_status_t gen_side_chunk(sb_t *b, const coda_program_t *p) {
         }
         sb_printf(b, "        char *q_ = (char *)((%s *)P->ptr[%d] + (long long)row * P->s0[%d] + %s);\n",
                   bf ? "unsigned short" : "float", in->arg, in->arg, chunk_first(a));
-        if (nw == 2) sb_printf(b, "        cg_side_st64(valid, q_, w_[0], w_[1]);\n");
+        if (nw == 2) sb_printf(b, "        cg_st64(valid, q_, w_[0], w_[1]);\n");
         for (int v = 0; v < nw / 4; v++)
-            sb_printf(b, "        cg_side_st128(valid, q_ + %d, w_[%d], w_[%d], w_[%d], w_[%d]);\n", 16 * v, 4 * v, 4 * v + 1,
+            sb_printf(b, "        cg_st128(valid, q_ + %d, w_[%d], w_[%d], w_[%d], w_[%d]);\n", 16 * v, 4 * v, 4 * v + 1,
                       4 * v + 2, 4 * v + 3);
         sb_printf(b, "    }\n");
     }
@@ -280,15 +257,12 @@ static coda_status_t gen_side_chunk(sb_t *b, const coda_program_t *p) {
     return CODA_OK;
 }
 
-/* The chunks in flight per lane: as many as keep the fetched words of tile
- * inputs and row vectors within about 20 registers (the producer
- * warpgroup runs at 40 a thread; the column vectors' words are held
- * across the tile), 1 to 4. */
+/* The chunks in flight per lane: as many as keep the fetched words within
+ * about 20 registers (the producer warpgroup runs at 40 a thread), 1 to 4. */
 static int side_batch(const coda_program_t *p) {
     int words = 0;
     for (int i = 0; i < p->n_insts; i++)
-        if (p->insts[i].op == CODA_OP_LOAD && p->args[p->insts[i].arg].kind != CODA_IN_COL)
-            words += fetch_words(p, &p->insts[i]);
+        if (p->insts[i].op == CODA_OP_LOAD) words += fetch_words(p, &p->insts[i]);
     int n = words ? 20 / words : 4;
     return n < 1 ? 1 : n > 4 ? 4 : n;
 }
@@ -305,29 +279,24 @@ coda_status_t gen_side(sb_t *b, const coda_program_t *ps) {
               side_batch(ps));
     gen_side_fetch(b, ps);
     CODA_TRY(gen_side_chunk(b, ps));
-    /* The tile's 128 rows x CODA_BN / 8 chunks: lane l takes chunk
-     * l % (CODA_BN / 8) of its rows (so its column-vector chunks, loaded
-     * once, serve the whole tile), warp w of nw rows w * rpw .., rpw = 32 /
-     * (CODA_BN / 8) rows a warp step; CG_SIDE_BATCH steps (nw warps apart)
-     * are fetched before any is computed. */
+    /* The tile's 128 rows x CODA_BN / 8 chunks, in row order: warp w of nw
+     * takes 32 consecutive chunks at a time, CG_SIDE_BATCH such runs (nw
+     * runs apart) fetched before any is computed. */
     sb_printf(b, "static __device__ __forceinline__ void coda_epi_side(const coda_epi_params &P, int tile_m, int tile_n,\n"
                  "        int w, int nw, int lane) {\n"
                  "#ifndef CODA_X_NO_SIDE /* experiment: no side work (its outputs are not written) */\n"
-                 "    const int per_row = CODA_BN / 8, rpw = 32 / per_row;\n"
-                 "    const int col0 = tile_n * CODA_BN + 8 * (lane %% per_row);\n"
-                 "    coda_side_col C;\n"
-                 "    coda_side_fetch_cols(P, col0, C);\n"
-                 "    for (int r0 = rpw * w + lane / per_row; r0 < 128; r0 += rpw * nw * CG_SIDE_BATCH) {\n"
+                 "    const int per_row = CODA_BN / 8, units = 128 * per_row;\n"
+                 "    for (int u0 = 32 * w + lane; u0 < units; u0 += 32 * nw * CG_SIDE_BATCH) {\n"
                  "        coda_side_in L[CG_SIDE_BATCH];\n"
                  "#pragma unroll\n"
                  "        for (int i = 0; i < CG_SIDE_BATCH; i++) {\n"
-                 "            const int r = r0 + rpw * nw * i;\n"
-                 "            coda_side_fetch(P, tile_m * 128 + r, col0, r < 128, L[i]);\n"
+                 "            const int u = u0 + 32 * nw * i;\n"
+                 "            coda_side_fetch(P, tile_m * 128 + u / per_row, tile_n * CODA_BN + 8 * (u %% per_row), u < units, L[i]);\n"
                  "        }\n"
                  "#pragma unroll\n"
                  "        for (int i = 0; i < CG_SIDE_BATCH; i++) {\n"
-                 "            const int r = r0 + rpw * nw * i;\n"
-                 "            coda_side_chunk(P, tile_m * 128 + r, col0, r < 128, C, L[i]);\n"
+                 "            const int u = u0 + 32 * nw * i;\n"
+                 "            coda_side_chunk(P, tile_m * 128 + u / per_row, tile_n * CODA_BN + 8 * (u %% per_row), u < units, L[i]);\n"
                  "        }\n"
                  "    }\n"
                  "#else\n"

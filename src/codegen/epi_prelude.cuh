@@ -114,34 +114,6 @@ static __device__ __forceinline__ void cg_ld128p(int ok, const void *p, unsigned
         "@q ld.global.nc.v4.b32 {%0, %1, %2, %3}, [%4]; }"
         : "=r"(*a), "=r"(*b), "=r"(*c), "=r"(*d) : "l"(p), "r"(CG_LD_OK(ok)));
 }
-/* The side work's loads and stores (cg_side.c, the producer warps during
- * the k-loop): not allocated in L1, which shares its SRAM with the
- * mainloop's stages (CODA_X_SIDE_L1, experiment: ordinary ones). */
-#ifdef CODA_X_SIDE_L1
-#define CG_SIDE_LD "ld.global.nc"
-#define CG_SIDE_ST "st.global"
-#else
-#define CG_SIDE_LD "ld.global.nc.L1::no_allocate"
-#define CG_SIDE_ST "st.global.L1::no_allocate"
-#endif
-static __device__ __forceinline__ unsigned cg_side_ld16(int ok, const void *p) {
-    unsigned short v; asm("{ .reg .pred q; setp.ne.s32 q, %2, 0; mov.b16 %0, 0; @q " CG_SIDE_LD ".b16 %0, [%1]; }"
-                          : "=h"(v) : "l"(p), "r"(ok)); return v;
-}
-static __device__ __forceinline__ unsigned cg_side_ld32(int ok, const void *p) {
-    unsigned v; asm("{ .reg .pred q; setp.ne.s32 q, %2, 0; mov.b32 %0, 0; @q " CG_SIDE_LD ".b32 %0, [%1]; }"
-                    : "=r"(v) : "l"(p), "r"(ok)); return v;
-}
-static __device__ __forceinline__ void cg_side_ld64(int ok, const void *p, unsigned *a, unsigned *b) {
-    asm("{ .reg .pred q; setp.ne.s32 q, %3, 0; mov.b32 %0, 0; mov.b32 %1, 0;\n\t"
-        "@q " CG_SIDE_LD ".v2.b32 {%0, %1}, [%2]; }" : "=r"(*a), "=r"(*b) : "l"(p), "r"(ok));
-}
-static __device__ __forceinline__ void cg_side_ld128(int ok, const void *p, unsigned *a, unsigned *b, unsigned *c,
-                                                     unsigned *d) {
-    asm("{ .reg .pred q; setp.ne.s32 q, %5, 0; mov.b32 %0, 0; mov.b32 %1, 0; mov.b32 %2, 0; mov.b32 %3, 0;\n\t"
-        "@q " CG_SIDE_LD ".v4.b32 {%0, %1, %2, %3}, [%4]; }"
-        : "=r"(*a), "=r"(*b), "=r"(*c), "=r"(*d) : "l"(p), "r"(ok));
-}
 static __device__ __forceinline__ float cg_lo(unsigned u) { return __uint_as_float(u << 16); }
 static __device__ __forceinline__ float cg_hi(unsigned u) { return __uint_as_float(u & 0xffff0000u); }
 /* a (lower address) and b as packed bf16x2 */
@@ -199,14 +171,6 @@ static __device__ __forceinline__ void cg_st64(int ok, void *p, unsigned a, unsi
 static __device__ __forceinline__ void cg_st128(int ok, void *p, unsigned a, unsigned b, unsigned c,
                                                 unsigned d) {
     asm volatile("{ .reg .pred q; setp.ne.s32 q, %0, 0; @q st.global.v4.b32 [%1], {%2, %3, %4, %5}; }"
-                 :: "r"(CG_ST_OK(ok)), "l"(p), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
-}
-static __device__ __forceinline__ void cg_side_st64(int ok, void *p, unsigned a, unsigned b) {
-    asm volatile("{ .reg .pred q; setp.ne.s32 q, %0, 0; @q " CG_SIDE_ST ".v2.b32 [%1], {%2, %3}; }"
-                 :: "r"(CG_ST_OK(ok)), "l"(p), "r"(a), "r"(b) : "memory");
-}
-static __device__ __forceinline__ void cg_side_st128(int ok, void *p, unsigned a, unsigned b, unsigned c, unsigned d) {
-    asm volatile("{ .reg .pred q; setp.ne.s32 q, %0, 0; @q " CG_SIDE_ST ".v4.b32 [%1], {%2, %3, %4, %5}; }"
                  :: "r"(CG_ST_OK(ok)), "l"(p), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
 }
 static __device__ __forceinline__ void cg_sts16(unsigned a, unsigned short v) {
