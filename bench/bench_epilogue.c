@@ -10,10 +10,6 @@
  *   CODA_BENCH_AB="cfg=4" bench_epilogue ...   A/B of a tile configuration:
  *                                  B runs the fused GEMM with CODA_GEMM_CFG=4
  *                                  (its own tiling, so its own partials)
- *   CODA_BENCH_AB="noside" bench_epilogue ...   A/B of the side work
- *                                  (src/codegen/cg_side.c): B runs the
- *                                  program with every store in the
- *                                  consumers' epilogue (gpu_no_side)
  *   CODA_BENCH_PROGRAMS="rmsnorm_bwd,resid_norm"   only these programs
  *   CODA_BENCH_FILES="a.coda,b.coda"   also these program files (named by
  *                                  file in the table), bound like the rest
@@ -42,7 +38,6 @@
 
 #include <cublas_v2.h>
 #include "cuda/backend.h" /* CODA_CUDA_GEMM_NCFG */
-#include "program/ir.h"     /* gpu_no_side */
 #include "gpu/cuda_check.h"
 
 
@@ -265,11 +260,8 @@ int main(int argc, char **argv) {
     const char *ab = getenv("CODA_BENCH_AB");
     if (ab && !*ab) ab = NULL;
     const char *ab_cfg = ab && strncmp(ab, "cfg=", 4) == 0 ? ab + 4 : NULL;
-    const int ab_noside = ab && strcmp(ab, "noside") == 0;
     char ab_opts[600] = "";
-    if (ab_noside) {
-        /* B differs in its program, not in its options */
-    } else if (ab_cfg) {
+    if (ab_cfg) {
         /* a configuration gemm.c takes (else B would be A again), and no
          * CODA_GEMM_CFG of the caller's (A's runs unset it) */
         if (ab_cfg[0] < '0' || ab_cfg[0] >= '0' + CODA_CUDA_GEMM_NCFG || ab_cfg[1]) {
@@ -379,13 +371,8 @@ int main(int argc, char **argv) {
             /* B: the same kernel with an option, or another configuration
              * with its own tiling and arguments */
             job_t jb = jf;
-            jb.opts = ab_cfg || ab_noside ? NULL : ab_opts;
-            coda_program_t *p_b = NULL;
-            if (ab_noside) { /* the same program, every store the consumers' */
-                REQUIRE_OK(coda_program_parse(prog_texts[pi], &p_b));
-                p_b->gpu_no_side = 1;
-                jb.p = p_b;
-            } else if (ab_cfg) {
+            jb.opts = ab_cfg ? NULL : ab_opts;
+            if (ab_cfg) {
                 jb.cfg = ab_cfg;
                 use_opts(&jb); /* the tiling follows CODA_GEMM_CFG */
                 REQUIRE_OK(coda_choose_program_tiling(ctx, CODA_DEVICE_CUDA, CODA_LAYOUT_NT, sz, sz, sz, p, &jb.tl));
@@ -422,7 +409,6 @@ int main(int argc, char **argv) {
                 if (ptrs_b[i]) CUDA_OK(cudaFree(ptrs_b[i]));
             }
             coda_program_free(p);
-            coda_program_free(p_b);
         }
         for (int s = 0; s < base.nsets; s++) {
             CUDA_OK(cudaFree(base.a[s].data));

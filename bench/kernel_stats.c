@@ -104,9 +104,7 @@ int main(int argc, char **argv) {
         REQUIRE_OK(coda_program_parse(texts[i], &p));
         char *epi = NULL;
         coda_ring_plan_t rp;
-        const coda_program_t *pc; /* the consumers' part: its ring plan is the kernel's */
-        REQUIRE_OK(coda__codegen_gpu_consumer(p, &pc));
-        coda__codegen_ring_plan(pc, &rp);
+        coda__codegen_ring_plan(p, &rp);
         REQUIRE_OK(coda__codegen_cuda_ex(p, rp.nbox ? CODA_CG_RING : CODA_CG_N16, &epi)); /* as LLaMA shapes run */
         stats(*name, epi, cfg);
         free(epi);

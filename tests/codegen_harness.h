@@ -42,9 +42,6 @@ static const char coda_test_harness_kernel[] =
     "        if (j % CODA_EPI_BATCH == CODA_EPI_BATCH - 1) coda_epi_flush(P, st, t, 0, j - (CODA_EPI_BATCH - 1), O);\n"
     "    }\n"
     "    coda_epi_end(P, t, st);\n"
-    "#if CODA_EPI_SIDE\n"
-    "    coda_epi_side(P, blockIdx.y, blockIdx.x, threadIdx.x / 32, 8, threadIdx.x % 32); /* the side work */\n"
-    "#endif\n"
     "}\n";
 
 #endif

@@ -42,14 +42,6 @@ static const char *const primitive_programs[] = {
     "out sv tile f32\na = acc\ns = load ss\ni = load inv\nm = mul s i\nv = abs m\ne = load eps\n"
     "w = add v e\nr = rsqrt w\ny1 = mul a r\nt = load s2\nss2 = load ss\nu = add t ss2\ny2 = add y1 u\n"
     "store y y2\nstore sv s\n",
-    /* side work (cg_side.c): o1 and o2 do not depend on acc, so in the
-     * N16 forms the producer's idle warps make them during the k-loop; u
-     * is needed by both parts */
-    "program side\nin x tile bf16 double\nin r row bf16\nin s scalar\nin g col f32\nin t row i32\n"
-    "out o1 tile f32 double\nout o2 tile bf16 half\nout y tile bf16\na = acc\nxv = load x\nrv = load r\n"
-    "sv = load s\nw = fma xv rv sv\nri = rowidx\nw2 = add w ri\nstore o1 w2\ngv = load g\ne = even xv\n"
-    "u = mul e gv\nci = colidx\ntv = load t\nu2 = add u ci\nu3 = add u2 tv\nh = even u3\nstore o2 h\n"
-    "q = odd xv\nqq = mul q u\ny1 = add a qq\nstore y y1\n",
 };
 #define N_PRIMITIVE (int)(sizeof primitive_programs / sizeof primitive_programs[0])
 
@@ -184,12 +176,8 @@ static void check_program(const char *name, const char *text, int in_mainloop) {
         char *n16 = NULL;
         CHECK(coda__codegen_cuda_ex(p, CODA_CG_N16, &n16) == CODA_OK && n16, "%s: N16 form generated: %s", name,
               coda_last_error());
-        /* the consumers' tile outputs (side work is stored by the side warps) */
-        const coda_program_t *pc = p;
-        CHECK_OK(coda__codegen_gpu_consumer(p, &pc));
         int tile_outs = 0;
-        for (int i = 0; i < pc->n_insts; i++)
-            tile_outs += pc->insts[i].op == CODA_OP_STORE && pc->args[pc->insts[i].arg].kind == CODA_OUT_TILE;
+        for (int k = 0; k < p->n_args; k++) tile_outs += p->args[k].kind == CODA_OUT_TILE;
         if (n16) CHECK((strstr(n16, "staged, coda_epi_flush") != NULL) == (tile_outs > 0), "%s: the N16 form stages its tile outputs", name);
         int cols = 0;
         for (int k = 0; k < p->n_args; k++) cols += p->args[k].kind == CODA_IN_COL;
@@ -203,7 +191,7 @@ static void check_program(const char *name, const char *text, int in_mainloop) {
         /* tile inputs through the stage ring: active on the cooperative
          * schedule (cfg 3), read from global memory on ping-pong (cfg 5) */
         coda_ring_plan_t rp;
-        coda__codegen_ring_plan(pc, &rp);
+        coda__codegen_ring_plan(p, &rp);
         if (rp.nbox > 0) {
             char *ring = NULL;
             CHECK(coda__codegen_cuda_ex(p, CODA_CG_RING, &ring) == CODA_OK && ring, "%s: ring form generated: %s",
@@ -307,9 +295,8 @@ static void check_store_plan(void) {
         {"resid_norm", NULL, CODA_CG_RING, 2, 2, 32, 3, 32},
         {"resid_norm", NULL, CODA_CG_N16, 2, 2, 32, 3, 32},
         {"resid_norm", NULL, CODA_CG_EVEN, 0, -1, 0, -1, 0},
-        /* dz: bf16 double (128 bytes); c is side work (cg_side.c), so dz
-         * is the one staged output: vector stores */
-        {"swiglu_bwd", NULL, CODA_CG_RING, 0, -1, 0, -1, 0},
+        /* dz: bf16 double (128 bytes), c: bf16 full */
+        {"swiglu_bwd", NULL, CODA_CG_RING, 2, 1, 64, 2, 32},
         /* one staged output: vector stores (cg_layout.c) */
         {"gateup_swiglu", NULL, CODA_CG_N16, 0, -1, 0, -1, 0},
         /* z: bf16 full, c: bf16 half (32 bytes, 16 elements) */
@@ -329,10 +316,8 @@ static void check_store_plan(void) {
     for (int c = 0; c < (int)(sizeof cases / sizeof cases[0]); c++) {
         coda_program_t *p = parse_or_fail(cases[c].name, cases[c].text ? cases[c].text : coda_builtin_program(cases[c].name));
         if (!p) continue;
-        coda_store_plan_t sp; /* made from the consumers' part, as fused_gemm.c does */
-        const coda_program_t *pc = p;
-        CHECK_OK(coda__codegen_gpu_consumer(p, &pc));
-        coda__codegen_store_plan(pc, cases[c].form, &sp);
+        coda_store_plan_t sp;
+        coda__codegen_store_plan(p, cases[c].form, &sp);
         CHECK(sp.nmap == cases[c].nmap, "store plan %s form %d: %d maps, want %d", cases[c].name, (int)cases[c].form,
               sp.nmap, cases[c].nmap);
         if (sp.nmap == 2 && cases[c].nmap == 2)
@@ -411,72 +396,7 @@ static void check_cache(void) {
     coda_program_free(p);
 }
 
-/* The split of side work (cg_side.c): which stores the producer's warps
- * make, what the consumers keep, and the text of both forms. */
-static void check_side(void) {
-    static const struct {
-        const char *name, *text;
-        int side;
-    } cases[] = {
-        {"rmsnorm_bwd", NULL, 1}, /* b = r x g */
-        {"swiglu_bwd", NULL, 1},  /* c = silu(g) u */
-        {"resid_norm", NULL, 0},
-        {"gateup_swiglu_train", NULL, 0},
-        {"lmhead_bwd", NULL, 0},
-        {"side", primitive_programs[N_PRIMITIVE - 1], 2},
-        /* a row-partial input is summed by coda_epi_begin: not side work */
-        {"rowpart", primitive_programs[5], 0},
-        /* no accumulator at all: every store is side work */
-        {"copy", "in x tile bf16\nout y tile bf16\nout z tile f32 half\nv = load x\nstore y v\ne = even v\nstore z e\n", 2},
-    };
-    for (int c = 0; c < (int)(sizeof cases / sizeof cases[0]); c++) {
-        coda_program_t *p = parse_or_fail(cases[c].name, cases[c].text ? cases[c].text : coda_builtin_program(cases[c].name));
-        if (!p) continue;
-        CHECK(coda__codegen_side_stores(p) == cases[c].side, "%s: %d side stores, want %d", cases[c].name,
-              coda__codegen_side_stores(p), cases[c].side);
-        const coda_program_t *pc = NULL;
-        CHECK_OK(coda__codegen_gpu_consumer(p, &pc));
-        int stores = 0, pc_stores = 0;
-        for (int i = 0; i < p->n_insts; i++) stores += p->insts[i].op == CODA_OP_STORE;
-        for (int i = 0; pc && i < pc->n_insts; i++) pc_stores += pc->insts[i].op == CODA_OP_STORE;
-        CHECK(pc && (cases[c].side ? pc != p : pc == p), "%s: the consumers' part is %s", cases[c].name,
-              cases[c].side ? "a program of its own" : "the program");
-        CHECK(pc_stores == stores - cases[c].side, "%s: the consumers keep %d stores of %d", cases[c].name, pc_stores,
-              stores);
-        const coda_program_t *again = NULL;
-        CHECK(coda__codegen_gpu_consumer(p, &again) == CODA_OK && again == pc, "%s: the split is made once",
-              cases[c].name);
-        char *n16 = NULL, *even = NULL;
-        CHECK_OK(coda__codegen_cuda_ex(p, CODA_CG_N16, &n16));
-        CHECK_OK(coda__codegen_cuda_ex(p, CODA_CG_EVEN, &even));
-        if (n16 && even) {
-            CHECK((strstr(n16, "#define CODA_EPI_SIDE 1") != NULL) == (cases[c].side > 0) &&
-                      (strstr(n16, "coda_epi_side(") != NULL) == (cases[c].side > 0),
-                  "%s: the N16 form has side work iff the program does", cases[c].name);
-            CHECK(strstr(even, "#define CODA_EPI_SIDE 0") != NULL && strstr(even, "coda_epi_side(") == NULL,
-                  "%s: the even-N form has none (the consumers store everything)", cases[c].name);
-        }
-#ifdef CODA_WITH_CUDA
-        if (n16 && cases[c].side && cases[c].text) compile_in_mainloop(cases[c].name, n16, CODA_LAYOUT_NT, 3, 1);
-#endif
-        free(n16);
-        free(even);
-        coda_program_free(p);
-    }
-    /* gpu_no_side (benchmarks' A/B): the whole program stays with the consumers */
-    coda_program_t *p = parse_or_fail("no-side", coda_builtin_program("rmsnorm_bwd"));
-    if (p) {
-        p->gpu_no_side = 1;
-        const coda_program_t *pc = NULL;
-        CHECK(coda__codegen_side_stores(p) == 0 && coda__codegen_gpu_consumer(p, &pc) == CODA_OK && pc == p,
-              "gpu_no_side: no split");
-        coda_program_free(p);
-    }
-    CHECK(coda__codegen_side_stores(NULL) == 0, "no program: no side work");
-}
-
 int main(void) {
-    check_side();
     for (int i = 0; i < N_PRIMITIVE; i++)
         check_program("primitive", primitive_programs[i], i == 3 || i == 5 ? 2 : 0); /* reductions, rowpart */
     int n = 0;

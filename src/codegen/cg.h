@@ -7,9 +7,7 @@
  * cg_inputs.c the hooks that bring inputs in (coda_epi_preload,
  * coda_epi_begin, coda_epi_fetch, coda_epi_vload/vput), cg_pair.c the
  * program on one accumulator pair (coda_epi_pair), cg_tile_end.c what
- * happens once a batch or a tile is done (coda_epi_flush, coda_epi_end),
- * cg_side.c the side work the producer's idle warps do during the k-loop
- * (coda_epi_side).
+ * happens once a batch or a tile is done (coda_epi_flush, coda_epi_end).
  * The short names below are what the code reads; the coda__cg_ names are
  * what the linker sees. */
 #ifndef CODA_CG_H
@@ -148,13 +146,6 @@ void gen_fetch(sb_t *b, const coda_program_t *p, int even_n, const coda_ring_pla
 void gen_stage_in(sb_t *b, const coda_program_t *p, const stage_plan_t *sp);
 /* coda_epi_pair. */
 coda_status_t gen_pair(sb_t *b, const coda_program_t *p, int even_n, const stage_plan_t *sp);
-/* Value i of a constant, index, pairwise move or map instruction. */
-#define gen_value coda__cg_gen_value
-coda_status_t gen_value(sb_t *b, const coda_program_t *p, int i);
-/* CODA_EPI_SIDE and, for a side program ps (not NULL), coda_epi_side
- * (cg_side.c). */
-#define gen_side coda__cg_gen_side
-coda_status_t gen_side(sb_t *b, const coda_program_t *ps);
 /* CODA_EPI_TMA_STORES and coda_epi_slab_wait (before every other hook). */
 void gen_slab_wait(sb_t *b, const stage_plan_t *sp);
 /* coda_epi_flush and coda_epi_end. */

@@ -105,83 +105,8 @@ static void gen_stage_store(sb_t *b, const coda_arg_t *a, int off, int pitch, ch
 }
 
 
-/* Value i of an instruction that neither reads the accumulator nor loads,
- * stores or reduces: a constant, an index, a pairwise move or a map, as
- * straight-line C on the pair's registers (the consumers' pairs, and the
- * side chunks of cg_side.c). */
-coda_status_t gen_value(sb_t *b, const coda_program_t *p, int i) {
-    char e0[48], e1[48], e2[48], col[48];
-    const coda_inst_t *in = &p->insts[i];
-    int w = value_width(in);
-    switch (in->op) {
-    case CODA_OP_CONST:
-        sb_printf(b, "    const float v%d_0 = %.9ef;\n", i, (double)in->imm);
-        break;
-    case CODA_OP_ROWIDX:
-        sb_printf(b, "    const float v%d_0 = (float)row;\n", i);
-        break;
-    case CODA_OP_COLIDX:
-        for (int e = 0; e < w; e++) {
-            elem_col(in->vspace, e, col, sizeof col);
-            sb_printf(b, "    const float v%d_%d = (float)%s;\n", i, e, col);
-        }
-        break;
-    case CODA_OP_EVEN:
-    case CODA_OP_ODD:
-        for (int e = 0; e < w; e++)
-            sb_printf(b, "    const float v%d_%d = %s;\n", i, e,
-                      el(p, in->src[0], 2 * e + (in->op == CODA_OP_ODD), e0, sizeof e0));
-        break;
-    case CODA_OP_INTERLEAVE:
-        for (int e = 0; e < w; e++)
-            sb_printf(b, "    const float v%d_%d = %s;\n", i, e,
-                      el(p, in->src[e & 1], e >> 1, e0, sizeof e0));
-        break;
-    case CODA_OP_SWAP:
-        if (in->vspace == CODA_SPACE_HALF) {
-            free(b->buf);
-            b->buf = NULL;
-            return coda__fail(CODA_ERR_UNSUPPORTED,
-                              "line %d: swap in the half space pairs columns held by different GPU threads",
-                              in->line);
-        }
-        for (int e = 0; e < w; e++)
-            sb_printf(b, "    const float v%d_%d = %s;\n", i, e, el(p, in->src[0], e ^ 1, e0, sizeof e0));
-        break;
-    default: {
-        if (in->op == CODA_OP_ROUND_BF16 && w >= 2) {
-            /* two elements a conversion (cg_round_bf16x2) */
-            for (int h = 0; h < w / 2; h++) {
-                el(p, in->src[0], 2 * h, e0, sizeof e0);
-                el(p, in->src[0], 2 * h + 1, e1, sizeof e1);
-                sb_printf(b, "    float v%d_%d, v%d_%d;\n    cg_round_bf16x2(%s, %s, v%d_%d, v%d_%d);\n", i, 2 * h, i,
-                          2 * h + 1, e0, e1, i, 2 * h, i, 2 * h + 1);
-            }
-            break;
-        }
-        const char *fmt = map_fn(in->op);
-        if (!fmt) {
-            free(b->buf);
-            b->buf = NULL;
-            return coda__fail(CODA_ERR_INTERNAL, "codegen: no CUDA form for op %s", coda_op_name(in->op));
-        }
-        for (int e = 0; e < w; e++) {
-            char expr[512];
-            el(p, in->src[0], e, e0, sizeof e0);
-            if (in->src[1] >= 0) el(p, in->src[1], e, e1, sizeof e1);
-            if (in->src[2] >= 0) el(p, in->src[2], e, e2, sizeof e2);
-            snprintf(expr, sizeof expr, fmt, e0, e1, e2);
-            sb_printf(b, "    const float v%d_%d = %s;\n", i, e, expr);
-        }
-        break;
-    }
-    }
-    return CODA_OK;
-}
-
-
 coda_status_t gen_pair(sb_t *b, const coda_program_t *p, int even_n, const stage_plan_t *sp) {
-    char e0[48], e1[48], col[48];
+    char e0[48], e1[48], e2[48], col[48];
     sb_printf(b,
               "static __device__ __forceinline__ void coda_epi_pair(const coda_epi_params &P_,\n"
               "        const coda_epi_tile &t, coda_epi_state &S_, int rs, int cs, int row, int col,\n"
@@ -197,6 +122,18 @@ coda_status_t gen_pair(sb_t *b, const coda_program_t *p, int even_n, const stage
         case CODA_OP_ACC:
             sb_printf(b, "    float v%d_0 = a0, v%d_1 = a1;\n", i, i);
             break;
+        case CODA_OP_CONST:
+            sb_printf(b, "    const float v%d_0 = %.9ef;\n", i, (double)in->imm);
+            break;
+        case CODA_OP_ROWIDX:
+            sb_printf(b, "    const float v%d_0 = (float)row;\n", i);
+            break;
+        case CODA_OP_COLIDX:
+            for (int e = 0; e < w; e++) {
+                elem_col(in->vspace, e, col, sizeof col);
+                sb_printf(b, "    const float v%d_%d = (float)%s;\n", i, e, col);
+            }
+            break;
         case CODA_OP_LOAD: {
             const coda_arg_t *a = &p->args[in->arg];
             if (a->kind == CODA_IN_SCALAR) {
@@ -210,6 +147,28 @@ coda_status_t gen_pair(sb_t *b, const coda_program_t *p, int even_n, const stage
             }
             break;
         }
+        case CODA_OP_EVEN:
+        case CODA_OP_ODD:
+            for (int e = 0; e < w; e++)
+                sb_printf(b, "    const float v%d_%d = %s;\n", i, e,
+                          el(p, in->src[0], 2 * e + (in->op == CODA_OP_ODD), e0, sizeof e0));
+            break;
+        case CODA_OP_INTERLEAVE:
+            for (int e = 0; e < w; e++)
+                sb_printf(b, "    const float v%d_%d = %s;\n", i, e,
+                          el(p, in->src[e & 1], e >> 1, e0, sizeof e0));
+            break;
+        case CODA_OP_SWAP:
+            if (in->vspace == CODA_SPACE_HALF) {
+                free(b->buf);
+                b->buf = NULL;
+                return coda__fail(CODA_ERR_UNSUPPORTED,
+                                  "line %d: swap in the half space pairs columns held by different GPU threads",
+                                  in->line);
+            }
+            for (int e = 0; e < w; e++)
+                sb_printf(b, "    const float v%d_%d = %s;\n", i, e, el(p, in->src[0], e ^ 1, e0, sizeof e0));
+            break;
         case CODA_OP_STORE: {
             const coda_arg_t *a = &p->args[in->arg];
             int wa = space_width(a->space);
@@ -270,9 +229,33 @@ coda_status_t gen_pair(sb_t *b, const coda_program_t *p, int even_n, const stage
             }
             break;
         }
-        default:
-            CODA_TRY(gen_value(b, p, i));
+        default: {
+            if (in->op == CODA_OP_ROUND_BF16 && w >= 2) {
+                /* two elements a conversion (cg_round_bf16x2) */
+                for (int h = 0; h < w / 2; h++) {
+                    el(p, in->src[0], 2 * h, e0, sizeof e0);
+                    el(p, in->src[0], 2 * h + 1, e1, sizeof e1);
+                    sb_printf(b, "    float v%d_%d, v%d_%d;\n    cg_round_bf16x2(%s, %s, v%d_%d, v%d_%d);\n", i, 2 * h, i,
+                              2 * h + 1, e0, e1, i, 2 * h, i, 2 * h + 1);
+                }
+                break;
+            }
+            const char *fmt = map_fn(in->op);
+            if (!fmt) {
+                free(b->buf);
+                b->buf = NULL;
+                return coda__fail(CODA_ERR_INTERNAL, "codegen: no CUDA form for op %s", coda_op_name(in->op));
+            }
+            for (int e = 0; e < w; e++) {
+                char expr[512];
+                el(p, in->src[0], e, e0, sizeof e0);
+                if (in->src[1] >= 0) el(p, in->src[1], e, e1, sizeof e1);
+                if (in->src[2] >= 0) el(p, in->src[2], e, e2, sizeof e2);
+                snprintf(expr, sizeof expr, fmt, e0, e1, e2);
+                sb_printf(b, "    const float v%d_%d = %s;\n", i, e, expr);
+            }
             break;
+        }
         }
     }
     sb_printf(b, "}\n\n");

@@ -142,19 +142,6 @@ void coda__codegen_store_plan(const coda_program_t *p, coda_cg_form_t form, coda
 int coda__codegen_col_staged(const coda_program_t *p, int k);
 void coda__codegen_ring_plan(const coda_program_t *p, coda_ring_plan_t *plan);
 coda_status_t coda__codegen_cuda_ex(const coda_program_t *p, coda_cg_form_t form, char **out);
-/* Side work (src/codegen/cg_side.c): in the N16 and RING forms, a store to
- * a tile output whose value depends neither on
- * acc nor on a row-partial input is made by the producer warpgroup's idle
- * warps during the tile's k-loop (coda_epi_side), not by the consumers'
- * epilogue. coda__codegen_side_stores counts such stores (0 when
- * p->gpu_no_side). coda__codegen_gpu_consumer gives the consumers' part of
- * the program, the program without them (p itself if there are none; made
- * once and kept with p): the ring and store plans of those forms must be
- * made from it, as the generated text is. coda__codegen_gpu_side makes the
- * side part (NULL if none; the caller frees it with coda_program_free). */
-int coda__codegen_side_stores(const coda_program_t *p);
-coda_status_t coda__codegen_gpu_consumer(const coda_program_t *p, const coda_program_t **out);
-coda_status_t coda__codegen_gpu_side(const coda_program_t *p, coda_program_t **out);
 /* The same text, made once per program and form and kept with the program
  * (freed by coda_program_free): *out is owned by p. key (may be NULL) gets
  * the text's 128-bit hash (coda__hash, seeds CODA_HASH_SEED0/1), made with

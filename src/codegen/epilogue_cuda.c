@@ -34,31 +34,15 @@ coda_cg_form_t coda__codegen_form(int64_t n) {
     return n % 16 == 0 ? CODA_CG_N16 : n % 2 == 0 ? CODA_CG_EVEN : CODA_CG_ANY;
 }
 
-static coda_status_t gen_text(const coda_program_t *p, const coda_program_t *ps, coda_cg_form_t form, char **out);
-
 coda_status_t coda__codegen_cuda_ex(const coda_program_t *p, coda_cg_form_t form, char **out) {
     if (!out) return coda__fail(CODA_ERR_INVALID_ARG, "codegen: out is NULL");
     *out = NULL;
     if (!p || !p->verified) return coda__fail(CODA_ERR_INVALID_ARG, "codegen: program is NULL or not verified");
     if ((unsigned)form >= CODA_CG_NFORMS) return coda__fail(CODA_ERR_INVALID_ARG, "codegen: form %d", (int)form);
+    const int even_n = form != CODA_CG_ANY;
     if (p->n_args > CODA_EPI_MAX_ARGS)
         return coda__fail(CODA_ERR_UNSUPPORTED, "codegen: %d arguments; the GPU epilogue takes at most %d",
                           p->n_args, CODA_EPI_MAX_ARGS);
-    /* the N16 forms leave the side work to the producer's warps (cg_side.c) */
-    const coda_program_t *pc = p;
-    coda_program_t *ps = NULL;
-    if (form == CODA_CG_N16 || form == CODA_CG_RING) {
-        CODA_TRY(coda__codegen_gpu_consumer(p, &pc));
-        CODA_TRY(coda__codegen_gpu_side(p, &ps));
-    }
-    coda_status_t st = gen_text(pc, ps, form, out);
-    coda_program_free(ps);
-    return st;
-}
-
-/* The text of consumer program p with side program ps (may be NULL). */
-static coda_status_t gen_text(const coda_program_t *p, const coda_program_t *ps, coda_cg_form_t form, char **out) {
-    const int even_n = form != CODA_CG_ANY;
     sb_t b = {0};
     const char *pre = prelude();
     if (!pre) return coda__fail(CODA_ERR_INTERNAL, "codegen: epi_prelude.cuh is not embedded");
@@ -82,7 +66,6 @@ static coda_status_t gen_text(const coda_program_t *p, const coda_program_t *ps,
     CODA_TRY(gen_pair(&b, p, even_n, &sp));
     gen_flush(&b, p, &sp);
     gen_end(&b, p, &sp);
-    CODA_TRY(gen_side(&b, ps));
     if (b.oom) {
         free(b.buf);
         return coda__fail(CODA_ERR_NO_MEMORY, "codegen: out of memory");

@@ -93,12 +93,8 @@ coda_cg_form_t coda__cuda_fused_form(const coda_program_t *p, const coda_tensor_
      * 2-D, rows at least a row's bytes and less than 2^40 bytes apart.
      * CODA_DEBUG_NO_RING (experiments) keeps the N16 form. */
     if (pingpong || getenv("CODA_DEBUG_NO_RING")) return form;
-    /* the ring plan is the consumers' (side work reads its own inputs:
-     * src/codegen/cg_side.c); no memory for the split: the N16 form */
-    const coda_program_t *pc;
-    if (coda__codegen_gpu_consumer(p, &pc) != CODA_OK) return form;
     coda_ring_plan_t ring;
-    coda__codegen_ring_plan(pc, &ring);
+    coda__codegen_ring_plan(p, &ring);
     if (ring.nbox == 0) return form;
     for (int b = 0; b < ring.nbox; b++) {
         const coda_tensor_t *t = bound[ring.arg[b]];
@@ -179,10 +175,6 @@ coda_status_t coda__cuda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout
     coda_ring_plan_t rp;
     coda_cg_form_t form = coda__cuda_fused_form(p, bound, n, coda__cuda_gemm_cfgs[cfg].pingpong, &rp);
     CODA_TRY(coda__codegen_cuda_cached(p, form, &src, &key));
-    /* the N16 forms' text is the consumers' part (and the side work): the
-     * store maps are made from the same part */
-    const coda_program_t *pc = p;
-    if (form == CODA_CG_N16 || form == CODA_CG_RING) CODA_TRY(coda__codegen_gpu_consumer(p, &pc));
     coda_epi_params_t params;
     fill_params(p, bound, scalars, m, n, &params);
     coda_cuda_epi_io_t io;
@@ -194,7 +186,7 @@ coda_status_t coda__cuda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout
         io.xadd[b] = rp.xadd[b];
     }
     coda_store_plan_t sp; /* empty unless the form is N16 or RING */
-    coda__codegen_store_plan(pc, form, &sp);
+    coda__codegen_store_plan(p, form, &sp);
     io.nstore = sp.nmap;
     for (int s = 0; s < sp.nmap; s++) {
         io.store[s] = bound[sp.arg[s]];

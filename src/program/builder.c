@@ -101,7 +101,6 @@ coda_status_t coda_program_new(const char *name, coda_program_t **out) {
 void coda_program_free(coda_program_t *p) {
     if (!p) return;
     for (size_t f = 0; f < sizeof p->cuda_src / sizeof p->cuda_src[0]; f++) free(atomic_load(&p->cuda_src[f]));
-    coda_program_free(atomic_load(&p->gpu_consumer));
     free(p);
 }
 

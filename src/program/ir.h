@@ -64,13 +64,6 @@ struct coda_program {
      * program. A cache in a const program, so set once, atomically
      * (threads may share p). */
     _Atomic(struct coda_cg_text *) cuda_src[4]; /* CODA_CG_NFORMS (checked in codegen) */
-    /* The GPU's split of the program (src/codegen/cg_side.c): the part the
-     * consumer warps run after the k-loop, made on first use and freed with
-     * the program (NULL until then, and for programs with no side work).
-     * gpu_no_side (benchmarks: the split's A/B) keeps the whole program in
-     * the consumers; set it before the program's first GPU launch. */
-    _Atomic(struct coda_program *) gpu_consumer;
-    int gpu_no_side;
 };
 
 /* Is an argument kind one the program reads (an input)? */

@@ -53,14 +53,6 @@ static const char *const extra_programs[] = {
     "program rowpart\nin ss rowpart\nin inv scalar\nin eps scalar\nout y tile f32\nout sv tile f32\n"
     "a = acc\ns = load ss\ni = load inv\nm = mul s i\nv = abs m\ne = load eps\nw = add v e\nr = rsqrt w\n"
     "y1 = mul a r\nstore y y1\nstore sv s\n",
-    /* side work (cg_side.c): o1 and o2 do not depend on acc, so in the
-     * N16 forms the producer's idle warps make them during the k-loop; u
-     * is needed by both parts */
-    "program side\nin x tile bf16 double\nin r row bf16\nin s scalar\nin g col f32\nin t row i32\n"
-    "out o1 tile f32 double\nout o2 tile bf16 half\nout y tile bf16\na = acc\nxv = load x\nrv = load r\n"
-    "sv = load s\nw = fma xv rv sv\nri = rowidx\nw2 = add w ri\nstore o1 w2\ngv = load g\ne = even xv\n"
-    "u = mul e gv\nci = colidx\ntv = load t\nu2 = add u ci\nu3 = add u2 tv\nh = even u3\nstore o2 h\n"
-    "q = odd xv\nqq = mul q u\ny1 = add a qq\nstore y y1\n",
 };
 
 typedef struct buf {

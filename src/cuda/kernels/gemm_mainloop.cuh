@@ -20,9 +20,7 @@
  *   CODA_C_F32     C's type when stored: 1 f32, 0 bf16
  *
  * Threads: 3 warpgroups. Warpgroup 0 is the producer (one thread issues TMA
- * loads; with CODA_EPI_SIDE its warps 1-3 make the epilogue's side work,
- * the outputs that do not depend on the accumulator, during the k-loop);
- * warpgroups 1 and 2 are consumers issuing m64nBNk16 wgmma:
+ * loads); warpgroups 1 and 2 are consumers issuing m64nBNk16 wgmma:
  * cooperative, each on one 64-row half of every tile; ping-pong, each on
  * both halves (CODA_WG_MH = 2 row blocks, 2 x 64 accumulators per thread)
  * of the tiles it owns. In ping-pong the producer still
@@ -88,9 +86,6 @@
 #endif
 #ifndef CODA_EPI_RING
 #define CODA_EPI_RING 0
-#endif
-#ifndef CODA_EPI_SIDE /* 1: the epilogue has side work for the producer's idle warps (coda_epi_side) */
-#define CODA_EPI_SIDE 0
 #endif
 #ifndef CODA_STREAMK /* 1: the stream-K tail (gemm_streamk.cuh) is compiled in */
 #define CODA_STREAMK 0
@@ -347,20 +342,6 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
 #endif
             }
         }
-#if CODA_EPI_SIDE
-        else if (tid >= 32) {
-            /* ---- side work (src/codegen/cg_side.c): warps 1-3 make the
-             * tile outputs that do not depend on the accumulator while the
-             * consumers run the k-loop. Once per unit: in stream-K by the
-             * piece that runs its epilogue (the one with its first k-block). */
-            CODA_FOR_EACH_PIECE(unit, kb_begin, kb_end) {
-                if (kb_begin != 0) continue;
-                int tm2, tn;
-                coda_tile_coords(unit, tiles_m2, tiles_n, &tm2, &tn);
-                coda_epi_side(epi, tm2 * CODA_CLUSTER + (int)crank, tn, tid / 32 - 1, 3, tid % 32);
-            }
-        }
-#endif
     } else {
         /* ---- consumers ---- */
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
