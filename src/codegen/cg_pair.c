@@ -174,12 +174,14 @@ coda_status_t gen_pair(sb_t *b, const coda_program_t *p, int even_n, const stage
             int wa = space_width(a->space);
             char x[4][48], q[160], pk[2][112];
             for (int e = 0; e < wa; e++) el(p, in->src[0], e, x[e], sizeof x[e]);
-            /* bf16 words: a value round_bf16 made is bf16 already, so its
-             * words are its high halves (cg_pack_exact) */
-            const int exact = p->insts[in->src[0]].op == CODA_OP_ROUND_BF16;
-            for (int h = 0; h < wa / 2; h++)
-                snprintf(pk[h], sizeof pk[h], "%s(%.47s, %.47s)", exact ? "cg_pack_exact" : "cg_pack", x[2 * h],
-                         x[2 * h + 1]);
+            /* bf16 words: a value round_bf16 made two elements at a time
+             * has its words already, the rounding's (below) */
+            const coda_inst_t *sv = &p->insts[in->src[0]];
+            const int words = sv->op == CODA_OP_ROUND_BF16 && value_width(sv) >= 2;
+            for (int h = 0; h < wa / 2; h++) {
+                if (words) snprintf(pk[h], sizeof pk[h], "v%d_w%d", in->src[0], h);
+                else snprintf(pk[h], sizeof pk[h], "cg_pack(%.47s, %.47s)", x[2 * h], x[2 * h + 1]);
+            }
             snprintf(q, sizeof q, "(%s *)P->ptr[%d] + r * P->s0[%d] + %s",
                      a->dtype == CODA_BF16 ? "unsigned short" : "float", in->arg, in->arg, first_col(a->space));
             if (sp->off[in->arg] >= 0) {
@@ -231,12 +233,14 @@ coda_status_t gen_pair(sb_t *b, const coda_program_t *p, int even_n, const stage
         }
         default: {
             if (in->op == CODA_OP_ROUND_BF16 && w >= 2) {
-                /* two elements a conversion (cg_round_bf16x2) */
+                /* two elements a conversion (cg_round_bf16x2), whose word
+                 * v<i>_w<h> a store of the value writes as it is */
                 for (int h = 0; h < w / 2; h++) {
                     el(p, in->src[0], 2 * h, e0, sizeof e0);
                     el(p, in->src[0], 2 * h + 1, e1, sizeof e1);
-                    sb_printf(b, "    float v%d_%d, v%d_%d;\n    cg_round_bf16x2(%s, %s, v%d_%d, v%d_%d);\n", i, 2 * h, i,
-                              2 * h + 1, e0, e1, i, 2 * h, i, 2 * h + 1);
+                    sb_printf(b, "    float v%d_%d, v%d_%d;\n"
+                                 "    const unsigned v%d_w%d = cg_round_bf16x2(%s, %s, v%d_%d, v%d_%d);\n",
+                              i, 2 * h, i, 2 * h + 1, i, h, e0, e1, i, 2 * h, i, 2 * h + 1);
                 }
                 break;
             }

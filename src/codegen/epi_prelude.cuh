@@ -121,25 +121,27 @@ static __device__ __forceinline__ unsigned cg_pack(float a, float b) {
     unsigned u; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(u) : "f"(b), "f"(a)); return u;
 }
 /* Conversions run on a narrow pipe (a warp instruction holds it for
- * several cycles), so round_bf16 converts two values at once, and a value
- * that is bf16 already (low halves zero: round_bf16's results) is packed
- * by a byte permute on the integer pipe. CODA_X_F2F_ROUND (experiment):
- * one conversion a value and a repacking conversion, as before session 8. */
-static __device__ __forceinline__ void cg_round_bf16x2(float a, float b, float &ra, float &rb) {
+ * several cycles), so round_bf16 converts two values at once and returns
+ * the packed word, which a store of the rounded values writes as it is
+ * (session 11; before, a byte permute packed them again).
+ * CODA_X_F2F_ROUND (experiment): one conversion a value and a repacking
+ * conversion, as before session 8; CODA_X_REPACK: the rounding as now, the
+ * store's word made again by the byte permute, as before session 11. */
+static __device__ __forceinline__ unsigned cg_round_bf16x2(float a, float b, float &ra, float &rb) {
 #ifdef CODA_X_F2F_ROUND
     ra = cg_round_bf16(a);
     rb = cg_round_bf16(b);
+    return cg_pack(ra, rb);
 #else
     const unsigned u = cg_pack(a, b);
     ra = cg_lo(u);
     rb = cg_hi(u);
-#endif
-}
-static __device__ __forceinline__ unsigned cg_pack_exact(float a, float b) {
-#ifdef CODA_X_F2F_ROUND
-    return cg_pack(a, b);
+#ifdef CODA_X_REPACK
+    unsigned w; asm("prmt.b32 %0, %1, %2, 0x7632;" : "=r"(w) : "r"(__float_as_uint(ra)), "r"(__float_as_uint(rb)));
+    return w;
 #else
-    unsigned u; asm("prmt.b32 %0, %1, %2, 0x7632;" : "=r"(u) : "r"(__float_as_uint(a)), "r"(__float_as_uint(b))); return u;
+    return u;
+#endif
 #endif
 }
 /* Stores predicated on ok, with no branch: an if around each store (or
