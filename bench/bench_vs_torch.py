@@ -129,6 +129,19 @@ def import_liger(load):
         return None, "%s: %s" % (type(e).__name__, e)
 
 
+def bench_start(name, ctx, load):
+    """Script NAME's start: a CUDA device, then the device line (GPU, torch,
+    and Liger-Kernel as load() gives it: (kernels, why not)).
+    (True, Liger's kernels or None), or (False, None) with no device."""
+    if not ctx.has_cuda:
+        print("%s: no usable CUDA device" % name)
+        return False, None
+    liger, why = load()
+    print("device: %s; torch %s; Liger-Kernel: %s" % (torch.cuda.get_device_name(), torch.__version__,
+                                                      "yes" if liger else "no (%s)" % why))
+    return True, liger
+
+
 def load_liger():
     def load():
         from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
@@ -299,12 +312,9 @@ def print_results(results):
 def main():
     sizes = [int(a) for a in sys.argv[1:]] or [2048, 4096, 8192]
     ctx = coda.Context()
-    if not ctx.has_cuda:
-        print("bench_vs_torch: no usable CUDA device")
+    ok, liger = bench_start("bench_vs_torch", ctx, load_liger)
+    if not ok:
         return 1
-    liger, why = load_liger()
-    print("device: %s; torch %s; Liger-Kernel: %s" % (torch.cuda.get_device_name(), torch.__version__,
-                                                      "yes" if liger else "no (%s)" % why))
     results = []
     for n in sizes:
         try:

@@ -55,7 +55,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
 sys.path.insert(0, HERE)
 import coda  # noqa: E402
-from bench_vs_torch import EPS, import_liger, interleaved_ms, print_results, Rot  # noqa: E402
+from bench_vs_torch import EPS, bench_start, import_liger, interleaved_ms, print_results, Rot  # noqa: E402
 
 IGNORE = -100
 
@@ -424,12 +424,9 @@ def main():
         print("bench_vs_torch_train.py: %d checks failed" % fails)
         return 1 if fails else 0
     sizes = [int(a) for a in args] or [2048, 4096, 8192]
-    if not ctx.has_cuda:
-        print("bench_vs_torch_train: no usable CUDA device")
+    ok, liger = bench_start("bench_vs_torch_train", ctx, load_liger)
+    if not ok:
         return 1
-    liger, why = load_liger()
-    print("device: %s; torch %s; Liger-Kernel: %s" % (torch.cuda.get_device_name(), torch.__version__,
-                                                      "yes" if liger else "no (%s)" % why))
     results, checks = [], []
     for n in sizes:
         for kern in KERNELS:

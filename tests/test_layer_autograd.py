@@ -9,11 +9,10 @@ every parameter's .grad (back in PyTorch's layout) must be within
 Also: a backward after a second forward on the same layer raises, and the
 layer without an LM head gives y only. Never skips (exit 1 on any failure).
 """
-import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+from pycheck import check, report  # also puts the binding on sys.path
+
 try:
     import torch
     import test_layer_torch as T  # the PyTorch reference layer and helpers
@@ -22,17 +21,6 @@ try:
 except Exception as e:
     print("FAIL: cannot import torch, the coda binding or the reference: %s: %s" % (type(e).__name__, e))
     sys.exit(1)
-
-failures = []
-checks = 0
-
-
-def check(cond, msg):
-    global checks
-    checks += 1
-    if not cond:
-        failures.append(msg)
-        print("FAIL: " + msg)
 
 
 def case(ctx, name, cfg, B, S, with_loss, loss_scale=0.5):
@@ -73,8 +61,7 @@ def main():
     ctx = coda.Context()
     case(ctx, "gqa+lm", coda.LlamaConfig(64, 4, 2, 16, 160, vocab=200), 2, 13, True)
     case(ctx, "no-lm", coda.LlamaConfig(48, 2, 1, 24, 96, vocab=0), 3, 7, False)
-    print("\ntest_layer_autograd.py: %d checks, %d failures" % (checks, len(failures)))
-    return 1 if failures else 0
+    return report("test_layer_autograd.py", "\n")
 
 
 if __name__ == "__main__":

@@ -24,8 +24,7 @@ import math
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
+from pycheck import check, report  # also puts the binding on sys.path
 
 try:
     import torch
@@ -36,8 +35,6 @@ except Exception as e:  # not a skip: the cross-check is required
     sys.exit(1)
 
 torch.manual_seed(0)
-failures = []
-checks = 0
 
 # ---------------------------------------------------------------------------
 # The layer in plain PyTorch
@@ -236,14 +233,6 @@ def rel(a, ref):
     return num / den if den > 0 else num
 
 
-def check(cond, msg):
-    global checks
-    checks += 1
-    if not cond:
-        failures.append(msg)
-        print("FAIL " + msg)
-
-
 def make_case(cfg, B, S, with_loss, with_dy):
     M, d, nq, nkv = B * S, cfg.d, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
     bf = lambda t: t.to(torch.bfloat16)
@@ -370,8 +359,7 @@ def main():
     run_case(ctx, "mha-loss", C(d=32, n_heads=2, n_kv_heads=2, head_dim=16, ffn=48, vocab=40,
                                 eps=1e-6, rope_theta=10000.0), 1, 31, with_dy=False,
              loss_scale=1.0 / 31)
-    print("\n%s: %d checks, %d failures" % (os.path.basename(__file__), checks, len(failures)))
-    return 1 if failures else 0
+    return report(os.path.basename(__file__), "\n")
 
 
 if __name__ == "__main__":

@@ -14,11 +14,9 @@ float64 PyTorch reference: err <= 2 * err(plain bf16 PyTorch) + 1e-6.
 Never skips: a missing torch or library is a failure (exit 1).
 """
 
-import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
+from pycheck import check, report  # also puts the binding on sys.path
 
 try:
     import torch
@@ -28,15 +26,6 @@ except Exception as e:  # not a skip: the cross-check is required
     sys.exit(1)
 
 EPS = 1e-5
-checks, failures = 0, []
-
-
-def check(ok, what):
-    global checks
-    checks += 1
-    if not ok:
-        failures.append(what)
-        print("FAIL: " + what)
 
 
 def rowpart_program():
@@ -117,5 +106,4 @@ run(37, 72, 24, (16, 16), 1)     # T = 5
 run(128, 136, 40, (32, 32), 2)   # T = 5, a padded last tile
 run(1, 40, 8, (16, 8), 3)        # one row, T = 5
 run(200, 64, 16, (64, 64), 4)    # T = 1
-print("test_rowpart_torch.py: %d checks, %d failures" % (checks, len(failures)))
-sys.exit(1 if failures else 0)
+sys.exit(report("test_rowpart_torch.py"))
