@@ -121,6 +121,11 @@ typedef struct staged_arg {
 } staged_arg_t;
 
 int staged_arg(const coda_program_t *p, const stage_plan_t *sp, int k, coda_arg_kind_t kind, staged_arg_t *sa);
+#define stsm_out coda__cg_stsm_out
+/* Output k is staged in 4-byte pairs (bf16 full space, f32 half space), so
+ * its pairs go into the slab by stmatrix (CG_LDSM: coda_epi_pair keeps the
+ * words of two chunks in S->ow<k> and writes the four at once). */
+int stsm_out(const coda_program_t *p, const stage_plan_t *sp, int k);
 /* The warp's first row and the tile's first accumulator column (C text). */
 extern const char coda__cg_warp_origin[];
 #define WARP_ORIGIN coda__cg_warp_origin

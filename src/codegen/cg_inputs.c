@@ -136,6 +136,8 @@ void gen_state(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) {
         else if (a->kind == CODA_OUT_COLRED)
             sb_printf(b, "    float c%d[CODA_EPI_COL_SLOTS * %d];  /* %s: column partials */\n", k,
                       space_width(a->space), a->name);
+        else if (stsm_out(p, sp, k))
+            sb_printf(b, "    unsigned ow%d[4]; /* %s: two chunks' words for stmatrix */\n", k, a->name);
     }
     sb_printf(b, "};\n\n");
 
@@ -238,6 +240,100 @@ static void gen_ring_fetch(sb_t *b, int i, const coda_arg_t *a, int first_box) {
 }
 
 
+/* Where load i's pairs come from when the kernel has slabs: the stage
+ * ring, the warp's slab (staged tile inputs, column-vector slices), or
+ * global memory; and whether ldmatrix can bring them (4-byte pairs: bf16
+ * in the full space, f32 in the half space), in coda_epi_fetch_batch. */
+typedef enum { SRC_GLOBAL, SRC_RING, SRC_STAGED, SRC_COL_SLAB } in_src_t;
+
+static in_src_t in_source(const coda_program_t *p, const coda_inst_t *in, const coda_ring_plan_t *rp,
+                          const stage_plan_t *sp) {
+    const coda_arg_t *a = &p->args[in->arg];
+    if (a->kind == CODA_IN_TILE && rp->first_box[in->arg] >= 0) return SRC_RING;
+    if (a->kind == CODA_IN_TILE && sp->off[in->arg] >= 0) return SRC_STAGED;
+    if (a->kind == CODA_IN_COL && sp->col_off[in->arg] >= 0) return SRC_COL_SLAB;
+    return SRC_GLOBAL;
+}
+
+static int by_ldsm(const coda_program_t *p, const coda_inst_t *in, const coda_ring_plan_t *rp,
+                   const stage_plan_t *sp) {
+    const coda_arg_t *a = &p->args[in->arg];
+    int e = value_width(in) * (a->dtype == CODA_BF16 ? 2 : 4);
+    return in->op == CODA_OP_LOAD && in_source(p, in, rp, sp) != SRC_GLOBAL && e == 4;
+}
+
+/* The preprocessor test under which a source's reads are from shared memory. */
+static const char *src_cond(in_src_t s) {
+    return s == SRC_RING ? "CODA_EPI_RING" : s == SRC_STAGED ? "CODA_EPI_STAGE" : "CG_COL_SLAB && !defined(CODA_X_NO_COL_LOAD)";
+}
+
+/* coda_epi_fetch_batch: the batch's pairs (rows row and row + 8, chunks
+ * col0 + 8 jj; pair (jj, h) into L[2 jj + h]), each by coda_epi_fetch, but
+ * the 4-byte pairs from shared memory by ldmatrix: matrix i of an x4 is
+ * rows h = i % 2 of chunk jb + i / 2 (two x4 a batch), lane l addresses
+ * row l % 8 of matrix l / 8. Addresses split as the per-pair ones do: a
+ * per-thread part (the lane's row, its swizzle key, its chunk bit l / 16)
+ * joined by XOR to the chunk pair's constant (jb even, so its unit bits
+ * and the lane's chunk bit are disjoint). A column vector's matrices are
+ * its 4 chunks of the batch, all 8 rows one address (every row of the
+ * fragment gets the same values). Measured: see bench/RESULTS.md session 12. */
+static void gen_fetch_batch(sb_t *b, const coda_program_t *p, const coda_ring_plan_t *rp, const stage_plan_t *sp) {
+    sb_printf(b,
+              "static __device__ __forceinline__ void coda_epi_fetch_batch(const coda_epi_params &P_,\n"
+              "        const coda_epi_tile &t, int row, int col0, coda_epi_in (&L)[2 * CODA_EPI_BATCH]) {\n"
+              "#pragma unroll\n"
+              "    for (int jj = 0; jj < CODA_EPI_BATCH; jj++) {\n"
+              "        coda_epi_fetch(P_, t, row, col0 + 8 * jj, L[2 * jj]);\n"
+              "        coda_epi_fetch(P_, t, row + 8, col0 + 8 * jj, L[2 * jj + 1]);\n"
+              "    }\n");
+    int any = 0;
+    for (int i = 0; i < p->n_insts; i++) any |= by_ldsm(p, &p->insts[i], rp, sp);
+    if (any)
+        sb_printf(b, "#if CG_LDSM\n"
+                     "#if CODA_EPI_BATCH != 4\n#error \"ldmatrix reads batches of 4 chunks\"\n#endif\n"
+                     "    const int lane_ = t.tid & 31;\n"
+                     "    const int lr_ = (lane_ & 7) + 8 * ((lane_ >> 3) & 1), lj_ = lane_ >> 4; /* its row in the warp's 16, its chunk in the two */\n"
+                     "    (void)lr_; (void)lj_;\n");
+    for (int i = 0; i < p->n_insts; i++) {
+        const coda_inst_t *in = &p->insts[i];
+        if (!by_ldsm(p, in, rp, sp)) continue;
+        const coda_arg_t *a = &p->args[in->arg];
+        in_src_t src = in_source(p, in, rp, sp);
+        sb_printf(b, "#if %s\n    { /* %s */\n", src_cond(src), a->name);
+        if (src == SRC_COL_SLAB) {
+            /* bf16 full and f32 half: pair (jj) at byte 16 jj + 4 (lane % 4) of the slice from col0 */
+            sb_printf(b, "        const unsigned a_ = t.stage + %du + (unsigned)(col0 - t.col) * 2u + 16u * (unsigned)(lane_ >> 3);\n"
+                         "        unsigned w_[4];\n"
+                         "        cg_ldsm4(a_, w_[0], w_[1], w_[2], w_[3]);\n"
+                         "#pragma unroll\n"
+                         "        for (int jj = 0; jj < 4; jj++) L[2 * jj].u%d[0] = L[2 * jj + 1].u%d[0] = w_[jj];\n",
+                      sp->col_off[in->arg], i, i);
+        } else {
+            if (src == SRC_RING) /* box row: the tile's row; unit u of box row r at u ^ (r & 7) */
+                sb_printf(b, "        const unsigned thr_ = ((t.row - ((t.tid & 31) >> 2) + lr_) & 127) * 128 + ((lj_ ^ (lane_ & 7)) << 4);\n"
+                             "        const unsigned base_ = t.ring + %d * t.ring_box + (row - t.row) * 128;\n"
+                             "        const int xc_ = ((col0 - t.col) & 63) * 2;\n",
+                          rp->first_box[in->arg]);
+            else { /* the slab region: rows of pitch bytes, unit u of row r at u ^ ((r / rp) % nch) */
+                int pitch = sp->pitch[in->arg], rpp = pitch >= 128 ? 1 : 128 / pitch, nch = pitch / 16;
+                sb_printf(b, "        const unsigned thr_ = lr_ * %d + ((lj_ ^ ((lr_ / %d) & %d)) << 4);\n"
+                             "        const unsigned base_ = t.stage + %d;\n"
+                             "        const int xc_ = 0;\n",
+                          pitch, rpp, nch - 1, sp->off[in->arg]);
+            }
+            sb_printf(b, "#pragma unroll\n"
+                         "        for (int jb = 0; jb < 4; jb += 2)\n"
+                         "            cg_ldsm4(base_ + (thr_ ^ ((xc_ + 16 * jb) & 0x70)), L[2 * jb].u%d[0], L[2 * jb + 1].u%d[0],\n"
+                         "                     L[2 * jb + 2].u%d[0], L[2 * jb + 3].u%d[0]);\n",
+                      i, i, i, i);
+        }
+        sb_printf(b, "    }\n#endif\n");
+    }
+    if (any) sb_printf(b, "#endif\n");
+    sb_printf(b, "}\n\n");
+}
+
+
 /* Tile and column-vector inputs are read in a separate step, coda_epi_fetch,
  * into a struct of raw words: the mainloop fetches a batch of pairs before
  * it runs the program on any of them (CODA_EPI_BATCH), so that many loads
@@ -279,8 +375,10 @@ void gen_fetch(sb_t *b, const coda_program_t *p, int even_n, const coda_ring_pla
                      pred ? "(long long)row" : "r", in->arg, c0);
         else /* a column vector: contiguous (innermost stride is one element) */
             snprintf(q, sizeof q, "(const %s *)P->ptr[%d] + %s", t, in->arg, c0);
+        const int ldsm = by_ldsm(p, in, rp, sp);
         if (rp->first_box[in->arg] >= 0) { /* the stage ring, or global memory */
-            sb_printf(b, "#if CODA_EPI_RING\n");
+            if (ldsm) sb_printf(b, "#if CODA_EPI_RING && CG_LDSM\n    /* %s: coda_epi_fetch_batch */\n#elif CODA_EPI_RING\n", a->name);
+            else sb_printf(b, "#if CODA_EPI_RING\n");
             gen_ring_fetch(b, i, a, rp->first_box[in->arg]);
             sb_printf(b, "#else\n");
             gen_vec_fetch(b, i, value_width(in), a->dtype, q, pred);
@@ -290,9 +388,9 @@ void gen_fetch(sb_t *b, const coda_program_t *p, int even_n, const coda_ring_pla
             char addr[512];
             slab_pair_addr(addr, sizeof addr, sp->off[in->arg], sp->pitch[in->arg], e, "((row - t.row) >> 3) & 1",
                            "((col - t.col) >> 3) % CODA_EPI_BATCH");
-            sb_printf(b, "#if CODA_EPI_STAGE\n"
-                         "    { /* %s: staged by coda_epi_vput */\n%s",
-                      a->name, addr);
+            if (ldsm) sb_printf(b, "#if CODA_EPI_STAGE && CG_LDSM\n    /* %s: coda_epi_fetch_batch */\n#elif CODA_EPI_STAGE\n", a->name);
+            else sb_printf(b, "#if CODA_EPI_STAGE\n");
+            sb_printf(b, "    { /* %s: staged by coda_epi_vput */\n%s", a->name, addr);
             if (e == 2) sb_printf(b, "        L.u%d[0] = cg_lds16(a_);\n", i);
             else if (e == 4) sb_printf(b, "        L.u%d[0] = cg_lds32(a_);\n", i);
             else if (e == 8) sb_printf(b, "        cg_lds64(a_, L.u%d);\n", i);
@@ -308,6 +406,7 @@ void gen_fetch(sb_t *b, const coda_program_t *p, int even_n, const coda_ring_pla
             sb_printf(b, "#ifdef CODA_X_NO_COL_LOAD\n"
                          "    for (int w_ = 0; w_ < %d; w_++) L.u%d[w_] = %s;\n",
                       vec_words(w, a->dtype), i, a->dtype == CODA_BF16 ? "0x3f803f80u" : "0x3f800000u");
+            if (ldsm) sb_printf(b, "#elif CG_COL_SLAB && CG_LDSM\n    /* %s: coda_epi_fetch_batch */\n", a->name);
             if (sp->col_off[in->arg] >= 0) {
                 sb_printf(b, "#elif CG_COL_SLAB\n"
                              "    { /* %s: the tile's slice, in the slab */\n"
@@ -327,6 +426,7 @@ void gen_fetch(sb_t *b, const coda_program_t *p, int even_n, const coda_ring_pla
         }
     }
     sb_printf(b, "}\n\n");
+    gen_fetch_batch(b, p, rp, sp);
 }
 
 

@@ -184,3 +184,9 @@ int staged_arg(const coda_program_t *p, const stage_plan_t *sp, int k, coda_arg_
 const char coda__cg_warp_origin[] =
     "    const long long row0 = t.row - (lane >> 2) + 64 * mh; /* the warp's first row */\n"
     "    const long long col0 = t.col - 2 * (lane & 3); /* the tile's first acc column */\n";
+
+int stsm_out(const coda_program_t *p, const stage_plan_t *sp, int k) {
+    const coda_arg_t *a = &p->args[k];
+    return sp->off[k] >= 0 && a->kind == CODA_OUT_TILE &&
+           space_width(a->space) * (a->dtype == CODA_BF16 ? 2 : 4) == 4;
+}

@@ -84,10 +84,34 @@ static void gen_vec_store(sb_t *b, int w, coda_dtype_t dt, const char *q, char x
 }
 
 
-/* A pair's w elements of output arg k into its slab region. */
-static void gen_stage_store(sb_t *b, const coda_arg_t *a, int off, int pitch, char x[4][48], char pk[2][112]) {
+/* A pair's w elements of output arg k into its slab region. 4-byte pairs
+ * (CG_LDSM): the word waits in S->ow<k> until the pair (h = 1) of an odd
+ * chunk jj, which writes those of chunks jj - 1 and jj (matrix i: h = i % 2,
+ * chunk jj - 1 + i / 2) by one stmatrix; lane l addresses row l % 8 of
+ * matrix l / 8 (the per-thread part), the chunk pair enters by XOR. rs and
+ * cs are constants in the unrolled loops, so the test is too. */
+static void gen_stage_store(sb_t *b, const coda_arg_t *a, int k, int off, int pitch, char x[4][48], char pk[2][112]) {
     int w = space_width(a->space), esz = a->dtype == CODA_BF16 ? 2 : 4, e = w * esz;
     char addr[512];
+    if (e == 4) {
+        char word[256];
+        if (a->dtype == CODA_BF16) snprintf(word, sizeof word, "%s", pk[0]);
+        else snprintf(word, sizeof word, "__float_as_uint(%s)", x[0]);
+        int rpp = pitch >= 128 ? 1 : 128 / pitch, nch = pitch / 16;
+        sb_printf(b, "#if CG_LDSM\n"
+                     "    { /* %s: staged by stmatrix, coda_epi_flush writes it out */\n"
+                     "        const int jj_ = (cs %% (CODA_BN / 8)) %% CODA_EPI_BATCH;\n"
+                     "        S->ow%d[2 * (jj_ & 1) + (rs & 1)] = %s;\n"
+                     "        if ((jj_ & 1) && (rs & 1)) {\n"
+                     "            const int lane_ = t.tid & 31, r_ = (lane_ & 7) + 8 * ((lane_ >> 3) & 1);\n"
+                     "            const unsigned thr_ = r_ * %d + (((lane_ >> 4) ^ ((r_ / %d) & %d)) << 4);\n"
+                     "            cg_stsm4(t.stage + %d + (thr_ ^ (16 * (jj_ - 1))), S->ow%d[0], S->ow%d[1], S->ow%d[2], S->ow%d[3]);\n"
+                     "        }\n"
+                     "    }\n"
+                     "#else\n",
+                  a->name, k, word, pitch, rpp, nch - 1, off, k, k,
+                  k, k);
+    }
     slab_pair_addr(addr, sizeof addr, off, pitch, e, "rs & 1", "(cs % (CODA_BN / 8)) % CODA_EPI_BATCH");
     sb_printf(b, "    { /* %s: staged, coda_epi_flush writes it out */\n%s", a->name, addr);
     if (a->dtype == CODA_BF16) {
@@ -102,6 +126,7 @@ static void gen_stage_store(sb_t *b, const coda_arg_t *a, int off, int pitch, ch
                          "__float_as_uint(%s));\n", x[0], x[1], x[2], x[3]);
     }
     sb_printf(b, "    }\n");
+    if (e == 4) sb_printf(b, "#endif\n");
 }
 
 
@@ -186,7 +211,7 @@ coda_status_t gen_pair(sb_t *b, const coda_program_t *p, int even_n, const stage
                      a->dtype == CODA_BF16 ? "unsigned short" : "float", in->arg, in->arg, first_col(a->space));
             if (sp->off[in->arg] >= 0) {
                 sb_printf(b, "#if CODA_EPI_STAGE\n");
-                gen_stage_store(b, a, sp->off[in->arg], sp->pitch[in->arg], x, pk);
+                gen_stage_store(b, a, in->arg, sp->off[in->arg], sp->pitch[in->arg], x, pk);
                 sb_printf(b, "#else\n");
                 gen_vec_store(b, wa, a->dtype, q, x, pk);
                 sb_printf(b, "#endif\n");

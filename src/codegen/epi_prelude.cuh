@@ -188,6 +188,28 @@ static __device__ __forceinline__ void cg_sts128(unsigned a, unsigned v0, unsign
     asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" :: "r"(a), "r"(v0), "r"(v1), "r"(v2),
                  "r"(v3) : "memory");
 }
+/* A warp's fragment words to and from shared memory, four 8 x 8 b16
+ * matrices an instruction (ldmatrix / stmatrix, sm_90): lane l gives the
+ * address of row l % 8 of matrix l / 8, and word i of lane l is row l / 4,
+ * bytes 4 (l % 4) .. +3 of matrix i: the accumulator fragment's pair
+ * layout. One instruction moves what four 4-byte ld/st.shared move (the
+ * same bytes through the shared-memory pipe, a quarter of the issue
+ * slots). CG_LDSM (off with the experiment CODA_X_NO_LDSM, and where the
+ * kernel has no slabs): staged and ring inputs, column vectors in the
+ * slab and staged outputs of 4-byte pairs go this way. */
+#if CODA_EPI_STAGE && !defined(CODA_X_NO_LDSM)
+#define CG_LDSM 1
+#else
+#define CG_LDSM 0
+#endif
+static __device__ __forceinline__ void cg_ldsm4(unsigned a, unsigned &v0, unsigned &v1, unsigned &v2, unsigned &v3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3) : "r"(a) : "memory");
+}
+static __device__ __forceinline__ void cg_stsm4(unsigned a, unsigned v0, unsigned v1, unsigned v2, unsigned v3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};"
+                 :: "r"(a), "r"(v0), "r"(v1), "r"(v2), "r"(v3) : "memory");
+}
 static __device__ __forceinline__ unsigned cg_lds16(unsigned a) {
     unsigned short v; asm volatile("ld.shared.b16 %0, [%1];" : "=h"(v) : "r"(a) : "memory"); return v;
 }

@@ -36,6 +36,13 @@ static __device__ __forceinline__ void coda_epi_fetch(const coda_epi_params &p,
                                                       const coda_epi_tile &t, int row, int col,
                                                       coda_epi_in &in) {}
 
+/* A batch's pairs: rows row and row + 8, columns col0 + 8 jj (pair (jj, h)
+ * into in[2 jj + h]). Generated epilogues read some inputs for the whole
+ * batch at once here (ldmatrix); this one has nothing to fetch. */
+static __device__ __forceinline__ void coda_epi_fetch_batch(const coda_epi_params &p,
+                                                            const coda_epi_tile &t, int row, int col0,
+                                                            coda_epi_in (&in)[2 * CODA_EPI_BATCH]) {}
+
 /* beta * C(row, col .. col + 1) added to (v0, v1), inside the matrix. */
 static __device__ __forceinline__ void coda_epi_plain_beta(const coda_epi_params &p, const coda_epi_tile &t,
                                                            int row, int col, float &v0, float &v1) {

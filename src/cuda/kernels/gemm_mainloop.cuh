@@ -551,12 +551,8 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                             t.ring_box = ring_box;
                         }
 #endif
-                        coda_epi_in in[2 * CODA_EPI_BATCH];
-#pragma unroll
-                        for (int jj = 0; jj < CODA_EPI_BATCH; jj++) {
-                            coda_epi_fetch(epi, t, r, t.col + 8 * (j0 + jj), in[2 * jj]);
-                            coda_epi_fetch(epi, t, r + 8, t.col + 8 * (j0 + jj), in[2 * jj + 1]);
-                        }
+                        coda_epi_in in[2 * CODA_EPI_BATCH]; /* pair (jj, h) in in[2 jj + h] */
+                        coda_epi_fetch_batch(epi, t, r, t.col + 8 * j0, in);
 #if CODA_EPI_RING
                         /* The chunk's stage is read through the generic proxy and
                          * next written by TMA (the async proxy): without a proxy
