@@ -50,6 +50,8 @@ static void stats(const char *name, const char *epi, int cfg) {
     int n = coda__cuda_gemm_options(CODA_LAYOUT_NT, &coda__cuda_gemm_cfgs[cfg], 0, 0, sk && *sk == '1', opts,
                                     optbuf, sizeof optbuf);
     opts[n++] = "--ptxas-options=-v";
+    const char *xo = getenv("CODA_STATS_OPTS"); /* one more option, e.g. -DCODA_X_NO_LDSM */
+    if (xo && *xo) opts[n++] = xo;
     nvrtcProgram prog;
     if (nvrtcCreateProgram(&prog, src, "k.cu", 0, NULL, NULL) != NVRTC_SUCCESS) {
         printf("%s: nvrtcCreateProgram failed\n", name);
