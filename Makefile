@@ -122,6 +122,7 @@ test-c: $(TEST_BIN) $(BUILD)/coda
 # (on the CPU; on the GPU where there is one)
 test-py: lib
 	@set -e; for t in $(wildcard tests/test_*.py); do echo "== $$t"; $(PYTHON) $$t; done
+	@echo "== bench/bench_vs_torch.py --check"; $(PYTHON) bench/bench_vs_torch.py --check
 	@echo "== bench/bench_vs_torch_train.py --check"; $(PYTHON) bench/bench_vs_torch_train.py --check
 
 # The C tests again with AddressSanitizer (leaks included) and UBSan, in a

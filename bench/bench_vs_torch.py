@@ -1,6 +1,11 @@
 """bench_vs_torch.py - coda's fused GEMMs against the tools people use today.
 
     python3 bench/bench_vs_torch.py [sizes...]     default 2048 4096 8192
+    python3 bench/bench_vs_torch.py --check [n...] no timing: every coda variant's
+                                                   outputs and the eager peer's
+                                                   against a float reference (CPU
+                                                   if there is no GPU; n default
+                                                   200 and 256)
 
 Kernel-level, forward, M = N = K, bf16, in one process (DESIGN.md section 6):
 
@@ -20,7 +25,12 @@ partials are finished by the next GEMM, whose rows count that work). Every varia
 rotating input sets and replayed: 5 warm-up rounds, median of 50 timed
 rounds, per call. A kernel's variants and the GEMM alone are timed round by
 round (each round replays every one of them once), and its ratios are to
-the GEMM alone of its own rounds.
+the GEMM alone of its own rounds. Before its timing, every kernel's coda
+variants and its eager peer are checked against the formula in float on
+the first input set (the table's last part; the run fails past CHECK_TOL).
+The coda variants' row scale comes from sum-of-squares partials made up
+for the benchmark (what the previous epilogue would have left), so their
+reference takes that rstd where the peers normalise x themselves.
 """
 import os
 import sys
@@ -32,6 +42,21 @@ import coda  # noqa: E402
 
 EPS = 1e-5
 CALLS = 10
+# Each check must come out below this (bf16 outputs: about 2^-8 of rounding,
+# and the GEMM's bf16 inputs summed in another order).
+CHECK_TOL = 1e-2
+
+
+def compiled(fn):
+    """torch.compile(fn), made lazily (no compile until its first call); the
+    checks also run on old PyTorch builds without it (None)."""
+    return torch.compile(fn) if hasattr(torch, "compile") else None
+
+
+def rel(a, b):
+    """Relative norm difference of two tensors (float64)."""
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
 def capture(fn):
@@ -90,6 +115,7 @@ def interleaved_ms(fns, graphs=None, rounds=50):
 def time_group(results, n, kernel, floor_fn, sets, variants):
     """Times the GEMM alone (floor_fn) and each (name, fn(set)) of variants
     interleaved; appends (n, kernel, name, ms, ms / floor) to results."""
+    variants = [v for v in variants if v[1] is not None]  # torch.compile where this PyTorch has it
     fns = [floor_fn]
     for _, fn in variants:
         r = Rot(sets)
@@ -160,13 +186,29 @@ def rowpart_program(name):
         return coda.Program(f.read())
 
 
-def bench_size(ctx, n, liger, results):
-    dev, bf = "cuda", torch.bfloat16
+def rms_f(x, g):
+    """RMSNorm in float: x (M, N), g (N)."""
+    xf = x.float()
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS) * g.float()
+
+
+def rope_pairs(z, pos, freq):
+    """coda's RoPE on adjacent pairs: (z_2i, z_2i+1) turned by pos * freq_i."""
+    th = pos[:, None] * freq[None, :]
+    c, s = th.cos(), th.sin()
+    ze, zo = z[:, 0::2], z[:, 1::2]
+    return torch.stack([ze * c - zo * s, zo * c + ze * s], -1).reshape(z.shape)
+
+
+def bench_size(ctx, n, liger, results, checks, dev="cuda", timing=True):
+    """Checks (appended to checks as (n, kernel, what, rel)) and, with
+    timing, the timings (appended to results) of the three kernels at n."""
+    bf = torch.bfloat16
     nsets = 4 if n <= 2048 else 2
     mk = lambda *s: torch.randn(*s, device=dev, dtype=bf)  # noqa: E731
     sets = [dict(x=mk(n, n), res=mk(n, n), w=mk(n, n) / n ** 0.5) for _ in range(nsets)]
     g = torch.rand(n, device=dev, dtype=bf) + 0.5
-    tl = coda.choose_tiling(ctx, "cuda", "nt", n, n, n)
+    tl = coda.choose_tiling(ctx, dev, "nt", n, n, n)
     n_tiles = (n + tl[1] - 1) // tl[1]
     out = mk(n, n)
 
@@ -177,14 +219,22 @@ def bench_size(ctx, n, liger, results):
 
     floor_fn = lambda: gemm_alone(rot.next())  # noqa: E731  (timed in every group)
 
+    def group(kernel, variants, check):
+        checks.extend((n, kernel, what, e) for what, e in check(sets[0]))
+        if timing:
+            time_group(results, n, kernel, floor_fn, sets, variants)
+
+    def acc_f(s):  # the GEMM in float: x W^T
+        return s["x"].float() @ s["w"].float().t()
+
     # ---- resid_rmsnorm ----
     def eager_rr(s):
         h = s["x"] @ s["w"].t() + s["res"]
         return rms(h, g), h
 
-    comp_rr = torch.compile(eager_rr)
+    comp_rr = compiled(eager_rr)
     p_rr = coda.Program.builtin("resid_norm")
-    tl_rr = coda.choose_tiling(ctx, "cuda", "nt", n, n, n, program=p_rr)
+    tl_rr = coda.choose_tiling(ctx, dev, "nt", n, n, n, program=p_rr)
     h_o, hg_o = mk(n, n), mk(n, n)
     ss = torch.empty(n, (n + tl_rr[1] - 1) // tl_rr[1], device=dev, dtype=torch.float32)
     rstd = torch.empty(n, device=dev, dtype=torch.float32)
@@ -204,7 +254,17 @@ def bench_size(ctx, n, liger, results):
             y = s["x"] @ s["w"].t()
             return liger[0].apply(y, s["res"], g, EPS, 0.0, "llama", False)
         variants.insert(2, ("liger", liger_rr))
-    time_group(results, n, "resid_rmsnorm", floor_fn, sets, variants)
+
+    def check_rr(s):
+        hf = acc_f(s) + s["res"].float()
+        y = rms_f(hf, g)
+        coda_rr(s)
+        ey, eh = eager_rr(s)
+        return [("h", rel(h_o, hf)), ("hg", rel(hg_o, hf * g.float())),
+                ("y = hg rstd", rel(hg_o.float() * rstd[:, None], y)),
+                ("eager h", rel(eh, hf)), ("eager y", rel(ey, y))]
+
+    group("resid_rmsnorm", variants, check_rr)
 
     # ---- rmsnorm_swiglu: gate/up interleaved for coda, split halves for peers ----
     def eager_sw(s):
@@ -212,7 +272,7 @@ def bench_size(ctx, n, liger, results):
         a, b = z.chunk(2, dim=-1)
         return torch.nn.functional.silu(a) * b
 
-    comp_sw = torch.compile(eager_sw)
+    comp_sw = compiled(eager_sw)
     p_sw = coda.Program.builtin("gateup_swiglu")
     c_o = mk(n, n // 2)
     ss_in = torch.rand(n, n_tiles, device=dev, dtype=torch.float32) * n / n_tiles
@@ -221,10 +281,10 @@ def bench_size(ctx, n, liger, results):
     def coda_sw(s):
         coda.finish_rstd(ctx, ss_in, n, EPS, r_in)  # the rstd the previous epilogue's partials give
         coda.gemm_epilogue(ctx, "nt", s["x"], s["w"], p_sw, {"r": r_in, "c": c_o},
-                           coda.choose_tiling(ctx, "cuda", "nt", n, n, n, program=p_sw))
+                           coda.choose_tiling(ctx, dev, "nt", n, n, n, program=p_sw))
 
     p_sw_part = rowpart_program("gateup_swiglu")
-    tl_sw = coda.choose_tiling(ctx, "cuda", "nt", n, n, n, program=p_sw_part)
+    tl_sw = coda.choose_tiling(ctx, dev, "nt", n, n, n, program=p_sw_part)
 
     def coda_sw_part(s):
         coda.gemm_epilogue(ctx, "nt", s["x"], s["w"], p_sw_part,
@@ -236,7 +296,7 @@ def bench_size(ctx, n, liger, results):
     def coda_sw_train(s):  # training: the pre-activation z kept for the backward (the peers keep theirs)
         coda.finish_rstd(ctx, ss_in, n, EPS, r_in)
         coda.gemm_epilogue(ctx, "nt", s["x"], s["w"], p_sw_tr, {"r": r_in, "z": z_o, "c": c_o},
-                           coda.choose_tiling(ctx, "cuda", "nt", n, n, n, program=p_sw_tr))
+                           coda.choose_tiling(ctx, dev, "nt", n, n, n, program=p_sw_tr))
 
     variants = [("eager", eager_sw), ("torch.compile", comp_sw), ("coda", coda_sw), ("coda rowpart", coda_sw_part),
                 ("coda train", coda_sw_train)]
@@ -247,11 +307,27 @@ def bench_size(ctx, n, liger, results):
             a, b = z.chunk(2, dim=-1)
             return liger[3].apply(a, b)
         variants.insert(2, ("liger", liger_sw))
-    time_group(results, n, "rmsnorm_swiglu", floor_fn, sets, variants)
+
+    def check_sw(s):
+        r_ref = torch.rsqrt(ss_in.double().sum(-1) / n + EPS).float()  # finish_rstd's formula
+        z = acc_f(s) * r_ref[:, None]  # gate / up interleaved by columns
+        c_ref = torch.nn.functional.silu(z[:, 0::2]) * z[:, 1::2]
+        out = []
+        for what, fn in (("c", coda_sw), ("rowpart c", coda_sw_part)):
+            c_o.fill_(float("nan"))
+            fn(s)
+            out.append((what, rel(c_o, c_ref)))
+        coda_sw_train(s)
+        out += [("train z", rel(z_o, z)), ("train c", rel(c_o, c_ref))]
+        ze = rms_f(s["x"], g) @ s["w"].float().t()
+        a, b = ze.chunk(2, dim=-1)
+        return out + [("eager c", rel(eager_sw(s), torch.nn.functional.silu(a) * b))]
+
+    group("rmsnorm_swiglu", variants, check_sw)
 
     # ---- rmsnorm_rope: N = q (n/2) | k (n/4) | v (n/4), head_dim 128 ----
-    hd, T = 128, 2048
-    nq, nk = n // 2, n // 4
+    nq, nk, T = n // 2, n // 4, 2048
+    hd = max(d for d in range(2, 129, 2) if nq % d == 0 and nk % d == 0)  # 128 at every timed size
     pos = (torch.arange(n, device=dev) % T).float()
     inv = 500000.0 ** (-torch.arange(0, hd, 2, device=dev).float() / hd)  # (hd/2)
     ang = pos[:, None] * inv[None, :]
@@ -271,9 +347,9 @@ def bench_size(ctx, n, liger, results):
         k = k * cos[:, None] + rot_half(k) * sin[:, None]
         return q, k, v
 
-    comp_rope = torch.compile(eager_rope)
+    comp_rope = compiled(eager_rope)
     p_rope = coda.Program.builtin("qkv_rope")
-    tl_rope = coda.choose_tiling(ctx, "cuda", "nt", n, n, n, program=p_rope)
+    tl_rope = coda.choose_tiling(ctx, dev, "nt", n, n, n, program=p_rope)
     freq = torch.zeros(n // 2, device=dev, dtype=torch.float32)
     per_head = inv.repeat((nq + nk) // hd)
     freq[: per_head.numel()] = per_head
@@ -300,7 +376,24 @@ def bench_size(ctx, n, liger, results):
             k = z[:, nq:nq + nk].view(1, n, -1, hd).transpose(1, 2)
             return liger[2].apply(q, k, cos[None], sin[None])
         variants.insert(2, ("liger", liger_rope))
-    time_group(results, n, "rmsnorm_rope", floor_fn, sets, variants)
+
+    def check_rope(s):
+        r_ref = torch.rsqrt(ss_in.double().sum(-1) / n + EPS).float()
+        y_ref = rope_pairs(acc_f(s) * r_ref[:, None], pos, freq)
+        out = []
+        for what, fn in (("qkv", coda_rope), ("rowpart qkv", coda_rope_part)):
+            qkv_o.fill_(float("nan"))
+            fn(s)
+            out.append((what, rel(qkv_o, y_ref)))
+        ze = rms_f(s["x"], g) @ s["w"].float().t()  # the peers' rotate-half layout, in float
+        q = ze[:, :nq].view(n, -1, hd)
+        k = ze[:, nq:nq + nk].view(n, -1, hd)
+        cf, sf = cos.float()[:, None], sin.float()[:, None]
+        eq, ek, ev = eager_rope(s)
+        return out + [("eager q", rel(eq, q * cf + rot_half(q) * sf)), ("eager k", rel(ek, k * cf + rot_half(k) * sf)),
+                      ("eager v", rel(ev, ze[:, nq + nk:]))]
+
+    group("rmsnorm_rope", variants, check_rope)
 
 
 def print_results(results):
@@ -309,21 +402,44 @@ def print_results(results):
         print("%-16s %6d %-20s %9.3f %9.3f" % (k, n, name, t, ratio))
 
 
+def print_checks(checks, title):
+    """The checks as a table; returns how many are past CHECK_TOL."""
+    print(title)
+    bad = 0
+    for n, name, what, e in checks:
+        bad += e > CHECK_TOL
+        print("  %6d %-16s %-14s rel %.2e%s" % (n, name, what, e, "" if e <= CHECK_TOL else "  FAIL"))
+    return bad
+
+
 def main():
-    sizes = [int(a) for a in sys.argv[1:]] or [2048, 4096, 8192]
+    args = sys.argv[1:]
     ctx = coda.Context()
+    if args and args[0] == "--check":
+        ns = [int(a) for a in args[1:]] or [200, 256]  # on a GPU 256 runs the N16 / ring forms
+        dev = "cuda" if ctx.has_cuda and torch.cuda.is_available() else "cpu"
+        checks = []
+        for n in ns:
+            bench_size(ctx, n, None, [], checks, dev, timing=False)
+        bad = print_checks(checks, "bench_vs_torch --check: n %s on %s" % (ns, dev))
+        print("bench_vs_torch.py: %d checks failed" % bad)
+        return 1 if bad else 0
+    sizes = [int(a) for a in args] or [2048, 4096, 8192]
     ok, liger = bench_start("bench_vs_torch", ctx, load_liger)
     if not ok:
         return 1
-    results = []
+    results, checks = [], []
     for n in sizes:
         try:
-            bench_size(ctx, n, liger, results)
+            bench_size(ctx, n, liger, results, checks)
         except Exception as e:
             print("size %d failed: %s: %s" % (n, type(e).__name__, e))
             raise
     print_results(results)
-    return 0
+    bad = print_checks(checks, "\ncoda and eager against the formula in float (relative norm difference):")
+    if bad:
+        print("bench_vs_torch.py: %d checks failed" % bad)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":
