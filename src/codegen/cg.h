@@ -126,11 +126,6 @@ int staged_arg(const coda_program_t *p, const stage_plan_t *sp, int k, coda_arg_
  * its pairs go into the slab by stmatrix (CG_LDSM: coda_epi_pair keeps the
  * words of two chunks in S->ow<k> and writes the four at once). */
 int stsm_out(const coda_program_t *p, const stage_plan_t *sp, int k);
-#define late_slab_wait coda__cg_late_slab_wait
-/* TMA stores, no staged input, every staged output by stmatrix: the wait
- * for TMA's read of the slab can come at a batch's first stmatrix
- * (CODA_EPI_LATE_SLAB_WAIT, gen_slab_wait). */
-int late_slab_wait(const coda_program_t *p, const stage_plan_t *sp);
 /* The warp's first row and the tile's first accumulator column (C text). */
 extern const char coda__cg_warp_origin[];
 #define WARP_ORIGIN coda__cg_warp_origin
@@ -156,9 +151,8 @@ void gen_fetch(sb_t *b, const coda_program_t *p, int even_n, const coda_ring_pla
 void gen_stage_in(sb_t *b, const coda_program_t *p, const stage_plan_t *sp);
 /* coda_epi_pair. */
 coda_status_t gen_pair(sb_t *b, const coda_program_t *p, int even_n, const stage_plan_t *sp);
-/* CODA_EPI_TMA_STORES, CODA_EPI_LATE_SLAB_WAIT and coda_epi_slab_wait
- * (before every other hook). */
-void gen_slab_wait(sb_t *b, const coda_program_t *p, const stage_plan_t *sp);
+/* CODA_EPI_TMA_STORES and coda_epi_slab_wait (before every other hook). */
+void gen_slab_wait(sb_t *b, const stage_plan_t *sp);
 /* coda_epi_flush and coda_epi_end. */
 void gen_flush(sb_t *b, const coda_program_t *p, const stage_plan_t *sp);
 void gen_end(sb_t *b, const coda_program_t *p, const stage_plan_t *sp);

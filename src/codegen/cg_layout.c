@@ -190,10 +190,3 @@ int stsm_out(const coda_program_t *p, const stage_plan_t *sp, int k) {
     return sp->off[k] >= 0 && a->kind == CODA_OUT_TILE &&
            space_width(a->space) * (a->dtype == CODA_BF16 ? 2 : 4) == 4;
 }
-
-int late_slab_wait(const coda_program_t *p, const stage_plan_t *sp) {
-    int late = sp->nmap > 0 && !sp->any_in;
-    for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++)
-        if (sp->off[k] >= 0 && p->args[k].kind == CODA_OUT_TILE && !stsm_out(p, sp, k)) late = 0;
-    return late;
-}

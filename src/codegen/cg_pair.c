@@ -90,8 +90,7 @@ static void gen_vec_store(sb_t *b, int w, coda_dtype_t dt, const char *q, char x
  * chunk jj - 1 + i / 2) by one stmatrix; lane l addresses row l % 8 of
  * matrix l / 8 (the per-thread part), the chunk pair enters by XOR. rs and
  * cs are constants in the unrolled loops, so the test is too. */
-static void gen_stage_store(sb_t *b, const coda_arg_t *a, int k, int off, int pitch, char x[4][48], char pk[2][112],
-                            int wait_first) {
+static void gen_stage_store(sb_t *b, const coda_arg_t *a, int k, int off, int pitch, char x[4][48], char pk[2][112]) {
     int w = space_width(a->space), esz = a->dtype == CODA_BF16 ? 2 : 4, e = w * esz;
     char addr[512];
     if (e == 4) {
@@ -104,16 +103,14 @@ static void gen_stage_store(sb_t *b, const coda_arg_t *a, int k, int off, int pi
                      "        const int jj_ = (cs %% (CODA_BN / 8)) %% CODA_EPI_BATCH;\n"
                      "        S->ow%d[2 * (jj_ & 1) + (rs & 1)] = %s;\n"
                      "        if ((jj_ & 1) && (rs & 1)) {\n"
-                     "%s"
                      "            const int lane_ = t.tid & 31, r_ = (lane_ & 7) + 8 * ((lane_ >> 3) & 1);\n"
                      "            const unsigned thr_ = r_ * %d + (((lane_ >> 4) ^ ((r_ / %d) & %d)) << 4);\n"
                      "            cg_stsm4(t.stage + %d + (thr_ ^ (16 * (jj_ - 1))), S->ow%d[0], S->ow%d[1], S->ow%d[2], S->ow%d[3]);\n"
                      "        }\n"
                      "    }\n"
                      "#else\n",
-                  a->name, k, word,
-                  wait_first ? "#ifdef CODA_EPI_LATE_SLAB_WAIT\n            if (jj_ == 1) coda_epi_slab_wait(t);\n#endif\n" : "",
-                  pitch, rpp, nch - 1, off, k, k, k, k);
+                  a->name, k, word, pitch, rpp, nch - 1, off, k, k,
+                  k, k);
     }
     slab_pair_addr(addr, sizeof addr, off, pitch, e, "rs & 1", "(cs % (CODA_BN / 8)) % CODA_EPI_BATCH");
     sb_printf(b, "    { /* %s: staged, coda_epi_flush writes it out */\n%s", a->name, addr);
@@ -143,7 +140,6 @@ coda_status_t gen_pair(sb_t *b, const coda_program_t *p, int even_n, const stage
               "    coda_epi_state *S = &S_;\n"
               "    (void)t; (void)S; (void)rs; (void)cs; (void)L;\n");
     gen_pair_start(b, even_n);
-    int staged_before = 0; /* a staged store came earlier in the program */
     for (int i = 0; i < p->n_insts; i++) {
         const coda_inst_t *in = &p->insts[i];
         int w = value_width(in);
@@ -215,9 +211,7 @@ coda_status_t gen_pair(sb_t *b, const coda_program_t *p, int even_n, const stage
                      a->dtype == CODA_BF16 ? "unsigned short" : "float", in->arg, in->arg, first_col(a->space));
             if (sp->off[in->arg] >= 0) {
                 sb_printf(b, "#if CODA_EPI_STAGE\n");
-                gen_stage_store(b, a, in->arg, sp->off[in->arg], sp->pitch[in->arg], x, pk,
-                                !staged_before && late_slab_wait(p, sp));
-                staged_before = 1;
+                gen_stage_store(b, a, in->arg, sp->off[in->arg], sp->pitch[in->arg], x, pk);
                 sb_printf(b, "#else\n");
                 gen_vec_store(b, wa, a->dtype, q, x, pk);
                 sb_printf(b, "#endif\n");

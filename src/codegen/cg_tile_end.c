@@ -36,21 +36,12 @@ static void shfl_fold(sb_t *b, coda_reduce_t r, int lo, int hi, int indent) {
  * the copies run while the next batch's inputs are read from the ring;
  * with staged inputs (N16 form) coda_epi_vput waits right after the flush,
  * so there they overlap nothing. */
-void gen_slab_wait(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) {
+void gen_slab_wait(sb_t *b, const stage_plan_t *sp) {
     if (sp->nmap > 0)
         sb_printf(b, "#if CODA_EPI_STAGE && !defined(CODA_X_LSU_STORE)\n#define CODA_EPI_TMA_STORES 1\n#else\n"
                      "#define CODA_EPI_TMA_STORES 0\n#endif\n");
     else
         sb_printf(b, "#define CODA_EPI_TMA_STORES 0\n");
-    /* Where every staged output goes by stmatrix and no input is staged,
-     * nothing writes the slab before a batch's first stmatrix (chunk 1's
-     * second pair), so the wait for TMA's read of the last batch's outputs
-     * moves there from before the pairs (the mainloop skips its wait):
-     * the copy's read overlaps the batch's first four pairs. */
-    if (late_slab_wait(p, sp))
-        sb_printf(b, "#if CODA_EPI_TMA_STORES && CG_LDSM && !defined(CODA_X_EARLY_SLAB_WAIT)\n"
-                     "#define CODA_EPI_LATE_SLAB_WAIT 1 /* in coda_epi_pair, before the batch's first stmatrix */\n"
-                     "#endif\n");
     sb_printf(b, "static __device__ __forceinline__ void coda_epi_slab_wait(const coda_epi_tile &t) {\n"
                  "    (void)t;\n"
                  "#if CODA_EPI_TMA_STORES\n"

@@ -59,7 +59,7 @@ coda_status_t coda__codegen_cuda_ex(const coda_program_t *p, coda_cg_form_t form
                   rp.nbox);
     stage_plan_t sp;
     plan_staging(p, form == CODA_CG_N16 || form == CODA_CG_RING, &rp, &sp);
-    gen_slab_wait(&b, p, &sp);
+    gen_slab_wait(&b, &sp);
     gen_state(&b, p, &sp);
     gen_fetch(&b, p, even_n, &rp, &sp);
     gen_stage_in(&b, p, &sp);

@@ -563,9 +563,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
 #endif
 #if CODA_EPI_STAGE
                         __syncwarp(); /* inputs read out of the slab (and the ring) before the pairs write outputs */
-#ifndef CODA_EPI_LATE_SLAB_WAIT /* else the pairs wait before their first slab write */
                         coda_epi_slab_wait(t); /* and TMA has read the last batch's outputs */
-#endif
 #endif
 #if CODA_EPI_RING
                         /* the chunk's last batch: free its stage. With clusters the
