@@ -257,9 +257,10 @@ static in_src_t in_source(const coda_program_t *p, const coda_inst_t *in, const 
 
 static int by_ldsm(const coda_program_t *p, const coda_inst_t *in, const coda_ring_plan_t *rp,
                    const stage_plan_t *sp) {
+    if (in->op != CODA_OP_LOAD || in->arg < 0 || in->arg >= p->n_args) return 0;
     const coda_arg_t *a = &p->args[in->arg];
     int e = value_width(in) * (a->dtype == CODA_BF16 ? 2 : 4);
-    return in->op == CODA_OP_LOAD && in_source(p, in, rp, sp) != SRC_GLOBAL && e == 4;
+    return in_source(p, in, rp, sp) != SRC_GLOBAL && e == 4;
 }
 
 /* The preprocessor test under which a source's reads are from shared memory. */
