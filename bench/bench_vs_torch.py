@@ -5,7 +5,7 @@
                                                    outputs and the eager peer's
                                                    against a float reference (CPU
                                                    if there is no GPU; n default
-                                                   200 and 256)
+                                                   200, 256, 272)
 
 Kernel-level, forward, M = N = K, bf16, in one process (DESIGN.md section 6):
 
@@ -54,9 +54,17 @@ def compiled(fn):
 
 
 def rel(a, b):
-    """Relative norm difference of two tensors (float64)."""
+    """The relative difference of a from the reference b (float64): the
+    norm's, |a - b| / |b|, or a quarter of the worst element's, max |a - b|
+    / max |b|, whichever is larger (a wrong block of a few elements hides in
+    the norm; single elements of a bf16 chain stray several times further
+    than the norm: eager's SwiGLU 9e-3 at n = 272). NaN in a gives NaN,
+    which no check passes."""
     a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+    d = a - b
+    norm = (d.norm() / b.norm().clamp_min(1e-30)).item()
+    worst = (d.abs().max() / b.abs().max().clamp_min(1e-30)).item()
+    return max(norm, worst / 4) if norm == norm and worst == worst else float("nan")
 
 
 def capture(fn):
@@ -258,6 +266,8 @@ def bench_size(ctx, n, liger, results, checks, dev="cuda", timing=True):
     def check_rr(s):
         hf = acc_f(s) + s["res"].float()
         y = rms_f(hf, g)
+        for t in (h_o, hg_o, rstd):
+            t.fill_(float("nan"))
         coda_rr(s)
         ey, eh = eager_rr(s)
         return [("h", rel(h_o, hf)), ("hg", rel(hg_o, hf * g.float())),
@@ -317,6 +327,8 @@ def bench_size(ctx, n, liger, results, checks, dev="cuda", timing=True):
             c_o.fill_(float("nan"))
             fn(s)
             out.append((what, rel(c_o, c_ref)))
+        z_o.fill_(float("nan"))
+        c_o.fill_(float("nan"))
         coda_sw_train(s)
         out += [("train z", rel(z_o, z)), ("train c", rel(c_o, c_ref))]
         ze = rms_f(s["x"], g) @ s["w"].float().t()
@@ -407,8 +419,9 @@ def print_checks(checks, title):
     print(title)
     bad = 0
     for n, name, what, e in checks:
-        bad += e > CHECK_TOL
-        print("  %6d %-16s %-14s rel %.2e%s" % (n, name, what, e, "" if e <= CHECK_TOL else "  FAIL"))
+        ok = e <= CHECK_TOL  # NaN is not
+        bad += not ok
+        print("  %6d %-16s %-14s rel %.2e%s" % (n, name, what, e, "" if ok else "  FAIL"))
     return bad
 
 
@@ -416,7 +429,7 @@ def main():
     args = sys.argv[1:]
     ctx = coda.Context()
     if args and args[0] == "--check":
-        ns = [int(a) for a in args[1:]] or [200, 256]  # on a GPU 256 runs the N16 / ring forms
+        ns = [int(a) for a in args[1:]] or [200, 256, 272]  # on a GPU: EVEN form; N16 / ring, whole and edge tiles
         dev = "cuda" if ctx.has_cuda and torch.cuda.is_available() else "cpu"
         checks = []
         for n in ns:
@@ -436,7 +449,7 @@ def main():
             print("size %d failed: %s: %s" % (n, type(e).__name__, e))
             raise
     print_results(results)
-    bad = print_checks(checks, "\ncoda and eager against the formula in float (relative norm difference):")
+    bad = print_checks(checks, "\ncoda and eager against the formula in float (relative difference, rel()):")
     if bad:
         print("bench_vs_torch.py: %d checks failed" % bad)
     return 1 if bad else 0

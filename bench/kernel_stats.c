@@ -44,7 +44,7 @@ static void stats(const char *name, const char *epi, int cfg) {
         printf("%s: %s\n", name, coda_last_error());
         return;
     }
-    const char *opts[CODA_CUDA_GEMM_MAX_OPTS + 1];
+    const char *opts[CODA_CUDA_GEMM_MAX_OPTS + 2]; /* the options, -v, CODA_STATS_OPTS */
     char optbuf[768];
     const char *sk = getenv("CODA_STATS_STREAMK"); /* 1: the stream-K variants */
     int n = coda__cuda_gemm_options(CODA_LAYOUT_NT, &coda__cuda_gemm_cfgs[cfg], 0, 0, sk && *sk == '1', opts,

@@ -61,22 +61,26 @@ static double now(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* gemm_prelude.cuh + tile width + generated epilogue + the stand-in kernel */
-static void compile_in_harness(const char *name, const char *epi) {
+/* gemm_prelude.cuh + tile width + generated epilogue + the stand-in kernel;
+ * stage: with the warps' slabs (CODA_EPI_STAGE, as the mainloop builds the
+ * fused kernels: the slab, ring, ldmatrix and stmatrix code; compiled only,
+ * the stand-in does not stage inputs) */
+static void compile_in_harness(const char *name, const char *epi, int stage) {
     const char *prelude = coda__cuda_source("gemm_prelude.cuh");
     CHECK(prelude != NULL, "gemm_prelude.cuh is embedded");
     if (!prelude) return;
     size_t len = strlen(prelude) + strlen(epi) + sizeof coda_test_harness_kernel + 64;
     char *src = malloc(len);
-    snprintf(src, len, "%s\n#define CODA_BN 128\n%s\n%s", prelude, epi, coda_test_harness_kernel);
+    snprintf(src, len, "%s\n#define CODA_BN 128\n#define CODA_EPI_STAGE %d\n%s\n%s", prelude, stage, epi,
+             coda_test_harness_kernel);
     const char *opts[] = {"--gpu-architecture=sm_90a", "--std=c++17", "-default-device"};
     char *cubin = NULL;
     size_t size = 0;
     double t0 = now();
     coda_status_t s = coda__nvrtc_compile(src, opts, 3, &cubin, &size);
     CHECK(s == CODA_OK, "%s compiles in the stand-in mainloop: %s", name, coda_last_error());
-    printf("  %-28s stand-in mainloop: %s (%zu bytes, %.1f s)\n", name, s == CODA_OK ? "ok" : "FAILED", size,
-           now() - t0);
+    printf("  %-28s stand-in mainloop%s: %s (%zu bytes, %.1f s)\n", name, stage ? ", slabs" : "",
+           s == CODA_OK ? "ok" : "FAILED", size, now() - t0);
     free(cubin);
     free(src);
 }
@@ -163,13 +167,13 @@ static void check_program(const char *name, const char *text, int in_mainloop) {
         CHECK(coda__codegen_cuda(p, &again) == CODA_OK && strcmp(src, again) == 0, "%s: same text twice", name);
         free(again);
 #ifdef CODA_WITH_CUDA
-        compile_in_harness(name, src);
+        compile_in_harness(name, src, 0);
         if (in_mainloop) compile_in_mainloop(name, src, (coda_layout_t)(in_mainloop - 1), 1, 0);
         /* the branch-free form for even N */
         char *even = NULL;
         CHECK(coda__codegen_cuda_ex(p, CODA_CG_EVEN, &even) == CODA_OK && even && strcmp(even, src) != 0,
               "%s: even-N form generated: %s", name, coda_last_error());
-        if (even) compile_in_harness(name, even);
+        if (even) compile_in_harness(name, even, 0);
         if (even && in_mainloop) compile_in_mainloop(name, even, CODA_LAYOUT_NT, 0, 0);
         /* N a multiple of 16, which the GPU runs most: tile outputs staged
          * through shared memory (both schedules) */
@@ -183,7 +187,8 @@ static void check_program(const char *name, const char *text, int in_mainloop) {
         for (int k = 0; k < p->n_args; k++) cols += p->args[k].kind == CODA_IN_COL;
         if (n16) CHECK((strstr(n16, "the tile's slice, in the slab") != NULL) == (cols > 0),
                        "%s: the N16 form reads its column vectors from the slab", name);
-        if (n16) compile_in_harness(name, n16);
+        if (n16) compile_in_harness(name, n16, 0);
+        if (n16) compile_in_harness(name, n16, 1);
         if (n16 && in_mainloop) {
             compile_in_mainloop(name, n16, CODA_LAYOUT_NT, 3, 0);
             compile_in_mainloop(name, n16, CODA_LAYOUT_NT, 5, 0);
@@ -198,7 +203,12 @@ static void check_program(const char *name, const char *text, int in_mainloop) {
                   name, coda_last_error());
             if (ring) {
                 CHECK(strstr(ring, "copied into the stage ring by TMA") != NULL, "%s: the ring form reads the ring", name);
-                compile_in_harness(name, ring);
+                compile_in_harness(name, ring, 0);
+                compile_in_harness(name, ring, 1);
+                /* 4-byte pairs (rmsnorm_bwd: x, dres, g in; dx, b out) by ldmatrix / stmatrix */
+                if (strcmp(name, "rmsnorm_bwd") == 0)
+                    CHECK(strstr(ring, "cg_ldsm4(base_") && strstr(ring, "cg_ldsm4(a_") && strstr(ring, "cg_stsm4(t.stage"),
+                          "%s: ring, column-slab and staged-output pairs by ldmatrix / stmatrix", name);
                 if (in_mainloop || strcmp(name, "swiglu_bwd") == 0) {
                     /* the ring is on in the cooperative build, off in ping-pong's */
                     size_t len = strlen(ring) + 128;

@@ -263,7 +263,8 @@ static int by_ldsm(const coda_program_t *p, const coda_inst_t *in, const coda_ri
     return in_source(p, in, rp, sp) != SRC_GLOBAL && e == 4;
 }
 
-/* The preprocessor test under which a source's reads are from shared memory. */
+/* The preprocessor test under which a source's reads are from shared
+ * memory (a shared-memory source: not SRC_GLOBAL). */
 static const char *src_cond(in_src_t s) {
     return s == SRC_RING ? "CODA_EPI_RING" : s == SRC_STAGED ? "CODA_EPI_STAGE" : "CG_COL_SLAB && !defined(CODA_X_NO_COL_LOAD)";
 }
@@ -310,7 +311,11 @@ static void gen_fetch_batch(sb_t *b, const coda_program_t *p, const coda_ring_pl
                          "        for (int jj = 0; jj < 4; jj++) L[2 * jj].u%d[0] = L[2 * jj + 1].u%d[0] = w_[jj];\n",
                       sp->col_off[in->arg], i, i);
         } else {
-            if (src == SRC_RING) /* box row: the tile's row; unit u of box row r at u ^ (r & 7) */
+            /* box row: the tile's row; unit u of box row r at u ^ (r & 7). A
+             * 4-byte ring pair is bf16 in the full space (the ring takes full
+             * and double spaces): one 128-byte box a 64-column chunk, so no
+             * box offset by column as gen_ring_fetch has for wider pairs */
+            if (src == SRC_RING)
                 sb_printf(b, "        const unsigned thr_ = ((t.row - ((t.tid & 31) >> 2) + lr_) & 127) * 128 + ((lj_ ^ (lane_ & 7)) << 4);\n"
                              "        const unsigned base_ = t.ring + %d * t.ring_box + (row - t.row) * 128;\n"
                              "        const int xc_ = ((col0 - t.col) & 63) * 2;\n",

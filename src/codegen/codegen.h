@@ -18,17 +18,24 @@
  *        coda_epi_pre); in the N16 and RING forms also the tile's slice of
  *        each column vector, copied into the warp's slab (cp.async)
  *   coda_epi_begin(P, t, S, Q)                once per tile, after the k-loop
- *   coda_epi_fetch(P, t, row, col, L)
- *        reads the pair's tile and column-vector inputs into L (struct
- *        coda_epi_in, raw words); the kernel fetches a batch of pairs before
- *        it calls coda_epi_pair on any of them
+ *   coda_epi_fetch_batch(P, t, row, col0, L[2 * CODA_EPI_BATCH])
+ *        reads the tile and column-vector inputs of a batch's pairs (rows
+ *        row and row + 8, chunks col0 + 8 jj; pair (jj, h) into L[2 jj + h],
+ *        struct coda_epi_in, raw words) before the kernel calls
+ *        coda_epi_pair on any of them: coda_epi_fetch(P, t, row, col, L)
+ *        for each pair, and with CG_LDSM (slabs, CODA_EPI_STAGE) the 4-byte
+ *        pairs kept in shared memory by ldmatrix, which coda_epi_fetch alone
+ *        then leaves unread
  *   coda_epi_pair(P, t, S, rs, cs, row, col, a0, a1, L)
  *        for every accumulator pair a thread holds: row slot rs (rows t.row
  *        + 8 (rs & 1) + 64 (rs >> 1)), column slot cs (chunk j = cs % (BN/8),
  *        col = t.col + 8j), the global row,
  *        the global even accumulator column, the two values. It masks
  *        row >= M and col >= N itself and writes every output itself
- *        (the kernel is built with CODA_EPI_STORE_C = 0).
+ *        (the kernel is built with CODA_EPI_STORE_C = 0). Within a batch
+ *        the kernel calls it chunk by chunk, row h = 0 before h = 1: with
+ *        CG_LDSM a staged output's words wait in the state until the
+ *        second pair of an odd chunk writes two chunks' at once.
  *   coda_epi_flush(P, S, t, mh, j0)           after every batch of
  *        CODA_EPI_BATCH chunks: writes the staged outputs (N16, RING) and
  *        folds the batch's lse values into their states (every form)

@@ -202,6 +202,9 @@ static __device__ __forceinline__ void cg_sts128(unsigned a, unsigned v0, unsign
 #else
 #define CG_LDSM 0
 #endif
+#if CG_LDSM && defined(CODA_EPI_STORE_C) && CODA_EPI_STORE_C
+#error "the C-store path fetches pair by pair (coda_epi_fetch), which leaves the ldmatrix inputs unread"
+#endif
 static __device__ __forceinline__ void cg_ldsm4(unsigned a, unsigned &v0, unsigned &v1, unsigned &v2, unsigned &v3) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                  : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3) : "r"(a) : "memory");
