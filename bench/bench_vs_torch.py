@@ -425,18 +425,36 @@ def print_checks(checks, title):
     return bad
 
 
+def end_checks(script, checks, title, always):
+    """print_checks, then the count of failures (always, or when there are
+    any); the exit status: 1 if a check failed."""
+    bad = print_checks(checks, title)
+    if always or bad:
+        print("%s.py: %d checks failed" % (script, bad))
+    return 1 if bad else 0
+
+
+def check_mode(script, ctx, args, checks_at):
+    """`script --check [n...]`: checks_at(ctx, dev, n) -> [(n, kernel, what,
+    rel)] at each n (default 200: the EVEN form; 256 and 272: N16 / ring, whole
+    and edge tiles), on the GPU if there is one; the exit status."""
+    ns = [int(a) for a in args] or [200, 256, 272]
+    dev = "cuda" if ctx.has_cuda and torch.cuda.is_available() else "cpu"
+    checks = [c for n in ns for c in checks_at(ctx, dev, n)]
+    return end_checks(script, checks, "%s --check: n %s on %s" % (script, ns, dev), True)
+
+
+def size_checks(ctx, dev, n):
+    checks = []
+    bench_size(ctx, n, None, [], checks, dev, timing=False)
+    return checks
+
+
 def main():
     args = sys.argv[1:]
     ctx = coda.Context()
     if args and args[0] == "--check":
-        ns = [int(a) for a in args[1:]] or [200, 256, 272]  # on a GPU: EVEN form; N16 / ring, whole and edge tiles
-        dev = "cuda" if ctx.has_cuda and torch.cuda.is_available() else "cpu"
-        checks = []
-        for n in ns:
-            bench_size(ctx, n, None, [], checks, dev, timing=False)
-        bad = print_checks(checks, "bench_vs_torch --check: n %s on %s" % (ns, dev))
-        print("bench_vs_torch.py: %d checks failed" % bad)
-        return 1 if bad else 0
+        return check_mode("bench_vs_torch", ctx, args[1:], size_checks)
     sizes = [int(a) for a in args] or [2048, 4096, 8192]
     ok, liger = bench_start("bench_vs_torch", ctx, load_liger)
     if not ok:
@@ -449,10 +467,8 @@ def main():
             print("size %d failed: %s: %s" % (n, type(e).__name__, e))
             raise
     print_results(results)
-    bad = print_checks(checks, "\ncoda and eager against the formula in float (relative difference, rel()):")
-    if bad:
-        print("bench_vs_torch.py: %d checks failed" % bad)
-    return 1 if bad else 0
+    return end_checks("bench_vs_torch", checks,
+                      "\ncoda and eager against the formula in float (relative difference, rel()):", False)
 
 
 if __name__ == "__main__":

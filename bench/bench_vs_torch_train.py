@@ -55,8 +55,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
 sys.path.insert(0, HERE)
 import coda  # noqa: E402
-from bench_vs_torch import (EPS, Rot, bench_start, compiled, import_liger, interleaved_ms,  # noqa: E402
-                            print_checks, print_results, rel)
+from bench_vs_torch import (EPS, Rot, bench_start, check_mode, compiled, end_checks, import_liger,  # noqa: E402
+                            interleaved_ms, print_results, rel)
 
 IGNORE = -100
 
@@ -398,12 +398,7 @@ def main():
     args = sys.argv[1:]
     ctx = coda.Context()
     if args and args[0] == "--check":
-        ns = [int(a) for a in args[1:]] or [200, 256, 272]  # on a GPU: EVEN form; N16 / ring, whole and edge tiles
-        dev = "cuda" if ctx.has_cuda and torch.cuda.is_available() else "cpu"
-        checks = [c for n in ns for c in run_checks(ctx, dev, n)]
-        fails = print_checks(checks, "bench_vs_torch_train --check: n %s on %s" % (ns, dev))
-        print("bench_vs_torch_train.py: %d checks failed" % fails)
-        return 1 if fails else 0
+        return check_mode("bench_vs_torch_train", ctx, args[1:], run_checks)
     sizes = [int(a) for a in args] or [2048, 4096, 8192]
     ok, liger = bench_start("bench_vs_torch_train", ctx, load_liger)
     if not ok:
@@ -435,10 +430,8 @@ def main():
             del k, sets, variants, fns
             torch.cuda.empty_cache()
     print_results(results)
-    bad = print_checks(checks, "\ncoda against the eager formula (relative difference, rel()):")
-    if bad:
-        print("bench_vs_torch_train.py: %d checks failed" % bad)
-    return 1 if bad else 0
+    return end_checks("bench_vs_torch_train", checks,
+                      "\ncoda against the eager formula (relative difference, rel()):", False)
 
 
 if __name__ == "__main__":

@@ -257,7 +257,7 @@ static in_src_t in_source(const coda_program_t *p, const coda_inst_t *in, const 
 
 static int by_ldsm(const coda_program_t *p, const coda_inst_t *in, const coda_ring_plan_t *rp,
                    const stage_plan_t *sp) {
-    if (in->op != CODA_OP_LOAD || in->arg < 0 || in->arg >= p->n_args) return 0;
+    if (in->op != CODA_OP_LOAD) return 0; /* only loads name an argument */
     const coda_arg_t *a = &p->args[in->arg];
     int e = value_width(in) * (a->dtype == CODA_BF16 ? 2 : 4);
     return in_source(p, in, rp, sp) != SRC_GLOBAL && e == 4;

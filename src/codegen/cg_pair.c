@@ -109,8 +109,7 @@ static void gen_stage_store(sb_t *b, const coda_arg_t *a, int k, int off, int pi
                      "        }\n"
                      "    }\n"
                      "#else\n",
-                  a->name, k, word, pitch, rpp, nch - 1, off, k, k,
-                  k, k);
+                  a->name, k, word, pitch, rpp, nch - 1, off, k, k, k, k);
     }
     slab_pair_addr(addr, sizeof addr, off, pitch, e, "rs & 1", "(cs % (CODA_BN / 8)) % CODA_EPI_BATCH");
     sb_printf(b, "    { /* %s: staged, coda_epi_flush writes it out */\n%s", a->name, addr);
