@@ -97,14 +97,14 @@ CLI_SRC := tools/coda.c $(wildcard tools/cli_*.c)
 $(BUILD)/coda: $(CLI_SRC) $(wildcard tools/*.h) $(BUILD)/libcoda.a
 	$(CC) $(CPPFLAGS) -Itools $(CFLAGS) -o $@ $(CLI_SRC) $(BUILD)/libcoda.a $(LDLIBS)
 
-$(BUILD)/tests/%: tests/%.c tests/harness.h $(BUILD)/libcoda.a
+$(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(BUILD)/libcoda.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -o $@ $< $(BUILD)/libcoda.a $(LDLIBS)
 
 # GPU tests and benchmarks (not the library) link the CUDA runtime and cuBLAS.
 GPU_LDLIBS := -L$(CUDA_HOME)/lib64 -lcudart -lcublas -Wl,-rpath,$(CUDA_HOME)/lib64
 
-$(BUILD)/tests/gpu/%: tests/gpu/%.c tests/harness.h $(BUILD)/libcoda.a
+$(BUILD)/tests/gpu/%: tests/gpu/%.c $(wildcard tests/*.h tests/gpu/*.h) $(BUILD)/libcoda.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -o $@ $< $(BUILD)/libcoda.a $(LDLIBS) $(GPU_LDLIBS)
 
@@ -116,6 +116,7 @@ test: test-c test-py
 
 test-c: $(TEST_BIN) $(BUILD)/coda
 	@set -e; for t in $(TEST_BIN); do echo "== $$t"; $$t; done
+	@echo "== tests/test_cli.sh $(BUILD)/coda"; sh tests/test_cli.sh $(BUILD)/coda
 	@echo "== all C tests passed"
 
 # the benchmark's peers too: its eager formulas and coda's programs agree

@@ -398,8 +398,13 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
     /* Tensor maps (inner dimension first); boxes match gemm_mainloop.cuh. */
     CUtensorMap map_a, map_b, map_c;
     memset(&map_c, 0, sizeof map_c);
-    if (c_out) /* 16 rows x 128 bytes: one consumer warp's staging buffer */
-        CODA_TRY(encode(cu, &map_c, c_out, n, m, c_f32 ? 32 : 64, 16, "cuTensorMapEncodeTiled(c)"));
+    /* 16 rows x 128 bytes: one consumer warp's staging buffer. The map
+     * ends at the last whole 16-byte unit of a row (n16 columns): the copy
+     * engine writes whole units, so a map to N would write past column N
+     * into the row's padding (measured on the H200: up to 14 bytes a row);
+     * the kernel stores columns n16 .. N-1 itself (gemm_mainloop.cuh). */
+    int64_t n16 = n & ~(int64_t)(c_f32 ? 3 : 7);
+    if (c_out) CODA_TRY(encode(cu, &map_c, c_out, n16, m, c_f32 ? 32 : 64, 16, "cuTensorMapEncodeTiled(c)"));
     if (layout == CODA_LAYOUT_TN)
         CODA_TRY(encode(cu, &map_a, a, m, k, 64, 64, "cuTensorMapEncodeTiled(a)"));
     else

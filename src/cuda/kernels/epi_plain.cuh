@@ -82,6 +82,24 @@ static __device__ __forceinline__ void coda_epi_pair(const coda_epi_params &p,
 #endif
 }
 
+/* C(row, col .. col + 1) = (v0, v1) for the columns from n16 on (the
+ * mainloop's C store stops its tensor map there: the copy engine writes
+ * whole 16-byte units) and inside the matrix. */
+static __device__ __forceinline__ void coda_epi_store_tail(const coda_epi_params &p, const coda_epi_tile &t,
+                                                           int n16, int row, int col, float v0, float v1) {
+    if (row >= t.m) return;
+#if CODA_C_F32
+    float *c = (float *)p.c + (long long)row * p.ldc + col;
+    if (col >= n16 && col < t.n) c[0] = v0;
+    if (col + 1 >= n16 && col + 1 < t.n) c[1] = v1;
+#else
+    unsigned short *c = (unsigned short *)p.c + (long long)row * p.ldc + col;
+    const u32 w = coda_pack_bf16x2(v0, v1);
+    if (col >= n16 && col < t.n) c[0] = (unsigned short)(w & 0xffffu);
+    if (col + 1 >= n16 && col + 1 < t.n) c[1] = (unsigned short)(w >> 16);
+#endif
+}
+
 /* Staged tile inputs (generated epilogues): none here. */
 struct coda_epi_vin { int unused_; };
 static __device__ __forceinline__ void coda_epi_vload(const coda_epi_params &p, const coda_epi_tile &t,

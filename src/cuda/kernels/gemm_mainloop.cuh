@@ -478,6 +478,14 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                  * warpgroup barrier: a warp syncs with itself only. */
                 const int lane = tid % 32, wrow = lane / 4; /* row in the warp's 16 */
                 const u32 wbuf = cbufs + (u32)(c * 4 + tid / 32) * 4096u;
+                /* The copy engine writes whole 16-byte units of a row: past
+                 * the last whole unit (column n16) a store would write into
+                 * the row's padding, which may be a caller's data (C a
+                 * column slice of a wider matrix). So C's tensor map ends at
+                 * n16 (src/cuda/gemm.c), and columns n16 .. N-1 are stored
+                 * by their threads (coda_epi_store_tail); only a chunk that
+                 * reaches n16 tests its pairs (a uniform branch). */
+                const int n16 = N & ~(16 / CODA_C_ESZ - 1);
 #pragma unroll
                 for (int mh = 0; mh < CODA_WG_MH; mh++)
 #pragma unroll
@@ -492,6 +500,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                         coda_epi_fetch(epi, t, r, t.col + 8 * j, in[2 * jj]);
                         coda_epi_fetch(epi, t, r + 8, t.col + 8 * j, in[2 * jj + 1]);
                     }
+                    const int c0 = tn * CODA_BN + q * CODA_C_CHUNK_COLS; /* the chunk's first column */
 #pragma unroll
                     for (int jj = 0; jj < CODA_C_CHUNK_COLS / 8; jj++) {
                         const int j = q * (CODA_C_CHUNK_COLS / 8) + jj;
@@ -500,6 +509,10 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                         const int r = t.row + 64 * mh, cs = mh * (CODA_BN / 8) + j;
                         coda_epi_pair(epi, t, st, 2 * mh, cs, r, t.col + 8 * j, v0, v1, in[2 * jj]);
                         coda_epi_pair(epi, t, st, 2 * mh + 1, cs, r + 8, t.col + 8 * j, v2, v3, in[2 * jj + 1]);
+                        if (c0 + CODA_C_CHUNK_COLS > n16) {
+                            coda_epi_store_tail(epi, t, n16, r, t.col + 8 * j, v0, v1);
+                            coda_epi_store_tail(epi, t, n16, r + 8, t.col + 8 * j, v2, v3);
+                        }
                         /* 128B swizzle: 16-byte unit u of row r sits at u ^ (r % 8);
                          * rows wrow and wrow + 8 share r % 8 */
                         const u32 b = (u32)(jj * 8 + 2 * (tid % 4)) * CODA_C_ESZ;
@@ -518,7 +531,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
 #ifdef CODA_X_NO_STORE
                     if (0) {
 #else
-                    if (lane == 0) {
+                    if (lane == 0 && c0 < n16) {
 #endif
                         coda_tma_store(&tma_c, buf, tn * CODA_BN + q * CODA_C_CHUNK_COLS,
                                        trow - (tid % 32) / 4 + 64 * mh);
