@@ -53,6 +53,25 @@ int main(void) {
                    now() - t0);
             free(cubin);
         }
+        /* the C-tail kernels (N not a whole number of 16-byte units of C):
+         * bf16 C with beta = 0, f32 C general */
+        for (int c_f32 = 0; c_f32 < 2; c_f32++) {
+            const char *opts[CODA_CUDA_GEMM_MAX_OPTS];
+            char optbuf[512];
+            coda_layout_t layout = c_f32 ? CODA_LAYOUT_TN : CODA_LAYOUT_NT;
+            int n = coda__cuda_gemm_options(layout, &coda__cuda_gemm_cfgs[cfg], 1, c_f32, 0, opts, optbuf,
+                                            sizeof optbuf);
+            if (!c_f32) opts[n++] = "-DCODA_PLAIN_SIMPLE=1";
+            opts[n++] = "-DCODA_C_TAIL=1";
+            char *cubin = NULL;
+            size_t size = 0;
+            coda_status_t s = coda__nvrtc_compile(src, opts, n, &cubin, &size);
+            CHECK(s == CODA_OK && size > 1000, "cfg %d %s C tail: %s", cfg, c_f32 ? "f32" : "bf16",
+                  s == CODA_OK ? "tiny cubin" : coda_last_error());
+            printf("cfg %d %s C %s, C tail: %s\n", cfg, lname[layout], c_f32 ? "f32" : "bf16",
+                   s == CODA_OK ? "ok" : "FAILED");
+            free(cubin);
+        }
     }
     /* A broken source reports CODA_ERR_COMPILE with the log, not a crash. */
     const char *bad_opts[1] = {"--gpu-architecture=sm_90a"};

@@ -25,12 +25,16 @@ typedef struct coda_cuda_kernel {
 } coda_cuda_kernel_t;
 
 /* A stream-K workspace (kernels/gemm_streamk.cuh): partial sums and flags
- * for one stream, so that GEMMs on different streams never share one. */
+ * for one stream, so that GEMMs on different streams never share one. A
+ * slot whose last GEMM has finished (its event) is handed to a new stream
+ * when all slots are taken, unless a graph captured it (pinned). */
 #define CODA_CUDA_SK_STREAMS 8
 typedef struct coda_cuda_sk_ws {
     CUstream stream;       /* the stream it serves (NULL: the default stream) */
     CUdeviceptr part;      /* (sm_count, 2, 64 * 256) f32; 0: slot unused */
     CUdeviceptr flag;      /* (sm_count, 2, 4) u32, zero between launches */
+    CUevent done;          /* recorded after each GEMM that used it (not captured) */
+    int pinned;            /* a GEMM using it was captured into a graph: never handed on */
 } coda_cuda_sk_ws_t;
 
 typedef struct coda_cuda_device {
@@ -42,8 +46,9 @@ typedef struct coda_cuda_device {
     int cc_major, cc_minor;
     char name[128];
     coda_cuda_kernel_t *kernels;
-    CUfunction plain_fn[3][CODA_CUDA_GEMM_NCFG][2][2][2]; /* plain GEMM: layout, config, C f32,
-                                                             stream-K, beta = 0 */
+    CUfunction plain_fn[3][CODA_CUDA_GEMM_NCFG][2][2][4]; /* plain GEMM: layout, config, C f32,
+                                                             stream-K, variant bits (beta = 0,
+                                                             C tail: src/cuda/gemm.c) */
     int max_clusters[CODA_CUDA_GEMM_NCFG];  /* co-resident clusters per config; 0: not asked yet */
     coda_cuda_sk_ws_t sk_ws[CODA_CUDA_SK_STREAMS];   /* stream-K workspaces (gemm.c) */
 } coda_cuda_device_t;
@@ -76,6 +81,10 @@ typedef struct coda_cuda_api {
     CUresult (*MemFree)(CUdeviceptr);
     CUresult (*MemsetD32Async)(CUdeviceptr, unsigned int, size_t, CUstream);
     CUresult (*StreamIsCapturing)(CUstream, CUstreamCaptureStatus *);
+    CUresult (*EventCreate)(CUevent *, unsigned int);
+    CUresult (*EventDestroy)(CUevent);
+    CUresult (*EventRecord)(CUevent, CUstream);
+    CUresult (*EventQuery)(CUevent);
     /* optional (NULL if the driver lacks it) */
     CUresult (*OccupancyMaxActiveClusters)(int *, CUfunction, const CUlaunchConfig *);
     CUresult (*ThreadExchangeStreamCaptureMode)(CUstreamCaptureMode *);

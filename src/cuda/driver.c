@@ -47,6 +47,10 @@ static coda_status_t load_api(struct coda_cuda *c) {
         {(void **)&c->cu.MemFree, "cuMemFree_v2"},
         {(void **)&c->cu.MemsetD32Async, "cuMemsetD32Async"},
         {(void **)&c->cu.StreamIsCapturing, "cuStreamIsCapturing"},
+        {(void **)&c->cu.EventCreate, "cuEventCreate"},
+        {(void **)&c->cu.EventDestroy, "cuEventDestroy_v2"},
+        {(void **)&c->cu.EventRecord, "cuEventRecord"},
+        {(void **)&c->cu.EventQuery, "cuEventQuery"},
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
         *t[i].slot = dlsym(c->lib, t[i].sym);
@@ -130,6 +134,7 @@ void coda__cuda_free(struct coda_cuda *c) {
             if (d->sk_ws[w].part) {
                 c->cu.MemFree(d->sk_ws[w].part);
                 c->cu.MemFree(d->sk_ws[w].flag);
+                c->cu.EventDestroy(d->sk_ws[w].done);
             }
         for (coda_cuda_kernel_t *k = d->kernels, *next; k; k = next) {
             next = k->next;

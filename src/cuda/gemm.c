@@ -183,6 +183,11 @@ static coda_status_t encode(struct coda_cuda *cu, CUtensorMap *map, const coda_t
     return encode_swizzled(cu, map, t, inner, outer, box_inner, box_outer, CU_TENSOR_MAP_SWIZZLE_128B, what);
 }
 
+/* Variant bits of the plain GEMM's kernel (`simple` below). */
+#define PLAIN_SIMPLE 1 /* beta = 0: C is not read                                  */
+#define PLAIN_C_TAIL 2 /* N not a whole number of 16-byte units: the tail columns
+                          are stored by threads, not TMA (gemm_mainloop.cuh)     */
+
 /* The kernel for an epilogue, layout and config: the plain epilogue's are
  * remembered per device; others are found by a hash of the epilogue text
  * (cheap next to hashing the whole source), else compiled or read from the
@@ -193,7 +198,7 @@ static coda_status_t get_kernel(coda_context_t *ctx, coda_cuda_device_t *d, coda
     const char *plain = coda__cuda_source("epi_plain.cuh");
     const char *xopts = getenv("CODA_DEBUG_OPTS");
     int is_plain = epilogue_src == plain && store_c && !(xopts && *xopts);
-    simple = simple && epilogue_src == plain;
+    if (epilogue_src != plain) simple = 0; /* the plain epilogue's variant bits */
     if (is_plain && d->plain_fn[layout][cfg_index][c_f32][streamk][simple]) {
         *fn = d->plain_fn[layout][cfg_index][c_f32][streamk][simple];
         return CODA_OK;
@@ -223,7 +228,8 @@ static coda_status_t get_kernel(coda_context_t *ctx, coda_cuda_device_t *d, coda
         char optbuf[768];
         int n_opts = coda__cuda_gemm_options(layout, &coda__cuda_gemm_cfgs[cfg_index], store_c,
                                              c_f32, streamk, opts, optbuf, sizeof optbuf);
-        if (simple && n_opts < CODA_CUDA_GEMM_MAX_OPTS) opts[n_opts++] = "-DCODA_PLAIN_SIMPLE=1";
+        if ((simple & PLAIN_SIMPLE) && n_opts < CODA_CUDA_GEMM_MAX_OPTS) opts[n_opts++] = "-DCODA_PLAIN_SIMPLE=1";
+        if ((simple & PLAIN_C_TAIL) && n_opts < CODA_CUDA_GEMM_MAX_OPTS) opts[n_opts++] = "-DCODA_C_TAIL=1";
         coda_status_t s = coda__cuda_kernel(ctx, d, src, opts, n_opts, "coda_gemm_kernel", quick, &f);
         free(src);
         CODA_TRY(s);
@@ -341,21 +347,32 @@ int coda__cuda_streamk_dp_units(int64_t units, int64_t clusters, int64_t kiters,
 }
 
 /* The stream-K workspace of `stream`, made on first use (its flags zeroed
- * on the stream itself). NULL when none can be had without harm: a stream
- * being captured into a graph gets none (allocation would break the
- * capture), nor an eighth stream; its GEMMs then run without stream-K. */
+ * on the stream itself). When all slots are taken, a slot whose last GEMM
+ * has finished (its event) and that no graph captured is handed to this
+ * stream: its flags are zero again once its GEMMs are done, and nothing
+ * can still be using it. NULL when none can be had without harm: a stream
+ * being captured into a graph gets no new one (allocation would break the
+ * capture), nor does a stream when every slot is busy; its GEMMs then run
+ * without stream-K. */
 static coda_cuda_sk_ws_t *sk_workspace(struct coda_cuda *cu, coda_cuda_device_t *d, CUstream stream) {
-    coda_cuda_sk_ws_t *free_slot = NULL;
+    coda_cuda_sk_ws_t *free_slot = NULL, *idle_slot = NULL;
     for (int i = 0; i < CODA_CUDA_SK_STREAMS; i++) {
         if (d->sk_ws[i].part && d->sk_ws[i].stream == stream) return &d->sk_ws[i];
         if (!d->sk_ws[i].part && !free_slot) free_slot = &d->sk_ws[i];
     }
     CUstreamCaptureStatus cap = CU_STREAM_CAPTURE_STATUS_NONE;
-    if (!free_slot || cu->cu.StreamIsCapturing(stream, &cap) != CUDA_SUCCESS ||
-        cap != CU_STREAM_CAPTURE_STATUS_NONE)
+    if (cu->cu.StreamIsCapturing(stream, &cap) != CUDA_SUCCESS || cap != CU_STREAM_CAPTURE_STATUS_NONE)
         return NULL;
+    if (!free_slot) {
+        for (int i = 0; i < CODA_CUDA_SK_STREAMS && !idle_slot; i++)
+            if (!d->sk_ws[i].pinned && cu->cu.EventQuery(d->sk_ws[i].done) == CUDA_SUCCESS)
+                idle_slot = &d->sk_ws[i];
+        if (idle_slot) idle_slot->stream = stream;
+        return idle_slot;
+    }
     size_t slots = 2 * (size_t)d->sm_count;
     CUdeviceptr part = 0, flag = 0;
+    CUevent done = NULL;
     /* another stream of the process may be capturing in global mode, where
      * an allocation from this thread would break its capture: relaxed mode
      * for the allocation (the driver call is optional; without it, none) */
@@ -364,17 +381,30 @@ static coda_cuda_sk_ws_t *sk_workspace(struct coda_cuda *cu, coda_cuda_device_t 
         return NULL;
     CUresult r = cu->cu.MemAlloc(&part, slots * 64 * 256 * sizeof(float));
     if (r == CUDA_SUCCESS) r = cu->cu.MemAlloc(&flag, 4 * slots * sizeof(uint32_t));
+    if (r == CUDA_SUCCESS) r = cu->cu.EventCreate(&done, CU_EVENT_DISABLE_TIMING);
     cu->cu.ThreadExchangeStreamCaptureMode(&mode); /* back to what it was */
     if (r == CUDA_SUCCESS) r = cu->cu.MemsetD32Async(flag, 0, 4 * slots, stream);
     if (r != CUDA_SUCCESS) {
         if (part) cu->cu.MemFree(part);
         if (flag) cu->cu.MemFree(flag);
+        if (done) cu->cu.EventDestroy(done);
         return NULL;
     }
     free_slot->stream = stream;
     free_slot->part = part;
     free_slot->flag = flag;
+    free_slot->done = done;
+    free_slot->pinned = 0;
     return free_slot;
+}
+
+/* After a GEMM that used ws on stream: mark when it is done, or pin the
+ * slot if the GEMM went into a graph (a replay may use it at any time). */
+static void sk_workspace_used(struct coda_cuda *cu, coda_cuda_sk_ws_t *ws, CUstream stream) {
+    CUstreamCaptureStatus cap = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (cu->cu.StreamIsCapturing(stream, &cap) != CUDA_SUCCESS || cap != CU_STREAM_CAPTURE_STATUS_NONE ||
+        cu->cu.EventRecord(ws->done, stream) != CUDA_SUCCESS)
+        ws->pinned = 1;
 }
 
 /* Launch with d's primary context current (pushed by the caller). */
@@ -493,6 +523,7 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
                 cfg_index, cfg->bm, cfg->bn, cfg->cluster_m, (long long)units,
                 skp.dp_units < units ? " (stream-K tail)" : "", lc.gridDimX, smem, d->max_clusters[cfg_index]);
     CODA_CU(cu, cu->cu.LaunchKernelEx(&lc, fn, args, NULL), "cuLaunchKernelEx(coda_gemm_kernel)");
+    if (ws) sk_workspace_used(cu, ws, (CUstream)stream);
     return CODA_OK;
 }
 
@@ -604,7 +635,7 @@ coda_status_t coda__cuda_gemm(coda_context_t *ctx, coda_layout_t layout, const c
          * pair code tests beta and the bounds per column pair, and that cost
          * 2-3% of the whole GEMM at K = 2048-4096 (measured on the H200,
          * bench/RESULTS.md) */
-        int simple = beta == 0.0f;
+        int simple = (beta == 0.0f ? PLAIN_SIMPLE : 0) | (n % (c->dtype == CODA_F32 ? 4 : 8) ? PLAIN_C_TAIL : 0);
         s = epi ? launch(ctx, d, layout, a, b, c, epi, NULL, &p, cfg, 0, NULL, simple, stream)
                 : coda__fail(CODA_ERR_INTERNAL, "CUDA GEMM: epi_plain.cuh is not embedded");
     }

@@ -201,6 +201,67 @@ static void bad_args(void) {
     CUDA_OK(cudaFree(dc));
 }
 
+/* Stream-K on more streams than there are workspaces (8): the GEMMs of
+ * twelve streams, launched without waiting, twice over (the second round
+ * finds every workspace idle and hands them to the new streams). Each
+ * result is bit for bit the GEMM run alone on the default stream, with
+ * stream-K (a workspace was free) or without (every one busy). */
+static void many_streams(void) {
+    enum { NS = 12 };
+    const int64_t m = 1500, n = 1800, k = 264;
+    h_rng r = rng_new(seed++);
+    size_t abytes = 2 * (size_t)(m * k), bbytes = 2 * (size_t)(n * k), cbytes = 2 * (size_t)(m * n);
+    uint16_t *ha = h_alloc(abytes), *hb = h_alloc(bbytes), *got = h_alloc(cbytes);
+    uint16_t *want_sk = h_alloc(cbytes), *want_dp = h_alloc(cbytes);
+    rng_fill_bf16(&r, ha, m * k, 1.0f);
+    rng_fill_bf16(&r, hb, n * k, 1.0f);
+    void *da, *db, *dc[NS];
+    CUDA_OK(cudaMalloc(&da, abytes));
+    CUDA_OK(cudaMalloc(&db, bbytes));
+    CUDA_OK(cudaMemcpy(da, ha, abytes, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(db, hb, bbytes, cudaMemcpyHostToDevice));
+    coda_tensor_t A = coda_tensor_2d(da, CODA_BF16, m, k), B = coda_tensor_2d(db, CODA_BF16, n, k), C[NS];
+    A.device = B.device = CODA_DEVICE_CUDA;
+    for (int i = 0; i < NS; i++) {
+        CUDA_OK(cudaMalloc(&dc[i], cbytes));
+        CUDA_OK(cudaMemset(dc[i], 0xff, cbytes));
+        C[i] = coda_tensor_2d(dc[i], CODA_BF16, m, n);
+        C[i].device = CODA_DEVICE_CUDA;
+    }
+    setenv("CODA_STREAMK", "0", 1);
+    CHECK_OK(coda_gemm(ctx, CODA_LAYOUT_NT, &A, &B, &C[0], 1.0f, 0.0f, NULL));
+    CUDA_OK(cudaMemcpy(want_dp, dc[0], cbytes, cudaMemcpyDeviceToHost));
+    setenv("CODA_STREAMK", "1", 1);
+    CHECK_OK(coda_gemm(ctx, CODA_LAYOUT_NT, &A, &B, &C[0], 1.0f, 0.0f, NULL));
+    CUDA_OK(cudaMemcpy(want_sk, dc[0], cbytes, cudaMemcpyDeviceToHost));
+    CHECK(memcmp(want_sk, want_dp, cbytes) != 0, "stream-K forced on changed no bit (did it run?)");
+    int n_sk[2] = {0, 0}, n_dp[2] = {0, 0};
+    for (int round = 0; round < 2; round++) {
+        cudaStream_t st[NS];
+        for (int i = 0; i < NS; i++) CUDA_OK(cudaStreamCreateWithFlags(&st[i], cudaStreamNonBlocking));
+        for (int i = 0; i < NS; i++) CHECK_OK(coda_gemm(ctx, CODA_LAYOUT_NT, &A, &B, &C[i], 1.0f, 0.0f, st[i]));
+        CUDA_OK(cudaDeviceSynchronize());
+        for (int i = 0; i < NS; i++) {
+            CUDA_OK(cudaMemcpy(got, dc[i], cbytes, cudaMemcpyDeviceToHost));
+            int sk = memcmp(got, want_sk, cbytes) == 0, dp = memcmp(got, want_dp, cbytes) == 0;
+            CHECK(sk || dp, "stream %d of %d (round %d): neither the stream-K nor the plain result", i, NS, round);
+            n_sk[round] += sk;
+            n_dp[round] += dp;
+            CUDA_OK(cudaMemset(dc[i], 0xff, cbytes));
+            CUDA_OK(cudaStreamDestroy(st[i]));
+        }
+    }
+    /* round 2 starts with 8 idle workspaces (plus the default stream's) */
+    CHECK(n_sk[1] >= 8, "round 2: only %d of %d streams ran stream-K", n_sk[1], NS);
+    unsetenv("CODA_STREAMK");
+    printf("stream-K on %d streams: round 1 %d stream-K + %d without, round 2 %d + %d, each bit for bit\n", NS,
+           n_sk[0], n_dp[0], n_sk[1], n_dp[1]);
+    for (int i = 0; i < NS; i++) CUDA_OK(cudaFree(dc[i]));
+    CUDA_OK(cudaFree(da));
+    CUDA_OK(cudaFree(db));
+    free(ha); free(hb); free(got); free(want_sk); free(want_dp);
+}
+
 int main(int argc, char **argv) {
     int small = argc > 1 && strcmp(argv[1], "small") == 0;
     REQUIRE_OK(coda_context_create(NULL, &ctx));
@@ -226,6 +287,7 @@ int main(int argc, char **argv) {
         run_case(CODA_LAYOUT_NT, 1500, 1800, 264, CODA_BF16, 1.0f, 0.0f, 1);
         run_case(CODA_LAYOUT_TN, 4096, 1300, 520, CODA_F32, 0.5f, 1.5f, 3);
         unsetenv("CODA_STREAMK");
+        many_streams();
         bad_args();
         TEST_MAIN_END();
     }
@@ -275,6 +337,7 @@ int main(int argc, char **argv) {
     /* K = 0: C = beta C */
     run_case(CODA_LAYOUT_NT, 100, 64, 0, CODA_BF16, 1.0f, 0.5f, -1);
     run_case(CODA_LAYOUT_TN, 100, 64, 0, CODA_F32, 1.0f, 2.0f, -1);
+    many_streams();
     bad_args();
 
     /* a second context with the same cache directory loads cubins from disk */

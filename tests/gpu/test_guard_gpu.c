@@ -79,7 +79,12 @@ int main(int argc, char **argv) {
         for (int l = 0; l < (small ? 1 : 3); l++)
             for (int al = 8; al <= 16; al += 8) {
                 g_fused_case(&E, &r, names[i], texts[i], (coda_layout_t)l, 129, 266, 72, NULL, al, 0);
-                if (!small) g_fused_case(&E, &r, names[i], texts[i], (coda_layout_t)l, 7, 22, 16, NULL, al, 0);
+                if (small) continue;
+                g_fused_case(&E, &r, names[i], texts[i], (coda_layout_t)l, 7, 22, 16, NULL, al, 0);
+                /* N a multiple of 16: the N16 form (16-byte vectors, TMA
+                 * stores); on a big problem the ring form (TMA loads) */
+                g_fused_case(&E, &r, names[i], texts[i], (coda_layout_t)l, 300, 272, 64, NULL, al, 0);
+                if (l == 0) g_fused_case(&E, &r, names[i], texts[i], (coda_layout_t)l, 2000, 2064, 64, NULL, al, 0);
             }
     /* finishing steps */
     for (int f = 0; f < 5; f++)

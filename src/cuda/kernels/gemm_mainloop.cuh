@@ -105,6 +105,13 @@
 #ifndef CODA_C_F32
 #define CODA_C_F32 0
 #endif
+/* CODA_C_TAIL 1: N is not a whole number of 16-byte units of C, and the
+ * columns past the last whole unit are stored by their threads (see the C
+ * store below); a kernel of its own, so that every other GEMM runs the
+ * code it ran before. */
+#ifndef CODA_C_TAIL
+#define CODA_C_TAIL 0
+#endif
 #define CODA_C_ESZ (CODA_C_F32 ? 4 : 2)
 #define CODA_C_CHUNK_COLS (128 / CODA_C_ESZ)             /* columns per 128-byte chunk */
 #define CODA_C_NCHUNK (CODA_BN / CODA_C_CHUNK_COLS)
@@ -484,7 +491,8 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                  * column slice of a wider matrix). So C's tensor map ends at
                  * n16 (src/cuda/gemm.c), and columns n16 .. N-1 are stored
                  * by their threads (coda_epi_store_tail); only a chunk that
-                 * reaches n16 tests its pairs (a uniform branch). */
+                 * reaches n16 tests its pairs (a uniform branch), and only
+                 * in the CODA_C_TAIL kernel. */
                 const int n16 = N & ~(16 / CODA_C_ESZ - 1);
 #pragma unroll
                 for (int mh = 0; mh < CODA_WG_MH; mh++)
@@ -509,7 +517,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                         const int r = t.row + 64 * mh, cs = mh * (CODA_BN / 8) + j;
                         coda_epi_pair(epi, t, st, 2 * mh, cs, r, t.col + 8 * j, v0, v1, in[2 * jj]);
                         coda_epi_pair(epi, t, st, 2 * mh + 1, cs, r + 8, t.col + 8 * j, v2, v3, in[2 * jj + 1]);
-                        if (c0 + CODA_C_CHUNK_COLS > n16) {
+                        if (CODA_C_TAIL && c0 + CODA_C_CHUNK_COLS > n16) {
                             coda_epi_store_tail(epi, t, n16, r, t.col + 8 * j, v0, v1);
                             coda_epi_store_tail(epi, t, n16, r + 8, t.col + 8 * j, v2, v3);
                         }
@@ -531,7 +539,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
 #ifdef CODA_X_NO_STORE
                     if (0) {
 #else
-                    if (lane == 0 && c0 < n16) {
+                    if (lane == 0 && (!CODA_C_TAIL || c0 < n16)) {
 #endif
                         coda_tma_store(&tma_c, buf, tn * CODA_BN + q * CODA_C_CHUNK_COLS,
                                        trow - (tid % 32) / 4 + 64 * mh);
