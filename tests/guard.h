@@ -197,6 +197,10 @@ static inline int g_same(const g_buf_t *b, const char *what) {
     return same;
 }
 
+/* Take the block as it is now as the image later checks compare with (after
+ * a step whose writes were checked, before the next). */
+static inline void g_rebase(g_buf_t *b) { b->mem->get(b->init, b->block, b->bytes); }
+
 /* The view's elements, contiguous (rows x row_bytes), from memory (now = 1)
  * or from the image it was filled with (now = 0). malloc'd. */
 static inline void *g_view(const g_buf_t *b, int now) {

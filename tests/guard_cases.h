@@ -270,13 +270,16 @@ static void g_make_weights(g_env_t *E, h_rng *r, const coda_llama_config_t *c, c
     }
 }
 
+/* fault 1: the last gradient the backward writes (grads->wqkv) one f32 off
+ * 16-byte alignment, which a GPU GEMM cannot write: the backward must fail
+ * before it writes any other gradient. */
 static void g_layer_case(g_env_t *E, h_rng *r, coda_llama_config_t c, int64_t batch, int64_t seq, g_place_t pl,
-                         int with_loss) {
+                         int with_loss, int fault) {
     int64_t m = batch * seq, sx[2] = {m, c.d}, sm[1] = {m};
     char what[160];
-    snprintf(what, sizeof what, "layer d %lld ffn %lld vocab %lld M %lldx%lld%s [%s]", (long long)c.d,
+    snprintf(what, sizeof what, "layer d %lld ffn %lld vocab %lld M %lldx%lld%s [%s]%s", (long long)c.d,
              (long long)c.ffn, (long long)c.vocab, (long long)batch, (long long)seq, with_loss ? " loss+dy" : " dy",
-             g_place_name[pl]);
+             g_place_name[pl], fault ? " grads->wqkv misaligned" : "");
     coda_llama_t *L = NULL, *Lh = NULL;
     REQUIRE_OK(coda_llama_create(E->ctx, &c, batch, seq, E->mem->device, &L));
     REQUIRE_OK(coda_llama_create(E->ctx, &c, batch, seq, CODA_DEVICE_CPU, &Lh));
@@ -298,8 +301,17 @@ static void g_layer_case(g_env_t *E, h_rng *r, coda_llama_config_t c, int64_t ba
 
     int lossy = with_loss && c.vocab > 0;
     coda_status_t s = coda_llama_forward(L, &w, &X.t, lossy ? &Tg.t : NULL, &Y.t, lossy ? &Loss.t : NULL, NULL);
-    if (s == CODA_OK) s = coda_llama_backward(L, &w, &DY.t, 1.0f / (float)m, &DX.t, &g, NULL);
-    if (g_settle(E, what, s, all, nall)) {
+    if (fault) {
+        CHECK(s == CODA_OK, "%s: forward: %s", what, coda_last_error());
+        for (int i = 0; i < nall; i++) g_rebase(all[i]);
+        g.wqkv.data = (char *)g.wqkv.data + 4;
+        s = coda_llama_backward(L, &w, &DY.t, 1.0f / (float)m, &DX.t, &g, NULL);
+        CHECK(s != CODA_OK, "%s: accepted", what);
+        g_settle(E, what, s, all, nall);
+    } else if (s == CODA_OK) {
+        s = coda_llama_backward(L, &w, &DY.t, 1.0f / (float)m, &DX.t, &g, NULL);
+    }
+    if (!fault && g_settle(E, what, s, all, nall)) {
         /* the reference: the CPU layer on contiguous copies */
         coda_tensor_t h[22];
         for (int i = 0; i < nall; i++) h[i] = g_host_copy(all[i]);

@@ -43,7 +43,7 @@ int main(int argc, char **argv) {
     /* the layer */
     coda_llama_config_t c = {.d = 16, .n_heads = 2, .n_kv_heads = 1, .head_dim = 8, .ffn = 24, .vocab = 40,
                              .eps = 1e-5f, .rope_theta = 10000.0f};
-    for (int pl = 0; pl < G_NPLACES; pl++) g_layer_case(&E, &r, c, 2, 5, (g_place_t)pl, pl % 2 == 0);
+    for (int pl = 0; pl < G_NPLACES; pl++) g_layer_case(&E, &r, c, 2, 5, (g_place_t)pl, pl % 2 == 0, 0);
     int enumerated = E.calls;
 
     g_random(&E, &r, nrandom, texts, names, np);

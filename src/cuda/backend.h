@@ -110,6 +110,15 @@ coda_status_t coda__cu_fail(struct coda_cuda *cuda, CUresult r, const char *what
  * CODA_ERR_DEVICE if it does not exist or is not compute capability 9.0. */
 coda_status_t coda__cuda_device(coda_context_t *ctx, int index, coda_cuda_device_t **out);
 
+/* The device a tensor's data really lives on, as the driver reports it:
+ * CODA_ERR_DEVICE for host memory unknown to CUDA or another device's
+ * memory (catches a host pointer in a CUDA descriptor before a kernel
+ * faults on it). The first form runs with the device's context current;
+ * the second pushes it and checks ts[0..n) (NULL entries skipped). */
+coda_status_t coda__cuda_check_pointer(struct coda_cuda *cu, const coda_tensor_t *t, const char *what);
+coda_status_t coda__cuda_check_pointers(coda_context_t *ctx, int device_index, const coda_tensor_t *const *ts,
+                                        const char *const *names, int n);
+
 /* nvrtc.c: compile CUDA C `src` for sm_90a with `opts` (n_opts strings) to a
  * cubin; the caller frees *cubin. Needs no GPU. On failure the message holds
  * the head of the compile log. */

@@ -175,3 +175,29 @@ coda_status_t coda__cuda_describe(coda_context_t *ctx, char *buf, size_t cap) {
     }
     return CODA_OK;
 }
+
+coda_status_t coda__cuda_check_pointer(struct coda_cuda *cu, const coda_tensor_t *t, const char *what) {
+    int ordinal = -1;
+    CUresult r = cu->cu.PointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                            (CUdeviceptr)(uintptr_t)t->data);
+    if (r != CUDA_SUCCESS)
+        return coda__fail(CODA_ERR_DEVICE, "%s: data %p is not CUDA device memory", what, t->data);
+    if (ordinal != t->device_index)
+        return coda__fail(CODA_ERR_DEVICE, "%s: data is on CUDA device %d, descriptor says %d",
+                          what, ordinal, t->device_index);
+    return CODA_OK;
+}
+
+coda_status_t coda__cuda_check_pointers(coda_context_t *ctx, int device_index, const coda_tensor_t *const *ts,
+                                        const char *const *names, int n) {
+    coda_cuda_device_t *d;
+    CODA_TRY(coda__cuda_device(ctx, device_index, &d));
+    struct coda_cuda *cu = ctx->cuda;
+    CODA_CU(cu, cu->cu.CtxPushCurrent(d->pctx), "cuCtxPushCurrent");
+    coda_status_t s = CODA_OK;
+    for (int i = 0; s == CODA_OK && i < n; i++)
+        if (ts[i]) s = coda__cuda_check_pointer(cu, ts[i], names[i]);
+    CUcontext prev;
+    cu->cu.CtxPopCurrent(&prev);
+    return s;
+}

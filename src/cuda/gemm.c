@@ -527,19 +527,6 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
     return CODA_OK;
 }
 
-/* The device a tensor's pointer really lives on (catches host pointers). */
-static coda_status_t check_pointer(struct coda_cuda *cu, const coda_tensor_t *t, const char *what) {
-    int ordinal = -1;
-    CUresult r = cu->cu.PointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                                            (CUdeviceptr)(uintptr_t)t->data);
-    if (r != CUDA_SUCCESS)
-        return coda__fail(CODA_ERR_DEVICE, "%s: data %p is not CUDA device memory", what, t->data);
-    if (ordinal != t->device_index)
-        return coda__fail(CODA_ERR_DEVICE, "%s: data is on CUDA device %d, descriptor says %d",
-                          what, ordinal, t->device_index);
-    return CODA_OK;
-}
-
 /* C (the TMA-stored main output): bf16 or f32, 16-byte aligned rows. */
 static coda_status_t check_c(const coda_tensor_t *c, const coda_tensor_t *a) {
     if (c->dtype != CODA_BF16 && c->dtype != CODA_F32)
@@ -581,11 +568,11 @@ coda_status_t coda__cuda_gemm_run(coda_context_t *ctx, coda_layout_t layout,
     CODA_TRY(coda__cuda_device(ctx, a->device_index, &d));
     struct coda_cuda *cu = ctx->cuda;
     CODA_CU(cu, cu->cu.CtxPushCurrent(d->pctx), "cuCtxPushCurrent");
-    coda_status_t s = check_pointer(cu, a, "a");
-    if (s == CODA_OK) s = check_pointer(cu, b, "b");
-    if (s == CODA_OK && c_out) s = check_pointer(cu, c_out, "c");
+    coda_status_t s = coda__cuda_check_pointer(cu, a, "a");
+    if (s == CODA_OK) s = coda__cuda_check_pointer(cu, b, "b");
+    if (s == CODA_OK && c_out) s = coda__cuda_check_pointer(cu, c_out, "c");
     for (int i = 0; s == CODA_OK && io && i < io->nbound; i++)
-        if (io->bound[i]) s = check_pointer(cu, io->bound[i], io->bound_name[i] ? io->bound_name[i] : "argument");
+        if (io->bound[i]) s = coda__cuda_check_pointer(cu, io->bound[i], io->bound_name[i] ? io->bound_name[i] : "argument");
     if (s == CODA_OK)
         s = launch(ctx, d, layout, a, b, c_out, epilogue_src, epilogue_key, params, cfg_index,
                    scratch_bytes, io, 0, stream);
@@ -626,9 +613,9 @@ coda_status_t coda__cuda_gemm(coda_context_t *ctx, coda_layout_t layout, const c
     p.c_f32 = c->dtype == CODA_F32;
     struct coda_cuda *cu = ctx->cuda;
     CODA_CU(cu, cu->cu.CtxPushCurrent(d->pctx), "cuCtxPushCurrent");
-    coda_status_t s = check_pointer(cu, c, "c");
-    if (s == CODA_OK) s = check_pointer(cu, a, "a");
-    if (s == CODA_OK) s = check_pointer(cu, b, "b");
+    coda_status_t s = coda__cuda_check_pointer(cu, c, "c");
+    if (s == CODA_OK) s = coda__cuda_check_pointer(cu, a, "a");
+    if (s == CODA_OK) s = coda__cuda_check_pointer(cu, b, "b");
     if (s == CODA_OK) {
         const char *epi = coda__cuda_source("epi_plain.cuh");
         /* beta = 0 (nearly every call) has a kernel of its own: the general

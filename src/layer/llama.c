@@ -32,6 +32,9 @@
 #include "layer/llama.h"
 #include "core/context.h"
 #include "layer/attention.h"
+#ifdef CODA_WITH_CUDA
+#include "cuda/backend.h"
+#endif
 
 #include <math.h>
 #include <stdio.h>
@@ -426,6 +429,52 @@ static coda_status_t check_apart_weights(const coda_llama_t *L, const coda_tenso
     return CODA_OK;
 }
 
+/* On CUDA, what the GPU steps need of the caller's tensors, checked before
+ * anything is written, so that a call that fails changes nothing: every
+ * tensor's data on the layer's device (not host memory the descriptor calls
+ * CUDA), GEMM operands and wgrad outputs (weight and gradient matrices)
+ * with 16-byte aligned bases and rows (the copy engine), and the tensors
+ * the epilogues read or write pair by pair (norm weights, dx, dy) aligned
+ * to a bf16 pair. */
+typedef struct { const coda_tensor_t *t; const char *name; int align; } dev_arg_t;
+
+static coda_status_t check_on_device(const coda_llama_t *L, const char *fn, const dev_arg_t *a, int n) {
+    if (L->device != CODA_DEVICE_CUDA) return CODA_OK;
+    const coda_tensor_t *ts[40];
+    const char *names[40];
+    for (int i = 0; i < n && i < 40; i++) {
+        const coda_tensor_t *t = a[i].t;
+        ts[i] = t;
+        names[i] = a[i].name;
+        if (!t || !a[i].align) continue;
+        if ((uintptr_t)t->data % (uintptr_t)a[i].align != 0 || (t->ndim == 2 && t->stride[0] % a[i].align != 0))
+            return coda__fail(CODA_ERR_STRIDE, "%s: %s: base %p and row stride %lld bytes must be multiples of %d "
+                              "on the GPU", fn, a[i].name, t->data, (long long)t->stride[0], a[i].align);
+    }
+#ifdef CODA_WITH_CUDA
+    coda_status_t s = coda__cuda_check_pointers(L->ctx, L->device_index, ts, names, n < 40 ? n : 40);
+    if (s != CODA_OK) {
+        char why[200]; /* the message buffer is reused by coda__fail */
+        snprintf(why, sizeof why, "%s", coda_last_error());
+        return coda__fail(s, "%s: %s", fn, why);
+    }
+#endif
+    return CODA_OK;
+}
+
+/* The weights (or gradients) as device arguments: matrices 16-byte aligned
+ * (GEMM operands, wgrad outputs), vectors `vec_align` (epilogue columns). */
+static int weight_dev_args(const coda_llama_t *L, const coda_llama_weights_t *w, const char *what, int vec_align,
+                           dev_arg_t *a, char names[8][32]) {
+    wshape_t ws[8];
+    int n = weight_shapes(L, ws);
+    for (int i = 0; i < n; i++) {
+        snprintf(names[i], 32, "%s->%s", what, ws[i].name);
+        a[i] = (dev_arg_t){weight_field((coda_llama_weights_t *)w, i), names[i], ws[i].cols < 0 ? vec_align : 16};
+    }
+    return n;
+}
+
 /* ---- forward ---- */
 
 coda_status_t coda_llama_forward(coda_llama_t *L, const coda_llama_weights_t *w, const coda_tensor_t *x,
@@ -464,6 +513,16 @@ coda_status_t coda_llama_forward(coda_llama_t *L, const coda_llama_weights_t *w,
             if (t[i] != IGNORE_INDEX && (t[i] < 0 || t[i] >= V))
                 return coda__fail(CODA_ERR_INVALID_ARG, "%s: targets[%lld] = %d is outside 0..%lld "
                                   "(and not the ignore index -100)", fn, (long long)i, t[i], (long long)(V - 1));
+    }
+
+    {
+        dev_arg_t a[16];
+        char names[8][32];
+        int n = weight_dev_args(L, w, "w", 4, a, names);
+        a[n++] = (dev_arg_t){x, "x", 0};
+        a[n++] = (dev_arg_t){y, "y", 0};
+        if (with_loss) a[n++] = (dev_arg_t){targets, "targets", 0}, a[n++] = (dev_arg_t){loss, "loss", 0};
+        CODA_TRY(check_on_device(L, fn, a, n));
     }
 
     /* From here on, any failure is the library's own; the saved state is invalid. */
@@ -601,6 +660,16 @@ coda_status_t coda_llama_backward(coda_llama_t *L, const coda_llama_weights_t *w
                     return coda__fail(CODA_ERR_OVERLAP, "%s: grads->%s overlaps a weight or another gradient",
                                       fn, ws[i].name);
         }
+    }
+
+    {
+        dev_arg_t a[24];
+        char names[8][32], gnames[8][32];
+        int n = weight_dev_args(L, w, "w", 4, a, names);
+        if (grads) n += weight_dev_args(L, grads, "grads", 0, a + n, gnames);
+        a[n++] = (dev_arg_t){dx, "dx", 4};
+        if (dy) a[n++] = (dev_arg_t){dy, "dy", 4};
+        CODA_TRY(check_on_device(L, fn, a, n));
     }
 
     /* dY: dL/dy through both paths (M, d) bf16; dy itself is copied in when

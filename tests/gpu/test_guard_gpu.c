@@ -92,7 +92,8 @@ int main(int argc, char **argv) {
     /* the layer, forward and backward */
     coda_llama_config_t c = {.d = 64, .n_heads = 4, .n_kv_heads = 2, .head_dim = 16, .ffn = 160, .vocab = 200,
                              .eps = 1e-5f, .rope_theta = 10000.0f};
-    for (int pl = 0; pl < G_NPLACES; pl++) g_layer_case(&E, &r, c, 2, 7, (g_place_t)pl, pl % 2 == 0);
+    for (int pl = 0; pl < G_NPLACES; pl++) g_layer_case(&E, &r, c, 2, 7, (g_place_t)pl, pl % 2 == 0, 0);
+    g_layer_case(&E, &r, c, 2, 7, G_TIGHT, 1, 1); /* a gradient the GPU cannot write: refused up front */
     int enumerated = E.calls;
 
     g_random(&E, &r, nrandom, texts, names, np);
