@@ -228,6 +228,7 @@ static void many_streams(void) {
         C[i] = coda_tensor_2d(dc[i], CODA_BF16, m, n);
         C[i].device = CODA_DEVICE_CUDA;
     }
+    setenv("CODA_GEMM_CFG", "1", 1); /* 128 x 128 tiles, clusters of 2: a partial wave for stream-K */
     setenv("CODA_STREAMK", "0", 1);
     CHECK_OK(coda_gemm(ctx, CODA_LAYOUT_NT, &A, &B, &C[0], 1.0f, 0.0f, NULL));
     CUDA_OK(cudaMemcpy(want_dp, dc[0], cbytes, cudaMemcpyDeviceToHost));
@@ -254,6 +255,7 @@ static void many_streams(void) {
     /* round 2 starts with 8 idle workspaces (plus the default stream's) */
     CHECK(n_sk[1] >= 8, "round 2: only %d of %d streams ran stream-K", n_sk[1], NS);
     unsetenv("CODA_STREAMK");
+    unsetenv("CODA_GEMM_CFG");
     printf("stream-K on %d streams: round 1 %d stream-K + %d without, round 2 %d + %d, each bit for bit\n", NS,
            n_sk[0], n_dp[0], n_sk[1], n_dp[1]);
     for (int i = 0; i < NS; i++) CUDA_OK(cudaFree(dc[i]));
