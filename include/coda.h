@@ -163,10 +163,12 @@ int coda_context_has_cuda(const coda_context_t *ctx);
  * work out by k-blocks ("stream-K"). That needs a workspace per stream,
  * which the context allocates on the stream's first such GEMM and keeps
  * until coda_context_free: 128 KiB per SM (16.5 MiB on an H200) per
- * stream, for at most 8 streams. A GEMM that cannot have one (a ninth
- * stream; a stream being captured into a CUDA graph before it has its
- * workspace; a failed allocation) runs without stream-K, which changes
- * only the order of f32 sums. GEMMs on one stream run one after another and
+ * stream, for at most 8 workspaces. A ninth stream is handed the
+ * workspace of one whose GEMMs have all finished (unless a graph captured
+ * a GEMM that used it). A GEMM that cannot have one (every workspace busy;
+ * a stream being captured into a CUDA graph before it has its workspace;
+ * a failed allocation) runs without stream-K, which changes only the
+ * order of f32 sums. GEMMs on one stream run one after another and
  * never use the workspace at the same time; what is not safe is a CUDA
  * graph captured on a stream that already had a workspace and then
  * replayed on another stream while GEMMs of the same context run on the
@@ -259,7 +261,30 @@ coda_status_t coda_gemm(coda_context_t *ctx, coda_layout_t layout,
  * tile's warps through shared memory), and the finishing steps
  * (section 7) combine the partials in increasing t: results are bitwise
  * reproducible on a backend, and agree across backends up to rounding.
- * A NaN element makes its partials NaN (max included).
+ *
+ * NaN and infinities. The rule: a NaN reaches every output computed from
+ * it, on both backends, in exactly the same elements (a NaN's payload bits
+ * may differ). Maps follow IEEE arithmetic, max and min included (unlike
+ * C's fmaxf/fminf, they return NaN for a NaN operand); the exceptions are
+ * what tests rather than computes: eq and lt give 0 for a NaN operand (an
+ * unordered comparison is false), select c a b gives a where c is NaN
+ * (NaN != 0) and passes on only the operand it picks, and pow is C's powf
+ * (pow(x, 0) = 1 and pow(1, y) = 1 even for a NaN x or y). Scalars are
+ * bound by value and must be finite (CODA_ERR_INVALID_ARG). Loads, pairwise
+ * maps and stores move a NaN as they move any value (a bf16 store keeps it
+ * NaN); a rowpart load is a sum, so one NaN partial makes the row's value
+ * NaN. A NaN element makes the partial of its row (row reductions) or of
+ * its column (column reductions) in its tile NaN, for sum, sumsq and max
+ * alike, and no other partial. An lse output's (m, l, p) of a row in a
+ * tile, from the tile's values v of the row:
+ *     some v NaN         m = NaN,  l = NaN
+ *     else max v = +inf  m = +inf, l = +inf
+ *     else all v -inf    m = -inf, l = 0
+ *     else               m = max v, l = sum exp(v - m), 1 <= l <= width
+ * and p is the value at the target column as it is (NaN, +inf or -inf
+ * included), 0 if the target is not one of the tile's columns (a NaN target
+ * is none). No NaN comes from infinities alone (never -inf - -inf or
+ * +inf - +inf). Section 7 says what the finishing steps make of these.
  *
  * Partials read by the next GEMM. An `in NAME rowpart` argument takes the
  * row partials (M, T) of an earlier GEMM's row reduction (`out NAME
@@ -448,16 +473,22 @@ coda_status_t coda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout,
  * 7. Finishing steps: combine tile partials, in a fixed order, no atomics
  * ------------------------------------------------------------------------- */
 
+/* NaN and infinities, every finishing step, on both backends: a NaN partial
+ * makes the result of its row NaN (max included: a NaN is never dropped),
+ * and no NaN comes from infinities where the math has a value (below).
+ * With the partials of section 5, NaN in (logits, activations) is NaN out. */
+
 /* out[i] = reduce_t partials[i][t] for t = 0..T-1 in order.
  * partials (R, T) f32, out (R) f32. Used for row partials (R = M) and column
  * partials (R = W). For CODA_REDUCE_SUMSQ the partials are already squared and
- * are summed. */
+ * are summed. A NaN partial gives out[i] = NaN, for every op. */
 coda_status_t coda_finish_reduce(coda_context_t *ctx, coda_reduce_t op,
                                  const coda_tensor_t *partials, coda_tensor_t *out, void *stream);
 
 /* RMSNorm's inverse root mean square from sum-of-squares partials:
  * rstd[i] = (sum_t partials[i][t] / d + eps)^(-1/2).
- * partials (M, T) f32, rstd (M) f32. */
+ * partials (M, T) f32, rstd (M) f32. A NaN partial gives rstd[i] = NaN;
+ * a sum of +inf gives 0. */
 coda_status_t coda_finish_rstd(coda_context_t *ctx, const coda_tensor_t *partials, int64_t d,
                                float eps, coda_tensor_t *rstd, void *stream);
 
@@ -465,7 +496,20 @@ coda_status_t coda_finish_rstd(coda_context_t *ctx, const coda_tensor_t *partial
  * lse[i] = m + log(sum_t l_t exp(m_t - m)) with m = max_t m_t,
  * loss[i] = lse[i] - sum_t p_t, or 0 where targets[i] == ignore_index.
  * lse (M) f32, loss (M) f32. Targets are not range-checked: one outside the
- * logits' columns picks nothing (p = 0), so its loss is lse[i]. */
+ * logits' columns picks nothing (p = 0), so its loss is lse[i].
+ * NaN and infinities (partials as section 5 makes them; exp(m_t - m) is
+ * taken as 1 where m_t == m, so equal infinite maxima give no NaN):
+ *   - a NaN m_t or l_t (a NaN logit anywhere in the row) makes lse[i] and
+ *     loss[i] NaN; a NaN p_t (the target's logit) makes loss[i] NaN. An
+ *     ignored row's loss is 0 all the same (its lse is still NaN).
+ *   - a +inf logit (m_t = l_t = +inf) gives lse[i] = +inf, and loss[i] =
+ *     +inf where the target's logit is finite, NaN where it is +inf too
+ *     (+inf - +inf: the limit depends on how many logits are +inf).
+ *   - a row whose logits are all -inf gives lse[i] = -inf, and loss[i] NaN
+ *     where the target is one of its columns (p = -inf: -inf - -inf, the
+ *     softmax is 0/0), -inf where it is not (p = 0).
+ *   - -inf logits in a row with a finite one add nothing (a tile of them
+ *     has m_t = -inf, l_t = 0); a target at one gets loss +inf. */
 coda_status_t coda_finish_lse(coda_context_t *ctx, const coda_tensor_t *partials,
                               const coda_tensor_t *targets, int32_t ignore_index,
                               coda_tensor_t *lse, coda_tensor_t *loss, void *stream);

@@ -1,7 +1,8 @@
 /* test_finish.c - the finishing steps on the CPU: coda_finish_reduce,
  * coda_finish_rstd, coda_finish_lse against float64 and against the exact
  * f32 order the contract fixes (t = 0..T-1), padded strides, NaN and
- * infinity handling, ignore_index. */
+ * infinity handling (coda.h section 7; every case of the NaN rule is in
+ * test_epilogue_nan.c), ignore_index. */
 #include "harness.h"
 
 static coda_context_t *g_ctx;
@@ -130,6 +131,19 @@ static void test_lse(int64_t M, int64_t N, int64_t tn, uint64_t seed) {
     CHECK_OK(coda_finish_lse(g_ctx, &pt, &tt, 12345, &lt, &st, NULL));
     CHECK(lse[0] == -INFINITY, "all -inf row: lse %g, want -inf", lse[0]);
     if (M > 2) CHECK(isnan(lse[2]) && isnan(loss[2]), "NaN partial: lse %g loss %g, want NaN", lse[2], loss[2]);
+    /* a +inf tile (m = l = +inf, as the epilogue makes it): lse = +inf, not
+     * NaN (m_t == m is taken as 1, never exp(inf - inf)); loss +inf with a
+     * finite pick, NaN with a +inf one */
+    if (M > 3) {
+        float *e = part + (3 * T + T / 2) * 3;
+        e[0] = INFINITY; e[1] = INFINITY;
+        CHECK_OK(coda_finish_lse(g_ctx, &pt, &tt, 12345, &lt, &st, NULL));
+        CHECK(lse[3] == INFINITY && loss[3] == INFINITY, "+inf tile: lse %g loss %g, want +inf +inf",
+              lse[3], loss[3]);
+        e[2] = INFINITY;
+        CHECK_OK(coda_finish_lse(g_ctx, &pt, &tt, 12345, &lt, &st, NULL));
+        CHECK(lse[3] == INFINITY && isnan(loss[3]), "+inf target: lse %g loss %g, want +inf NaN", lse[3], loss[3]);
+    }
     free(z); free(tg); free(part); free(lse); free(loss);
 }
 

@@ -28,8 +28,8 @@ static const char *map_fn(coda_op_t op) {
     case CODA_OP_SUB: return "(%s - %s)";
     case CODA_OP_MUL: return "(%s * %s)";
     case CODA_OP_DIV: return "cg_div(%s, %s)";
-    case CODA_OP_MAX: return "fmaxf(%s, %s)";
-    case CODA_OP_MIN: return "fminf(%s, %s)";
+    case CODA_OP_MAX: return "cg_max_nan(%s, %s)"; /* NaN in, NaN out: fmaxf would drop it */
+    case CODA_OP_MIN: return "cg_min_nan(%s, %s)";
     case CODA_OP_POW: return "powf(%s, %s)";
     case CODA_OP_EQ: return "(%s == %s ? 1.0f : 0.0f)";
     case CODA_OP_LT: return "(%s < %s ? 1.0f : 0.0f)";

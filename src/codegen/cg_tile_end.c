@@ -166,8 +166,9 @@ void gen_end(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) {
                 sb_printf(b, "        { float m2 = __shfl_xor_sync(0xffffffffu, m, %d), l2 = __shfl_xor_sync(0xffffffffu, l, %d);\n"
                              "          pk += __shfl_xor_sync(0xffffffffu, pk, %d); cg_lse_merge(&m, &l, m2, l2); }\n",
                           sh, sh, sh);
-            sb_printf(b, "        if (m == CG_NEG_INF) l = 0.0f; /* no finite element: the CPU's sum is skipped */\n"
-                         "        if ((lane & 3) == 0 && rows[i] < P->m) {\n"
+            /* no fix-up of l: a state whose m is -inf has l 0 exactly
+             * (cg_lse_fold, cg_lse_merge), as the CPU's */
+            sb_printf(b, "        if ((lane & 3) == 0 && rows[i] < P->m) {\n"
                          "            float *o = (float *)P->ptr[%d] + (long long)rows[i] * P->s0[%d] + (long long)n_tile * P->s1[%d];\n"
                          "            o[0] = m; o[1] = l; o[2] = pk;\n        }\n    }\n",
                       k, k, k);
@@ -200,9 +201,10 @@ void gen_end(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) {
                                 : a->space == CODA_SPACE_FULL ? "(long long)n_tile * CODA_BN"
                                                               : "2LL * n_tile * CODA_BN";
             char e[256], e2[256];
-            /* the shuffle first, by every lane: inside the max's NaN test
-             * (a short-circuit) a lane holding NaN would skip a full-mask
-             * shuffle (review, session 6) */
+            /* the shuffle first, by every lane, then the fold: never a
+             * full-mask shuffle inside a conditional expression (the max's
+             * NaN test was once a short-circuit, and a lane holding NaN
+             * skipped the shuffle: review, session 6) */
             red_expr(e, sizeof e, a->reduce, "kp_", "y_");
             red_expr(e2, sizeof e2, a->reduce, "s_", "y_");
             sb_printf(b, "#if CODA_EPI_STORE_C\n#error \"column partials go through the slabs, which the C-store path gives to TMA\"\n#endif\n");

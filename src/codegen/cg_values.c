@@ -86,8 +86,9 @@ const char *red_init(coda_reduce_t r) { return r == CODA_REDUCE_MAX ? "CG_NEG_IN
 
 /* "x OP y" for a reduction, into buf. */
 void red_expr(char *buf, size_t cap, coda_reduce_t r, const char *x, const char *y) {
-    if (r == CODA_REDUCE_MAX) /* a NaN element makes the max NaN, as on the CPU */
-        snprintf(buf, cap, "((%s != %s || %s != %s) ? __int_as_float(0x7fc00000) : fmaxf(%s, %s))", x, x, y, y, x, y);
+    if (r == CODA_REDUCE_MAX) /* a NaN element makes the max NaN, as on the CPU: max.NaN, one
+                               * instruction (an explicit NaN test and fmaxf took four) */
+        snprintf(buf, cap, "cg_max_nan(%s, %s)", x, y);
     else snprintf(buf, cap, "(%s + %s)", x, y);
 }
 

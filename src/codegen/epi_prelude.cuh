@@ -283,20 +283,43 @@ static __device__ __forceinline__ float cg_dsilu(float x) {
 }
 static __device__ __forceinline__ float cg_square(float x) { return x * x; }
 #define CG_NEG_INF __int_as_float(0xff800000)
+#define CG_INF __int_as_float(0x7f800000)
+/* max and min that keep a NaN: max.NaN / min.NaN (sm_80+), one FMNMX each,
+ * as fmaxf / fminf, which drop a NaN (fmaxf(NaN, 1) = 1). The NaN rule
+ * (coda.h section 5: a NaN reaches every output computed from it) needs
+ * them wherever a max or min decides an output: the max and min maps, max
+ * reductions (row and column partials, their shuffles) and the
+ * log-sum-exp's running max. Nowhere else: the other maps carry a NaN by
+ * IEEE arithmetic at no cost. The CPU's nan_max / nan_min
+ * (src/cpu/cpu_epilogue.c) are the same functions. */
+static __device__ __forceinline__ float cg_max_nan(float a, float b) {
+    float r; asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r;
+}
+static __device__ __forceinline__ float cg_min_nan(float a, float b) {
+    float r; asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r;
+}
 /* online log-sum-exp, a batch at a time: fold the n values v[] (a row's
  * elements of one batch of column chunks; -inf for elements outside) into
  * (m, l), branch-free. One max over the batch, one rescale of l, then
  * exp(v - max) for each value: 4 instructions and an exp a value, where
  * folding one element at a time took about 10 and a chain of dependent
- * exps (session 6). While the maximum is -inf the exps are taken
- * against 0, so -inf adds exp(-inf) = 0 (not -inf - -inf = NaN); a NaN
- * makes l NaN and leaves m (fmaxf ignores it), as the CPU's two-pass form
- * does. */
+ * exps (session 6).
+ * The state, on the CPU too (src/cpu/cpu_epilogue.c): l is the sum of
+ * exp(v - ms) with ms = m where m is finite, else 0, so
+ *   m NaN  : l NaN   a NaN makes the max NaN (cg_max_nan, where fmaxf
+ *                    would drop it: a row of NaN gave m = -inf, l = 0,
+ *                    issue #18), and NaN - NaN makes the sum NaN
+ *   m -inf : l 0     only -inf so far: exp(-inf - 0) = 0, no -inf - -inf
+ *   m +inf : l +inf  exp(+inf - 0) = +inf, no +inf - +inf; finite terms
+ *                    and the old l * exp(old m) add nothing NaN
+ *   m finite: the ordinary sum (>= 1)
+ * The NaN-keeping max costs nothing (one FMNMX either way), and testing
+ * |mn| == inf instead of mn == -inf neither (|x| is an operand modifier). */
 static __device__ __forceinline__ void cg_lse_fold(float *m, float *l, const float *v, int n) {
     float bm = v[0];
 #pragma unroll
-    for (int i = 1; i < n; i++) bm = fmaxf(bm, v[i]);
-    const float mn = fmaxf(*m, bm), ms = mn == CG_NEG_INF ? 0.0f : mn;
+    for (int i = 1; i < n; i++) bm = cg_max_nan(bm, v[i]);
+    const float mn = cg_max_nan(*m, bm), ms = fabsf(mn) == CG_INF ? 0.0f : mn;
     float s = 0.0f;
 #pragma unroll
     for (int i = 0; i < n; i++) s += cg_exp_ftz(v[i] - ms);
@@ -306,14 +329,17 @@ static __device__ __forceinline__ void cg_lse_fold(float *m, float *l, const flo
 /* merge state (m2, l2) into (m, l): the 4 lanes sharing a row, at the
  * tile's end (one state per row slot and lane: a batch's exps are
  * independent, where the element-at-a-time update had needed 4 chains).
- * A state whose m is still -inf has l 0, or NaN if it saw a NaN: l * 0
- * carries that NaN into a sum with a finite maximum, as the CPU's sum over
- * the tile does (coda_epi_end sets l to 0 where the maximum stays -inf, as
- * the CPU skips that sum). */
+ * A state whose m equals the new maximum is scaled by 1, never by
+ * exp(inf - inf) = NaN (two -inf or two +inf states), as in
+ * coda_finish_lse; a -inf state has l 0 and adds 0; a NaN in either makes
+ * mn NaN and so l NaN. (Equivalent forms, `m == mn ? l : l * expf(..)`
+ * or expf of a selected argument, made ptxas spill in some of
+ * lmhead_lse's kernel configurations; this one spills in none and has
+ * fewer instructions than the -inf test it replaces.) */
 static __device__ __forceinline__ void cg_lse_merge(float *m, float *l, float m2, float l2) {
-    const float mn = fmaxf(*m, m2);
-    const float a = *m == CG_NEG_INF ? *l * 0.0f : *l * expf(*m - mn);
-    const float b = m2 == CG_NEG_INF ? l2 * 0.0f : l2 * expf(m2 - mn);
+    const float mn = cg_max_nan(*m, m2);
+    const float a = *l * (*m == mn ? 1.0f : expf(*m - mn));
+    const float b = l2 * (m2 == mn ? 1.0f : expf(m2 - mn));
     *l = a + b;
     *m = mn;
 }

@@ -1,10 +1,15 @@
 /* finish.c - the finishing steps: combine tile partials into row or column
  * results, in the fixed order t = 0..T-1 (bitwise reproducible, no atomics).
+ * Argument checks for both backends, the CPU implementation here; CUDA
+ * tensors go to src/cuda/finish_gpu.c (kernels/finish.cuh, the same
+ * operations in the same order).
  *
- * NaN-safe means: a NaN partial gives a NaN result (max does not swallow it),
- * and infinities give no spurious NaN (exp(m_t - m) is taken as 1 when
- * m_t == m, so rows whose tiles are all -inf give lse = -inf, not NaN).
- * CPU implementation here; CUDA tensors are refused for now. */
+ * The NaN rule (coda.h sections 5 and 7): a NaN partial gives a NaN result,
+ * max included (nan_max: fmaxf would drop it), and infinities give no NaN
+ * the math does not: exp(m_t - m) is taken as 1 when m_t == m, so a row
+ * whose tiles are all -inf (m_t = -inf, l_t = 0) gives lse = -inf, and one
+ * with a +inf tile (m_t = +inf, l_t = +inf) gives lse = +inf, never
+ * inf - inf. */
 #include "core/context.h"
 
 #include <math.h>
@@ -44,6 +49,9 @@ static coda_status_t cuda_refused(const char *fn, const coda_tensor_t *partials)
     return coda__fail(CODA_ERR_UNSUPPORTED, "%s: this build has no CUDA backend", fn);
 }
 
+/* max that keeps a NaN (the epilogue's max reductions use the same rule) */
+static inline float nan_max(float a, float b) { return isnan(a) || isnan(b) ? NAN : fmaxf(a, b); }
+
 static float pget(const coda_tensor_t *p, int64_t i, int64_t t) {
     return *(const float *)coda__at2(p, i, t);
 }
@@ -73,10 +81,7 @@ coda_status_t coda_finish_reduce(coda_context_t *ctx, coda_reduce_t op, const co
         float r;
         if (op == CODA_REDUCE_MAX) {
             r = -INFINITY;
-            for (int64_t t = 0; t < partials->shape[1]; t++) {
-                float x = pget(partials, i, t);
-                r = isnan(x) || isnan(r) ? NAN : fmaxf(r, x);
-            }
+            for (int64_t t = 0; t < partials->shape[1]; t++) r = nan_max(r, pget(partials, i, t));
         } else {
             r = row_sum(partials, i); /* SUMSQ partials are already squared */
         }
@@ -130,13 +135,12 @@ coda_status_t coda_finish_lse(coda_context_t *ctx, const coda_tensor_t *partials
     int64_t s2 = partials->stride[2];
     for (int64_t i = 0; i < m; i++) {
         float mx = -INFINITY, l = 0.0f, p = 0.0f;
-        for (int64_t t = 0; t < nt; t++) {
-            float x = pget(partials, i, t);
-            mx = isnan(x) || isnan(mx) ? NAN : fmaxf(mx, x);
-        }
+        for (int64_t t = 0; t < nt; t++) mx = nan_max(mx, pget(partials, i, t));
         for (int64_t t = 0; t < nt; t++) {
             const char *e = coda__at2(partials, i, t);
             float mt = *(const float *)e, lt = *(const float *)(e + s2);
+            /* mt == mx: 1, not exp(mt - mx), which is NaN for mt = mx = +-inf;
+             * mx NaN: exp(NaN) makes l NaN */
             l += lt * (mt == mx ? 1.0f : expf(mt - mx));
             p += *(const float *)(e + 2 * s2);
         }

@@ -38,9 +38,13 @@ typedef struct plan {
     int64_t ld[CODA_MAX_INSTS];     /* its row length (its space's tile width) */
 } plan_t;
 
-/* max that keeps a NaN (fmaxf drops it): a NaN element makes its row's or
- * column's max partial NaN, on the GPU too (codegen) */
+/* max and min that keep a NaN (fmaxf / fminf drop it: fmaxf(NaN, 1) = 1).
+ * The NaN rule (coda.h section 5): a NaN reaches every output computed from
+ * it, so the `max` / `min` maps, max reductions and the lse statement's
+ * running max use these; the GPU uses max.NaN.f32 / min.NaN.f32 in the
+ * same places (src/codegen/epi_prelude.cuh, cg_max_nan). */
 static inline float nan_max(float a, float b) { return isnan(a) || isnan(b) ? NAN : fmaxf(a, b); }
+static inline float nan_min(float a, float b) { return isnan(a) || isnan(b) ? NAN : fminf(a, b); }
 
 static int has_row(coda_shape_t s) { return (s & CODA_SHAPE_ROW) != 0; }
 static int has_col(coda_shape_t s) { return (s & CODA_SHAPE_COL) != 0; }
@@ -216,8 +220,8 @@ static void run_tile(const plan_t *pl, const tile_t *t, const float *acc, float 
         case CODA_OP_SUB: MAP2(x - y); break;
         case CODA_OP_MUL: MAP2(x * y); break;
         case CODA_OP_DIV: MAP2(x / y); break;
-        case CODA_OP_MAX: MAP2(fmaxf(x, y)); break;
-        case CODA_OP_MIN: MAP2(fminf(x, y)); break;
+        case CODA_OP_MAX: MAP2(nan_max(x, y)); break;
+        case CODA_OP_MIN: MAP2(nan_min(x, y)); break;
         case CODA_OP_POW: MAP2(powf(x, y)); break;
         case CODA_OP_EQ: MAP2(x == y ? 1.0f : 0.0f); break;
         case CODA_OP_LT: MAP2(x < y ? 1.0f : 0.0f); break;
@@ -288,12 +292,21 @@ static void run_tile(const plan_t *pl, const tile_t *t, const float *acc, float 
             const coda_tensor_t *tt = pl->bound[in->arg];
             int s = p->insts[in->src[0]].vspace + 1;
             int64_t c0 = t->c0[s], w = t->cols[s];
+            /* Per row: m = max (NaN if any element is NaN), then
+             * l = sum exp(x - ms) with ms = m where m is finite, else 0 (the
+             * GPU's cg_lse_fold takes the same shift): so
+             *   m NaN   -> l NaN   (NaN - NaN, whatever the other elements)
+             *   m -inf  -> l 0     (all -inf: exp(-inf - 0), never -inf - -inf)
+             *   m +inf  -> l +inf  (exp(+inf - 0); never +inf - +inf)
+             *   m finite-> l >= 1  the ordinary sum
+             * and no NaN comes out of infinities alone. */
             for (int64_t r = 0; r < t->rows; r++) {
                 const float *x = A.data + r * A.rs;
                 float m = -INFINITY, l = 0.0f, pick = 0.0f;
-                for (int64_t c = 0; c < w; c++) m = fmaxf(m, x[c * A.cs]);
-                if (m != -INFINITY)
-                    for (int64_t c = 0; c < w; c++) l += expf(x[c * A.cs] - m);
+                for (int64_t c = 0; c < w; c++) m = nan_max(m, x[c * A.cs]);
+                const float ms = isinf(m) ? 0.0f : m;
+                if (m != -INFINITY) /* all -inf: l stays 0 (the sum would be 0 too) */
+                    for (int64_t c = 0; c < w; c++) l += expf(x[c * A.cs] - ms);
                 float tg = B.data[r * B.rs];
                 if (tg >= (float)c0 && tg < (float)(c0 + w)) pick = x[((int64_t)tg - c0) * A.cs];
                 char *base = (char *)tt->data + (t->r0 + r) * tt->stride[0] + t->tn * tt->stride[1];

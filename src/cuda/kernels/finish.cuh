@@ -2,11 +2,20 @@
  *
  * One thread per row, t = 0..T-1 in order, with the same float operations as
  * the CPU backend (src/core/finish.c) and FMA contraction off (--fmad=false),
- * so results are bitwise reproducible and equal to the CPU's for sums.
+ * so results are bitwise reproducible and equal to the CPU's for sums and
+ * maxima (NaN where the CPU has NaN; a NaN's payload bits may differ).
  * Strides are in elements. op: 0 sum, 1 max, 2 sum (of squared partials). */
 
-#define CODA_NAN __int_as_float(0x7fc00000)
 #define CODA_NEG_INF __int_as_float(0xff800000)
+
+/* max that keeps a NaN (fmaxf drops it), as the CPU's nan_max: one
+ * max.NaN instruction (sm_80+) where an explicit NaN test took four. The
+ * NaN rule of coda.h section 7: a NaN partial gives a NaN result. */
+static __device__ __forceinline__ float coda_max_nan(float a, float b) {
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
 
 extern "C" __global__ void coda_finish_reduce_kernel(const float *part, long long ps0, long long ps1,
                                                      float *out, long long os0, long long rows,
@@ -17,10 +26,7 @@ extern "C" __global__ void coda_finish_reduce_kernel(const float *part, long lon
     float r;
     if (op == 1) {
         r = CODA_NEG_INF;
-        for (long long t = 0; t < T; t++) {
-            float x = p[t * ps1];
-            r = (x != x || r != r) ? CODA_NAN : fmaxf(r, x);
-        }
+        for (long long t = 0; t < T; t++) r = coda_max_nan(r, p[t * ps1]);
     } else {
         r = 0.0f;
         for (long long t = 0; t < T; t++) r += p[t * ps1];
@@ -49,12 +55,11 @@ extern "C" __global__ void coda_finish_lse_kernel(const float *part, long long p
     if (i >= rows) return;
     const float *p = part + i * ps0;
     float mx = CODA_NEG_INF, l = 0.0f, pk = 0.0f;
-    for (long long t = 0; t < T; t++) {
-        float x = p[t * ps1];
-        mx = (x != x || mx != mx) ? CODA_NAN : fmaxf(mx, x);
-    }
+    for (long long t = 0; t < T; t++) mx = coda_max_nan(mx, p[t * ps1]);
     for (long long t = 0; t < T; t++) {
         float mt = p[t * ps1], lt = p[t * ps1 + ps2];
+        /* as the CPU: 1 where mt == mx (never exp(inf - inf) = NaN: a row
+         * of -inf tiles gives -inf, a +inf tile +inf); mx NaN: l NaN */
         l += lt * (mt == mx ? 1.0f : expf(mt - mx));
         pk += p[t * ps1 + 2 * ps2];
     }
