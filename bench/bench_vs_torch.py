@@ -45,6 +45,12 @@ CALLS = 10
 # Each check must come out below this (bf16 outputs: about 2^-8 of rounding,
 # and the GEMM's bf16 inputs summed in another order).
 CHECK_TOL = 1e-2
+# The peers' own rows ("eager ...", "addmm ..."): a peer rounds every
+# intermediate to bf16, and PyTorch 1.13 on the CPU (Debian's, what CI runs)
+# also sums its reductions in bf16: eager rmsnorm_bwd dx 1.4e-2, dg 1.7e-2,
+# swiglu_bwd dz 2.0e-2 at n = 272 there. These rows only catch a peer with a
+# wrong formula (which is off by O(1)), so they get their own bound.
+PEER_TOL = 5e-2
 
 
 def compiled(fn):
@@ -415,11 +421,13 @@ def print_results(results):
 
 
 def print_checks(checks, title):
-    """The checks as a table; returns how many are past CHECK_TOL."""
+    """The checks as a table; returns how many are past CHECK_TOL (PEER_TOL
+    for the peers' rows)."""
     print(title)
     bad = 0
     for n, name, what, e in checks:
-        ok = e <= CHECK_TOL  # NaN is not
+        peer = what.startswith("eager") or what.startswith("addmm")
+        ok = e <= (PEER_TOL if peer else CHECK_TOL)  # NaN is not
         bad += not ok
         print("  %6d %-16s %-14s rel %.2e%s" % (n, name, what, e, "" if ok else "  FAIL"))
     return bad

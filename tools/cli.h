@@ -7,8 +7,14 @@
 /* `coda demo [--device auto|cpu|cuda] [--seed N] [--batch B] [--seq S]`: a
  * small LLaMA layer forward and backward through the epilogue programs on the
  * best backend (auto: CUDA if present, else the CPU), checked
- * against the unfused reference. Prints a table; returns 0 if every output
- * is within tolerance, 1 if one is not or a call failed, 2 on bad usage. */
-int coda_cli_demo(coda_context_t *ctx, int argc, char **argv);
+ * against the unfused reference. argv: the arguments after "demo". Parses
+ * them before making a context (so --help and bad usage touch no device).
+ * Prints a table; returns 0 if every output is within tolerance (or after
+ * --help / -h, which print coda_cli_demo_usage on stdout), 1 if one is not or
+ * a call failed, 2 on bad usage (message and usage on stderr). */
+int coda_cli_demo(int argc, char **argv);
+
+/* The demo's usage text (`coda demo --help`, `coda help demo`). */
+extern const char coda_cli_demo_usage[];
 
 #endif

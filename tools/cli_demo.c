@@ -7,6 +7,7 @@
 #include "cli.h"
 #include "layer/llama_check.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,25 +20,70 @@ static int parse_int(const char *s, long long lo, long long hi, long long *out) 
     return 1;
 }
 
-int coda_cli_demo(coda_context_t *ctx, int argc, char **argv) {
+const char coda_cli_demo_usage[] =
+    "usage: coda demo [--device auto|cpu|cuda] [--seed N] [--batch B] [--seq S]\n"
+    "  One LLaMA layer + LM head + cross-entropy, forward and backward through\n"
+    "  the epilogue programs, checked against the unfused reference.\n"
+    "  --device D  auto (default: CUDA if present, else the CPU), cpu or cuda\n"
+    "  --seed N    random seed, 0..2^62 (default 1)\n"
+    "  --batch B   sequences, 1..4096 (default 2)\n"
+    "  --seq S     tokens per sequence, 1..4096 (default 64)\n"
+    "exit status: 0 all outputs within tolerance, 1 one is not or a call\n"
+    "failed, 2 bad usage\n";
+
+/* Bad usage: the problem, then the usage, on stderr. */
+static int demo_usage_error(const char *fmt, ...) CODA_PRINTF(1, 2);
+static int demo_usage_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("coda demo: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    fputs(coda_cli_demo_usage, stderr);
+    return 2;
+}
+
+int coda_cli_demo(int argc, char **argv) {
     coda_llama_config_t cfg = {.d = 256, .n_heads = 8, .n_kv_heads = 4, .head_dim = 32, .ffn = 688,
                                .vocab = 1000, .eps = 1e-5f, .rope_theta = 500000.0f};
     long long batch = 2, seq = 64, seed = 1;
     const char *dev = "auto";
+    /* Options first, and only then a context: --help and bad usage must not
+     * wait on (or fail for want of) a GPU. */
     for (int i = 0; i < argc; i++) {
-        if (!strcmp(argv[i], "--device") && i + 1 < argc &&
-            (!strcmp(argv[i + 1], "auto") || !strcmp(argv[i + 1], "cpu") || !strcmp(argv[i + 1], "cuda"))) {
-            dev = argv[++i];
-            continue;
+        const char *opt = argv[i];
+        if (!strcmp(opt, "-h") || !strcmp(opt, "--help")) {
+            fputs(coda_cli_demo_usage, stdout);
+            return 0;
         }
-        long long *dst = !strcmp(argv[i], "--seed") ? &seed : !strcmp(argv[i], "--batch") ? &batch
-                       : !strcmp(argv[i], "--seq") ? &seq : NULL;
-        if (!dst || i + 1 == argc || !parse_int(argv[i + 1], dst == &seed ? 0 : 1, dst == &seed ? (1ll << 62) : 4096, dst)) {
-            fprintf(stderr, "usage: coda demo [--device auto|cpu|cuda] [--seed N] [--batch B (1..4096)] "
-                            "[--seq S (1..4096)]\n");
-            return 2;
+        long long *dst = !strcmp(opt, "--seed") ? &seed : !strcmp(opt, "--batch") ? &batch
+                       : !strcmp(opt, "--seq") ? &seq : NULL;
+        if (!dst && strcmp(opt, "--device") != 0)
+            return demo_usage_error("%s '%s'", opt[0] == '-' ? "unknown option" : "unexpected argument", opt);
+        if (i + 1 == argc) return demo_usage_error("%s needs a value", opt);
+        const char *val = argv[++i];
+        if (!dst) {
+            if (strcmp(val, "auto") && strcmp(val, "cpu") && strcmp(val, "cuda"))
+                return demo_usage_error("--device takes auto, cpu or cuda, not '%s'", val);
+            dev = val;
+        } else if (!parse_int(val, dst == &seed ? 0 : 1, dst == &seed ? (1ll << 62) : 4096, dst)) {
+            return demo_usage_error("%s takes an integer in %s, not '%s'", opt,
+                                    dst == &seed ? "0..2^62" : "1..4096", val);
         }
-        i++;
+    }
+    coda_context_t *ctx = NULL;
+    if (coda_context_create(NULL, &ctx) != CODA_OK) {
+        fprintf(stderr, "coda demo: %s\n", coda_last_error());
+        return 1;
+    }
+    /* Asked for CUDA where there is none: say so before printing a header
+     * that names the CUDA backend. */
+    if (!strcmp(dev, "cuda") && !coda_context_has_cuda(ctx)) {
+        fprintf(stderr, "coda demo: --device cuda, but CUDA is unavailable here (see 'coda info'); "
+                        "--device cpu runs on the CPU backend\n");
+        coda_context_free(ctx);
+        return 1;
     }
     /* auto: the GPU when there is one (its GEMMs and epilogues; attention and
      * the other non-GEMM steps still run on the CPU), else the CPU backend. */
@@ -65,8 +111,10 @@ int coda_cli_demo(coda_context_t *ctx, int argc, char **argv) {
     }
     if (s != CODA_OK) {
         fprintf(stderr, "coda demo: %s: %s\n", coda_status_name(s), coda_last_error());
+        coda_context_free(ctx);
         return 1;
     }
+    coda_context_free(ctx);
     printf("  %-8s  %-12s  %-12s  %-12s  %s\n", "output", "rel. error", "bf16 plain", "bound", "");
     for (int i = 0; i < r.n_rows; i++)
         printf("  %-8s  %.3e     %.3e     %.3e     %s\n", r.rows[i].name, r.rows[i].err, r.rows[i].base,

@@ -4,7 +4,11 @@ The library is found at $CODA_LIB, else at <repo>/build/libcoda.so. Tensors
 are torch tensors (CPU, or CUDA when the library was built with CUDA); they
 are described to coda by pointer, dtype, device and byte strides, never
 copied. Every failing call raises coda.Error carrying the status name and
-coda_last_error(). See python/README.md and include/coda.h (the contract).
+coda_last_error(). Arguments the C call could not take as given (a wrong
+type, an integer outside its C type, a NUL inside a string, an unknown
+device, weights not from pack_weights) raise TypeError or ValueError before
+any C call: see "What raises what" in python/README.md, and include/coda.h
+(the contract).
 
     import torch, coda
     ctx = coda.Context()
@@ -13,7 +17,10 @@ coda_last_error(). See python/README.md and include/coda.h (the contract).
     coda.gemm(ctx, "nt", a, b, c)                       # c = a @ b.T
 """
 
+import collections.abc
 import ctypes
+import math
+import numbers
 import os
 
 import torch
@@ -21,7 +28,8 @@ import torch
 __all__ = [
     "Error", "Context", "Program", "LlamaConfig", "Llama", "describe_tensor", "gemm",
     "gemm_epilogue", "choose_tiling", "finish_reduce", "finish_rstd", "finish_lse",
-    "builtin_program", "builtin_program_names", "pack_weights", "unpack_grads", "lib",
+    "builtin_program", "builtin_program_names", "PackedWeights", "pack_weights", "unpack_grads",
+    "lib",
 ]
 
 # ---------------------------------------------------------------------------
@@ -60,6 +68,87 @@ def _check(status):
     if status != 0:
         name = lib.coda_status_name(status).decode()
         raise Error(status, name, lib.coda_last_error().decode(errors="replace"))
+
+
+# ---------------------------------------------------------------------------
+# Argument checks
+#
+# ctypes converts quietly: an int too big for a C int keeps its low bits
+# (2**40 becomes 0, which coda reads as "the default"), True becomes 1, a
+# float beyond float32 becomes inf, and a char* stops at the first NUL. So
+# every value that goes into a C int, int32_t, int64_t, float or string is
+# checked here first, and the error names the argument.
+# ---------------------------------------------------------------------------
+
+_C_INT_BITS = 8 * ctypes.sizeof(ctypes.c_int)
+
+
+def _int(v, what, bits=64):
+    """v as a Python int that fits a signed C integer of `bits` bits.
+    bool and non-integers (floats, tensors, strings) -> TypeError; out of
+    range -> ValueError."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise TypeError("coda: %s must be an int, got %s" % (what, type(v).__name__))
+    v = int(v)
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    if not lo <= v <= hi:
+        raise ValueError("coda: %s = %d is out of range for a %d-bit C integer (%d..%d)"
+                         % (what, v, bits, lo, hi))
+    return v
+
+
+def _float(v, what):
+    """v as a Python float for a C float. bool and non-numbers (tensors,
+    strings) -> TypeError; a finite value that float32 cannot hold (it would
+    arrive as inf) -> ValueError. inf and nan pass: the C call refuses them
+    (coda.Error, CODA_ERR_INVALID_ARG) wherever it takes a float."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise TypeError("coda: %s must be a real number, got %s" % (what, type(v).__name__))
+    try:
+        f = float(v)
+    except OverflowError:  # an int too large for a double
+        raise ValueError("coda: %s = %d is too large for a C float" % (what, v)) from None
+    if math.isfinite(f) and not math.isfinite(ctypes.c_float(f).value):
+        raise ValueError("coda: %s = %r is too large for a C float (it would become inf)" % (what, f))
+    return f
+
+
+def _cstr(s, what):
+    """str s as bytes for a C string. Non-str -> TypeError; an embedded NUL
+    (C would see only the text before it) -> ValueError."""
+    if not isinstance(s, str):
+        raise TypeError("coda: %s must be a str, got %s" % (what, type(s).__name__))
+    if "\0" in s:
+        raise ValueError("coda: %s contains a NUL character (at offset %d); C would read only "
+                         "the text before it" % (what, s.index("\0")))
+    return s.encode()
+
+
+def _device(device, what="device"):
+    """torch.device for "cpu", "cuda", "cuda:N" (a str or a torch.device).
+    Anything else -> ValueError: coda has only these two backends, and
+    taking "gpu" or "cuda:x" for the CPU would run on the wrong one."""
+    given = device
+    if isinstance(device, str):
+        try:
+            device = torch.device(device)
+        except (RuntimeError, ValueError) as e:
+            raise ValueError("coda: %s %r is not a device string (%s)" % (what, device, e)) from None
+    elif not isinstance(device, torch.device):
+        raise TypeError("coda: %s must be a str or torch.device, got %s" % (what, type(device).__name__))
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError("coda: %s %r is not supported (coda runs on cpu and cuda)" % (what, given))
+    return device
+
+
+def _cuda0(device, what):
+    """device, refusing CUDA ordinals other than 0: the calls taking a bare
+    coda_device_t (coda_choose_tiling, coda_llama_create) answer for or run
+    on CUDA device 0 of the context."""
+    if device.type == "cuda" and device.index not in (None, 0):
+        raise ValueError("coda: %s %s: this call works on cuda:0 only (the C API takes no device "
+                         "ordinal)" % (what, device))
+    return device
 
 
 # ---------------------------------------------------------------------------
@@ -105,6 +194,22 @@ class LlamaConfig(ctypes.Structure):
                  rope_theta=500000.0):
         super().__init__(d, n_heads, n_kv_heads, head_dim, ffn, vocab, eps, rope_theta)
 
+    def __setattr__(self, name, value):
+        # ctypes routes both the constructor's values and later assignments
+        # through here; checked so that d = 2**64 + 48 cannot become 48.
+        if name in _CONFIG_INTS:
+            value = _int(value, "LlamaConfig." + name)
+        elif name in ("eps", "rope_theta"):
+            value = _float(value, "LlamaConfig." + name)
+        super().__setattr__(name, value)
+
+    def _layout_key(self):
+        """The fields the packed weights' layout depends on."""
+        return tuple(getattr(self, n) for n in _CONFIG_INTS)
+
+
+_CONFIG_INTS = ("d", "n_heads", "n_kv_heads", "head_dim", "ffn", "vocab")
+
 
 _WEIGHT_NAMES = ["g1", "wqkv", "wo", "g2", "wgu", "wd", "gf", "wlm"]
 
@@ -137,6 +242,7 @@ lib.coda_program_free.restype = None
 _sig("coda_program_num_args", _VP)
 _sig("coda_program_arg_info", _VP, ctypes.c_int, _P(ctypes.c_char_p), _P(ctypes.c_int),
      _P(ctypes.c_int), _P(ctypes.c_int), _P(ctypes.c_int))
+_sig("coda_program_find_arg", _VP, ctypes.c_char_p)
 _sig("coda_choose_tiling", _VP, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
      ctypes.c_int64, _P(Tiling))
 _sig("coda_choose_program_tiling", _VP, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
@@ -217,7 +323,7 @@ def _layout(layout):
         if layout.lower() not in LAYOUTS:
             raise ValueError("coda: layout must be one of nt, nn, tn (got %r)" % layout)
         return LAYOUTS[layout.lower()]
-    return int(layout)
+    return _int(layout, "layout", _C_INT_BITS)  # an enum value; C checks which
 
 
 # ---------------------------------------------------------------------------
@@ -228,7 +334,14 @@ class Context:
     """coda_context_t: the backends. Context(cpu_threads=0, cache_dir=None)."""
 
     def __init__(self, cpu_threads=0, cache_dir=None):
-        opts = ContextOptions(cpu_threads, cache_dir.encode() if cache_dir else None)
+        if cache_dir is not None:
+            try:
+                cache_dir = os.fsdecode(cache_dir)  # a str, bytes or pathlib.Path
+            except TypeError:
+                raise TypeError("coda: cache_dir must be a str or a path, got %s"
+                                % type(cache_dir).__name__) from None
+        opts = ContextOptions(_int(cpu_threads, "cpu_threads", _C_INT_BITS),
+                              _cstr(cache_dir, "cache_dir") if cache_dir else None)
         h = _VP()
         _check(lib.coda_context_create(ctypes.byref(opts), ctypes.byref(h)))
         self._h = h
@@ -262,8 +375,8 @@ class Context:
 def gemm(ctx, layout, a, b, c, alpha=1.0, beta=0.0):
     """c = alpha op(a) op(b) + beta c in place; layout "nt" (c = a b^T), "nn"
     (c = a b) or "tn" (c = a^T b)."""
-    _check(lib.coda_gemm(ctx.handle, _layout(layout), _opt(a), _opt(b), _opt(c), alpha, beta,
-                         _stream(a, b, c)))
+    _check(lib.coda_gemm(ctx.handle, _layout(layout), _opt(a), _opt(b), _opt(c),
+                         _float(alpha, "alpha"), _float(beta, "beta"), _stream(a, b, c)))
     return c
 
 
@@ -272,8 +385,11 @@ class Program:
     its printed text; p.args lists (name, kind, dtype, space, reduce)."""
 
     def __init__(self, text):
+        # a NUL would end the C string early and the rest would be dropped
+        # unparsed (the C CLI refuses such a file too)
+        data = _cstr(text, "Program text")
         h = _VP()
-        _check(lib.coda_program_parse(text.encode(), ctypes.byref(h)))
+        _check(lib.coda_program_parse(data, ctypes.byref(h)))
         self._h = h
 
     @classmethod
@@ -307,6 +423,18 @@ class Program:
                         SPACES.get(space.value, space.value), red.value))
         return out
 
+    def _arg_kind(self, cname):
+        """The kind ("in_scalar", "in_tile", ...) of the argument called
+        cname (bytes), or None if the program has no such argument."""
+        i = lib.coda_program_find_arg(self._h, cname)
+        if i < 0:
+            return None
+        name = ctypes.c_char_p()
+        kind, dtype, space, red = (ctypes.c_int() for _ in range(4))
+        _check(lib.coda_program_arg_info(self._h, i, ctypes.byref(name), ctypes.byref(kind),
+                                         ctypes.byref(dtype), ctypes.byref(space), ctypes.byref(red)))
+        return ARG_KINDS[kind.value]
+
     def close(self):
         if getattr(self, "_h", None):
             lib.coda_program_free(self._h)
@@ -317,63 +445,107 @@ class Program:
 
 
 def choose_tiling(ctx, device, layout, m, n, k, program=None):
-    """(tile_m, tile_n) the backend uses by default; device "cpu" or "cuda".
-    With a Program, the tiling for it (on CUDA this also picks the GPU
-    schedule: coda_choose_program_tiling in coda.h)."""
-    dev = DEVICE_CUDA if str(device).startswith("cuda") else DEVICE_CPU
+    """(tile_m, tile_n) the backend uses by default; device "cpu", "cuda" or
+    "cuda:0" (the C call answers for CUDA device 0 only). With a Program,
+    the tiling for it (on CUDA this also picks the GPU schedule:
+    coda_choose_program_tiling in coda.h)."""
+    device = _cuda0(_device(device), "device")
+    dev = DEVICE_CUDA if device.type == "cuda" else DEVICE_CPU
+    lay = _layout(layout)
+    m, n, k = _int(m, "m"), _int(n, "n"), _int(k, "k")
+    if program is not None and not isinstance(program, Program):
+        raise TypeError("coda: program must be a coda.Program or None, got %s" % type(program).__name__)
     t = Tiling()
     if program is None:
-        _check(lib.coda_choose_tiling(ctx.handle, dev, _layout(layout), m, n, k, ctypes.byref(t)))
+        _check(lib.coda_choose_tiling(ctx.handle, dev, lay, m, n, k, ctypes.byref(t)))
     else:
-        _check(lib.coda_choose_program_tiling(ctx.handle, dev, _layout(layout), m, n, k, program.handle,
+        _check(lib.coda_choose_program_tiling(ctx.handle, dev, lay, m, n, k, program.handle,
                                               ctypes.byref(t)))
     return t.tile_m, t.tile_n
 
 
+def _tiling(tiling):
+    """A Tiling from None or a pair (tile_m, tile_n) of ints (0: default)."""
+    if tiling is None:
+        return None
+    if not isinstance(tiling, (tuple, list)):
+        raise TypeError("coda: tiling must be None or a pair (tile_m, tile_n), got %s"
+                        % type(tiling).__name__)
+    if len(tiling) != 2:
+        # a 1-tuple would otherwise leave tile_n 0, the default, unasked
+        raise ValueError("coda: tiling must be a pair (tile_m, tile_n), got %d values" % len(tiling))
+    return Tiling(_int(tiling[0], "tiling[0] (tile_m)", _C_INT_BITS),
+                  _int(tiling[1], "tiling[1] (tile_n)", _C_INT_BITS))
+
+
 def gemm_epilogue(ctx, layout, a, b, program, bindings, tiling=None):
     """Run op(a) op(b) with an epilogue program. bindings: dict argument name
-    -> torch tensor (tiles, vectors, partials) or number (scalars)."""
+    -> torch tensor (tiles, vectors, partials) or number (scalars). The value
+    must match the argument's kind (coda_program_arg_info): a tensor for a
+    scalar argument, or a number for a tensor argument, raises TypeError (a
+    coda_binding_t has both fields, and C would read the unset one)."""
     if isinstance(program, str):
         program = Program(program)
+    if not isinstance(program, Program):
+        raise TypeError("coda: program must be a coda.Program or its text, got %s" % type(program).__name__)
+    if not isinstance(bindings, collections.abc.Mapping):
+        raise TypeError("coda: bindings must be a dict name -> tensor or number, got %s"
+                        % type(bindings).__name__)
+    lay, til = _layout(layout), _tiling(tiling)
     arr = (Binding * max(1, len(bindings)))()
-    keep = []
+    keep, tensors = [], []
     for i, (name, v) in enumerate(bindings.items()):
-        arr[i].name = name.encode()
-        keep.append(arr[i].name)
-        if isinstance(v, torch.Tensor):
+        cname = _cstr(name, "binding name")
+        arr[i].name = cname
+        keep.append(cname)
+        kind = program._arg_kind(cname)
+        if kind == "in_scalar":
+            if isinstance(v, torch.Tensor):
+                raise TypeError("coda: program argument %r is a scalar: bind a number, not a "
+                                "torch.Tensor" % name)
+            arr[i].scalar = _float(v, "scalar argument %r" % name)
+        elif kind is not None:
+            if not isinstance(v, torch.Tensor):
+                raise TypeError("coda: program argument %r (%s) needs a torch.Tensor, got %s"
+                                % (name, kind, type(v).__name__))
             arr[i].tensor = describe_tensor(v)
-        else:
-            arr[i].scalar = float(v)
-    til = None if tiling is None else ctypes.byref(Tiling(*tiling))
-    tensors = [v for v in bindings.values() if isinstance(v, torch.Tensor)]
-    _check(lib.coda_gemm_epilogue(ctx.handle, _layout(layout), _opt(a), _opt(b), program.handle,
-                                  arr, len(bindings), til, _stream(a, b, *tensors)))
+            tensors.append(v)
+        # else: no such argument; left empty, coda_gemm_epilogue reports it
+        # (CODA_ERR_BINDING, naming it)
+    _check(lib.coda_gemm_epilogue(ctx.handle, lay, _opt(a), _opt(b), program.handle,
+                                  arr, len(bindings), _ref(til), _stream(a, b, *tensors)))
 
 
 def finish_reduce(ctx, op, partials, out):
     """out[i] = reduce over t of partials[i][t]; op "sum", "max" or "sumsq"."""
-    _check(lib.coda_finish_reduce(ctx.handle, REDUCE[op] if isinstance(op, str) else int(op),
-                                  _opt(partials), _opt(out), _stream(partials, out)))
+    if isinstance(op, str):
+        if op not in REDUCE:
+            raise ValueError("coda: op must be one of sum, max, sumsq (got %r)" % op)
+        op = REDUCE[op]
+    else:
+        op = _int(op, "op", _C_INT_BITS)  # an enum value; C checks which
+    _check(lib.coda_finish_reduce(ctx.handle, op, _opt(partials), _opt(out), _stream(partials, out)))
     return out
 
 
 def finish_rstd(ctx, partials, d, eps, rstd):
     """rstd[i] = (sum_t partials[i][t] / d + eps)^(-1/2)."""
-    _check(lib.coda_finish_rstd(ctx.handle, _opt(partials), d, eps, _opt(rstd),
-                                _stream(partials, rstd)))
+    _check(lib.coda_finish_rstd(ctx.handle, _opt(partials), _int(d, "d"), _float(eps, "eps"),
+                                _opt(rstd), _stream(partials, rstd)))
     return rstd
 
 
 def finish_lse(ctx, partials, targets, lse, loss, ignore_index=-100):
     """Cross-entropy from (M, T, 3) lse partials and (M) int32 targets."""
-    _check(lib.coda_finish_lse(ctx.handle, _opt(partials), _opt(targets), ignore_index, _opt(lse),
-                               _opt(loss), _stream(partials, lse)))
+    _check(lib.coda_finish_lse(ctx.handle, _opt(partials), _opt(targets),
+                               _int(ignore_index, "ignore_index", 32), _opt(lse), _opt(loss),
+                               _stream(partials, lse)))
     return lse, loss
 
 
 def builtin_program(name):
     """Text of a built-in epilogue program of the layer."""
-    s = lib.coda_builtin_program(name.encode())
+    s = lib.coda_builtin_program(_cstr(name, "builtin program name"))
     if s is None:
         raise KeyError("coda: no built-in program %r" % name)
     return s.decode()
@@ -392,24 +564,119 @@ def builtin_program_names():
 # The LLaMA layer
 # ---------------------------------------------------------------------------
 
+def _weight_shapes(cfg):
+    """name -> shape of each weight in coda's layout for cfg (coda.h section 8)."""
+    d, ffn = cfg.d, cfg.ffn
+    nq, nkv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    shapes = {"g1": (d,), "wqkv": (nq + 2 * nkv, d), "wo": (d, nq), "g2": (d,),
+              "wgu": (2 * ffn, d), "wd": (d, ffn)}
+    if cfg.vocab > 0:
+        shapes["gf"], shapes["wlm"] = (d,), (cfg.vocab, d)
+    return shapes
+
+
+def _config_copy(cfg, what="cfg"):
+    if not isinstance(cfg, LlamaConfig):
+        raise TypeError("coda: %s must be a coda.LlamaConfig, got %s" % (what, type(cfg).__name__))
+    return LlamaConfig.from_buffer_copy(cfg)
+
+
+class PackedWeights(dict):
+    """The layer's weights in coda's layout: a dict name -> bf16 tensor (g1,
+    wqkv, wo, g2, wgu, wd[, gf, wlm]) that also holds the configuration it was
+    packed for (.config, a copy of the LlamaConfig).
+
+    coda.pack_weights makes one. It is a type of its own because coda's wqkv
+    (RoPE pairs made adjacent) and wgu (gate and up rows interleaved) have
+    the shapes of a plain torch.cat of PyTorch's wq, wk, wv and w_gate, w_up:
+    by shape alone the layer could not tell PyTorch-layout weights from its
+    own, and would give wrong results. Llama.forward/backward and
+    coda.nn.LlamaLayer take only PackedWeights. Build one by hand,
+    PackedWeights(tensors, cfg), only from tensors already in coda's layout
+    (e.g. those of an earlier pack_weights, saved)."""
+
+    def __init__(self, tensors, cfg):
+        super().__init__(tensors)
+        # a copy: the caller's cfg may change later, the packed layout does not
+        self.config = _config_copy(cfg)
+
+    def to(self, device):
+        """The same weights on another device, as a new PackedWeights."""
+        device = _device(device)
+        return PackedWeights({k: v.to(device) for k, v in self.items()}, self.config)
+
+    def __repr__(self):
+        c = self.config
+        return ("PackedWeights(%s, config=(d=%d, n_heads=%d, n_kv_heads=%d, head_dim=%d, ffn=%d, "
+                "vocab=%d))" % (sorted(self), c.d, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn, c.vocab))
+
+
+def _check_packed(w, cfg, device, what="w"):
+    """Refuse what the layer would misread: anything but PackedWeights,
+    weights packed for another configuration, tensors of the wrong shape,
+    dtype or device (device None: any)."""
+    if not isinstance(w, PackedWeights):
+        raise TypeError("coda: %s must be the PackedWeights that coda.pack_weights returns, got %s; "
+                        "coda's wqkv and wgu have the shapes of PyTorch's concatenated weights but "
+                        "another row order, so convert them with coda.pack_weights(cfg, wq, wk, wv, "
+                        "wo, w_gate, w_up, w_down, g1, g2, gf, wlm)" % (what, type(w).__name__))
+    if w.config._layout_key() != cfg._layout_key():
+        raise ValueError("coda: %s was packed for (d, n_heads, n_kv_heads, head_dim, ffn, vocab) = %s, "
+                         "but the layer has %s" % (what, w.config._layout_key(), cfg._layout_key()))
+    shapes = _weight_shapes(cfg)
+    if set(w) != set(shapes):
+        raise ValueError("coda: %s holds %s, the layer needs exactly %s"
+                         % (what, sorted(w), sorted(shapes)))
+    for name, shape in shapes.items():
+        t = w[name]
+        if not isinstance(t, torch.Tensor):
+            raise TypeError("coda: %s[%r] must be a torch.Tensor, got %s" % (what, name, type(t).__name__))
+        if t.dtype != torch.bfloat16:
+            raise TypeError("coda: %s[%r] is %s, the layer needs torch.bfloat16" % (what, name, t.dtype))
+        if tuple(t.shape) != shape:
+            raise ValueError("coda: %s[%r] has shape %s, the layer needs %s"
+                             % (what, name, tuple(t.shape), shape))
+        if device is not None and t.device != device:
+            raise ValueError("coda: %s[%r] is on %s, the layer on %s (PackedWeights.to moves them)"
+                             % (what, name, t.device, device))
+
+
 def pack_weights(cfg, wq, wk, wv, wo, w_gate, w_up, w_down, g1, g2, gf=None, wlm=None,
                  device=None):
-    """Weights in PyTorch's layout -> dict of coda-layout bf16 tensors (g1, wqkv,
-    wo, g2, wgu, wd, gf, wlm) on `device` (default: the device of wq)."""
-    device = device or wq.device
+    """Weights in PyTorch's layout -> PackedWeights: coda-layout bf16 tensors
+    (g1, wqkv, wo, g2, wgu, wd[, gf, wlm]) on `device` (default: the device
+    of wq), and the configuration they were packed for."""
+    cfg = _config_copy(cfg)
+    given = {"wq": wq, "wk": wk, "wv": wv, "wo": wo, "w_gate": w_gate, "w_up": w_up,
+             "w_down": w_down, "g1": g1, "g2": g2}
+    if cfg.vocab > 0:
+        if gf is None or wlm is None:
+            raise ValueError("coda: cfg.vocab > 0 needs gf and wlm")
+        given["gf"], given["wlm"] = gf, wlm
+    for name, t in given.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError("coda: pack_weights: %s must be a torch.Tensor, got %s" % (name, type(t).__name__))
+    device = _device(wq.device if device is None else device)
     cpu = lambda t: t.detach().to("cpu", torch.bfloat16).contiguous()
     wq, wk, wv, w_gate, w_up = map(cpu, (wq, wk, wv, w_gate, w_up))
     nq, nkv, d = wq.shape[0], wk.shape[0], wq.shape[1]
     wqkv = torch.empty(nq + 2 * nkv, d, dtype=torch.bfloat16)
     wgu = torch.empty(2 * w_gate.shape[0], d, dtype=torch.bfloat16)
+    # these check cfg itself and the shapes of wq, wk, wv, w_gate, w_up
     _check(lib.coda_llama_pack_qkv(ctypes.byref(cfg), _opt(wq), _opt(wk), _opt(wv), _opt(wqkv)))
     _check(lib.coda_llama_pack_gate_up(ctypes.byref(cfg), _opt(w_gate), _opt(w_up), _opt(wgu)))
+    # the weights that pass through unchanged are checked here, by their own names
+    shapes = _weight_shapes(cfg)
+    for coda_name, name in (("g1", "g1"), ("wo", "wo"), ("g2", "g2"), ("wd", "w_down"),
+                            ("gf", "gf"), ("wlm", "wlm")):
+        if coda_name in shapes and tuple(given[name].shape) != shapes[coda_name]:
+            raise ValueError("coda: pack_weights: %s has shape %s, cfg needs %s"
+                             % (name, tuple(given[name].shape), shapes[coda_name]))
     out = {"g1": g1, "wqkv": wqkv, "wo": wo, "g2": g2, "wgu": wgu, "wd": w_down}
     if cfg.vocab > 0:
-        if gf is None or wlm is None:
-            raise ValueError("coda: cfg.vocab > 0 needs gf and wlm")
         out["gf"], out["wlm"] = gf, wlm
-    return {k: v.detach().to(device, torch.bfloat16).contiguous() for k, v in out.items()}
+    return PackedWeights({k: v.detach().to(device, torch.bfloat16).contiguous() for k, v in out.items()},
+                         cfg)
 
 
 def unpack_grads(cfg, grads):
@@ -438,27 +705,49 @@ def _weights_struct(w):
     return s
 
 
+def _targets(targets, device):
+    """Cross-entropy targets as the int32 tensor C reads. Floats and bools
+    -> TypeError (a class index is an integer); values outside int32 ->
+    ValueError (the conversion would wrap them to other, valid-looking classes)."""
+    if not isinstance(targets, torch.Tensor):
+        raise TypeError("coda: targets must be a torch.Tensor, got %s" % type(targets).__name__)
+    if targets.dtype == torch.bool or targets.is_floating_point() or targets.is_complex():
+        raise TypeError("coda: targets must be an integer tensor (class indices), got %s" % targets.dtype)
+    if targets.dtype != torch.int32 and targets.numel() > 0:
+        lo, hi = int(targets.min()), int(targets.max())
+        if lo < -2 ** 31 or hi > 2 ** 31 - 1:
+            raise ValueError("coda: targets hold values in %d..%d, outside int32" % (lo, hi))
+    return targets.to(device, torch.int32).contiguous()
+
+
 class Llama:
     """One LLaMA layer: Llama(ctx, cfg, batch, seq, device="cpu").
     forward(w, x, targets=None) -> (y, loss or None); backward(w, dy=None,
     loss_scale=1.0) -> (dx, grads) with grads a dict in coda's layout (f32).
-    w is a dict from pack_weights."""
+    w is the PackedWeights from pack_weights (anything else raises
+    TypeError). device: "cpu", or "cuda" / "cuda:0" (the C layer runs on
+    CUDA device 0 of the context; .device is then cuda:0)."""
 
     def __init__(self, ctx, cfg, batch, seq, device="cpu"):
-        self.ctx, self.cfg, self.batch, self.seq = ctx, cfg, batch, seq
-        self.device = torch.device(device)
-        dev = DEVICE_CUDA if self.device.type == "cuda" else DEVICE_CPU
+        # a copy: C keeps its own, and a later change to the caller's cfg
+        # must not make the binding's checks disagree with it
+        self.ctx, self.cfg = ctx, _config_copy(cfg)
+        self.batch, self.seq = _int(batch, "batch"), _int(seq, "seq")
+        dev = _cuda0(_device(device), "device")
+        self.device = torch.device("cuda", 0) if dev.type == "cuda" else torch.device("cpu")
         h = _VP()
-        _check(lib.coda_llama_create(ctx.handle, ctypes.byref(cfg), batch, seq, dev,
+        _check(lib.coda_llama_create(ctx.handle, ctypes.byref(self.cfg), self.batch, self.seq,
+                                     DEVICE_CUDA if dev.type == "cuda" else DEVICE_CPU,
                                      ctypes.byref(h)))
         self._h = h
 
     def forward(self, w, x, targets=None):
+        _check_packed(w, self.cfg, self.device)
         m, d = self.batch * self.seq, self.cfg.d
         y = torch.empty(m, d, dtype=torch.bfloat16, device=self.device)
         loss = None
         if targets is not None:
-            targets = targets.to(self.device, torch.int32).contiguous()
+            targets = _targets(targets, self.device)
             loss = torch.empty(m, dtype=torch.float32, device=self.device)
         ws = _weights_struct(w)
         _check(lib.coda_llama_forward(self._h, ctypes.byref(ws), _opt(x), _opt(targets), _opt(y),
@@ -466,6 +755,8 @@ class Llama:
         return y, loss
 
     def backward(self, w, dy=None, loss_scale=1.0, grads=True, grad_dtype=torch.float32):
+        _check_packed(w, self.cfg, self.device)
+        loss_scale = _float(loss_scale, "loss_scale")
         m, d = self.batch * self.seq, self.cfg.d
         dx = torch.empty(m, d, dtype=torch.bfloat16, device=self.device)
         ws = _weights_struct(w)
