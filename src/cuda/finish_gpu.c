@@ -2,7 +2,9 @@
  *
  * Tiny one-thread-per-row kernels (kernels/finish.cuh), compiled once by
  * NVRTC and cached like every other kernel. Arguments arrive validated by
- * src/core/finish.c. */
+ * src/core/finish.c (shapes, strides, dtypes, overlap); what only the driver
+ * can tell, that each tensor is device memory on the device its descriptor
+ * names, is checked here before anything is launched. */
 #include "cuda/backend.h"
 
 static const char *const finish_opts[] = {"--gpu-architecture=sm_90a", "--fmad=false",
@@ -50,6 +52,9 @@ coda_status_t coda__cuda_finish_reduce(coda_context_t *ctx, coda_reduce_t op,
     int o = op == CODA_REDUCE_MAX ? 1 : 0;
     void *pp = partials->data, *po = out->data;
     void *args[] = {&pp, &ps0, &ps1, &po, &os0, &rows, &T, &o};
+    const coda_tensor_t *ts[] = {partials, out};
+    const char *names[] = {"partials", "out"};
+    if (rows > 0) CODA_TRY(coda__cuda_check_pointers(ctx, partials->device_index, ts, names, 2));
     return run(ctx, partials, "coda_finish_reduce_kernel", rows, args, stream);
 }
 
@@ -60,6 +65,9 @@ coda_status_t coda__cuda_finish_rstd(coda_context_t *ctx, const coda_tensor_t *p
     float df = (float)d;
     void *pp = partials->data, *po = rstd->data;
     void *args[] = {&pp, &ps0, &ps1, &po, &os0, &rows, &T, &df, &eps};
+    const coda_tensor_t *ts[] = {partials, rstd};
+    const char *names[] = {"partials", "rstd"};
+    if (rows > 0) CODA_TRY(coda__cuda_check_pointers(ctx, partials->device_index, ts, names, 2));
     return run(ctx, partials, "coda_finish_rstd_kernel", rows, args, stream);
 }
 
@@ -72,5 +80,8 @@ coda_status_t coda__cuda_finish_lse(coda_context_t *ctx, const coda_tensor_t *pa
     int ig = ignore_index;
     void *pp = partials->data, *pt = targets->data, *pl = lse->data, *po = loss->data;
     void *args[] = {&pp, &ps0, &ps1, &ps2, &pt, &ts0, &ig, &pl, &ls0, &po, &os0, &rows, &T};
+    const coda_tensor_t *ts[] = {partials, targets, lse, loss};
+    const char *names[] = {"partials", "targets", "lse", "loss"};
+    if (rows > 0) CODA_TRY(coda__cuda_check_pointers(ctx, partials->device_index, ts, names, 4));
     return run(ctx, partials, "coda_finish_lse_kernel", rows, args, stream);
 }

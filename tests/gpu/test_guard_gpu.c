@@ -29,6 +29,68 @@ static void dev_get(void *dst, const void *src, size_t n) {
 }
 static const g_mem_t dev_mem = {CODA_DEVICE_CUDA, dev_alloc, dev_free, dev_put, dev_get};
 
+/* A descriptor that says CUDA but holds host memory, in each role a call
+ * writes or reads: refused with CODA_ERR_DEVICE before anything runs, the
+ * host bytes unchanged (only the driver can tell; the core checks cannot). */
+static void host_pointer_faults(coda_context_t *ctx, h_rng *r) {
+    enum { M = 64, N = 64, K = 64 };
+    uint16_t *ha = malloc(M * K * 2), *hb = malloc(N * K * 2);
+    uint16_t *host = malloc(M * N * 4), *before = malloc(M * N * 4);
+    if (!ha || !hb || !host || !before) { fprintf(stderr, "FAIL: out of memory\n"); exit(1); }
+    rng_fill_bf16(r, ha, M * K, 1.0f);
+    rng_fill_bf16(r, hb, N * K, 1.0f);
+    for (int i = 0; i < M * N * 2; i++) host[i] = (uint16_t)(0x5a5a + i);
+    memcpy(before, host, M * N * 4);
+    void *da = dev_alloc(M * K * 2), *db = dev_alloc(N * K * 2), *dc = dev_alloc(M * N * 4);
+    dev_put(da, ha, M * K * 2);
+    dev_put(db, hb, N * K * 2);
+    coda_tensor_t A = coda_tensor_2d(da, CODA_BF16, M, K), B = coda_tensor_2d(db, CODA_BF16, N, K);
+    coda_tensor_t C = coda_tensor_2d(dc, CODA_BF16, M, N), Ch = coda_tensor_2d(host, CODA_BF16, M, N);
+    A.device = B.device = C.device = Ch.device = CODA_DEVICE_CUDA;
+
+    /* plain GEMM: C in host memory */
+    CHECK_STATUS(coda_gemm(ctx, CODA_LAYOUT_NT, &A, &B, &Ch, 1.0f, 0.0f, NULL), CODA_ERR_DEVICE);
+    CHECK(memcmp(host, before, M * N * 4) == 0, "plain GEMM wrote host C it refused");
+
+    /* fused GEMM: an input in host memory (the output is device memory and
+     * must keep its bytes), then the output in host memory */
+    coda_program_t *p = NULL;
+    REQUIRE_OK(coda_program_parse("program hostcheck\nin res tile bf16\nout h tile bf16\na = acc\n"
+                                  "rv = load res\ns = add a rv\nstore h s\n", &p));
+    dev_put(dc, before, M * N * 2);
+    coda_binding_t b[2] = {{.name = "res", .tensor = Ch}, {.name = "h", .tensor = C}};
+    coda_tiling_t tl = {0, 0};
+    CHECK_OK(coda_choose_tiling(ctx, CODA_DEVICE_CUDA, CODA_LAYOUT_NT, M, N, K, &tl));
+    CHECK_STATUS(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &A, &B, p, b, 2, &tl, NULL), CODA_ERR_DEVICE);
+    uint16_t *back = malloc(M * N * 2);
+    if (!back) exit(1);
+    dev_get(back, dc, M * N * 2);
+    CHECK(memcmp(back, before, M * N * 2) == 0, "fused GEMM wrote its device output after refusing a host input");
+    b[0].tensor = C, b[1].tensor = Ch;
+    b[0].tensor.data = da; /* any device bytes will do as res: nothing may run */
+    CHECK_STATUS(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &A, &B, p, b, 2, &tl, NULL), CODA_ERR_DEVICE);
+    CHECK(memcmp(host, before, M * N * 4) == 0, "fused GEMM wrote host output it refused");
+    coda_program_free(p);
+
+    /* finishing steps: partials on the device, out / lse / loss on the host */
+    coda_tensor_t P = coda_tensor_2d(dc, CODA_F32, M, 4), O = coda_tensor_1d(host, CODA_F32, M);
+    P.device = O.device = CODA_DEVICE_CUDA;
+    CHECK_STATUS(coda_finish_reduce(ctx, CODA_REDUCE_SUM, &P, &O, NULL), CODA_ERR_DEVICE);
+    CHECK_STATUS(coda_finish_rstd(ctx, &P, 64, 1e-5f, &O, NULL), CODA_ERR_DEVICE);
+    coda_tensor_t P3 = coda_tensor_3d(dc, CODA_F32, M, 2, 3), Tg = coda_tensor_1d(da, CODA_I32, M),
+                  L = coda_tensor_1d(db, CODA_F32, M);
+    P3.device = Tg.device = L.device = CODA_DEVICE_CUDA;
+    CHECK_STATUS(coda_finish_lse(ctx, &P3, &Tg, -100, &L, &O, NULL), CODA_ERR_DEVICE);
+    CHECK(memcmp(host, before, M * N * 4) == 0, "a finishing step wrote host memory it refused");
+    /* and the lse tensor, written first, must be untouched when loss is refused */
+    uint16_t *bb = malloc(N * K * 2);
+    if (!bb) exit(1);
+    dev_get(bb, db, N * K * 2);
+    CHECK(memcmp(bb, hb, N * K * 2) == 0, "finish_lse wrote lse after refusing loss");
+    free(bb), free(back), free(ha), free(hb), free(host), free(before);
+    dev_free(da), dev_free(db), dev_free(dc);
+}
+
 int main(int argc, char **argv) {
     int small = argc > 1 && strcmp(argv[1], "small") == 0;
     int nrandom = small ? 40 : argc > 1 ? atoi(argv[1]) : 600;
@@ -95,6 +157,7 @@ int main(int argc, char **argv) {
     for (int pl = 0; pl < G_NPLACES; pl++) g_layer_case(&E, &r, c, 2, 7, (g_place_t)pl, pl % 2 == 0, 0);
     g_layer_case(&E, &r, c, 2, 7, G_TIGHT, 1, 1); /* a gradient the GPU cannot write: refused up front */
     int enumerated = E.calls;
+    host_pointer_faults(ctx, &r);
 
     g_random(&E, &r, nrandom, texts, names, np);
     printf("test_guard_gpu: %d enumerated + %d random calls: %d ran and kept to their views, %d refused and "
