@@ -4,16 +4,22 @@
 #   1. bench/run_gpu.sh quick         GEMM: NVRTC test, GPU test (small, full), benchmark vs cuBLAS
 #   2. tests/gpu/run_epilogue_gpu.sh  fused GEMMs: GPU test under compute-sanitizer, then full
 #   3. build/tests/gpu/test_layer_gpu the layer on CUDA (default and non-blocking streams)
-#   4. tests/gpu/run_epilogue_gpu.sh bench   fused vs plain vs cuBLAS; vs eager, compile, Liger
+#   4. tests/gpu/run_guard_gpu.sh     guarded views, random API calls, compute-sanitizer (4 tools)
+#   5. build/tests/gpu/test_nan_gpu   NaN semantics of every primitive class vs the CPU
+#   6. tests/gpu/run_epilogue_gpu.sh bench   fused vs plain vs cuBLAS; vs eager, compile, Liger
 # Steps 1 and 4 take a few minutes each; pass "tests" to skip the benchmarks.
 set -u
 OUT=${OUT:-gpu-logs}
 mkdir -p "$OUT"
 export CODA_CACHE_DIR=${CODA_CACHE_DIR:-/tmp/coda-cache}
-make -j16 lib build/tests/gpu/test_layer_gpu > "$OUT/build-all.log" 2>&1 || { tail -30 "$OUT/build-all.log"; exit 1; }
+make -j16 lib build/tests/gpu/test_layer_gpu build/tests/gpu/test_nan_gpu > "$OUT/build-all.log" 2>&1 || { tail -30 "$OUT/build-all.log"; exit 1; }
 if [ "${1:-}" != "tests" ]; then bash bench/run_gpu.sh quick 2>&1 | tail -40; fi
 bash tests/gpu/run_epilogue_gpu.sh 2>&1 | tail -16
 echo "== layer on CUDA"
 timeout 300 build/tests/gpu/test_layer_gpu > "$OUT/layer.log" 2>&1; echo "rc=$?"
 grep -E "FAIL|stream" "$OUT/layer.log" | head -20; tail -1 "$OUT/layer.log"
+bash tests/gpu/run_guard_gpu.sh 2>&1 | tail -40
+echo "== NaN semantics on CUDA"
+timeout 300 build/tests/gpu/test_nan_gpu > "$OUT/nan.log" 2>&1; echo "rc=$?"
+grep -E "FAIL" "$OUT/nan.log" | head -10; tail -1 "$OUT/nan.log"
 if [ "${1:-}" != "tests" ]; then bash tests/gpu/run_epilogue_gpu.sh bench 2>&1 | tail -60; fi
