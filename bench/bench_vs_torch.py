@@ -7,7 +7,7 @@
                                                    if there is no GPU; n default
                                                    200, 256, 272)
 
-Kernel-level, forward, M = N = K, bf16, in one process (DESIGN.md section 6):
+Kernel-level, forward, M = N = K, bf16, in one process (docs/benchmarks.md):
 
   resid_rmsnorm   y = x W^T + res, then RMSNorm of y          (O-proj / down)
   rmsnorm_swiglu  RMSNorm(x) W_gu^T, then silu(gate) * up      (gate/up; "coda train"

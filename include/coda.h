@@ -519,7 +519,7 @@ coda_status_t coda_finish_lse(coda_context_t *ctx, const coda_tensor_t *partials
  *
  * One pre-norm LLaMA block, optionally followed by the final RMSNorm, the LM
  * head and the cross-entropy loss, forward and backward, run as the GEMM-
- * epilogue programs of DESIGN.md section 3 (attention itself is a plain
+ * epilogue programs of docs/layer.md (attention itself is a plain
  * causal grouped-query attention, not an epilogue program):
  *
  *   a  = x + Wo attn(rope(q, k), v),  (q, k, v) = RMSNorm(x; g1) Wqkv^T

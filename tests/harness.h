@@ -156,7 +156,7 @@ static inline double rel_err_bf16(const uint16_t *out, const double *ref, int64_
     }
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
-/* The tolerance rule of DESIGN.md section 5. */
+/* The tolerance rule (docs/testing.md): within twice the plain bf16 error. */
 static inline int within_tol(double err, double baseline_err) { return err <= 2.0 * baseline_err + 1e-6; }
 
 #endif

@@ -1,7 +1,7 @@
 /* test_layer.c - the LLaMA layer (coda_llama_*) end to end against the plain
  * reference layer (src/layer/reference.c): y, loss, dx and every weight
  * gradient, each within 2 x (error of the bf16 unfused computation) + 1e-6 of
- * float64 (DESIGN.md section 5). Also the pack helpers and bad arguments. */
+ * float64 (docs/testing.md). Also the pack helpers and bad arguments. */
 /* Uses few of the harness helpers. */
 #if defined(__GNUC__)
 #pragma GCC diagnostic push

@@ -8,7 +8,7 @@ makes rstd with coda.finish_rstd and runs the built-in gateup_swiglu; chain
 B runs gateup_swiglu with its `in r row` replaced by the partials
 (`in ssp rowpart`) and the rstd computed in the epilogue with the
 arithmetic of coda_finish_rstd (div, add, rsqrt). On the CPU backend the two
-must agree bit for bit, and both must be within the DESIGN.md rule of a
+must agree bit for bit, and both must be within the rule (docs/testing.md) of a
 float64 PyTorch reference: err <= 2 * err(plain bf16 PyTorch) + 1e-6.
 
 Never skips: a missing torch or library is a failure (exit 1).

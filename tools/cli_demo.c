@@ -2,7 +2,7 @@
  * GEMM-epilogue programs and checked against the plain reference layer.
  *
  * Each output (y, the loss, dx, every weight gradient) is compared with the
- * float64 reference; the bound is DESIGN.md's rule, twice the error of the
+ * float64 reference; the bound is the rule of docs/testing.md, twice the error of the
  * plain bf16 unfused computation plus 1e-6. */
 #include "cli.h"
 #include "layer/llama_check.h"

@@ -1,6 +1,6 @@
 /* attention.h - causal grouped-query attention on the CPU, forward and backward.
  *
- * Attention is not an epilogue program (DESIGN.md section 3): the layer calls
+ * Attention is not an epilogue program (docs/layer.md): the layer calls
  * these between the QKV GEMM and the O-projection. f32 math, exact softmax
  * (not tiled), work split over `threads` pthreads with a fixed partition, so
  * results do not depend on the thread count.

@@ -9,7 +9,7 @@
  * CUDA layer they run on host copies ("shadows") of the buffers they touch,
  * moved with llama_mem.c, until they have GPU kernels.
  *
- * The chain (DESIGN.md section 3; M tokens, N_qkv = nq + 2 nkv):
+ * The chain (docs/layer.md; M tokens, N_qkv = nq + 2 nkv):
  *   forward
  *     prologue     xg = x g1, ss1 = rowsum x^2            -> r1
  *     QKV          qkv_rope(xg Wqkv^T)                     qkv (M, N_qkv)

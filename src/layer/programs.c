@@ -4,7 +4,7 @@
  * (llama.c) parses them once per layer instance and runs them through
  * coda_gemm_epilogue; tools and bindings can fetch the texts by name.
  *
- * Notation (DESIGN.md section 3): M tokens, d hidden, I FFN width, nq / nkv
+ * Notation (docs/layer.md): M tokens, d hidden, I FFN width, nq / nkv
  * query / key-value widths, V vocabulary, N the GEMM's output columns.
  * "acc" is the fp32 accumulator of the GEMM the program is attached to:
  *   forward GEMMs   acc = A B^T  (CODA_LAYOUT_NT, B is a weight (N, K))
@@ -152,7 +152,7 @@ static const char prog_lmhead_lse[] =
  * logits bit for bit) with the cross-entropy backward:
  *     dl = scale * (exp(z - lse) - onehot(target)) * valid   (M, V) bf16
  *     s[i][t] = sum over tile t of z_ij dl_ij               (M, n_tiles)
- * s is the row statistic of the final RMSNorm's backward (DESIGN.md 3: the
+ * s is the row statistic of the final RMSNorm's backward (docs/layer.md: the
  * sum of b*db equals the sum of z*dz of the GEMM b feeds). It uses the
  * rounded dl, the value the next GEMM consumes. */
 static const char prog_lmhead_bwd[] =
@@ -216,7 +216,7 @@ static const char prog_swiglu_bwd[] =
     "reduce s p\n";
 
 /* rmsnorm_bwd - the dgrad GEMM of a GEMM fed by b = r x g (acc = dz W = db,
- * N = d) with the RMSNorm backward (DESIGN.md 3):
+ * N = d) with the RMSNorm backward (docs/layer.md):
  *     dx = dres + r (g db - x r s / d)      (M, d) bf16
  *     b  = r x g                            (M, d) bf16, for dW = dz^T b
  *     dg[j][t] = sum over tile t of db r x  (d, m_tiles) column partials

@@ -5,7 +5,7 @@
  *
  * Fresh random data for every case, outputs poisoned with NaN before the
  * run. The error versus a float64 reference must be within twice the error of
- * the CPU backend's (DESIGN.md section 5). Needs an sm_90a GPU. */
+ * the CPU backend's (docs/testing.md). Needs an sm_90a GPU. */
 #pragma GCC diagnostic ignored "-Wunused-function"
 #include "harness.h"
 
