@@ -6,7 +6,8 @@
 #                    reference (on the GPU if there is one, else the CPU backend)
 #   ./run.sh test    build, then every test: C unit tests, the PyTorch autograd
 #                    cross-checks, the C tests again under ASan + UBSan, and
-#                    60 s of fuzzing the program parser
+#                    60 s of fuzzing the program parser; a line per stage, the
+#                    full output in build/logs/, a one-line summary at the end
 #
 # Set-up: installs the Debian packages it needs (gcc, make, clang with its
 # fuzzer runtime, PyTorch for Python 3) when they are missing. The CUDA toolkit
@@ -40,10 +41,32 @@ demo)
     ;;
 test)
     setup
-    make -j"$jobs" all
-    make test
-    make test-sanitize
-    FUZZ_SECONDS="${FUZZ_SECONDS:-60}" make fuzz
+    # Each stage's output goes to build/logs/STAGE.log; a line per stage
+    # here, the log's tail if one fails, one line at the end.
+    mkdir -p build/logs
+    stage() {
+        local name=$1; shift
+        local log="build/logs/$name.log" t0=$SECONDS
+        if "$@" > "$log" 2>&1; then
+            echo "run.sh: $name ok ($((SECONDS - t0)) s, $log)"
+        else
+            echo "run.sh: $name FAILED ($log); its last lines:"
+            tail -n 60 "$log"
+            exit 1
+        fi
+    }
+    checks() { # the checks the tests of a log counted
+        grep -hoE '[0-9]+ checks, 0 failures' "$1" | awk '{n += $1} END {print n + 0}'
+    }
+    stage build make -j"$jobs" all
+    stage test-c make test-c
+    stage test-py make test-py
+    stage test-sanitize make test-sanitize
+    stage fuzz env FUZZ_SECONDS="${FUZZ_SECONDS:-60}" make fuzz
+    runs=$(grep -hoE 'Done [0-9]+ runs' build/logs/fuzz.log | awk '{print $2}' | tail -n 1)
+    echo "run.sh test: all passed: C tests $(checks build/logs/test-c.log) checks," \
+         "Python $(checks build/logs/test-py.log) checks, C tests under ASan+UBSan" \
+         "$(checks build/logs/test-sanitize.log) checks, fuzzer ${runs:-?} runs"
     ;;
 *)
     echo "usage: ./run.sh demo | test" >&2
