@@ -50,13 +50,14 @@ GPU_BIN   := $(GPU_SRC:%.c=$(BUILD)/%)
 # A recipe that fails leaves no half-written target (e.g. build/gen/kernels.c).
 .DELETE_ON_ERROR:
 
-.PHONY: all lib test test-c test-py test-sanitize demo fuzz gpu-test bench clean help
-all: lib $(BUILD)/coda $(TEST_BIN)
+.PHONY: all lib test test-c test-py test-sanitize demo docs fuzz gpu-test bench clean help
+all: lib $(BUILD)/coda $(TEST_BIN) $(BUILD)/tools/op_docs
 
 help:
 	@echo "make            library (static + shared), the coda CLI, the tests"
 	@echo "make test       run the C tests, then the PyTorch cross-check"
 	@echo "make demo       run 'coda demo' (GPU if present, else CPU backend)"
+	@echo "make docs       the op tables of docs/programs.md, from src/program/ops.def"
 	@echo "make fuzz       libFuzzer on the program parser/verifier (clang, 60 s)"
 	@echo "make test-sanitize  the C tests again under AddressSanitizer + UBSan (build-asan/)"
 	@echo "make gpu-test   GPU test suite (needs an sm_90a GPU)"
@@ -64,13 +65,21 @@ help:
 
 lib: $(BUILD)/libcoda.a $(BUILD)/libcoda.so
 
-$(BUILD)/%.o: %.c include/coda.h $(wildcard src/*/*.h)
+$(BUILD)/%.o: %.c include/coda.h $(wildcard src/*/*.h src/*/*.def)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
 
 $(BUILD)/tools/embed: tools/embed.c
 	@mkdir -p $(dir $@)
 	$(CC) -O2 -o $@ $<
+
+# The op tables of docs/programs.md are made from the op table (ops.def).
+$(BUILD)/tools/op_docs: tools/op_docs.c src/program/ops.def
+	@mkdir -p $(dir $@)
+	$(CC) -O2 -Wall -Wextra -Isrc -o $@ $<
+
+docs: $(BUILD)/tools/op_docs
+	$(BUILD)/tools/op_docs --write docs/programs.md
 
 $(BUILD)/gen/kernels.c: $(KERNEL_SRC) $(BUILD)/tools/embed
 	@mkdir -p $(dir $@)
@@ -114,9 +123,10 @@ $(BUILD)/bench/%: bench/%.c tests/harness.h $(BUILD)/libcoda.a
 
 test: test-c test-py
 
-test-c: $(TEST_BIN) $(BUILD)/coda
+test-c: $(TEST_BIN) $(BUILD)/coda $(BUILD)/tools/op_docs
 	@set -e; for t in $(TEST_BIN); do echo "== $$t"; $$t; done
 	@echo "== tests/test_cli.sh $(BUILD)/coda"; sh tests/test_cli.sh $(BUILD)/coda
+	@echo "== the op tables of docs/programs.md"; $(BUILD)/tools/op_docs --check docs/programs.md include/coda.h
 	@echo "== all C tests passed"
 
 # the benchmark's peers too: its eager formulas and coda's programs agree

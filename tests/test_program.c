@@ -983,6 +983,11 @@ static void test_print_buffers(void) {
                  : op <= CODA_OP_MOD ? 2 : op <= CODA_OP_SELECT ? 3
                  : op == CODA_OP_INTERLEAVE ? 2 : op <= CODA_OP_SWAP ? 1 : -1;
         CHECK(ar == want, "arity of %s: %d, want %d", coda_op_name((coda_op_t)op), ar, want);
+        coda_op_kind_t kind = op <= CODA_OP_COLIDX ? CODA_OPK_SOURCE : op <= CODA_OP_SELECT ? CODA_OPK_MAP
+                            : op <= CODA_OP_SWAP ? CODA_OPK_PAIR : CODA_OPK_STATEMENT;
+        int n_src = op == CODA_OP_LSE ? 2 : kind == CODA_OPK_STATEMENT ? 1 : want;
+        CHECK(coda__ops[op].kind == kind && coda__ops[op].n_src == n_src, "kind and operands of %s",
+              coda_op_name((coda_op_t)op));
     }
     CHECK(coda__op_from_name("nope") == -1 && coda__op_from_name(NULL) == -1, "op_from_name");
 }
@@ -1067,10 +1072,11 @@ static void random_program(h_rng *r, int named) {
                 nvv.shape = CODA_SHAPE_COL;
             }
         } else if (kind <= 5) { /* maps */
-            int arity = kind - 2;
-            coda_op_t op = arity == 1 ? (coda_op_t)(CODA_OP_NEG + rnd(r, 15))
-                         : arity == 2 ? (coda_op_t)(CODA_OP_ADD + rnd(r, 10))
-                                      : (coda_op_t)(CODA_OP_FMA + rnd(r, 2));
+            int arity = kind - 2, n_maps = 0;
+            coda_op_t maps[CODA_OP_COUNT_]; /* from the op table: a new map is fuzzed too */
+            for (int o = 0; o < CODA_OP_COUNT_; o++)
+                if (coda__ops[o].kind == CODA_OPK_MAP && coda__ops[o].n_src == arity) maps[n_maps++] = (coda_op_t)o;
+            coda_op_t op = maps[rnd(r, n_maps)];
             int a = rnd(r, nv), src[3] = {-1, -1, -1};
             int sp = (v[a].shape & CODA_SHAPE_COL) ? (int)v[a].space : 9;
             src[0] = a;

@@ -7,35 +7,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+/* A map's CUDA expression, a printf format with one %s per operand (the
+ * CUDA column of src/program/ops.def); NULL for any other op. */
 static const char *map_fn(coda_op_t op) {
     switch (op) {
-    case CODA_OP_NEG: return "(-%s)";
-    case CODA_OP_ABS: return "fabsf(%s)";
-    case CODA_OP_EXP: return "cg_exp(%s)";
-    case CODA_OP_LOG: return "logf(%s)";
-    case CODA_OP_SQRT: return "sqrtf(%s)";
-    case CODA_OP_RSQRT: return "rsqrtf(%s)";
-    case CODA_OP_RECIP: return "cg_div(1.0f, %s)";
-    case CODA_OP_SIN: return "cg_sin(%s)";
-    case CODA_OP_COS: return "cg_cos(%s)";
-    case CODA_OP_TANH: return "tanhf(%s)";
-    case CODA_OP_SIGMOID: return "cg_sigmoid(%s)";
-    case CODA_OP_SILU: return "cg_silu(%s)";
-    case CODA_OP_DSILU: return "cg_dsilu(%s)";
-    case CODA_OP_SQUARE: return "cg_square(%s)";
-    case CODA_OP_ROUND_BF16: return "cg_round_bf16(%s)";
-    case CODA_OP_ADD: return "(%s + %s)";
-    case CODA_OP_SUB: return "(%s - %s)";
-    case CODA_OP_MUL: return "(%s * %s)";
-    case CODA_OP_DIV: return "cg_div(%s, %s)";
-    case CODA_OP_MAX: return "cg_max_nan(%s, %s)"; /* NaN in, NaN out: fmaxf would drop it */
-    case CODA_OP_MIN: return "cg_min_nan(%s, %s)";
-    case CODA_OP_POW: return "powf(%s, %s)";
-    case CODA_OP_EQ: return "(%s == %s ? 1.0f : 0.0f)";
-    case CODA_OP_LT: return "(%s < %s ? 1.0f : 0.0f)";
-    case CODA_OP_MOD: return "fmodf(%s, %s)";
-    case CODA_OP_FMA: return "fmaf(%s, %s, %s)";
-    case CODA_OP_SELECT: return "(%s != 0.0f ? %s : %s)";
+#define CODA_MAP(ID, name, n, cpu, cuda, doc) case CODA_OP_##ID: return cuda;
+#include "program/ops.def"
     default: return NULL;
     }
 }
@@ -142,6 +119,12 @@ coda_status_t gen_pair(sb_t *b, const coda_program_t *p, int even_n, const stage
     for (int i = 0; i < p->n_insts; i++) {
         const coda_inst_t *in = &p->insts[i];
         int w = value_width(in);
+        if (in->op == CODA_OP_SWAP && in->vspace == CODA_SPACE_HALF) { /* the verifier refuses it too */
+            free(b->buf);
+            b->buf = NULL;
+            return coda__fail(CODA_ERR_UNSUPPORTED,
+                              "line %d: swap in the half space pairs columns held by different GPU threads", in->line);
+        }
         switch (in->op) {
         case CODA_OP_ACC:
             sb_printf(b, "    float v%d_0 = a0, v%d_1 = a1;\n", i, i);
@@ -171,28 +154,14 @@ coda_status_t gen_pair(sb_t *b, const coda_program_t *p, int even_n, const stage
             }
             break;
         }
-        case CODA_OP_EVEN:
-        case CODA_OP_ODD:
-            for (int e = 0; e < w; e++)
-                sb_printf(b, "    const float v%d_%d = %s;\n", i, e,
-                          el(p, in->src[0], 2 * e + (in->op == CODA_OP_ODD), e0, sizeof e0));
+        /* Pairwise maps: element c of the value is element `at` of operand
+         * `from` (ops.def), in this thread's registers. */
+#define CODA_PAIR(ID, name, n, dspace, from, at, doc)                                          \
+        case CODA_OP_##ID:                                                                     \
+            for (int c = 0; c < w; c++)                                                        \
+                sb_printf(b, "    const float v%d_%d = %s;\n", i, c, el(p, in->src[from], at, e0, sizeof e0)); \
             break;
-        case CODA_OP_INTERLEAVE:
-            for (int e = 0; e < w; e++)
-                sb_printf(b, "    const float v%d_%d = %s;\n", i, e,
-                          el(p, in->src[e & 1], e >> 1, e0, sizeof e0));
-            break;
-        case CODA_OP_SWAP:
-            if (in->vspace == CODA_SPACE_HALF) {
-                free(b->buf);
-                b->buf = NULL;
-                return coda__fail(CODA_ERR_UNSUPPORTED,
-                                  "line %d: swap in the half space pairs columns held by different GPU threads",
-                                  in->line);
-            }
-            for (int e = 0; e < w; e++)
-                sb_printf(b, "    const float v%d_%d = %s;\n", i, e, el(p, in->src[0], e ^ 1, e0, sizeof e0));
-            break;
+#include "program/ops.def"
         case CODA_OP_STORE: {
             const coda_arg_t *a = &p->args[in->arg];
             int wa = space_width(a->space);

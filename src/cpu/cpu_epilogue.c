@@ -8,8 +8,9 @@
  * column tn * tile_n * 2^s. Every partial is written by exactly one tile, so
  * the result is bitwise reproducible whatever the thread count.
  *
- * The formulas (silu, dsilu, rsqrt...) are the ones the CUDA code generator
- * emits; see coda.h section 5 for the semantics.
+ * The maps' formulas are the CPU column of the op table, src/program/ops.def,
+ * which has the CUDA the code generator writes for them beside it; coda.h
+ * section 5 gives the semantics.
  */
 #include "cpu/cpu.h"
 
@@ -116,14 +117,16 @@ typedef struct tile {
 
 static float ld_elem(const char *p, coda_dtype_t dt) { return coda__load_f32(p, dt); }
 
-static float silu_f(float x) { return x / (1.0f + expf(-x)); }
-static float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
-static float dsilu_f(float x) {
+/* The helpers of the maps' CPU column in src/program/ops.def. */
+static float cpu_silu(float x) { return x / (1.0f + expf(-x)); }
+static float cpu_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+static float cpu_dsilu(float x) {
     float s = 1.0f / (1.0f + expf(-x));
     return s * (1.0f + x * (1.0f - s));
 }
 
-/* The element loops of a map: out (nr, nc) with row length ld. */
+/* The element loops of a map, EXPR in the operands' elements x, y, z
+ * (ops.def's CPU column): out (nr, nc) with row length ld. */
 #define MAP1(EXPR)                                                       \
     for (int64_t i = 0; i < nr; i++)                                     \
         for (int64_t j = 0; j < nc; j++) {                               \
@@ -142,6 +145,15 @@ static float dsilu_f(float x) {
             float x = A.data[i * A.rs + j * A.cs], y = B.data[i * B.rs + j * B.cs]; \
             float z = C.data[i * C.rs + j * C.cs];                       \
             out[i * ld + j] = (EXPR);                                    \
+        }
+/* A pairwise map (ops.def's CODA_PAIR): element (r, c) is element (r, AT)
+ * of operand FROM (0: A, 1: B). Local column indices equal global ones up
+ * to an even offset (tile_n is even), so pairs never straddle a tile. */
+#define PAIR(FROM, AT)                                                   \
+    for (int64_t r = 0; r < nr; r++)                                     \
+        for (int64_t c = 0; c < nc; c++) {                               \
+            const val_t *s = (FROM) ? &B : &A;                           \
+            out[r * ld + c] = s->data[r * s->rs + (AT) * s->cs];         \
         }
 
 static void run_tile(const plan_t *pl, const tile_t *t, const float *acc, float *arena) {
@@ -201,53 +213,10 @@ static void run_tile(const plan_t *pl, const tile_t *t, const float *acc, float 
         case CODA_OP_COLIDX:
             for (int64_t c = 0; c < nc; c++) out[c] = (float)(t->c0[sp] + c);
             break;
-        case CODA_OP_NEG: MAP1(-x); break;
-        case CODA_OP_ABS: MAP1(fabsf(x)); break;
-        case CODA_OP_EXP: MAP1(expf(x)); break;
-        case CODA_OP_LOG: MAP1(logf(x)); break;
-        case CODA_OP_SQRT: MAP1(sqrtf(x)); break;
-        case CODA_OP_RSQRT: MAP1(1.0f / sqrtf(x)); break;
-        case CODA_OP_RECIP: MAP1(1.0f / x); break;
-        case CODA_OP_SIN: MAP1(sinf(x)); break;
-        case CODA_OP_COS: MAP1(cosf(x)); break;
-        case CODA_OP_TANH: MAP1(tanhf(x)); break;
-        case CODA_OP_SIGMOID: MAP1(sigmoid_f(x)); break;
-        case CODA_OP_SILU: MAP1(silu_f(x)); break;
-        case CODA_OP_DSILU: MAP1(dsilu_f(x)); break;
-        case CODA_OP_SQUARE: MAP1(x * x); break;
-        case CODA_OP_ROUND_BF16: MAP1(coda__round_bf16(x)); break;
-        case CODA_OP_ADD: MAP2(x + y); break;
-        case CODA_OP_SUB: MAP2(x - y); break;
-        case CODA_OP_MUL: MAP2(x * y); break;
-        case CODA_OP_DIV: MAP2(x / y); break;
-        case CODA_OP_MAX: MAP2(nan_max(x, y)); break;
-        case CODA_OP_MIN: MAP2(nan_min(x, y)); break;
-        case CODA_OP_POW: MAP2(powf(x, y)); break;
-        case CODA_OP_EQ: MAP2(x == y ? 1.0f : 0.0f); break;
-        case CODA_OP_LT: MAP2(x < y ? 1.0f : 0.0f); break;
-        case CODA_OP_MOD: MAP2(fmodf(x, y)); break;
-        case CODA_OP_FMA: MAP3(fmaf(x, y, z)); break;
-        case CODA_OP_SELECT: MAP3(x != 0.0f ? y : z); break;
-        /* Pairwise maps: local column indices equal global ones up to an even
-         * offset (tile_n is even), so pairs never straddle a tile. */
-        case CODA_OP_EVEN:
-        case CODA_OP_ODD: {
-            int64_t o = in->op == CODA_OP_ODD;
-            for (int64_t r = 0; r < nr; r++)
-                for (int64_t c = 0; c < nc; c++) out[r * ld + c] = A.data[r * A.rs + 2 * c + o];
-            break;
-        }
-        case CODA_OP_INTERLEAVE:
-            for (int64_t r = 0; r < nr; r++)
-                for (int64_t c = 0; c < nc; c++) {
-                    const val_t *s = (c & 1) ? &B : &A;
-                    out[r * ld + c] = s->data[r * s->rs + (c >> 1) * s->cs];
-                }
-            break;
-        case CODA_OP_SWAP:
-            for (int64_t r = 0; r < nr; r++)
-                for (int64_t c = 0; c < nc; c++) out[r * ld + c] = A.data[r * A.rs + (c ^ 1)];
-            break;
+        /* maps and pairwise maps: a case for each row of the op table */
+#define CODA_MAP(ID, name, n, cpu, cuda, doc) case CODA_OP_##ID: MAP##n(cpu); break;
+#define CODA_PAIR(ID, name, n, dspace, from, at, doc) case CODA_OP_##ID: PAIR(from, at); break;
+#include "program/ops.def"
         case CODA_OP_STORE: {
             const coda_arg_t *a = &p->args[in->arg];
             const coda_tensor_t *tt = pl->bound[in->arg];

@@ -71,6 +71,26 @@ static inline int coda__arg_is_input(coda_arg_kind_t k) { return k <= CODA_IN_SC
 /* Is it a valid coda_arg_kind_t? */
 static inline int coda__arg_kind_ok(coda_arg_kind_t k) { return k >= CODA_IN_TILE && k <= CODA_IN_ROWPART; }
 
+/* What an op is, from the op table (src/program/ops.def). The kind is the
+ * verifier's shape rule. */
+typedef enum coda_op_kind {
+    CODA_OPK_SOURCE,    /* no value operands; a shape rule of its own      */
+    CODA_OPK_MAP,       /* element-wise: operands broadcast, one space     */
+    CODA_OPK_PAIR,      /* moves columns within pairs; the space moves     */
+    CODA_OPK_STATEMENT  /* writes an output, defines no value              */
+} coda_op_kind_t;
+
+typedef struct coda_op_info {
+    const char *name;    /* the text form's                                */
+    coda_op_kind_t kind;
+    int n_src;           /* value operands (a statement's value and target) */
+    int dspace;          /* pairs: result space = operand space + dspace    */
+    const char *syntax;  /* sources and statements: what follows the name   */
+} coda_op_info_t;
+
+/* Indexed by coda_op_t; every op has its row. */
+extern const coda_op_info_t coda__ops[CODA_OP_COUNT_];
+
 /* Operand count of a map op (1..3), 0 for sources, -1 for statements. */
 int coda__op_arity(coda_op_t op);
 /* Op from its text name, or -1. */

@@ -1,65 +1,45 @@
-/* ops.c - the op table: text names and operand counts. */
+/* ops.c - the op table (ops.def) as data: names, kinds, operand counts. */
 #include "program/ir.h"
 
 #include <string.h>
 
-/* Indexed by coda_op_t; the text form uses exactly these names. */
-static const char *const op_names[CODA_OP_COUNT_] = {
-    [CODA_OP_ACC] = "acc",         [CODA_OP_LOAD] = "load",
-    [CODA_OP_CONST] = "const",     [CODA_OP_ROWIDX] = "rowidx",
-    [CODA_OP_COLIDX] = "colidx",   [CODA_OP_NEG] = "neg",
-    [CODA_OP_ABS] = "abs",         [CODA_OP_EXP] = "exp",
-    [CODA_OP_LOG] = "log",         [CODA_OP_SQRT] = "sqrt",
-    [CODA_OP_RSQRT] = "rsqrt",     [CODA_OP_RECIP] = "recip",
-    [CODA_OP_SIN] = "sin",         [CODA_OP_COS] = "cos",
-    [CODA_OP_TANH] = "tanh",       [CODA_OP_SIGMOID] = "sigmoid",
-    [CODA_OP_SILU] = "silu",       [CODA_OP_DSILU] = "dsilu",
-    [CODA_OP_SQUARE] = "square",   [CODA_OP_ROUND_BF16] = "round_bf16",
-    [CODA_OP_ADD] = "add",         [CODA_OP_SUB] = "sub",
-    [CODA_OP_MUL] = "mul",         [CODA_OP_DIV] = "div",
-    [CODA_OP_MAX] = "max",         [CODA_OP_MIN] = "min",
-    [CODA_OP_POW] = "pow",         [CODA_OP_EQ] = "eq",
-    [CODA_OP_LT] = "lt",           [CODA_OP_MOD] = "mod",
-    [CODA_OP_FMA] = "fma",         [CODA_OP_SELECT] = "select",
-    [CODA_OP_EVEN] = "even",       [CODA_OP_ODD] = "odd",
-    [CODA_OP_INTERLEAVE] = "interleave", [CODA_OP_SWAP] = "swap",
-    [CODA_OP_STORE] = "store",     [CODA_OP_REDUCE] = "reduce",
-    [CODA_OP_LSE] = "lse",
+const coda_op_info_t coda__ops[CODA_OP_COUNT_] = {
+#define CODA_SOURCE(ID, name, syntax, doc) [CODA_OP_##ID] = {name, CODA_OPK_SOURCE, 0, 0, syntax},
+#define CODA_MAP(ID, name, n, cpu, cuda, doc) [CODA_OP_##ID] = {name, CODA_OPK_MAP, n, 0, ""},
+#define CODA_PAIR(ID, name, n, dspace, from, at, doc) [CODA_OP_##ID] = {name, CODA_OPK_PAIR, n, dspace, ""},
+#define CODA_STMT(ID, name, n, syntax, doc) [CODA_OP_##ID] = {name, CODA_OPK_STATEMENT, n, 0, syntax},
+#include "program/ops.def"
 };
+
+/* The rows and enum coda_op (coda.h, public: its values are the ABI) must
+ * name the same ops. A row whose ID is not in the enum does not compile
+ * above; a row given twice is a second enumerator of the same name here;
+ * and as many rows as ops then means none is missing. */
+enum op_rows {
+#define CODA_SOURCE(ID, name, syntax, doc) OP_ROW_##ID,
+#define CODA_MAP(ID, name, n, cpu, cuda, doc) OP_ROW_##ID,
+#define CODA_PAIR(ID, name, n, dspace, from, at, doc) OP_ROW_##ID,
+#define CODA_STMT(ID, name, n, syntax, doc) OP_ROW_##ID,
+#include "program/ops.def"
+    OP_ROWS
+};
+_Static_assert((int)OP_ROWS == (int)CODA_OP_COUNT_, "src/program/ops.def has one row for every coda_op_t");
 
 const char *coda_op_name(coda_op_t op) {
     if ((int)op < 0 || op >= CODA_OP_COUNT_) return NULL;
-    return op_names[op];
+    return coda__ops[op].name;
 }
 
 int coda__op_arity(coda_op_t op) {
-    switch (op) {
-    case CODA_OP_ACC: case CODA_OP_LOAD: case CODA_OP_CONST:
-    case CODA_OP_ROWIDX: case CODA_OP_COLIDX:
-        return 0;
-    case CODA_OP_NEG: case CODA_OP_ABS: case CODA_OP_EXP: case CODA_OP_LOG:
-    case CODA_OP_SQRT: case CODA_OP_RSQRT: case CODA_OP_RECIP: case CODA_OP_SIN:
-    case CODA_OP_COS: case CODA_OP_TANH: case CODA_OP_SIGMOID: case CODA_OP_SILU:
-    case CODA_OP_DSILU: case CODA_OP_SQUARE: case CODA_OP_ROUND_BF16:
-    case CODA_OP_EVEN: case CODA_OP_ODD: case CODA_OP_SWAP:
-        return 1;
-    case CODA_OP_ADD: case CODA_OP_SUB: case CODA_OP_MUL: case CODA_OP_DIV:
-    case CODA_OP_MAX: case CODA_OP_MIN: case CODA_OP_POW: case CODA_OP_EQ:
-    case CODA_OP_LT: case CODA_OP_MOD: case CODA_OP_INTERLEAVE:
-        return 2;
-    case CODA_OP_FMA: case CODA_OP_SELECT:
-        return 3;
-    case CODA_OP_STORE: case CODA_OP_REDUCE: case CODA_OP_LSE:
-        return -1;
-    case CODA_OP_COUNT_:
-        break;
-    }
-    return -1; /* unknown ops are statements as far as anyone may assume: they define nothing */
+    /* unknown ops are statements as far as anyone may assume: they define nothing */
+    if ((int)op < 0 || op >= CODA_OP_COUNT_) return -1;
+    const coda_op_info_t *o = &coda__ops[op];
+    return o->kind == CODA_OPK_STATEMENT ? -1 : o->n_src;
 }
 
 int coda__op_from_name(const char *name) {
     if (!name) return -1;
     for (int i = 0; i < CODA_OP_COUNT_; i++)
-        if (strcmp(op_names[i], name) == 0) return i;
+        if (strcmp(coda__ops[i].name, name) == 0) return i;
     return -1;
 }

@@ -281,11 +281,9 @@ static coda_status_t check_room(const parser_t *ps) {
 /* store OUT v  /  reduce OUT v  /  lse OUT v t */
 static coda_status_t parse_write(parser_t *ps, coda_op_t op) {
     const char *opname = coda_op_name(op);
-    int n_vals = op == CODA_OP_LSE ? 2 : 1;
+    int n_vals = coda__ops[op].n_src;
     if (ps->nt != 2 + n_vals)
-        return perr(ps, CODA_ERR_PARSE, "expected '%s'",
-                    op == CODA_OP_LSE ? "lse OUT VALUE TARGET" :
-                    op == CODA_OP_STORE ? "store OUT VALUE" : "reduce OUT VALUE");
+        return perr(ps, CODA_ERR_PARSE, "expected '%s %s'", opname, coda__ops[op].syntax);
     for (int k = 1; k < ps->nt; k++) CODA_TRY(check_ref_syntax(ps, ps->t[k], opname));
     int arg, src[2] = {-1, -1};
     CODA_TRY(resolve_arg(ps, ps->t[1], opname, &arg));

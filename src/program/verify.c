@@ -150,7 +150,7 @@ static coda_status_t join_operands(coda_program_t *p, int i, int n, const char *
 /* Pairwise ops need a value along columns; `dir` moves the space (-1, 0, +1). */
 static coda_status_t pair_space(coda_program_t *p, int i, const char *opname, int dir) {
     coda_inst_t *in = &p->insts[i];
-    for (int k = 0; k < coda__op_arity(in->op); k++) {
+    for (int k = 0; k < coda__ops[in->op].n_src; k++) {
         const coda_inst_t *s = &p->insts[in->src[k]];
         if (!has_cols(s->shape))
             return fail_inst(p, i, "%s: operand %s is %s; pairwise ops need a value that "
@@ -179,21 +179,9 @@ static coda_status_t mark_written(coda_program_t *p, int i, int a, int *written,
     return CODA_OK;
 }
 
-static coda_status_t verify_inst(coda_program_t *p, int i, int *written) {
+/* acc, load, const, rowidx, colidx: a shape rule each. */
+static coda_status_t verify_source(coda_program_t *p, int i, const char *opname) {
     coda_inst_t *in = &p->insts[i];
-    if ((int)in->op < 0 || in->op >= CODA_OP_COUNT_)
-        return fail_inst(p, i, "unknown op %d", (int)in->op);
-    const char *opname = coda_op_name(in->op);
-    int arity = coda__op_arity(in->op);
-    int n_src = arity > 0 ? arity : in->op == CODA_OP_LSE ? 2 : arity < 0 ? 1 : 0;
-    for (int k = 0; k < n_src; k++) CODA_TRY(check_operand(p, i, k, opname));
-    for (int k = n_src; k < 3; k++)
-        if (in->src[k] != -1)
-            return fail_inst(p, i, "%s: takes %d operand%s, but operand %d is set (%d)", opname,
-                             n_src, n_src == 1 ? "" : "s", k + 1, in->src[k]);
-    in->shape = CODA_SHAPE_SCALAR;
-    in->vspace = CODA_SPACE_FULL;
-
     switch (in->op) {
     case CODA_OP_ACC:
         in->shape = CODA_SHAPE_TILE;
@@ -225,66 +213,87 @@ static coda_status_t verify_inst(coda_program_t *p, int i, int *written) {
         in->shape = CODA_SHAPE_COL;
         in->vspace = in->space;
         return CODA_OK;
-    case CODA_OP_EVEN:
-    case CODA_OP_ODD:
-        CODA_TRY(join_operands(p, i, 1, opname));
-        return pair_space(p, i, opname, -1);
-    case CODA_OP_INTERLEAVE:
-        CODA_TRY(join_operands(p, i, 2, opname));
-        return pair_space(p, i, opname, +1);
-    case CODA_OP_SWAP:
-        CODA_TRY(join_operands(p, i, 1, opname));
-        CODA_TRY(pair_space(p, i, opname, 0));
+    default: /* a source row in ops.def without its rule here */
+        return coda__fail(CODA_ERR_INTERNAL, "verifier: no shape rule for source %s", opname);
+    }
+}
+
+/* store, reduce, lse: into an output of the statement's kind, a value of
+ * the shape and space that output takes. */
+static coda_status_t verify_write(coda_program_t *p, int i, int *written, const char *opname) {
+    coda_inst_t *in = &p->insts[i];
+    CODA_TRY(check_arg_index(p, i, opname));
+    const coda_arg_t *a = &p->args[in->arg];
+    const coda_inst_t *v = &p->insts[in->src[0]];
+    if (coda__arg_is_input(a->kind))
+        return fail_inst(p, i, "%s into %s: %s is %s; %s writes outputs only", opname,
+                         a->name, a->name, kind_words(a), opname);
+    if (in->op == CODA_OP_STORE && a->kind != CODA_OUT_TILE)
+        return fail_inst(p, i, "store into %s: %s is %s, not an out tile (use %s)", a->name,
+                         a->name, kind_words(a), a->kind == CODA_OUT_LSE ? "lse" : "reduce");
+    if (in->op == CODA_OP_REDUCE && a->kind != CODA_OUT_ROWRED && a->kind != CODA_OUT_COLRED)
+        return fail_inst(p, i, "reduce into %s: %s is %s, not a reduction (use %s)", a->name,
+                         a->name, kind_words(a), a->kind == CODA_OUT_LSE ? "lse" : "store");
+    if (in->op == CODA_OP_LSE && a->kind != CODA_OUT_LSE)
+        return fail_inst(p, i, "lse into %s: %s is %s, not an out lse (use %s)", a->name,
+                         a->name, kind_words(a), a->kind == CODA_OUT_TILE ? "store" : "reduce");
+    if (in->op == CODA_OP_STORE) {
+        if (has_cols(v->shape) && v->vspace != a->space)
+            return fail_inst(p, i, "store %s: value %s is in the %s space, %s is in the %s "
+                             "space", a->name, v->name, space_name(v->vspace), a->name,
+                             space_name(a->space));
+    } else {
+        if (v->shape != CODA_SHAPE_TILE)
+            return fail_inst(p, i, "%s %s: value %s is %s; %s needs a tile value", opname,
+                             a->name, v->name, shape_name(v->shape), opname);
+        if (a->kind == CODA_OUT_COLRED && v->vspace != a->space)
+            return fail_inst(p, i, "reduce %s: value %s is in the %s space, %s is in the %s "
+                             "space", a->name, v->name, space_name(v->vspace), a->name,
+                             space_name(a->space));
+    }
+    if (in->op == CODA_OP_LSE) {
+        const coda_inst_t *t = &p->insts[in->src[1]];
+        if (t->shape != CODA_SHAPE_ROW && t->shape != CODA_SHAPE_SCALAR)
+            return fail_inst(p, i, "lse %s: target %s is %s; it must be a row value or a "
+                             "scalar", a->name, t->name, shape_name(t->shape));
+    }
+    return mark_written(p, i, in->arg, written, opname);
+}
+
+/* Operands first (the op table says how many), then the rule of the op's kind. */
+static coda_status_t verify_inst(coda_program_t *p, int i, int *written) {
+    coda_inst_t *in = &p->insts[i];
+    if ((int)in->op < 0 || in->op >= CODA_OP_COUNT_)
+        return fail_inst(p, i, "unknown op %d", (int)in->op);
+    const coda_op_info_t *op = &coda__ops[in->op];
+    const char *opname = op->name;
+    int n_src = op->n_src;
+    for (int k = 0; k < n_src; k++) CODA_TRY(check_operand(p, i, k, opname));
+    for (int k = n_src; k < 3; k++)
+        if (in->src[k] != -1)
+            return fail_inst(p, i, "%s: takes %d operand%s, but operand %d is set (%d)", opname,
+                             n_src, n_src == 1 ? "" : "s", k + 1, in->src[k]);
+    in->shape = CODA_SHAPE_SCALAR;
+    in->vspace = CODA_SPACE_FULL;
+
+    switch (op->kind) {
+    case CODA_OPK_SOURCE:
+        return verify_source(p, i, opname);
+    case CODA_OPK_MAP:
+        return join_operands(p, i, n_src, opname);
+    case CODA_OPK_PAIR:
+        CODA_TRY(join_operands(p, i, n_src, opname));
+        CODA_TRY(pair_space(p, i, opname, op->dspace));
         /* A pair of half-space columns is spread over two accumulator pairs
          * (two GPU threads' registers), and N/2 may be odd: refuse it. */
-        if (in->vspace == CODA_SPACE_HALF)
+        if (in->op == CODA_OP_SWAP && in->vspace == CODA_SPACE_HALF)
             return fail_inst(p, i, "swap: operand is in the half column space; swap pairs full- or "
                              "double-space columns only");
         return CODA_OK;
-    case CODA_OP_STORE:
-    case CODA_OP_REDUCE:
-    case CODA_OP_LSE: {
-        CODA_TRY(check_arg_index(p, i, opname));
-        const coda_arg_t *a = &p->args[in->arg];
-        const coda_inst_t *v = &p->insts[in->src[0]];
-        int want_red = in->op == CODA_OP_REDUCE;
-        if (coda__arg_is_input(a->kind))
-            return fail_inst(p, i, "%s into %s: %s is %s; %s writes outputs only", opname,
-                             a->name, a->name, kind_words(a), opname);
-        if (in->op == CODA_OP_STORE && a->kind != CODA_OUT_TILE)
-            return fail_inst(p, i, "store into %s: %s is %s, not an out tile (use %s)", a->name,
-                             a->name, kind_words(a), a->kind == CODA_OUT_LSE ? "lse" : "reduce");
-        if (want_red && a->kind != CODA_OUT_ROWRED && a->kind != CODA_OUT_COLRED)
-            return fail_inst(p, i, "reduce into %s: %s is %s, not a reduction (use %s)", a->name,
-                             a->name, kind_words(a), a->kind == CODA_OUT_LSE ? "lse" : "store");
-        if (in->op == CODA_OP_LSE && a->kind != CODA_OUT_LSE)
-            return fail_inst(p, i, "lse into %s: %s is %s, not an out lse (use %s)", a->name,
-                             a->name, kind_words(a), a->kind == CODA_OUT_TILE ? "store" : "reduce");
-        if (in->op == CODA_OP_STORE) {
-            if (has_cols(v->shape) && v->vspace != a->space)
-                return fail_inst(p, i, "store %s: value %s is in the %s space, %s is in the %s "
-                                 "space", a->name, v->name, space_name(v->vspace), a->name,
-                                 space_name(a->space));
-        } else {
-            if (v->shape != CODA_SHAPE_TILE)
-                return fail_inst(p, i, "%s %s: value %s is %s; %s needs a tile value", opname,
-                                 a->name, v->name, shape_name(v->shape), opname);
-            if (a->kind == CODA_OUT_COLRED && v->vspace != a->space)
-                return fail_inst(p, i, "reduce %s: value %s is in the %s space, %s is in the %s "
-                                 "space", a->name, v->name, space_name(v->vspace), a->name,
-                                 space_name(a->space));
-        }
-        if (in->op == CODA_OP_LSE) {
-            const coda_inst_t *t = &p->insts[in->src[1]];
-            if (t->shape != CODA_SHAPE_ROW && t->shape != CODA_SHAPE_SCALAR)
-                return fail_inst(p, i, "lse %s: target %s is %s; it must be a row value or a "
-                                 "scalar", a->name, t->name, shape_name(t->shape));
-        }
-        return mark_written(p, i, in->arg, written, opname);
+    case CODA_OPK_STATEMENT:
+        return verify_write(p, i, written, opname);
     }
-    default: /* unary, binary, ternary maps */
-        return join_operands(p, i, arity, opname);
-    }
+    return fail_inst(p, i, "%s: unknown op kind %d", opname, (int)op->kind);
 }
 
 coda_status_t coda__program_verify(coda_program_t *p) {
