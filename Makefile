@@ -42,6 +42,23 @@ ifeq ($(WITH_CUDA),1)
 LIB_OBJ    += $(BUILD)/gen/kernels.o
 endif
 
+# libcoda.so exports the functions coda.h declares (CODA_API) and nothing
+# else: the library's own objects are compiled with hidden visibility.
+# tests/check_exports.py (make test-c) holds the two lists equal.
+$(LIB_OBJ): override CFLAGS += -fvisibility=hidden
+
+# The test oracles: the plain unfused reference layer and the check of coda's
+# layer against it (tests/oracle/). They are not part of the library: the C
+# tests, the GPU tests and the CLI (`coda demo`) link liboracle.a beside
+# libcoda.a, and the Python tests load the reference from liboracle.so.
+ORACLE_SRC := $(wildcard tests/oracle/*.c)
+ORACLE_OBJ := $(ORACLE_SRC:%.c=$(BUILD)/%.o)
+ORACLE_A   := $(BUILD)/tests/liboracle.a
+ORACLE_SO  := $(BUILD)/tests/liboracle.so
+# Sizes and offsets of the C structures the Python binding mirrors, for
+# tests/test_binding_layout.py.
+LAYOUT_BIN := $(BUILD)/tests/print_layouts
+
 TEST_SRC  := $(wildcard tests/test_*.c)
 TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 GPU_SRC   := $(wildcard tests/gpu/*.c bench/*.c)
@@ -51,7 +68,7 @@ GPU_BIN   := $(GPU_SRC:%.c=$(BUILD)/%)
 .DELETE_ON_ERROR:
 
 .PHONY: all lib test test-c test-py test-sanitize demo docs fuzz gpu-test bench clean help
-all: lib $(BUILD)/coda $(TEST_BIN) $(BUILD)/tools/op_docs
+all: lib $(BUILD)/coda $(TEST_BIN) $(BUILD)/tools/op_docs $(ORACLE_SO) $(LAYOUT_BIN)
 
 help:
 	@echo "make            library (static + shared), the coda CLI, the tests"
@@ -95,6 +112,10 @@ $(BUILD)/gen/codegen_src.c: $(CODEGEN_SRC) $(BUILD)/tools/embed
 $(BUILD)/gen/codegen_src.o: $(BUILD)/gen/codegen_src.c
 	$(CC) $(CFLAGS) -c $< -o $@
 
+# Nothing else rebuilds the embedded sources when the flags above change
+# (the visibility of their symbols, say); the other objects follow coda.h.
+$(BUILD)/gen/kernels.o $(BUILD)/gen/codegen_src.o: Makefile
+
 $(BUILD)/libcoda.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
@@ -102,20 +123,32 @@ $(BUILD)/libcoda.a: $(LIB_OBJ)
 $(BUILD)/libcoda.so: $(LIB_OBJ)
 	$(CC) -shared -o $@ $^ $(LDLIBS)
 
-CLI_SRC := tools/coda.c $(wildcard tools/cli_*.c)
-$(BUILD)/coda: $(CLI_SRC) $(wildcard tools/*.h) $(BUILD)/libcoda.a
-	$(CC) $(CPPFLAGS) -Itools $(CFLAGS) -o $@ $(CLI_SRC) $(BUILD)/libcoda.a $(LDLIBS)
+$(ORACLE_OBJ): override CPPFLAGS += -Itests
+$(ORACLE_OBJ): $(wildcard tests/oracle/*.h)
 
-$(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(BUILD)/libcoda.a
+$(ORACLE_A): $(ORACLE_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+# The reference layer alone, with the part of libcoda it calls linked in and
+# kept to itself (--exclude-libs): it exports only coda__ref_*.
+$(ORACLE_SO): $(BUILD)/tests/oracle/reference.o $(BUILD)/libcoda.a
+	$(CC) -shared -o $@ $< $(BUILD)/libcoda.a -Wl,--exclude-libs,ALL $(LDLIBS)
+
+CLI_SRC := tools/coda.c $(wildcard tools/cli_*.c)
+$(BUILD)/coda: $(CLI_SRC) $(wildcard tools/*.h tests/oracle/*.h) $(ORACLE_A) $(BUILD)/libcoda.a
+	$(CC) $(CPPFLAGS) -Itools -Itests $(CFLAGS) -o $@ $(CLI_SRC) $(ORACLE_A) $(BUILD)/libcoda.a $(LDLIBS)
+
+$(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h tests/oracle/*.h) $(ORACLE_A) $(BUILD)/libcoda.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -o $@ $< $(BUILD)/libcoda.a $(LDLIBS)
+	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -o $@ $< $(ORACLE_A) $(BUILD)/libcoda.a $(LDLIBS)
 
 # GPU tests and benchmarks (not the library) link the CUDA runtime and cuBLAS.
 GPU_LDLIBS := -L$(CUDA_HOME)/lib64 -lcudart -lcublas -Wl,-rpath,$(CUDA_HOME)/lib64
 
-$(BUILD)/tests/gpu/%: tests/gpu/%.c $(wildcard tests/*.h tests/gpu/*.h) $(BUILD)/libcoda.a
+$(BUILD)/tests/gpu/%: tests/gpu/%.c $(wildcard tests/*.h tests/gpu/*.h tests/oracle/*.h) $(ORACLE_A) $(BUILD)/libcoda.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -o $@ $< $(BUILD)/libcoda.a $(LDLIBS) $(GPU_LDLIBS)
+	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -o $@ $< $(ORACLE_A) $(BUILD)/libcoda.a $(LDLIBS) $(GPU_LDLIBS)
 
 $(BUILD)/bench/%: bench/%.c tests/harness.h $(BUILD)/libcoda.a
 	@mkdir -p $(dir $@)
@@ -123,7 +156,8 @@ $(BUILD)/bench/%: bench/%.c tests/harness.h $(BUILD)/libcoda.a
 
 test: test-c test-py
 
-test-c: $(TEST_BIN) $(BUILD)/coda $(BUILD)/tools/op_docs
+test-c: $(TEST_BIN) $(BUILD)/coda $(BUILD)/tools/op_docs $(BUILD)/libcoda.so
+	@echo "== tests/check_exports.py $(BUILD)/libcoda.so"; $(PYTHON) tests/check_exports.py $(BUILD)/libcoda.so include/coda.h
 	@set -e; for t in $(TEST_BIN); do echo "== $$t"; $$t; done
 	@echo "== tests/test_cli.sh $(BUILD)/coda"; sh tests/test_cli.sh $(BUILD)/coda
 	@echo "== the op tables of docs/programs.md"; $(BUILD)/tools/op_docs --check docs/programs.md include/coda.h
@@ -131,8 +165,9 @@ test-c: $(TEST_BIN) $(BUILD)/coda $(BUILD)/tools/op_docs
 
 # the benchmark's peers too: its eager formulas and coda's programs agree
 # (on the CPU; on the GPU where there is one)
-test-py: lib
-	@set -e; for t in $(wildcard tests/test_*.py); do echo "== $$t"; $(PYTHON) $$t; done
+test-py: lib $(ORACLE_SO) $(LAYOUT_BIN)
+	@set -e; export CODA_ORACLE_LIB=$(abspath $(ORACLE_SO)) CODA_PRINT_LAYOUTS=$(abspath $(LAYOUT_BIN)); \
+	    for t in $(wildcard tests/test_*.py); do echo "== $$t"; $(PYTHON) $$t; done
 	@echo "== bench/bench_vs_torch.py --check"; $(PYTHON) bench/bench_vs_torch.py --check
 	@echo "== bench/bench_vs_torch_train.py --check"; $(PYTHON) bench/bench_vs_torch_train.py --check
 

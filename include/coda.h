@@ -37,6 +37,16 @@
 extern "C" {
 #endif
 
+/* Every function declared here is exported from libcoda.so, and nothing else
+ * is: the library is built with -fvisibility=hidden, so its internal
+ * functions stay internal (tests/check_exports.py holds the two lists
+ * equal). Static linking is unaffected. */
+#if defined(__GNUC__)
+#define CODA_API __attribute__((visibility("default")))
+#else
+#define CODA_API
+#endif
+
 #define CODA_VERSION_MAJOR 0
 #define CODA_VERSION_MINOR 1
 #define CODA_VERSION_STRING "0.1.0"
@@ -63,10 +73,10 @@ typedef enum coda_status {
 } coda_status_t;
 
 /* Short constant name of a status, e.g. "CODA_ERR_SHAPE". Never NULL. */
-const char *coda_status_name(coda_status_t status);
+CODA_API const char *coda_status_name(coda_status_t status);
 
 /* Message of the last failing call on this thread ("" if none). Never NULL. */
-const char *coda_last_error(void);
+CODA_API const char *coda_last_error(void);
 
 /* ---------------------------------------------------------------------------
  * 2. Tensors
@@ -104,18 +114,18 @@ typedef struct coda_tensor {
 } coda_tensor_t;
 
 /* Size of one element in bytes (0 for an unknown dtype). */
-size_t coda_dtype_size(coda_dtype_t dtype);
+CODA_API size_t coda_dtype_size(coda_dtype_t dtype);
 /* "bf16", "f32", "f16", "fp8e4m3", "i32", or NULL for an unknown dtype. */
-const char *coda_dtype_name(coda_dtype_t dtype);
+CODA_API const char *coda_dtype_name(coda_dtype_t dtype);
 
 /* Contiguous descriptors on the CPU (set .device after for CUDA data). */
-coda_tensor_t coda_tensor_1d(void *data, coda_dtype_t dtype, int64_t n);
-coda_tensor_t coda_tensor_2d(void *data, coda_dtype_t dtype, int64_t rows, int64_t cols);
-coda_tensor_t coda_tensor_3d(void *data, coda_dtype_t dtype, int64_t d0, int64_t d1, int64_t d2);
+CODA_API coda_tensor_t coda_tensor_1d(void *data, coda_dtype_t dtype, int64_t n);
+CODA_API coda_tensor_t coda_tensor_2d(void *data, coda_dtype_t dtype, int64_t rows, int64_t cols);
+CODA_API coda_tensor_t coda_tensor_3d(void *data, coda_dtype_t dtype, int64_t d0, int64_t d1, int64_t d2);
 
 /* Number of elements, and the byte span from data to one past the last byte. */
-int64_t coda_tensor_numel(const coda_tensor_t *t);
-int64_t coda_tensor_span_bytes(const coda_tensor_t *t);
+CODA_API int64_t coda_tensor_numel(const coda_tensor_t *t);
+CODA_API int64_t coda_tensor_span_bytes(const coda_tensor_t *t);
 
 /* ---------------------------------------------------------------------------
  * 3. Context
@@ -133,15 +143,15 @@ typedef struct coda_context_options {
                                else $XDG_CACHE_HOME/coda, else ~/.cache/coda   */
 } coda_context_options_t;
 
-coda_status_t coda_context_create(const coda_context_options_t *opts /* may be NULL */,
-                                  coda_context_t **out);
-void coda_context_free(coda_context_t *ctx);
+CODA_API coda_status_t coda_context_create(const coda_context_options_t *opts /* may be NULL */,
+                                           coda_context_t **out);
+CODA_API void coda_context_free(coda_context_t *ctx);
 
 /* Writes a human-readable description of the build and devices found. */
-coda_status_t coda_context_describe(coda_context_t *ctx, char *buf, size_t cap);
+CODA_API coda_status_t coda_context_describe(coda_context_t *ctx, char *buf, size_t cap);
 
 /* 1 if CUDA tensors can be used with this context, else 0. */
-int coda_context_has_cuda(const coda_context_t *ctx);
+CODA_API int coda_context_has_cuda(const coda_context_t *ctx);
 
 /* ---------------------------------------------------------------------------
  * 4. Plain GEMM: the three layouts of training
@@ -183,9 +193,9 @@ typedef enum coda_layout {
     CODA_LAYOUT_TN = 2  /* wgrad:   C (M,N) = A (K,M)^T . B (K,N)   dW = dy^T x */
 } coda_layout_t;
 
-coda_status_t coda_gemm(coda_context_t *ctx, coda_layout_t layout,
-                        const coda_tensor_t *a, const coda_tensor_t *b,
-                        coda_tensor_t *c, float alpha, float beta, void *stream);
+CODA_API coda_status_t coda_gemm(coda_context_t *ctx, coda_layout_t layout,
+                                 const coda_tensor_t *a, const coda_tensor_t *b,
+                                 coda_tensor_t *c, float alpha, float beta, void *stream);
 
 /* ---------------------------------------------------------------------------
  * 5. Epilogue programs
@@ -355,45 +365,45 @@ typedef enum coda_op {
 } coda_op_t;
 
 /* Text name of an op ("add", ...), NULL for an unknown one. */
-const char *coda_op_name(coda_op_t op);
+CODA_API const char *coda_op_name(coda_op_t op);
 
 /* Parse and verify a program. On CODA_ERR_PARSE / CODA_ERR_VERIFY the message
  * reads "line N: problem" and *out is left NULL. */
-coda_status_t coda_program_parse(const char *text, coda_program_t **out);
+CODA_API coda_status_t coda_program_parse(const char *text, coda_program_t **out);
 
 /* Print a program in the text form; parse(print(p)) is the same program.
  * Writes at most cap bytes including the terminating NUL; *len (may be NULL)
  * receives the full length needed, excluding the NUL. CODA_ERR_INVALID_ARG if
  * the text did not fit (buf then holds a truncated, terminated prefix).
  * buf == NULL with cap == 0 is a size query: CODA_OK, only *len is set. */
-coda_status_t coda_program_print(const coda_program_t *p, char *buf, size_t cap, size_t *len);
+CODA_API coda_status_t coda_program_print(const coda_program_t *p, char *buf, size_t cap, size_t *len);
 
-void coda_program_free(coda_program_t *p);
+CODA_API void coda_program_free(coda_program_t *p);
 
 /* The C builder. Build with the calls below, then coda_program_finish() runs
  * the verifier. Builder calls return a value id (>= 0) or an argument index
  * (>= 0); on a bad call they return -1 and the program remembers the first
  * error, which coda_program_finish() reports. Name may be NULL (a name is then
  * made up for printing). */
-coda_status_t coda_program_new(const char *name /* may be NULL */, coda_program_t **out);
-int coda_program_arg(coda_program_t *p, const char *name, coda_arg_kind_t kind,
-                     coda_dtype_t dtype, coda_space_t space, coda_reduce_t reduce);
-int coda_program_value(coda_program_t *p, const char *name, coda_op_t op,
-                       int src0, int src1, int src2);           /* maps; -1 unused */
-int coda_program_load(coda_program_t *p, const char *name, int arg);
-int coda_program_const(coda_program_t *p, const char *name, float value);
-int coda_program_colidx(coda_program_t *p, const char *name, coda_space_t space);
-int coda_program_store(coda_program_t *p, int arg, int value);  /* also reduce */
-int coda_program_lse(coda_program_t *p, int arg, int value, int target);
-coda_status_t coda_program_finish(coda_program_t *p);
+CODA_API coda_status_t coda_program_new(const char *name /* may be NULL */, coda_program_t **out);
+CODA_API int coda_program_arg(coda_program_t *p, const char *name, coda_arg_kind_t kind,
+                              coda_dtype_t dtype, coda_space_t space, coda_reduce_t reduce);
+CODA_API int coda_program_value(coda_program_t *p, const char *name, coda_op_t op,
+                                int src0, int src1, int src2);           /* maps; -1 unused */
+CODA_API int coda_program_load(coda_program_t *p, const char *name, int arg);
+CODA_API int coda_program_const(coda_program_t *p, const char *name, float value);
+CODA_API int coda_program_colidx(coda_program_t *p, const char *name, coda_space_t space);
+CODA_API int coda_program_store(coda_program_t *p, int arg, int value);  /* also reduce */
+CODA_API int coda_program_lse(coda_program_t *p, int arg, int value, int target);
+CODA_API coda_status_t coda_program_finish(coda_program_t *p);
 
 /* Introspection, for binding code and tools. */
-int coda_program_num_args(const coda_program_t *p);
-coda_status_t coda_program_arg_info(const coda_program_t *p, int index, const char **name,
-                                    coda_arg_kind_t *kind, coda_dtype_t *dtype,
-                                    coda_space_t *space, coda_reduce_t *reduce);
+CODA_API int coda_program_num_args(const coda_program_t *p);
+CODA_API coda_status_t coda_program_arg_info(const coda_program_t *p, int index, const char **name,
+                                             coda_arg_kind_t *kind, coda_dtype_t *dtype,
+                                             coda_space_t *space, coda_reduce_t *reduce);
 /* Index of the argument called name, or -1. */
-int coda_program_find_arg(const coda_program_t *p, const char *name);
+CODA_API int coda_program_find_arg(const coda_program_t *p, const char *name);
 
 /* ---------------------------------------------------------------------------
  * 6. Fused GEMM: a GEMM whose epilogue is a program
@@ -438,8 +448,8 @@ typedef struct coda_tiling {
 /* The tiling a backend will use for a GEMM of this shape on this device when
  * given {0, 0} (CUDA: that of device 0; without a GPU, an H100/H200's);
  * use it to size partial outputs before the call. */
-coda_status_t coda_choose_tiling(coda_context_t *ctx, coda_device_t device, coda_layout_t layout,
-                                 int64_t m, int64_t n, int64_t k, coda_tiling_t *tiling);
+CODA_API coda_status_t coda_choose_tiling(coda_context_t *ctx, coda_device_t device, coda_layout_t layout,
+                                          int64_t m, int64_t n, int64_t k, coda_tiling_t *tiling);
 
 /* The same for one program (NULL: as coda_choose_tiling). On CUDA tile_n
  * also picks the GPU schedule: the choice is the plain GEMM's (256 on big
@@ -448,9 +458,9 @@ coda_status_t coda_choose_tiling(coda_context_t *ctx, coda_device_t device, coda
  * a caller may still pass tile_n 128, which on big problems runs the
  * ping-pong schedule (one consumer warpgroup's epilogue beside the other's
  * mainloop). The CPU's tiling is the same either way. */
-coda_status_t coda_choose_program_tiling(coda_context_t *ctx, coda_device_t device,
-                                         coda_layout_t layout, int64_t m, int64_t n, int64_t k,
-                                         const coda_program_t *program, coda_tiling_t *tiling);
+CODA_API coda_status_t coda_choose_program_tiling(coda_context_t *ctx, coda_device_t device,
+                                                  coda_layout_t layout, int64_t m, int64_t n, int64_t k,
+                                                  const coda_program_t *program, coda_tiling_t *tiling);
 
 /* The tensor program argument `index` must be bound to, for a GEMM of m rows
  * and n columns cut by `tiling` (NULL or zeros: the CPU default; for CUDA
@@ -458,16 +468,16 @@ coda_status_t coda_choose_program_tiling(coda_context_t *ctx, coda_device_t devi
  * extents and dtype. Use it to allocate outputs. For an in rowpart the
  * second extent is 0: any T with 1 <= T < 2^31 is taken (the producing
  * GEMM's). */
-coda_status_t coda_program_arg_shape(const coda_program_t *p, int index, int64_t m, int64_t n,
-                                     const coda_tiling_t *tiling, int *ndim,
-                                     int64_t shape[3], coda_dtype_t *dtype);
+CODA_API coda_status_t coda_program_arg_shape(const coda_program_t *p, int index, int64_t m, int64_t n,
+                                              const coda_tiling_t *tiling, int *ndim,
+                                              int64_t shape[3], coda_dtype_t *dtype);
 
-coda_status_t coda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout,
-                                 const coda_tensor_t *a, const coda_tensor_t *b,
-                                 const coda_program_t *program,
-                                 const coda_binding_t *bindings, int n_bindings,
-                                 const coda_tiling_t *tiling /* NULL: default */,
-                                 void *stream);
+CODA_API coda_status_t coda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout,
+                                          const coda_tensor_t *a, const coda_tensor_t *b,
+                                          const coda_program_t *program,
+                                          const coda_binding_t *bindings, int n_bindings,
+                                          const coda_tiling_t *tiling /* NULL: default */,
+                                          void *stream);
 
 /* ---------------------------------------------------------------------------
  * 7. Finishing steps: combine tile partials, in a fixed order, no atomics
@@ -482,15 +492,15 @@ coda_status_t coda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout,
  * partials (R, T) f32, out (R) f32. Used for row partials (R = M) and column
  * partials (R = W). For CODA_REDUCE_SUMSQ the partials are already squared and
  * are summed. A NaN partial gives out[i] = NaN, for every op. */
-coda_status_t coda_finish_reduce(coda_context_t *ctx, coda_reduce_t op,
-                                 const coda_tensor_t *partials, coda_tensor_t *out, void *stream);
+CODA_API coda_status_t coda_finish_reduce(coda_context_t *ctx, coda_reduce_t op,
+                                          const coda_tensor_t *partials, coda_tensor_t *out, void *stream);
 
 /* RMSNorm's inverse root mean square from sum-of-squares partials:
  * rstd[i] = (sum_t partials[i][t] / d + eps)^(-1/2).
  * partials (M, T) f32, rstd (M) f32. A NaN partial gives rstd[i] = NaN;
  * a sum of +inf gives 0. */
-coda_status_t coda_finish_rstd(coda_context_t *ctx, const coda_tensor_t *partials, int64_t d,
-                               float eps, coda_tensor_t *rstd, void *stream);
+CODA_API coda_status_t coda_finish_rstd(coda_context_t *ctx, const coda_tensor_t *partials, int64_t d,
+                                        float eps, coda_tensor_t *rstd, void *stream);
 
 /* Cross-entropy from lse partials (M, T, 3) f32 and targets (M) i32:
  * lse[i] = m + log(sum_t l_t exp(m_t - m)) with m = max_t m_t,
@@ -510,9 +520,9 @@ coda_status_t coda_finish_rstd(coda_context_t *ctx, const coda_tensor_t *partial
  *     softmax is 0/0), -inf where it is not (p = 0).
  *   - -inf logits in a row with a finite one add nothing (a tile of them
  *     has m_t = -inf, l_t = 0); a target at one gets loss +inf. */
-coda_status_t coda_finish_lse(coda_context_t *ctx, const coda_tensor_t *partials,
-                              const coda_tensor_t *targets, int32_t ignore_index,
-                              coda_tensor_t *lse, coda_tensor_t *loss, void *stream);
+CODA_API coda_status_t coda_finish_lse(coda_context_t *ctx, const coda_tensor_t *partials,
+                                       const coda_tensor_t *targets, int32_t ignore_index,
+                                       coda_tensor_t *lse, coda_tensor_t *loss, void *stream);
 
 /* ---------------------------------------------------------------------------
  * 8. The LLaMA layer (src/layer; docs/layer.md)
@@ -560,16 +570,16 @@ typedef struct coda_llama_weights {
 
 /* From PyTorch's layout (wq (nq, d), wk (nkv, d), wv (nkv, d)) to coda's wqkv,
  * and back (for gradients). CPU tensors, bf16 or f32, same dtype throughout. */
-coda_status_t coda_llama_pack_qkv(const coda_llama_config_t *cfg, const coda_tensor_t *wq,
-                                  const coda_tensor_t *wk, const coda_tensor_t *wv,
-                                  coda_tensor_t *wqkv);
-coda_status_t coda_llama_unpack_qkv(const coda_llama_config_t *cfg, const coda_tensor_t *wqkv,
-                                    coda_tensor_t *wq, coda_tensor_t *wk, coda_tensor_t *wv);
+CODA_API coda_status_t coda_llama_pack_qkv(const coda_llama_config_t *cfg, const coda_tensor_t *wq,
+                                           const coda_tensor_t *wk, const coda_tensor_t *wv,
+                                           coda_tensor_t *wqkv);
+CODA_API coda_status_t coda_llama_unpack_qkv(const coda_llama_config_t *cfg, const coda_tensor_t *wqkv,
+                                             coda_tensor_t *wq, coda_tensor_t *wk, coda_tensor_t *wv);
 /* w_gate (ffn, d), w_up (ffn, d)  <->  wgu (2 ffn, d). */
-coda_status_t coda_llama_pack_gate_up(const coda_llama_config_t *cfg, const coda_tensor_t *w_gate,
-                                      const coda_tensor_t *w_up, coda_tensor_t *wgu);
-coda_status_t coda_llama_unpack_gate_up(const coda_llama_config_t *cfg, const coda_tensor_t *wgu,
-                                        coda_tensor_t *w_gate, coda_tensor_t *w_up);
+CODA_API coda_status_t coda_llama_pack_gate_up(const coda_llama_config_t *cfg, const coda_tensor_t *w_gate,
+                                               const coda_tensor_t *w_up, coda_tensor_t *wgu);
+CODA_API coda_status_t coda_llama_unpack_gate_up(const coda_llama_config_t *cfg, const coda_tensor_t *wgu,
+                                                 coda_tensor_t *w_gate, coda_tensor_t *w_up);
 
 /* A layer instance: configuration, batch shape, device, and the activations
  * the forward pass saves for the backward pass. On CUDA (device 0 of the
@@ -578,30 +588,30 @@ coda_status_t coda_llama_unpack_gate_up(const coda_llama_config_t *cfg, const co
  * attention and a few small steps still run on the CPU there. */
 typedef struct coda_llama coda_llama_t;
 
-coda_status_t coda_llama_create(coda_context_t *ctx, const coda_llama_config_t *cfg,
-                                int64_t batch, int64_t seq, coda_device_t device,
-                                coda_llama_t **out);
-void coda_llama_free(coda_llama_t *layer);
+CODA_API coda_status_t coda_llama_create(coda_context_t *ctx, const coda_llama_config_t *cfg,
+                                         int64_t batch, int64_t seq, coda_device_t device,
+                                         coda_llama_t **out);
+CODA_API void coda_llama_free(coda_llama_t *layer);
 
 /* Forward. x (M, d) bf16 the layer input; y (M, d) bf16 the layer output.
  * If cfg->vocab > 0 and targets != NULL: targets (M) i32 (ignore_index -100
  * gives loss 0) and loss (M) f32 receives the per-token loss. */
-coda_status_t coda_llama_forward(coda_llama_t *layer, const coda_llama_weights_t *w,
-                                 const coda_tensor_t *x, const coda_tensor_t *targets,
-                                 coda_tensor_t *y, coda_tensor_t *loss, void *stream);
+CODA_API coda_status_t coda_llama_forward(coda_llama_t *layer, const coda_llama_weights_t *w,
+                                          const coda_tensor_t *x, const coda_tensor_t *targets,
+                                          coda_tensor_t *y, coda_tensor_t *loss, void *stream);
 
 /* Backward of  L = loss_scale * sum_i loss_i + sum_ij dy_ij y_ij  (either
  * term may be absent: dy == NULL, or no loss in the forward pass), using the
  * activations saved by the last forward call. dx (M, d) bf16 receives dL/dx;
  * grads (may be NULL) receives dL/dW for every weight, in coda's layout. */
-coda_status_t coda_llama_backward(coda_llama_t *layer, const coda_llama_weights_t *w,
-                                  const coda_tensor_t *dy, float loss_scale, coda_tensor_t *dx,
-                                  coda_llama_weights_t *grads, void *stream);
+CODA_API coda_status_t coda_llama_backward(coda_llama_t *layer, const coda_llama_weights_t *w,
+                                           const coda_tensor_t *dy, float loss_scale, coda_tensor_t *dx,
+                                           coda_llama_weights_t *grads, void *stream);
 
 /* Text of a built-in epilogue program of the layer, by name, or NULL. */
-const char *coda_builtin_program(const char *name);
+CODA_API const char *coda_builtin_program(const char *name);
 /* NULL-terminated list of built-in program names. */
-const char *const *coda_builtin_program_names(void);
+CODA_API const char *const *coda_builtin_program_names(void);
 
 #ifdef __cplusplus
 }

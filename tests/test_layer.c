@@ -1,5 +1,5 @@
 /* test_layer.c - the LLaMA layer (coda_llama_*) end to end against the plain
- * reference layer (src/layer/reference.c): y, loss, dx and every weight
+ * reference layer (tests/oracle/reference.c): y, loss, dx and every weight
  * gradient, each within 2 x (error of the bf16 unfused computation) + 1e-6 of
  * float64 (docs/testing.md). Also the pack helpers and bad arguments. */
 /* Uses few of the harness helpers. */
@@ -11,7 +11,7 @@
 #if defined(__GNUC__)
 #pragma GCC diagnostic pop
 #endif
-#include "layer/llama_check.h"
+#include "oracle/llama_check.h"
 
 static coda_llama_config_t small_cfg(void) {
     coda_llama_config_t c = {.d = 64, .n_heads = 4, .n_kv_heads = 2, .head_dim = 16, .ffn = 160,

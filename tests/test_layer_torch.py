@@ -11,15 +11,15 @@ sum(loss) + sum(dy * y)), with relative Frobenius errors against float64:
 
     err(coda) <= 2 * err(torch bf16) + 1e-6.
 
-Second check: coda's own plain reference (src/layer/reference.c, called
-through ctypes) in float64 mode agrees with torch float64 to 1e-9, and its
-bf16-unfused mode lands within 3x of torch bf16's error (both directions):
-the reference that the C tests use is the same layer as this one.
+Second check: coda's own plain reference (tests/oracle/reference.c, called
+through ctypes by tests/oracle/reference.py) in float64 mode agrees with
+torch float64 to 1e-9, and its bf16-unfused mode lands within 3x of torch
+bf16's error (both directions): the reference that the C tests use is the
+same layer as this one.
 
 Never skips: a missing torch or library is a failure (exit 1).
 """
 
-import ctypes
 import math
 import os
 import sys
@@ -30,8 +30,11 @@ try:
     import torch
     import torch.nn.functional as F
     import coda
+    from oracle import reference
+    from oracle.reference import run_reference
 except Exception as e:  # not a skip: the cross-check is required
-    print("FAIL: cannot import torch and the coda binding: %s: %s" % (type(e).__name__, e))
+    print("FAIL: cannot import torch, the coda binding and the reference layer: %s: %s"
+          % (type(e).__name__, e))
     sys.exit(1)
 
 torch.manual_seed(0)
@@ -117,84 +120,6 @@ def run_torch(cfg, B, S, W16, x16, targets, dy16, loss_scale, dtype):
 
 
 # ---------------------------------------------------------------------------
-# coda's plain reference layer (src/layer/reference.h), through ctypes
-# ---------------------------------------------------------------------------
-
-_DP = ctypes.POINTER(ctypes.c_double)
-REF_WEIGHTS = ["wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "g1", "g2", "gf", "wlm"]
-
-
-class RefWeights(ctypes.Structure):
-    _fields_ = [(n, _DP) for n in REF_WEIGHTS]
-
-
-class RefLayer(ctypes.Structure):
-    """The leading fields of coda__ref_layer_t (the rest is never touched here)."""
-    _fields_ = [("cfg", coda.LlamaConfig), ("batch", ctypes.c_int64), ("seq", ctypes.c_int64),
-                ("m", ctypes.c_int64), ("nq", ctypes.c_int64), ("nkv", ctypes.c_int64),
-                ("w", RefWeights), ("x", _DP), ("targets", ctypes.POINTER(ctypes.c_int32)),
-                ("use_loss", ctypes.c_int), ("loss_scale", ctypes.c_double), ("dy", _DP),
-                ("use_dy", ctypes.c_int), ("y", _DP), ("loss", _DP), ("dx", _DP),
-                ("grad", RefWeights)]
-
-
-L = coda.lib
-L.coda__ref_create.restype = ctypes.c_int
-L.coda__ref_create.argtypes = [ctypes.POINTER(coda.LlamaConfig), ctypes.c_int64, ctypes.c_int64,
-                               ctypes.POINTER(ctypes.POINTER(RefLayer))]
-L.coda__ref_free.argtypes = [ctypes.POINTER(RefLayer)]
-L.coda__ref_forward.restype = ctypes.c_int
-L.coda__ref_forward.argtypes = [ctypes.POINTER(RefLayer), ctypes.c_int]
-L.coda__ref_backward.restype = ctypes.c_int
-L.coda__ref_backward.argtypes = [ctypes.POINTER(RefLayer)]
-
-
-def _put(ptr, t):
-    t = t.detach().to(torch.float64).contiguous().view(-1)
-    ctypes.memmove(ptr, t.data_ptr(), t.numel() * 8)
-
-
-def _get(ptr, shape):
-    n = 1
-    for s in shape:
-        n *= s
-    out = torch.empty(n, dtype=torch.float64)
-    ctypes.memmove(out.data_ptr(), ptr, n * 8)
-    return out.view(*shape)
-
-
-def run_reference(cfg, B, S, W16, x16, targets, dy16, loss_scale, mode):
-    p = ctypes.POINTER(RefLayer)()
-    coda._check(L.coda__ref_create(ctypes.byref(cfg), B, S, ctypes.byref(p)))
-    try:
-        r = p.contents
-        for k in REF_WEIGHTS:
-            if k in W16:
-                _put(getattr(r.w, k), W16[k])
-        _put(r.x, x16)
-        r.use_dy = 1 if dy16 is not None else 0
-        if dy16 is not None:
-            _put(r.dy, dy16)
-        r.use_loss = 1 if (cfg.vocab > 0 and targets is not None) else 0
-        r.loss_scale = loss_scale
-        if r.use_loss:
-            t = targets.to(torch.int32).contiguous()
-            ctypes.memmove(r.targets, t.data_ptr(), t.numel() * 4)
-        coda._check(L.coda__ref_forward(p, mode))
-        coda._check(L.coda__ref_backward(p))
-        M, d = B * S, cfg.d
-        res = {"y": _get(r.y, (M, d)), "dx": _get(r.dx, (M, d))}
-        if r.use_loss:
-            res["loss"] = _get(r.loss, (M,))
-        for k in REF_WEIGHTS:
-            if k in W16:
-                res[k] = _get(getattr(r.grad, k), tuple(W16[k].shape))
-        return res
-    finally:
-        L.coda__ref_free(p)
-
-
-# ---------------------------------------------------------------------------
 # coda's fused layer through the binding
 # ---------------------------------------------------------------------------
 
@@ -263,8 +188,8 @@ def run_case(ctx, name, cfg, B, S, with_loss=True, with_dy=True, loss_scale=0.5)
     W, x, targets, dy = make_case(cfg, B, S, with_loss, with_dy)
     t64 = run_torch(cfg, B, S, W, x, targets, dy, loss_scale, torch.float64)
     t16 = run_torch(cfg, B, S, W, x, targets, dy, loss_scale, torch.bfloat16)
-    r64 = run_reference(cfg, B, S, W, x, targets, dy, loss_scale, 0)
-    r16 = run_reference(cfg, B, S, W, x, targets, dy, loss_scale, 1)
+    r64 = run_reference(cfg, B, S, W, x, targets, dy, loss_scale, reference.F64)
+    r16 = run_reference(cfg, B, S, W, x, targets, dy, loss_scale, reference.BF16)
     try:
         cd = run_coda(ctx, cfg, B, S, W, x, targets, dy, loss_scale)
     except coda.Error as e:

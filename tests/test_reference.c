@@ -1,4 +1,4 @@
-/* test_reference.c - the plain reference layer (src/layer/reference.c) is
+/* test_reference.c - the plain reference layer (tests/oracle/reference.c) is
  * itself trustworthy: its hand-written float64 backward agrees with central
  * finite differences of its own float64 forward, on random coordinates of
  * every weight and of the input, with and without the LM head, the loss term
@@ -13,7 +13,7 @@
 #if defined(__GNUC__)
 #pragma GCC diagnostic pop
 #endif
-#include "layer/reference.h"
+#include "oracle/reference.h"
 
 static double urand(h_rng *r) { return (double)rng_uniform(r); }
 

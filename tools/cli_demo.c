@@ -5,7 +5,7 @@
  * float64 reference; the bound is the rule of docs/testing.md, twice the error of the
  * plain bf16 unfused computation plus 1e-6. */
 #include "cli.h"
-#include "layer/llama_check.h"
+#include "oracle/llama_check.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -63,7 +63,8 @@
 
 #define CODA_EPI_MAX_ARGS 16
 
-/* Host mirror of the generated `struct coda_epi_params`. */
+/* Host mirror of the generated `struct coda_epi_params` (epi_prelude.cuh,
+ * which asserts the same layout). */
 typedef struct coda_epi_params {
     uint64_t ptr[CODA_EPI_MAX_ARGS];  /* device address of each bound tensor */
     int64_t s0[CODA_EPI_MAX_ARGS];    /* stride of dim 0, in elements         */
@@ -72,7 +73,9 @@ typedef struct coda_epi_params {
     int32_t m, n;                     /* GEMM extents                         */
     int32_t e1[CODA_EPI_MAX_ARGS];    /* extent of dim 1 (an in rowpart's T)  */
 } coda_epi_params_t;
-_Static_assert(offsetof(coda_epi_params_t, m) == 448 && offsetof(coda_epi_params_t, e1) == 456 &&
+_Static_assert(offsetof(coda_epi_params_t, s0) == 128 && offsetof(coda_epi_params_t, s1) == 256 &&
+                   offsetof(coda_epi_params_t, scalar) == 384 && offsetof(coda_epi_params_t, m) == 448 &&
+                   offsetof(coda_epi_params_t, n) == 452 && offsetof(coda_epi_params_t, e1) == 456 &&
                    sizeof(coda_epi_params_t) == 520,
                "coda_epi_params_t mirrors struct coda_epi_params in epi_prelude.cuh");
 

@@ -18,6 +18,12 @@
  * coda_ ones. */
 #ifndef CODA_EPI_PRELUDE
 #define CODA_EPI_PRELUDE
+/* offsetof for the layout checks below: NVRTC has neither <stddef.h> nor
+ * __builtin_offsetof, and __INTADDR__ (a builtin of its EDG front end) is
+ * what folds a member's address to a constant there. */
+#ifndef CODA_OFFSETOF
+#define CODA_OFFSETOF(T, f) __INTADDR__(&((T *)0)->f)
+#endif
 struct coda_epi_params {
     unsigned long long ptr[16];
     long long s0[16];
@@ -26,6 +32,12 @@ struct coda_epi_params {
     int m, n;
     int e1[16]; /* last: kernels that do not read it are unchanged */
 };
+/* codegen.h asserts the same numbers for coda_epi_params_t */
+static_assert(CODA_OFFSETOF(coda_epi_params, s0) == 128 && CODA_OFFSETOF(coda_epi_params, s1) == 256 &&
+                  CODA_OFFSETOF(coda_epi_params, scalar) == 384 && CODA_OFFSETOF(coda_epi_params, m) == 448 &&
+                  CODA_OFFSETOF(coda_epi_params, n) == 452 && CODA_OFFSETOF(coda_epi_params, e1) == 456 &&
+                  sizeof(coda_epi_params) == 520,
+              "coda_epi_params: the layout of coda_epi_params_t (src/codegen/codegen.h)");
 /* the kernel's fragment geometry (src/cuda/kernels/gemm_mainloop.cuh):
  * CODA_WG_MH 64-row blocks per thread, 2 rows and CODA_BN / 8 column
  * pairs in each */

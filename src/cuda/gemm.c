@@ -247,8 +247,12 @@ typedef struct ring_params {
 } ring_params_t;
 /* CUDA 13's CUtensorMap is 128-byte aligned, the kernel's coda_tmap 64: a
  * map placed after other fields would sit at different offsets on the two
- * sides (session 6 met it as an illegal instruction), so maps go first. */
-_Static_assert(sizeof(CUtensorMap) == 128 && offsetof(ring_params_t, nbox) == 128 * CODA_RING_MAX_BOX,
+ * sides (it showed as an illegal instruction), so maps go first. The launch
+ * copies as many bytes as the kernel's struct has (320), which this one's
+ * alignment pads further. The kernel asserts the same offsets. */
+_Static_assert(sizeof(CUtensorMap) == 128 && offsetof(ring_params_t, nbox) == 256 &&
+                   offsetof(ring_params_t, xmul) == 260 && offsetof(ring_params_t, xadd) == 268 &&
+                   sizeof(ring_params_t) >= 320,
                "ring_params_t: the layout of struct coda_ring_params (kernels/gemm_prelude.cuh)");
 
 /* A tensor the copy engine may move as a 2-D tile (ring inputs, TMA-stored
@@ -308,7 +312,8 @@ static coda_status_t store_maps(struct coda_cuda *cu, const coda_cuda_epi_io_t *
     return CODA_OK;
 }
 
-/* Host mirror of struct coda_sk_params (kernels/gemm_streamk.cuh). */
+/* Host mirror of struct coda_sk_params (kernels/gemm_streamk.cuh, which
+ * asserts the same layout). */
 typedef struct sk_params {
     void *part;
     void *flag;
@@ -316,6 +321,10 @@ typedef struct sk_params {
     int share, extra;
     int pad_;
 } sk_params_t;
+_Static_assert(offsetof(sk_params_t, flag) == 8 && offsetof(sk_params_t, dp_units) == 16 &&
+                   offsetof(sk_params_t, share) == 20 && offsetof(sk_params_t, extra) == 24 &&
+                   sizeof(sk_params_t) == 32,
+               "sk_params_t: the layout of struct coda_sk_params (kernels/gemm_streamk.cuh)");
 
 /* Units (tile pairs) done whole before the stream-K tail; units: none.
  * The tail is the partial last wave plus one whole wave, so that each
@@ -581,7 +590,8 @@ coda_status_t coda__cuda_gemm_run(coda_context_t *ctx, coda_layout_t layout,
     return s;
 }
 
-/* Host mirror of struct coda_epi_params in kernels/epi_plain.cuh. */
+/* Host mirror of struct coda_epi_params in kernels/epi_plain.cuh (which
+ * asserts the same layout). */
 typedef struct plain_params {
     void *c;
     long long ldc;
@@ -589,6 +599,10 @@ typedef struct plain_params {
     int c_f32;
     int pad_;
 } plain_params_t;
+_Static_assert(offsetof(plain_params_t, ldc) == 8 && offsetof(plain_params_t, alpha) == 16 &&
+                   offsetof(plain_params_t, beta) == 20 && offsetof(plain_params_t, c_f32) == 24 &&
+                   sizeof(plain_params_t) == 32,
+               "plain_params_t: the layout of struct coda_epi_params (kernels/epi_plain.cuh)");
 
 coda_status_t coda__cuda_gemm(coda_context_t *ctx, coda_layout_t layout, const coda_tensor_t *a,
                               const coda_tensor_t *b, coda_tensor_t *c, float alpha, float beta,

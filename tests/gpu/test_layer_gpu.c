@@ -4,7 +4,7 @@
  * every weight gradient within 2 x (bf16 unfused error) + 1e-6 of float64.
  * Also the CPU layer on the same data, for comparison. Needs an sm_90a GPU. */
 #include "harness.h"
-#include "layer/llama_check.h"
+#include "oracle/llama_check.h"
 
 #include <cuda_runtime_api.h>
 

@@ -21,6 +21,10 @@ struct coda_epi_params {
     int c_f32;          /* 1: C is f32, 0: bf16 (CODA_C_F32 decides the code) */
     int pad_;
 };
+static_assert(CODA_OFFSETOF(coda_epi_params, ldc) == 8 && CODA_OFFSETOF(coda_epi_params, alpha) == 16 &&
+                  CODA_OFFSETOF(coda_epi_params, beta) == 20 && CODA_OFFSETOF(coda_epi_params, c_f32) == 24 &&
+                  sizeof(coda_epi_params) == 32,
+              "coda_epi_params (plain): the layout of plain_params_t (src/cuda/gemm.c)");
 
 struct coda_epi_state { int unused_; };
 struct coda_epi_pre { int unused_; }; /* no row vectors */

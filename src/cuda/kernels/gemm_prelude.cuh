@@ -11,9 +11,17 @@
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
+/* offsetof for the layout checks below: NVRTC has neither <stddef.h> nor
+ * __builtin_offsetof, and __INTADDR__ (a builtin of its EDG front end) is
+ * what folds a member's address to a constant there. */
+#ifndef CODA_OFFSETOF
+#define CODA_OFFSETOF(T, f) __INTADDR__(&((T *)0)->f)
+#endif
+
 /* A CUtensorMap (128 bytes, 64-byte aligned), passed by value as a
  * __grid_constant__ parameter so TMA can read it from parameter space. */
 struct __align__(64) coda_tmap { u64 opaque[16]; };
+static_assert(sizeof(coda_tmap) == 128, "coda_tmap: the size of a CUtensorMap");
 
 /* ---- bf16 (round to nearest even, NaN stays NaN: cvt.rn does both) ---- */
 static __device__ __forceinline__ float coda_bf16_lo(u32 v) { return __uint_as_float(v << 16); }
@@ -226,6 +234,11 @@ struct coda_ring_params {
     int nbox;
     int xmul[CODA_RING_MAX_BOX], xadd[CODA_RING_MAX_BOX];
 };
+/* The launch copies sizeof(coda_ring_params) bytes of ring_params_t; the
+ * host asserts the same offsets, and a size at least this one. */
+static_assert(CODA_OFFSETOF(coda_ring_params, nbox) == 256 && CODA_OFFSETOF(coda_ring_params, xmul) == 260 &&
+                  CODA_OFFSETOF(coda_ring_params, xadd) == 268 && sizeof(coda_ring_params) == 320,
+              "coda_ring_params: the layout of ring_params_t (src/cuda/gemm.c)");
 
 /* Staged tile outputs that a generated coda_epi_flush hands to TMA (the
  * store plan, src/codegen/codegen.h): map s covers output s of the plan,
@@ -235,3 +248,5 @@ struct coda_ring_params {
 struct coda_store_maps {
     coda_tmap map[CODA_STORE_MAX_MAP];
 };
+static_assert(sizeof(coda_store_maps) == 128 * CODA_STORE_MAX_MAP,
+              "coda_store_maps: the layout of store_maps_t (src/cuda/gemm.c)");

@@ -44,6 +44,10 @@ struct coda_sk_params {
                              T < 2^31, so no 64-bit division here)            */
     int pad_;
 };
+static_assert(CODA_OFFSETOF(coda_sk_params, flag) == 8 && CODA_OFFSETOF(coda_sk_params, dp_units) == 16 &&
+                  CODA_OFFSETOF(coda_sk_params, share) == 20 && CODA_OFFSETOF(coda_sk_params, extra) == 24 &&
+                  sizeof(coda_sk_params) == 32,
+              "coda_sk_params: the layout of sk_params_t (src/cuda/gemm.c)");
 
 /* What a cluster works on next: tile pair `unit`, k-blocks [kb0, kb1). */
 struct coda_work {

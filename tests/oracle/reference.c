@@ -6,7 +6,7 @@
  * two modes: the identity in float64 mode, round-to-bf16 in bf16 mode, applied
  * exactly where PyTorch bf16 eager code materialises a bf16 tensor.
  */
-#include "layer/reference.h"
+#include "oracle/reference.h"
 
 #include <math.h>
 #include <stdlib.h>

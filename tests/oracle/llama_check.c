@@ -1,7 +1,7 @@
 /* llama_check.c - coda's layer against the reference layer (see llama_check.h). */
-#include "layer/llama_check.h"
+#include "oracle/llama_check.h"
 #include "layer/llama.h"
-#include "layer/reference.h"
+#include "oracle/reference.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -1,6 +1,10 @@
 /* reference.h - an independent, plain, unfused LLaMA layer: the truth that the
  * fused layer (src/layer/llama.c) and `coda demo` are measured against.
  *
+ * Not part of libcoda: the Makefile builds it into build/tests/liboracle.a
+ * (the C tests and the CLI link it beside libcoda.a) and, alone, into
+ * build/tests/liboracle.so (tests/test_layer_torch.py calls it via ctypes).
+ *
  * It computes the layer of coda.h section 8 with its own simple loops (no
  * epilogue programs, no coda_gemm, no coda__attention_*), forward and backward
  * by hand-written calculus, in PyTorch's weight layout:
@@ -43,8 +47,8 @@
  * One layer object per thread at a time; single-threaded loops; attention
  * probabilities are recomputed per row (memory O(M), time O(M*seq)).
  */
-#ifndef CODA_LAYER_REFERENCE_H
-#define CODA_LAYER_REFERENCE_H
+#ifndef CODA_ORACLE_REFERENCE_H
+#define CODA_ORACLE_REFERENCE_H
 
 #include "core/internal.h"
 

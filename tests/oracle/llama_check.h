@@ -1,13 +1,14 @@
-/* llama_check.h - run coda's layer against the reference layer (not public).
+/* llama_check.h - run coda's layer against the reference layer.
  *
- * Shared by tests/test_layer.c and `coda demo` (tools/cli_demo.c): random
- * weights and inputs in PyTorch's layout, packed to coda's layout; coda's
- * forward and backward (outputs NaN-poisoned first); the reference in float64
- * (the truth) and in bf16-unfused mode (the baseline); per output the
- * relative error ||out - f64|| / ||f64|| and the bound of DESIGN.md section 5,
- * 2 * (baseline error) + 1e-6. */
-#ifndef CODA_LAYER_LLAMA_CHECK_H
-#define CODA_LAYER_LLAMA_CHECK_H
+ * Not part of libcoda (build/tests/liboracle.a, beside libcoda.a). Shared by
+ * tests/test_layer.c, tests/gpu/test_layer_gpu.c and `coda demo`
+ * (tools/cli_demo.c): random weights and inputs in PyTorch's layout, packed
+ * to coda's layout; coda's forward and backward (outputs NaN-poisoned
+ * first); the reference in float64 (the truth) and in bf16-unfused mode (the
+ * baseline); per output the relative error ||out - f64|| / ||f64|| and the
+ * bound of DESIGN.md section 5, 2 * (baseline error) + 1e-6. */
+#ifndef CODA_ORACLE_LLAMA_CHECK_H
+#define CODA_ORACLE_LLAMA_CHECK_H
 
 #include "core/internal.h"
 
