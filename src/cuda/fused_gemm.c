@@ -48,9 +48,9 @@ coda_status_t coda__cuda_choose_tiling(coda_context_t *ctx, int index, int64_t m
      * H100/H200 SXM's 132 multiprocessors. */
     /* Every program gets the plain GEMM's tile width: 256, the cooperative
      * schedule, on big problems. Since the generated epilogues are
-     * branch-free and staged (session 3), that is as fast as or faster than
+     * branch-free and staged, that is as fast as or faster than
      * ping-pong for every built-in program at M = N = K = 4096 and 8192 on
-     * an H200 (bench/RESULTS.md). On small problems the plain pick may be
+     * an H200 (bench/HISTORY.md). On small problems the plain pick may be
      * 128, which cfg_for_tiling maps to the ping-pong configurations (not
      * measured against the cooperative 128 there). p is kept for a
      * per-program choice. */

@@ -128,7 +128,7 @@ static void skew_buf(buf_t *b, size_t es) {
  * output whose norm one element dominates (lmhead_bwd's exp of random
  * logits reaches 1e9 and more) fails the first test when that element's
  * bf16 rounding goes the other way on the GPU (a 1e-7 difference in its
- * exp crossing a rounding boundary: measured, session 10, |d| = 2^22 at
+ * exp crossing a rounding boundary: measured, |d| = 2^22 at
  * 2^30, one bf16 unit), and so do the f32 sums taken over it. So: every
  * element of a bf16 output within one unit in the last place of the
  * CPU's, every element of an f32 output within 2^-7 relative (a sum over
@@ -487,7 +487,7 @@ int main(int argc, char **argv) {
     unsetenv("CODA_GEMM_CFG");
     /* an odd number of row tiles in 2-CTA clusters (33 x 5 and 33 x 9
      * tiles): the last pair's second CTA runs a tile wholly below M, which
-     * must store no column partials (review, session 7: it wrote one past
+     * must store no column partials (a review found it wrote one past
      * the partials' row-tile range) */
     for (int i = 0; i < nt; i++)
         if (strncmp(texts[i], "program reductions\n", 19) == 0 || strncmp(texts[i], "program rmsnorm_bwd\n", 20) == 0) {
