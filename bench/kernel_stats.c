@@ -60,7 +60,7 @@ static void stats(const char *name, const char *epi, int cfg) {
     int n = coda__cuda_gemm_options(CODA_LAYOUT_NT, &coda__cuda_gemm_cfgs[cfg], 0, 0, sk && *sk == '1', opts,
                                     optbuf, sizeof optbuf);
     opts[n++] = "--ptxas-options=-v";
-    const char *xo = getenv("CODA_STATS_OPTS"); /* one more option, e.g. -DCODA_X_NO_LDSM */
+    const char *xo = getenv("CODA_STATS_OPTS"); /* one more option, e.g. -DCODA_PROBE_NO_COL_LOAD */
     if (xo && *xo) opts[n++] = xo;
     nvrtcProgram prog;
     if (nvrtcCreateProgram(&prog, src, "k.cu", 0, NULL, NULL) != NVRTC_SUCCESS) {
