@@ -1,8 +1,10 @@
 /* bench_epilogue.c - what a fused epilogue costs over the GEMM alone.
  *
  *   bench_epilogue [sizes...]      default: 2048 4096 8192 (M = N = K)
- *   CODA_BENCH_AB="-DCODA_X_..." bench_epilogue ...   A/B of a kernel
- *                                  option: each program's fused GEMM as
+ *   CODA_BENCH_AB="-DCODA_PROBE_..." bench_epilogue ...   A/B of a kernel
+ *                                  option (a measurement probe,
+ *                                  src/cuda/kernels/probes.cuh, or any -D
+ *                                  option): each program's fused GEMM as
  *                                  built and with the option, run by run
  *                                  with the plain GEMM (extra column "B ms",
  *                                  and B / A); the option reaches NVRTC
@@ -14,7 +16,7 @@
  *   CODA_BENCH_FILES="a.coda,b.coda"   also these program files (named by
  *                                  file in the table), bound like the rest
  *   CODA_BENCH_TIMELINE=1 bench_epilogue ...   also one plain and one fused
- *                                  launch built with CODA_X_TIMELINE: per
+ *                                  launch built with CODA_PROBE_TIMELINE: per
  *                                  tile of consumer warp 0, the mean wait
  *                                  for the first k-block, k-loop, epilogue
  *                                  and the gap to the next tile (us at the
@@ -82,8 +84,8 @@ typedef struct job {
 
 static void run_once(job_t *j, int it);
 
-/* CODA_BENCH_TIMELINE: the kernel's stamps (gemm_mainloop.cuh,
- * CODA_X_TIMELINE): per CTA 8 tiles x 4 clock64 values, then the count. */
+/* CODA_BENCH_TIMELINE: the kernel's stamps (probes.cuh,
+ * CODA_PROBE_TIMELINE): per CTA 8 tiles x 4 clock64 values, then the count. */
 #define TL_CTAS 1024
 #define TL_PER_CTA 36
 static long long *tl_dev;
@@ -294,7 +296,7 @@ int main(int argc, char **argv) {
         int khz = 0;
         CUDA_OK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
         tl_khz = khz;
-        snprintf(tl_opts, sizeof tl_opts, "%s%s-DCODA_X_TIMELINE=0x%llx", run_opts, *run_opts ? " " : "",
+        snprintf(tl_opts, sizeof tl_opts, "%s%s-DCODA_PROBE_TIMELINE=0x%llx", run_opts, *run_opts ? " " : "",
                  (unsigned long long)(uintptr_t)tl_dev);
     }
     if (argc > 1) {

@@ -8,6 +8,16 @@
  *                               generated epilogue, NAME.epi.cu)
  *   CODA_BENCH_FILES="a.coda,b.coda" kernel_stats ...   also these program
  *                               files (named by file)
+ *   kernel_stats cfg DIR all   every kernel the library compiles for cfg,
+ *                               with the library's own options and compile
+ *                               call (no -v): the plain GEMM in each layout,
+ *                               C type, beta = 0 / C-tail variant and
+ *                               stream-K; each program in each layout, form
+ *                               (ANY, EVEN, N16, RING) and stream-K; the
+ *                               finishing kernels. One cubin each, named by
+ *                               variant, and each program's text per form.
+ *                               Two dumps' md5sums show whether a source
+ *                               change left the compiled kernels as they were.
  *
  * Needs NVRTC, not a GPU. The generated code is the form the LLaMA shapes
  * get: RING where the program has tile inputs for the stage ring, else N16
@@ -50,7 +60,7 @@ static void stats(const char *name, const char *epi, int cfg) {
     int n = coda__cuda_gemm_options(CODA_LAYOUT_NT, &coda__cuda_gemm_cfgs[cfg], 0, 0, sk && *sk == '1', opts,
                                     optbuf, sizeof optbuf);
     opts[n++] = "--ptxas-options=-v";
-    const char *xo = getenv("CODA_STATS_OPTS"); /* one more option, e.g. -DCODA_X_NO_LDSM */
+    const char *xo = getenv("CODA_STATS_OPTS"); /* one more option, e.g. -DCODA_PROBE_NO_COL_LOAD */
     if (xo && *xo) opts[n++] = xo;
     nvrtcProgram prog;
     if (nvrtcCreateProgram(&prog, src, "k.cu", 0, NULL, NULL) != NVRTC_SUCCESS) {
@@ -83,9 +93,115 @@ static void stats(const char *name, const char *epi, int cfg) {
     free(src);
 }
 
+/* ---- kernel_stats cfg DIR all ---- */
+
+/* DIR/FILE: the n bytes of data. */
+static void write_file(const char *file, const char *data, size_t n) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", cubin_dir, file);
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(data, 1, n, f) != n) fprintf(stderr, "kernel_stats: cannot write %s\n", path);
+    if (f) fclose(f);
+}
+
+/* One kernel as the library compiles it (coda__nvrtc_compile, the options
+ * of get_kernel in src/cuda/gemm.c), into DIR/FILE.cubin. */
+static int dump(const char *file, const char *src, const char *const *opts, int n) {
+    char *cubin = NULL;
+    size_t size = 0;
+    if (coda__nvrtc_compile(src, opts, n, &cubin, &size) != CODA_OK) {
+        printf("%s: FAILED %s\n", file, coda_last_error());
+        return 1;
+    }
+    char name[512];
+    snprintf(name, sizeof name, "%s.cubin", file);
+    write_file(name, cubin, size);
+    printf("%s.cubin %zu bytes\n", file, size);
+    free(cubin);
+    return 0;
+}
+
+static const char *const layout_name[3] = {"nt", "nn", "tn"};
+
+/* A GEMM kernel: src (coda__cuda_gemm_source) with the options for this
+ * layout, configuration and variant, then the plain epilogue's variant
+ * options in get_kernel's order. */
+static int dump_gemm(const char *file, const char *src, int layout, int cfg, int store_c, int c_f32, int streamk,
+                     int simple, int c_tail) {
+    const char *opts[CODA_CUDA_GEMM_MAX_OPTS];
+    char optbuf[768];
+    int n = coda__cuda_gemm_options((coda_layout_t)layout, &coda__cuda_gemm_cfgs[cfg], store_c, c_f32, streamk,
+                                    opts, optbuf, sizeof optbuf);
+    if (simple && n < CODA_CUDA_GEMM_MAX_OPTS) opts[n++] = "-DCODA_PLAIN_SIMPLE=1";
+    if (c_tail && n < CODA_CUDA_GEMM_MAX_OPTS) opts[n++] = "-DCODA_C_TAIL=1";
+    return dump(file, src, opts, n);
+}
+
+static int dump_all(int cfg, const char *const *names, const char *const *texts, int n_progs) {
+    const int pingpong = coda__cuda_gemm_cfgs[cfg].pingpong;
+    int fails = 0;
+    char file[512];
+    /* the plain GEMM (coda__cuda_gemm): C stored by the mainloop, bf16 or
+     * f32; beta = 0 and C-tail variant bits; stream-K on the cooperative
+     * schedule */
+    char *src = coda__cuda_gemm_source(coda__cuda_source("epi_plain.cuh"));
+    if (!src) return printf("plain: %s\n", coda_last_error()), 1;
+    for (int layout = 0; layout < 3; layout++)
+        for (int c_f32 = 0; c_f32 < 2; c_f32++)
+            for (int sk = 0; sk < (pingpong ? 1 : 2); sk++)
+                for (int v = 0; v < 4; v++) {
+                    snprintf(file, sizeof file, "plain.%s.%s%s%s%s", layout_name[layout], c_f32 ? "f32" : "bf16",
+                             v & 1 ? ".simple" : "", v & 2 ? ".tail" : "", sk ? ".sk" : "");
+                    fails += dump_gemm(file, src, layout, cfg, 1, c_f32, sk, v & 1, v & 2);
+                }
+    free(src);
+    /* fused programs (coda__cuda_fused_gemm): no C store, each form the
+     * host may pick (RING only on the cooperative schedule, for programs
+     * with a ring plan) */
+    static const char *const form_name[CODA_CG_NFORMS] = {"any", "even", "n16", "ring"};
+    for (int i = 0; i < n_progs; i++) {
+        coda_program_t *p = NULL;
+        if (coda_program_parse(texts[i], &p) != CODA_OK) {
+            printf("%s: %s\n", names[i], coda_last_error());
+            fails++;
+            continue;
+        }
+        coda_ring_plan_t rp;
+        coda__codegen_ring_plan(p, &rp);
+        for (int form = 0; form < CODA_CG_NFORMS; form++) {
+            if (form == CODA_CG_RING && (pingpong || rp.nbox == 0)) continue;
+            char *epi = NULL;
+            if (coda__codegen_cuda_ex(p, (coda_cg_form_t)form, &epi) != CODA_OK) {
+                printf("%s %s: %s\n", names[i], form_name[form], coda_last_error());
+                fails++;
+                continue;
+            }
+            snprintf(file, sizeof file, "%s.%s.epi.cu", names[i], form_name[form]);
+            write_file(file, epi, strlen(epi));
+            src = coda__cuda_gemm_source(epi);
+            for (int layout = 0; src && layout < 3; layout++)
+                for (int sk = 0; sk < (pingpong ? 1 : 2); sk++) {
+                    snprintf(file, sizeof file, "%s.%s.%s%s", names[i], layout_name[layout], form_name[form],
+                             sk ? ".sk" : "");
+                    fails += dump_gemm(file, src, layout, cfg, 0, 0, sk, 0, 0);
+                }
+            free(src);
+            free(epi);
+        }
+        coda_program_free(p);
+    }
+    /* the finishing kernels (src/cuda/finish_gpu.c's options) */
+    static const char *const finish_opts[] = {"--gpu-architecture=sm_90a", "--fmad=false", "-default-device"};
+    const char *fin = coda__cuda_source("finish.cuh");
+    fails += fin ? dump("finish", fin, finish_opts, 3) : 1;
+    printf("configuration %d: %d failures\n", cfg, fails);
+    return fails != 0;
+}
+
 int main(int argc, char **argv) {
     int cfg = argc > 1 ? atoi(argv[1]) : 3;
     cubin_dir = argc > 2 ? argv[2] : NULL;
+    const int all = argc > 3 && strcmp(argv[3], "all") == 0;
     if (cfg < 0 || cfg >= CODA_CUDA_GEMM_NCFG) {
         fprintf(stderr, "kernel_stats: configuration %d out of range 0..%d\n", cfg,
                 CODA_CUDA_GEMM_NCFG - 1);
@@ -94,12 +210,13 @@ int main(int argc, char **argv) {
     const coda_cuda_gemm_cfg_t *c = &coda__cuda_gemm_cfgs[cfg];
     printf("configuration %d: %dx%d, %d stages, cluster %d, %s\n", cfg, c->bm, c->bn, c->stages,
            c->cluster_m, c->pingpong ? "ping-pong" : "cooperative");
-    stats("(plain)", coda__cuda_source("epi_plain.cuh"), cfg);
     const char *names[64], *texts[64];
     int n = 0;
     for (const char *const *name = coda_builtin_program_names(); *name && n < 64; name++)
         names[n] = *name, texts[n++] = coda_builtin_program(*name);
     if (h_program_files(getenv("CODA_BENCH_FILES"), names, texts, &n, 64)) return 2;
+    if (all) return cubin_dir ? dump_all(cfg, names, texts, n) : 2;
+    stats("(plain)", coda__cuda_source("epi_plain.cuh"), cfg);
     for (int i = 0; i < n; i++) {
         const char *const *name = &names[i];
         coda_program_t *p = NULL;

@@ -29,18 +29,20 @@ static double now(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* gemm_prelude.cuh + tile width + generated epilogue + the stand-in kernel;
- * stage: with the warps' slabs (CODA_EPI_STAGE, as the mainloop builds the
- * fused kernels: the slab, ring, ldmatrix and stmatrix code; compiled only,
- * the stand-in does not stage inputs) */
+/* probes.cuh + gemm_prelude.cuh + tile width + generated epilogue + the
+ * stand-in kernel, as the kernel source starts; stage: with the warps'
+ * slabs (CODA_EPI_STAGE, as the mainloop builds the fused kernels: the
+ * slab, ring, ldmatrix and stmatrix code; compiled only, the stand-in does
+ * not stage inputs) */
 static void compile_in_harness(const char *name, const char *epi, int stage) {
+    const char *probes = coda__cuda_source("probes.cuh");
     const char *prelude = coda__cuda_source("gemm_prelude.cuh");
-    CHECK(prelude != NULL, "gemm_prelude.cuh is embedded");
-    if (!prelude) return;
-    size_t len = strlen(prelude) + strlen(epi) + sizeof coda_test_harness_kernel + 64;
+    CHECK(probes != NULL && prelude != NULL, "probes.cuh and gemm_prelude.cuh are embedded");
+    if (!probes || !prelude) return;
+    size_t len = strlen(probes) + strlen(prelude) + strlen(epi) + sizeof coda_test_harness_kernel + 64;
     char *src = malloc(len);
-    snprintf(src, len, "%s\n#define CODA_BN 128\n#define CODA_EPI_STAGE %d\n%s\n%s", prelude, stage, epi,
-             coda_test_harness_kernel);
+    snprintf(src, len, "%s\n%s\n#define CODA_BN 128\n#define CODA_EPI_STAGE %d\n%s\n%s", probes, prelude, stage,
+             epi, coda_test_harness_kernel);
     const char *opts[] = {"--gpu-architecture=sm_90a", "--std=c++17", "-default-device"};
     char *cubin = NULL;
     size_t size = 0;

@@ -266,7 +266,7 @@ static int by_ldsm(const coda_program_t *p, const coda_inst_t *in, const coda_ri
 /* The preprocessor test under which a source's reads are from shared
  * memory (a shared-memory source: not SRC_GLOBAL). */
 static const char *src_cond(in_src_t s) {
-    return s == SRC_RING ? "CODA_EPI_RING" : s == SRC_STAGED ? "CODA_EPI_STAGE" : "CG_COL_SLAB && !defined(CODA_X_NO_COL_LOAD)";
+    return s == SRC_RING ? "CODA_EPI_RING" : s == SRC_STAGED ? "CODA_EPI_STAGE" : "CG_COL_SLAB && !CODA_PROBE_NO_COL_LOAD";
 }
 
 /* coda_epi_fetch_batch: the batch's pairs (rows row and row + 8, chunks
@@ -405,11 +405,11 @@ void gen_fetch(sb_t *b, const coda_program_t *p, int even_n, const coda_ring_pla
             gen_vec_fetch(b, i, w, a->dtype, q, pred);
             sb_printf(b, "#endif\n");
         } else if (a->kind == CODA_IN_COL) {
-            /* CODA_X_NO_COL_LOAD (experiment): ones, no load; else from the
-             * slab where coda_epi_preload copied the tile's slice, or from
-             * global memory */
+            /* from the slab where coda_epi_preload copied the tile's slice,
+             * or from global memory; ones with no load under the probe
+             * CODA_PROBE_NO_COL_LOAD (src/cuda/kernels/probes.cuh) */
             int w = value_width(in), e = w * (a->dtype == CODA_BF16 ? 2 : 4);
-            sb_printf(b, "#ifdef CODA_X_NO_COL_LOAD\n"
+            sb_printf(b, "#if CODA_PROBE_NO_COL_LOAD\n"
                          "    for (int w_ = 0; w_ < %d; w_++) L.u%d[w_] = %s;\n",
                       vec_words(w, a->dtype), i, a->dtype == CODA_BF16 ? "0x3f803f80u" : "0x3f800000u");
             if (ldsm) sb_printf(b, "#elif CG_COL_SLAB && CG_LDSM\n    /* %s: coda_epi_fetch_batch */\n", a->name);

@@ -70,7 +70,7 @@ void plan_staging(const coda_program_t *p, int n16, const coda_ring_plan_t *rp, 
             sp->map[k] = sp->nmap++;
     }
     /* ... for two outputs or more. Measured on the H200 (bench_epilogue,
-     * A/B against CODA_X_LSU_STORE, session 10): with two staged outputs
+     * A/B against the vector stores): with two staged outputs
      * TMA was 0.1-3.7% faster (resid_norm, gateup_swiglu_train, swiglu_bwd,
      * rmsnorm_bwd at 2048-8192), with one 0-2.7% slower (qkv_rope,
      * gateup_swiglu, lmhead_bwd at 2048), double-buffered or not: its

@@ -38,7 +38,7 @@ static void shfl_fold(sb_t *b, coda_reduce_t r, int lo, int hi, int indent) {
  * so there they overlap nothing. */
 void gen_slab_wait(sb_t *b, const stage_plan_t *sp) {
     if (sp->nmap > 0)
-        sb_printf(b, "#if CODA_EPI_STAGE && !defined(CODA_X_LSU_STORE)\n#define CODA_EPI_TMA_STORES 1\n#else\n"
+        sb_printf(b, "#if CODA_EPI_STAGE\n#define CODA_EPI_TMA_STORES 1\n#else\n"
                      "#define CODA_EPI_TMA_STORES 0\n#endif\n");
     else
         sb_printf(b, "#define CODA_EPI_TMA_STORES 0\n");
@@ -95,7 +95,7 @@ void gen_flush(sb_t *b, const coda_program_t *p, const stage_plan_t *sp) {
             sb_printf(b, "#if CODA_EPI_TMA_STORES\n"
                          "    coda_fence_proxy_async();\n"
                          "    __syncwarp();\n"
-                         "    if (lane == 0 && CG_ST_OK(1)) { /* CODA_X_NO_EPI_STORE: none */\n");
+                         "    if (lane == 0 && CG_ST_OK(1)) { /* CODA_PROBE_NO_EPI_STORE: none */\n");
             for (int k = 0; k < p->n_args && k < CODA_EPI_MAX_ARGS; k++) {
                 if (sp->map[k] < 0 || !staged_arg(p, sp, k, CODA_OUT_TILE, &sa)) continue;
                 sb_printf(b, "        coda_tma_store(&O.map[%d], t.stage + %d, (int)(%s + %d * j0), (int)row0); /* %s */\n",

@@ -146,8 +146,7 @@ int vec_words(int w, coda_dtype_t dt) {
 void gen_pair_start(sb_t *b, int even_n) {
     if (even_n)
         sb_printf(b,
-                  "#ifdef CODA_X_FULL_TILES /* experiment: shapes whose tiles are all whole only */\n    const int valid = 1;\n#else\n"
-                  "    const int valid = row < P->m && col < P->n;\n#endif\n"
+                  "    const int valid = row < P->m && col < P->n;\n"
                   "    const long long r = row < P->m ? row : P->m - 1;  /* loads stay inside */\n"
                   "    const int cl = col < P->n ? col : P->n - 2;\n"
                   "    const int ok1 = 1;\n");

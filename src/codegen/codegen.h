@@ -136,8 +136,7 @@ typedef struct coda_ring_plan {
  * is not aligned, or beyond CODA_STORE_MAX_MAP, keep the 16-byte vector
  * stores. The kernel
  * gets one tensor map per entry (struct coda_store_maps, gemm_prelude.cuh);
- * the generated text's CODA_X_LSU_STORE (experiment) goes back to the
- * vector stores for all. nmap 0: none (other forms, or no staged output). */
+ * nmap 0: none (other forms, or no staged output). */
 #define CODA_STORE_MAX_MAP 4
 typedef struct coda_store_plan {
     int nmap;

@@ -3,8 +3,10 @@
  * (the build embeds this file as a string, tools/embed.c).
  *
  * The text then goes into the GEMM kernel between gemm_wgmma.cuh and
- * gemm_mainloop.cuh, or into the test harness (tests/codegen_harness.h);
- * it needs no CUDA header (NVRTC compiles it bare). In it:
+ * gemm_mainloop.cuh, or into the test harness (tests/codegen_harness.h),
+ * both behind src/cuda/kernels/probes.cuh (the predicates CG_LD_OK,
+ * CG_ST_OK, CG_PART_OK); it needs no CUDA header (NVRTC compiles it
+ * bare). In it:
  *   coda_epi_params    the parameter block, the mirror of coda_epi_params_t
  *                      (src/codegen/codegen.h): one pointer, two strides and
  *                      one scalar per program argument, M and N, then each
@@ -60,9 +62,8 @@ static_assert(CODA_OFFSETOF(coda_epi_params, s0) == 128 && CODA_OFFSETOF(coda_ep
 #define CODA_EPI_STAGE 0
 #endif
 /* 1: column vectors are copied into the slab before the k-loop (N16 and
- * RING forms); CODA_X_COL_GLOBAL (experiment): read from global memory in
- * the epilogue, as before session 8 */
-#if CODA_EPI_STAGE && !defined(CODA_X_COL_GLOBAL)
+ * RING forms), so that the k-loop hides their loads' latency */
+#if CODA_EPI_STAGE
 #define CG_COL_SLAB 1
 #else
 #define CG_COL_SLAB 0
@@ -102,12 +103,9 @@ static __device__ __forceinline__ void cg_ld128(const void *p, unsigned *a, unsi
     asm("ld.global.nc.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(*a), "=r"(*b), "=r"(*c), "=r"(*d) : "l"(p));
 }
 /* Loads predicated on ok (0 when off): the address needs no clamping, so
- * the pairs of a row share one base address and immediate offsets. */
-#ifdef CODA_X_NO_EPI_LOAD /* experiment: tile inputs read as zeros */
-#define CG_LD_OK(ok) 0
-#else
-#define CG_LD_OK(ok) (ok)
-#endif
+ * the pairs of a row share one base address and immediate offsets.
+ * CG_LD_OK, CG_ST_OK, CG_PART_OK: the predicates as the measurement
+ * probes leave them (src/cuda/kernels/probes.cuh). */
 static __device__ __forceinline__ unsigned cg_ld16p(int ok, const void *p) {
     unsigned short v; asm("{ .reg .pred q; setp.ne.s32 q, %2, 0; mov.b16 %0, 0; @q ld.global.nc.b16 %0, [%1]; }"
                           : "=h"(v) : "l"(p), "r"(CG_LD_OK(ok))); return v;
@@ -133,43 +131,20 @@ static __device__ __forceinline__ unsigned cg_pack(float a, float b) {
     unsigned u; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(u) : "f"(b), "f"(a)); return u;
 }
 /* Conversions run on a narrow pipe (a warp instruction holds it for
- * several cycles), so round_bf16 converts two values at once and returns
- * the packed word, which a store of the rounded values writes as it is
- * (session 11; before, a byte permute packed them again).
- * CODA_X_F2F_ROUND (experiment): one conversion a value and a repacking
- * conversion, as before session 8; CODA_X_REPACK: the rounding as now, the
- * store's word made again by the byte permute, as before session 11. */
+ * several cycles), so round_bf16 converts two values at once (one
+ * conversion, where one a value and a repacking one measured slower) and
+ * returns the packed word, which a store of the rounded values writes as
+ * it is (packing the rounded floats again took a byte permute a word). */
 static __device__ __forceinline__ unsigned cg_round_bf16x2(float a, float b, float &ra, float &rb) {
-#ifdef CODA_X_F2F_ROUND
-    ra = cg_round_bf16(a);
-    rb = cg_round_bf16(b);
-    return cg_pack(ra, rb);
-#else
     const unsigned u = cg_pack(a, b);
     ra = cg_lo(u);
     rb = cg_hi(u);
-#ifdef CODA_X_REPACK
-    unsigned w; asm("prmt.b32 %0, %1, %2, 0x7632;" : "=r"(w) : "r"(__float_as_uint(ra)), "r"(__float_as_uint(rb)));
-    return w;
-#else
     return u;
-#endif
-#endif
 }
 /* Stores predicated on ok, with no branch: an if around each store (or
  * a division's slow path) cuts the pair code into small basic blocks, and
  * ptxas then cannot interleave the pairs' dependency chains - the
  * epilogue ran at a fraction of its issue rate. */
-#ifdef CODA_X_NO_EPI_STORE /* experiment: the epilogue stores nothing (tiles and partials) */
-#define CG_ST_OK(ok) 0
-#else
-#define CG_ST_OK(ok) (ok)
-#endif
-#ifdef CODA_X_NO_PART_STORE /* experiment: row and column partials are not stored */
-#define CG_PART_OK(ok) 0
-#else
-#define CG_PART_OK(ok) (ok)
-#endif
 static __device__ __forceinline__ void cg_st16(int ok, void *p, unsigned short v) {
     asm volatile("{ .reg .pred q; setp.ne.s32 q, %0, 0; @q st.global.b16 [%1], %2; }"
                  :: "r"(CG_ST_OK(ok)), "l"(p), "h"(v) : "memory");
@@ -206,10 +181,10 @@ static __device__ __forceinline__ void cg_sts128(unsigned a, unsigned v0, unsign
  * bytes 4 (l % 4) .. +3 of matrix i: the accumulator fragment's pair
  * layout. One instruction moves what four 4-byte ld/st.shared move (the
  * same bytes through the shared-memory pipe, a quarter of the issue
- * slots). CG_LDSM (off with the experiment CODA_X_NO_LDSM, and where the
- * kernel has no slabs): staged and ring inputs, column vectors in the
- * slab and staged outputs of 4-byte pairs go this way. */
-#if CODA_EPI_STAGE && !defined(CODA_X_NO_LDSM)
+ * slots). CG_LDSM (where the kernel has slabs): staged and ring inputs,
+ * column vectors in the slab and staged outputs of 4-byte pairs go this
+ * way. */
+#if CODA_EPI_STAGE
 #define CG_LDSM 1
 #else
 #define CG_LDSM 0
@@ -254,17 +229,12 @@ static __device__ __forceinline__ float cg_div(float x, float y) { return __fdiv
  * with a range test and two predicated multiplies, 5 instructions an exp
  * where this takes 2. Only where such a term cannot change the result:
  * in 1 + e^-x (sigmoid, silu), and in the log-sum-exp's sums, which hold
- * a term exp(0) = 1 whenever their maximum is finite (session 8: 384 of
- * lmhead_lse's 2460 epilogue instructions a warp and tile). CODA_X_EXPF
- * (experiment): __expf, as before. */
+ * a term exp(0) = 1 whenever their maximum is finite (against __expf:
+ * lmhead_lse 2954 -> 2514 SASS lines, swiglu_bwd up to 2% faster). */
 static __device__ __forceinline__ float cg_exp_ftz(float x) {
-#ifdef CODA_X_EXPF
-    return __expf(x);
-#else
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
     return y;
-#endif
 }
 static __device__ __forceinline__ float cg_sigmoid(float x) { return __fdividef(1.0f, 1.0f + cg_exp_ftz(-x)); }
 static __device__ __forceinline__ float cg_silu(float x) { return __fdividef(x, 1.0f + cg_exp_ftz(-x)); }
@@ -277,18 +247,11 @@ static __device__ __forceinline__ float cg_reduce_2pi(float x) {
 }
 static __device__ __forceinline__ float cg_sin(float x) { return __sinf(cg_reduce_2pi(x)); }
 static __device__ __forceinline__ float cg_cos(float x) { return __cosf(cg_reduce_2pi(x)); }
-/* exp: the accurate expf (about 8 instructions, one MUFU.EX2).
- * CODA_X_FAST_EXP (experiment): __expf, 2 instructions, with a relative
- * error that grows with |x| (~|x| 2^-24). Measured (session 7,
- * bench_epilogue A/B): lmhead_bwd 3% faster at 2048, 1% at 4096-8192;
- * not worth the accuracy of a general exp. */
-static __device__ __forceinline__ float cg_exp(float x) {
-#ifdef CODA_X_FAST_EXP
-    return __expf(x);
-#else
-    return expf(x);
-#endif
-}
+/* exp: the accurate expf (about 8 instructions, one MUFU.EX2). __expf
+ * (2 instructions, a relative error that grows with |x|, ~|x| 2^-24)
+ * measured lmhead_bwd 3% faster at 2048, 1% at 4096-8192: not worth the
+ * accuracy of a general exp. */
+static __device__ __forceinline__ float cg_exp(float x) { return expf(x); }
 static __device__ __forceinline__ float cg_dsilu(float x) {
     float s = cg_sigmoid(x);
     return s * (1.0f + x * (1.0f - s));

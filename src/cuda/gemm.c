@@ -39,7 +39,8 @@ int coda__cuda_gemm_cfg_override(void) {
     return -1;
 }
 
-static const char *const kernel_files[] = {"gemm_prelude.cuh", "gemm_wgmma.cuh", NULL,
+/* NULL: the epilogue's place (probes.cuh first: the epilogue uses it too) */
+static const char *const kernel_files[] = {"probes.cuh", "gemm_prelude.cuh", "gemm_wgmma.cuh", NULL,
                                            "gemm_streamk.cuh", "gemm_mainloop.cuh"};
 #define N_KERNEL_FILES (sizeof kernel_files / sizeof kernel_files[0])
 
@@ -84,18 +85,13 @@ int coda__cuda_gemm_options(coda_layout_t layout, const coda_cuda_gemm_cfg_t *cf
     opts[n++] = "--std=c++17";
     opts[n++] = "-default-device";
     int ta = layout == CODA_LAYOUT_TN, tb = layout != CODA_LAYOUT_NT;
-    int w = snprintf(optbuf, optcap, "-DCODA_BN=%d%c-DCODA_STAGES=%d%c-DCODA_TA=%d%c-DCODA_TB=%d%c"
-                     "-DCODA_CLUSTER=%d%c-DCODA_EPI_STORE_C=%d%c-DCODA_C_F32=%d%c-DCODA_GROUP_M=%d%c"
-                     "-DCODA_PINGPONG=%d%c-DCODA_EPI_STAGE=%d%c-DCODA_STREAMK=%d",
-                     cfg->bn, 0, cfg->stages, 0, ta, 0, tb, 0, cfg->cluster_m, 0, store_c, 0, c_f32,
-                     0, cfg->group_m, 0, cfg->pingpong, 0, !store_c, 0, streamk && !cfg->pingpong);
-    int nd = 11;
-    if (getenv("CODA_DEBUG_MN_SWAP") && w > 0 && (size_t)w + 20 < optcap) {
-        memcpy(optbuf + w + 1, "-DCODA_MN_SWAP=1", 17);
-        nd = 12;
-    }
+    snprintf(optbuf, optcap, "-DCODA_BN=%d%c-DCODA_STAGES=%d%c-DCODA_TA=%d%c-DCODA_TB=%d%c"
+             "-DCODA_CLUSTER=%d%c-DCODA_EPI_STORE_C=%d%c-DCODA_C_F32=%d%c-DCODA_GROUP_M=%d%c"
+             "-DCODA_PINGPONG=%d%c-DCODA_EPI_STAGE=%d%c-DCODA_STREAMK=%d",
+             cfg->bn, 0, cfg->stages, 0, ta, 0, tb, 0, cfg->cluster_m, 0, store_c, 0, c_f32,
+             0, cfg->group_m, 0, cfg->pingpong, 0, !store_c, 0, streamk && !cfg->pingpong);
     const char *p = optbuf;
-    for (int i = 0; i < nd; i++) {
+    for (int i = 0; i < 11; i++) { /* the 11 options above */
         opts[n++] = p;
         p += strlen(p) + 1;
     }

@@ -55,28 +55,22 @@
  * (struct coda_ring_params). They are copied while the consumers run the
  * tile's last k-blocks; the consumers read each chunk in the epilogue and
  * free its stage as they would a k-block's, and the next tile's k-blocks
- * follow in the ring. */
+ * follow in the ring.
+ *
+ * Measurement probes (timeline stamps, the C store or the whole plain
+ * epilogue left out): CODA_PROBE_* and the macros they set, all in
+ * probes.cuh; the library compiles none of them in. */
 
 #define CODA_BM 128
 #define CODA_BK 64
 #ifndef CODA_GROUP_M
 #define CODA_GROUP_M 8
 #endif
-/* CODA_X_*: experiment switches for bench_gemm's variant runs (never set in
- * production): group size override, wait for each k-step's wgmma before
- * freeing its stage, leave the C store out (CODA_X_NO_STORE) or the whole
- * plain epilogue (CODA_X_NO_EPI): what the epilogue costs. */
-#ifdef CODA_X_ONEARRIVE /* one empty-barrier arrive per consumer warpgroup, not per warp */
-#define CODA_ARRIVERS (CODA_PINGPONG ? 1 : 2)
-#define CODA_IS_ARRIVER (tid == 0)
-#else /* every consumer warp that reads a stage frees it */
+/* Every consumer warp that reads a stage frees it: the ring's chunks are
+ * read per warp, so one arrive per warpgroup would free a chunk other
+ * warps still read (and for k-blocks it measured no faster). */
 #define CODA_ARRIVERS (CODA_PINGPONG ? 4 : 8)
 #define CODA_IS_ARRIVER (tid % 32 == 0)
-#endif
-#ifdef CODA_X_GROUP
-#undef CODA_GROUP_M
-#define CODA_GROUP_M CODA_X_GROUP
-#endif
 #ifndef CODA_CLUSTER
 #define CODA_CLUSTER 1
 #endif
@@ -98,9 +92,6 @@
 #endif
 #if CODA_EPI_RING && CODA_CLUSTER > 1 && CODA_BN != 256
 #error "ring box 1 sits over the CTA's own half of B: needs BN = 256 with clusters (see ring_box)"
-#endif
-#if CODA_EPI_RING && defined(CODA_X_ONEARRIVE)
-#error "ring inputs are freed per warp: CODA_X_ONEARRIVE would free a chunk other warps still read"
 #endif
 #ifndef CODA_C_F32
 #define CODA_C_F32 0
@@ -170,13 +161,8 @@ static __device__ __forceinline__ void coda_tile_coords(int tile, int tiles_m, i
  * into each 128-byte row; MN-major: 16 k-rows further, i.e. two 1024-byte
  * swizzle atoms. LBO (MN-major): 8 KiB between 64-wide MN chunks; SBO: 1 KiB
  * between groups of 8 rows (K-major) or 8 k-rows (MN-major). */
-#ifdef CODA_MN_SWAP /* debugging aid: the other reading of LBO/SBO for MN-major */
-#define CODA_MN_LBO 1024
-#define CODA_MN_SBO 8192
-#else
 #define CODA_MN_LBO 8192
 #define CODA_MN_SBO 1024
-#endif
 static __device__ __forceinline__ u64 coda_desc_a(u32 a_half, int kk) {
 #if CODA_TA
     return coda_desc(a_half + kk * 2048, CODA_MN_LBO, CODA_MN_SBO);
@@ -275,17 +261,6 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
-#ifdef CODA_X_STAGGER
-    /* experiment: odd clusters start CODA_X_STAGGER cycles late, so that
-     * their epilogues fall in the even clusters' k-loops (session 8: the
-     * epilogues got faster, 7.8 -> 6.4 us a tile for rmsnorm_bwd at 4096,
-     * but the whole GEMM slower) */
-    if ((blockIdx.x / CODA_CLUSTER) & 1) {
-        const long long t0_ = clock64();
-        while (clock64() - t0_ < (long long)(CODA_X_STAGGER)) {
-        }
-    }
-#endif
     __syncthreads();
 #if CODA_CLUSTER > 1
     coda_cluster_sync();
@@ -355,10 +330,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
         const int c = wg - 1;
         float acc[CODA_WG_MH][CODA_BN / 2]; /* row block mh: rows 64 mh .. of the warpgroup's */
         int it = 0;
-#ifdef CODA_X_TIMELINE
-        long long tlog_[8][4];
-        int tl_n_ = 0;
-#endif
+        CODA_PROBE_TL_LOG;
 #if CODA_PINGPONG
         /* tiles c, c + 2, c + 4, ... of this CTA's sequence */
         for (int seq = c, unit = unit0 + c * unit_step; unit < n_units;
@@ -374,13 +346,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
 #if CODA_PINGPONG
             if (seq > 0) coda_turn_wait(4 + c);
 #endif
-#ifdef CODA_X_TIMELINE
-            /* experiment (bench_epilogue CODA_BENCH_TIMELINE): clock64 stamps
-             * of consumer warp 0's tiles: tile start, first k-block's data
-             * in, k-loop done, epilogue done */
-            long long *tl_ = tlog_[tl_n_ < 8 ? tl_n_ : 7];
-            tl_[0] = clock64();
-#endif
+            CODA_PROBE_TL_TILE;
             /* this thread's first row of the tile (fragment layout, below) */
             const int trow = tm * CODA_BM + (CODA_PINGPONG ? 0 : 64 * c) + 16 * (tid / 32) + (tid % 32) / 4;
             /* the epilogue's row vectors (and column vectors), loaded now so
@@ -397,14 +363,10 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
             for (int kb = kb_begin; kb < kb_end; kb++, it++) {
                 const int s = it % CODA_STAGES;
                 coda_mbar_wait(FULL(s), (it / CODA_STAGES) & 1);
-#ifdef CODA_X_TIMELINE
-                if (kb == kb_begin) tl_[1] = clock64();
-#endif
+                if (kb == kb_begin) CODA_PROBE_TL_STAMP(1);
                 const u32 sa = base + s * CODA_STAGE_BYTES + (CODA_PINGPONG ? 0 : c * 8192);
                 const u32 sb = base + s * CODA_STAGE_BYTES + CODA_A_BYTES;
-#ifndef CODA_X_NOFENCE
                 CODA_FENCE_ACC(acc);
-#endif
                 coda_wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < CODA_BK / 16; kk++)
@@ -412,19 +374,11 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                     for (int mh = 0; mh < CODA_WG_MH; mh++)
                         coda_wgmma(acc[mh], coda_desc_a(sa + mh * 8192, kk), coda_desc_b(sb, kk), 1);
                 coda_wgmma_commit();
-#ifndef CODA_X_NOFENCE
                 CODA_FENCE_ACC(acc);
-#endif
-#ifdef CODA_X_WAIT0
-                coda_wgmma_wait(0);
-                if (CODA_IS_ARRIVER) {
-                    const int ps = s;
-#else
                 /* keep one wgmma group in flight; free the stage before it */
                 coda_wgmma_wait(1);
                 if (kb > kb_begin && CODA_IS_ARRIVER) {
                     const int ps = (it + CODA_STAGES - 1) % CODA_STAGES;
-#endif
                     coda_stage_release(EMPTY(ps));
                 }
             }
@@ -434,14 +388,8 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
 #endif
             coda_wgmma_wait(0);
             CODA_FENCE_ACC(acc);
-#ifdef CODA_X_TIMELINE
-            tl_[2] = clock64();
-#endif
-#ifdef CODA_X_WAIT0
-            if (0) {
-#else
+            CODA_PROBE_TL_STAMP(2);
             if (kb_end > kb_begin && CODA_IS_ARRIVER) {
-#endif
                 const int ps = (it + CODA_STAGES - 1) % CODA_STAGES;
                 coda_stage_release(EMPTY(ps));
             }
@@ -470,13 +418,8 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                 coda_epi_tile t = coda_tile_view(M, N, tm, tn, trow, c, tid, scratch, cbufs);
                 coda_epi_state st;
                 coda_epi_begin(epi, t, st, pre);
-#if CODA_EPI_STORE_C && defined(CODA_X_NO_EPI)
-                /* experiment: no C at all (what a tile's epilogue costs); the
-                 * sum keeps ptxas from dropping the wgmma whose results die */
-                float keep = 0.0f;
-#pragma unroll
-                for (int i = 0; i < CODA_BN / 2; i++) keep += acc[0][i];
-                if (keep == 1.5e-38f) *(float *)epi.c = keep;
+#if CODA_EPI_STORE_C && CODA_PROBE_NO_EPI
+                coda_probe_keep(acc[0], epi.c);
 #elif CODA_EPI_STORE_C
                 /* C goes out in 128-byte-wide column chunks, each warp its own
                  * 16 rows (the wgmma fragment gives warp w rows 16w..16w+15 of
@@ -536,11 +479,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                     }
                     coda_fence_proxy_async();
                     __syncwarp();
-#ifdef CODA_X_NO_STORE
-                    if (0) {
-#else
-                    if (lane == 0 && (!CODA_C_TAIL || c0 < n16)) {
-#endif
+                    if (CODA_C_ST_OK(lane == 0 && (!CODA_C_TAIL || c0 < n16))) {
                         coda_tma_store(&tma_c, buf, tn * CODA_BN + q * CODA_C_CHUNK_COLS,
                                        trow - (tid % 32) / 4 + 64 * mh);
                         coda_bulk_commit();
@@ -611,21 +550,9 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
 #endif
                 coda_epi_end(epi, t, st);
             }
-#ifdef CODA_X_TIMELINE
-            tl_[3] = clock64();
-            tl_n_++;
-#endif
+            CODA_PROBE_TL_TILE_END;
         }
-#ifdef CODA_X_TIMELINE
-        /* (CTA, tile < 8, stamp) at CODA_X_TIMELINE, a device address the
-         * benchmark put into the options; tile count at [CTA][8][0] */
-        if (threadIdx.x == 128) {
-            long long *out_ = (long long *)(CODA_X_TIMELINE) + (size_t)blockIdx.x * 36;
-            for (int i = 0; i < tl_n_ && i < 8; i++)
-                for (int k = 0; k < 4; k++) out_[4 * i + k] = tlog_[i][k];
-            out_[32] = tl_n_;
-        }
-#endif
+        CODA_PROBE_TL_WRITE;
 #if CODA_EPI_STORE_C || CODA_EPI_TMA_STORES
         /* TMA must have read the staging buffers (the C store's, or the
          * slabs of a generated epilogue's outputs) before the CTA's shared

@@ -2,8 +2,9 @@
  *
  * No CUDA headers: NVRTC does not find them by itself, so bf16 conversion,
  * TMA, mbarriers and wgmma are all inline PTX here. The kernel source is
- * this file, gemm_wgmma.cuh, the epilogue (the splice point, docs/gpu.md)
- * and gemm_mainloop.cuh, concatenated in that order. */
+ * probes.cuh, this file, gemm_wgmma.cuh, the epilogue (the splice point,
+ * docs/gpu.md), gemm_streamk.cuh and gemm_mainloop.cuh, concatenated in
+ * that order (src/cuda/gemm.c). */
 
 #define CODA_STR(x) #x
 #define CODA_XSTR(x) CODA_STR(x)
