@@ -168,6 +168,7 @@ test-c: $(TEST_BIN) $(BUILD)/coda $(BUILD)/tools/op_docs $(BUILD)/libcoda.so
 test-py: lib $(ORACLE_SO) $(LAYOUT_BIN)
 	@set -e; export CODA_ORACLE_LIB=$(abspath $(ORACLE_SO)) CODA_PRINT_LAYOUTS=$(abspath $(LAYOUT_BIN)); \
 	    for t in $(wildcard tests/test_*.py); do echo "== $$t"; $(PYTHON) $$t; done
+	@echo "== tests/test_install.sh"; sh tests/test_install.sh $(PYTHON)
 	@echo "== bench/bench_vs_torch.py --check"; $(PYTHON) bench/bench_vs_torch.py --check
 	@echo "== bench/bench_vs_torch_train.py --check"; $(PYTHON) bench/bench_vs_torch_train.py --check
 

@@ -10,13 +10,14 @@
 #                    full output in build/logs/, a one-line summary at the end
 #
 # Set-up: installs the Debian packages it needs (gcc, make, clang with its
-# fuzzer runtime, PyTorch for Python 3) when they are missing. The CUDA toolkit
+# fuzzer runtime, PyTorch for Python 3, pip/setuptools/wheel for the
+# `pip install .` test) when they are missing. The CUDA toolkit
 # is optional: with nvcc/NVRTC under $CUDA_HOME (default /usr/local/cuda) the
 # CUDA backend is built too.
 set -euo pipefail
 cd "$(dirname "$0")"
 
-PACKAGES="build-essential clang libclang-rt-14-dev python3 python3-torch python3-numpy"
+PACKAGES="build-essential clang libclang-rt-14-dev python3 python3-torch python3-numpy python3-pip python3-setuptools python3-wheel"
 
 setup() {
     local missing=()

@@ -1,6 +1,7 @@
 """coda: a ctypes binding of libcoda (GEMMs whose epilogues are small programs).
 
-The library is found at $CODA_LIB, else at <repo>/build/libcoda.so. Tensors
+The library is found at $CODA_LIB, else inside the installed package
+(`pip install .`), else at <repo>/build/libcoda.so. Tensors
 are torch tensors (CPU, or CUDA when the library was built with CUDA); they
 are described to coda by pointer, dtype, device and byte strides, never
 copied. Every failing call raises coda.Error carrying the status name and
@@ -40,9 +41,16 @@ _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 
 
 def _load():
-    path = os.environ.get("CODA_LIB") or os.path.join(_REPO, "build", "libcoda.so")
+    """$CODA_LIB if set; else the copy `pip install` put in the package;
+    else the repository's build/libcoda.so (running from a checkout)."""
+    path = os.environ.get("CODA_LIB")
+    if not path:
+        here = os.path.dirname(os.path.abspath(__file__))
+        packaged = os.path.join(here, "libcoda.so")
+        path = packaged if os.path.exists(packaged) else os.path.join(_REPO, "build", "libcoda.so")
     if not os.path.exists(path):
-        raise OSError("coda: library not found at %s (run `make lib`, or set CODA_LIB)" % path)
+        raise OSError("coda: library not found at %s (`pip install .` in the repository, `make lib`, "
+                      "or set CODA_LIB)" % path)
     return ctypes.CDLL(path)
 
 
