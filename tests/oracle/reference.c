@@ -112,31 +112,20 @@ static void rms_backward(const double *x, const double *g, const double *r, cons
     rd_all(dg, d);
 }
 
-/* ---- RoPE, rotate-half: y = rd(rd(x cos) + rd(rh(x) sin)), rh(x) = (-x2, x1) ---- */
-
-static void rope_forward(const coda__ref_layer_t *L, const double *x, double *y, int64_t width) {
+/* ---- RoPE, rotate-half: y = rd(rd(x cos) + rd(rh(x) sin)), rh(x) = (-x2, x1) ----
+ * The backward is the same rotation by the opposite angle: dx = rd(rd(dy cos)
+ * + rh^T(rd(dy sin))), rh^T(g1, g2) = (g2, -g1); sign = -1 gives it, and
+ * rd(-v) = -rd(v), so the bits are the same as writing it out. In place is
+ * fine: each pair is read before it is written. */
+static void rope_rotate(const coda__ref_layer_t *L, const double *x, double *y, int64_t width, double sign) {
     int64_t hd = L->cfg.head_dim, half = hd / 2;
     for (int64_t r = 0; r < L->m; r++) {
         const double *cs = L->cos_t + (r % L->seq) * half, *sn = L->sin_t + (r % L->seq) * half;
         for (int64_t c0 = 0; c0 < width; c0 += hd)
             for (int64_t i = 0; i < half; i++) {
                 double x1 = x[r * width + c0 + i], x2 = x[r * width + c0 + i + half];
-                y[r * width + c0 + i] = rd(rd(x1 * cs[i]) + rd(-x2 * sn[i]));
-                y[r * width + c0 + i + half] = rd(rd(x2 * cs[i]) + rd(x1 * sn[i]));
-            }
-    }
-}
-
-/* dx = rd(rd(dy cos) + rh^T(rd(dy sin))), rh^T(g1, g2) = (g2, -g1). In place is fine. */
-static void rope_backward(const coda__ref_layer_t *L, const double *dy, double *dx, int64_t width) {
-    int64_t hd = L->cfg.head_dim, half = hd / 2;
-    for (int64_t r = 0; r < L->m; r++) {
-        const double *cs = L->cos_t + (r % L->seq) * half, *sn = L->sin_t + (r % L->seq) * half;
-        for (int64_t c0 = 0; c0 < width; c0 += hd)
-            for (int64_t i = 0; i < half; i++) {
-                double g1 = dy[r * width + c0 + i], g2 = dy[r * width + c0 + i + half];
-                dx[r * width + c0 + i] = rd(rd(g1 * cs[i]) + rd(g2 * sn[i]));
-                dx[r * width + c0 + i + half] = rd(rd(g2 * cs[i]) - rd(g1 * sn[i]));
+                y[r * width + c0 + i] = rd(rd(x1 * cs[i]) + rd(-sign * x2 * sn[i]));
+                y[r * width + c0 + i + half] = rd(rd(x2 * cs[i]) + rd(sign * x1 * sn[i]));
             }
     }
 }
@@ -443,8 +432,8 @@ coda_status_t coda__ref_forward(coda__ref_layer_t *L, coda__ref_mode_t mode) {
     mm_nt(L->q0, L->n1, w.wq, m, L->nq, d);
     mm_nt(L->k0, L->n1, w.wk, m, L->nkv, d);
     mm_nt(L->v, L->n1, w.wv, m, L->nkv, d);
-    rope_forward(L, L->q0, L->q, L->nq);
-    rope_forward(L, L->k0, L->k, L->nkv);
+    rope_rotate(L, L->q0, L->q, L->nq, 1.0);
+    rope_rotate(L, L->k0, L->k, L->nkv, 1.0);
     attention_forward(L, s, s + L->seq, s + 2 * L->seq);
     mm_nt(t, L->o, w.wo, m, d, L->nq);
     for (int64_t i = 0; i < m * d; i++) L->h[i] = rd(x[i] + t[i]);
@@ -555,8 +544,8 @@ coda_status_t coda__ref_backward(coda__ref_layer_t *L) {
     mm_tn(G->wo, dY, L->o, m, d, nq);
     mm_nn(ta, dY, w.wo, m, d, nq); /* do */
     attention_backward(L, ta, dq, dk, dv, dkh, dvh, s, s + L->seq, s + 2 * L->seq, s + 3 * L->seq);
-    rope_backward(L, dq, dq, nq);
-    rope_backward(L, dk, dk, nkv);
+    rope_rotate(L, dq, dq, nq, -1.0);
+    rope_rotate(L, dk, dk, nkv, -1.0);
     mm_tn(G->wq, dq, L->n1, m, nq, d);
     mm_tn(G->wk, dk, L->n1, m, nkv, d);
     mm_tn(G->wv, dv, L->n1, m, nkv, d);
