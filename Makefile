@@ -25,7 +25,7 @@ else
 WITH_CUDA ?= 0
 endif
 
-LIB_SRC := $(wildcard src/core/*.c src/program/*.c src/codegen/*.c src/cpu/*.c src/layer/*.c)
+LIB_SRC := $(wildcard src/core/*.c src/api/*.c src/program/*.c src/codegen/*.c src/cpu/*.c src/layer/*.c)
 ifeq ($(WITH_CUDA),1)
 LIB_SRC  += $(wildcard src/cuda/*.c)
 override CPPFLAGS += -DCODA_WITH_CUDA=1 -I$(CUDA_HOME)/include -I$(BUILD)/gen
@@ -181,7 +181,7 @@ test-sanitize:
 demo: $(BUILD)/coda
 	$(BUILD)/coda demo
 
-# Only what the parser needs: the rest of src/core calls into the backends.
+# Only what the parser needs: src/api calls into the backends.
 FUZZ_SRC := src/core/status.c src/core/tensor.c $(wildcard src/program/*.c)
 $(BUILD)/fuzz/fuzz_program: fuzz/fuzz_program.c $(FUZZ_SRC)
 	@mkdir -p $(dir $@)

@@ -41,6 +41,7 @@
 #include <cublas_v2.h>
 #include "cuda/backend.h" /* CODA_CUDA_GEMM_NCFG */
 #include "gpu/cuda_check.h"
+#include "tuning.h"
 
 
 #define WARMUP 10
@@ -140,26 +141,18 @@ static int listed(const char *list, const char *name) {
 
 static char run_opts[512]; /* CODA_DEBUG_OPTS as the process started: every job's but B's */
 
-/* The job's CODA_DEBUG_OPTS, which the library reads at every launch
- * (src/cuda/gemm.c); set only when it changes. time_jobs calls it before
- * each run's first event, so that no setenv sits inside a timed run. */
+/* The job's extra NVRTC options and configuration, set through the
+ * context's tuning (tests/tuning.h) when they change; time_jobs calls this
+ * before each run's first event, so nothing of it sits inside a timed run. */
 static void use_opts(const job_t *j) {
     static const char *cur, *cur_cfg;
+    static int set;
     const char *want = j->opts ? j->opts : run_opts;
-    if (want != cur) {
-        if (setenv("CODA_DEBUG_OPTS", want, 1) != 0) {
-            perror("setenv");
-            exit(1);
-        }
-        cur = want;
-    }
-    if (j->cfg != cur_cfg) {
-        if (j->cfg ? setenv("CODA_GEMM_CFG", j->cfg, 1) : unsetenv("CODA_GEMM_CFG")) {
-            perror("setenv");
-            exit(1);
-        }
-        cur_cfg = j->cfg;
-    }
+    if (!set || want != cur) tune_opts(ctx, want);
+    if (!set || j->cfg != cur_cfg) tune_cfg_str(ctx, j->cfg);
+    cur = want;
+    cur_cfg = j->cfg;
+    set = 1;
 }
 
 /* Random device tensors for every argument of j's program, shaped for

@@ -19,6 +19,7 @@
 #include <cublas_v2.h>
 #include "gpu/cuda_check.h"
 #include "cuda/backend.h" /* CODA_CUDA_GEMM_NCFG */
+#include "tuning.h"
 
 #define CUBLAS_OK(call)                                                                   \
     do {                                                                                  \
@@ -239,20 +240,20 @@ int main(int argc, char **argv) {
             for (const char *c = cfgs; *c; c++) {
                 if (*c < '0' || *c >= '0' + CODA_CUDA_GEMM_NCFG) continue;
                 char v[2] = {*c, 0};
-                setenv("CODA_GEMM_CFG", v, 1);
+                tune_cfg_str(ctx, v);
                 /* a digit followed by 's': stream-K forced on; by '-': off */
                 const char *sk = c[1] == 's' ? "1" : c[1] == '-' ? "0" : NULL;
-                if (sk) setenv("CODA_STREAMK", sk, 1);
+                if (sk) tune_streamk(ctx, *sk == '1' ? CODA_STREAMK_ON : CODA_STREAMK_OFF);
                 float tc, tb;
                 time_pair(s, &bf, &tc, &tb);
                 double e = check(s, &bf);
                 printf("   cfg %s%s %6.1f (cuBLAS %6.1f) %.3f%s", v, sk ? (*sk == '1' ? "s" : "-") : "",
                        flop / (tc * 1e-3) / 1e12, flop / (tb * 1e-3) / 1e12, tb / tc,
                        e < 1e-2 ? "" : " MISMATCH");
-                unsetenv("CODA_STREAMK");
+                tune_streamk(ctx, CODA_STREAMK_AUTO);
             }
             printf("\n");
-            unsetenv("CODA_GEMM_CFG");
+            tune_cfg(ctx, -1);
             fflush(stdout);
             CUDA_OK(cudaFree(bf.a[0]));
             CUDA_OK(cudaFree(bf.b[0]));
@@ -298,20 +299,20 @@ int main(int argc, char **argv) {
             printf("    default: %9.1f TF/s\n", fc);
             for (int cfg = 0; cfg < CODA_CUDA_GEMM_NCFG; cfg++) {
                 char v[2] = {(char)('0' + cfg), 0};
-                setenv("CODA_GEMM_CFG", v, 1);
+                tune_cfg_str(ctx, v);
                 float t = time_it(run_coda, s, &bf);
                 printf("    cfg %d: %9.1f TF/s\n", cfg, flop / (t * 1e-3) / 1e12);
             }
             /* the cluster configs with a fixed number of clusters */
             static const char *fixed[] = {"64"};
             for (int f = 0; f < 1; f++) {
-                setenv("CODA_GEMM_CFG", "2", 1);
-                setenv("CODA_DEBUG_CLUSTERS", fixed[f], 1);
+                tune_cfg_str(ctx, "2");
+                tune_clusters(ctx, atoi(fixed[f]));
                 float t = time_it(run_coda, s, &bf);
                 printf("    cfg 2 x%s: %9.1f TF/s\n", fixed[f], flop / (t * 1e-3) / 1e12);
             }
-            unsetenv("CODA_DEBUG_CLUSTERS");
-            unsetenv("CODA_GEMM_CFG");
+            tune_clusters(ctx, 0);
+            tune_cfg(ctx, -1);
         }
         fflush(stdout);
         for (int j = 0; j < bf.sets; j++) {

@@ -1,5 +1,7 @@
-/* context.h - the context object and the hooks between the front end
- * (argument checking, src/core) and the backends (src/cpu, src/cuda). */
+/* context.h - the context object and the interface between the front ends
+ * (argument checking and dispatch, src/api; the layer, src/layer) and the
+ * backends (src/cpu, src/cuda). Both sides include this; neither includes
+ * the other's headers. */
 #ifndef CODA_CONTEXT_H
 #define CODA_CONTEXT_H
 
@@ -8,9 +10,44 @@
 
 struct coda_cuda; /* CUDA backend state, owned by src/cuda; NULL until first use */
 
+/* ---- tuning: what chooses among kernels and launches ----
+ *
+ * Read once from the environment when the context is created (the
+ * variables below are benchmarking and debugging switches, documented in
+ * docs/gpu.md); nothing reads the environment later. Tests and benchmarks
+ * change it with coda__set_tuning, never with setenv. Every kernel's cache
+ * key includes code_key, the hash of the fields that change compiled code,
+ * so a kernel built under one tuning is never launched under another. */
+enum {
+    CODA_STREAMK_OFF = 0,  /* CODA_STREAMK=0: never                              */
+    CODA_STREAMK_ON = 1,   /* CODA_STREAMK=1: whenever there is a partial wave   */
+    CODA_STREAMK_AUTO = 2, /* default: the measured rule (src/cuda/gemm.c)       */
+    CODA_STREAMK_ALL = 3   /* CODA_STREAMK=a: every unit shared out by k-blocks  */
+};
+#define CODA_TUNING_OPTS_CAP 256
+typedef struct coda__tuning {
+    int gemm_cfg;        /* CODA_GEMM_CFG: tile configuration forced (one digit), -1: per shape */
+    int streamk;         /* CODA_STREAMK_*                                              */
+    int clusters;        /* CODA_DEBUG_CLUSTERS: at most this many clusters, 0: all that fit */
+    int l2_promotion;    /* CODA_DEBUG_L2: TMA L2 promotion 0..3 (none, 64, 128, 256 B); 3 */
+    int no_ring;         /* CODA_DEBUG_NO_RING: tile inputs never through the stage ring  */
+    int log_launch;      /* CODA_DEBUG_LAUNCH: each GEMM launch's grid printed to stderr  */
+    char extra_opts[CODA_TUNING_OPTS_CAP]; /* CODA_DEBUG_OPTS: up to 4 more NVRTC options */
+    uint64_t code_key;   /* hash of extra_opts (0 when empty); set by coda__set_tuning    */
+} coda__tuning_t;
+
+/* The defaults, overridden by whatever of the variables above is set. */
+void coda__tuning_from_env(coda__tuning_t *t);
+/* Replace ctx's tuning (validated: CODA_ERR_INVALID_ARG and no change if a
+ * field is out of range); computes code_key. */
+coda_status_t coda__set_tuning(coda_context_t *ctx, const coda__tuning_t *t);
+/* A copy of ctx's tuning (to change one field and set it back). */
+coda__tuning_t coda__get_tuning(const coda_context_t *ctx);
+
 struct coda_context {
     int cpu_threads;          /* >= 1 */
     char cache_dir[1024];     /* compiled-module cache directory */
+    coda__tuning_t tuning;    /* read once at creation (above) */
     struct coda_cuda *cuda;
 };
 
@@ -54,6 +91,32 @@ coda_status_t coda__cuda_finish_rstd(coda_context_t *ctx, const coda_tensor_t *p
 coda_status_t coda__cuda_finish_lse(coda_context_t *ctx, const coda_tensor_t *partials,
                                     const coda_tensor_t *targets, int32_t ignore_index,
                                     coda_tensor_t *lse, coda_tensor_t *loss, void *stream);
+#endif
+
+#ifdef CODA_WITH_CUDA
+/* The device a tensor's data really lives on, as the driver reports it
+ * (src/cuda/driver.c): CODA_ERR_DEVICE for host memory unknown to CUDA or
+ * another device's memory. Checks ts[0..n) (NULL entries skipped). */
+coda_status_t coda__cuda_check_pointers(coda_context_t *ctx, int device_index, const coda_tensor_t *const *ts,
+                                        const char *const *names, int n);
+
+/* Memory on CUDA device `index` for front ends that keep buffers of their
+ * own (the layer; src/cuda/memory.c). Copies and fills are queued on
+ * `stream`, ordered with the kernels on it; `what` names the caller in
+ * messages. */
+coda_status_t coda__cuda_alloc(coda_context_t *ctx, int index, size_t bytes, void **p, const char *what);
+void coda__cuda_release(coda_context_t *ctx, int index, void *p); /* NULL: nothing */
+/* rows x width bytes from src (row pitch spitch) to dst (dpitch); a side
+ * whose *_host is 1 is host memory. A copy into host memory waits for the
+ * stream before it returns. */
+coda_status_t coda__cuda_copy_2d(coda_context_t *ctx, int index, void *dst, size_t dpitch, int dst_host,
+                                 const void *src, size_t spitch, int src_host, size_t width, size_t rows,
+                                 void *stream, const char *what);
+/* rows x width bytes of zeros at dst (row pitch `pitch`), device memory. */
+coda_status_t coda__cuda_zero_2d(coda_context_t *ctx, int index, void *dst, size_t pitch, size_t width,
+                                 size_t rows, void *stream, const char *what);
+/* Wait for everything queued on the stream. */
+coda_status_t coda__cuda_sync(coda_context_t *ctx, int index, void *stream, const char *what);
 #endif
 
 /* GEMM extents from the layout and the A, B descriptors (already checked 2-D). */

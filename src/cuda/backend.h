@@ -85,6 +85,9 @@ typedef struct coda_cuda_api {
     CUresult (*EventDestroy)(CUevent);
     CUresult (*EventRecord)(CUevent, CUstream);
     CUresult (*EventQuery)(CUevent);
+    CUresult (*Memcpy2DAsync)(const CUDA_MEMCPY2D *, CUstream);
+    CUresult (*MemsetD2D8Async)(CUdeviceptr, size_t, unsigned char, size_t, size_t, CUstream);
+    CUresult (*StreamSynchronize)(CUstream);
     /* optional (NULL if the driver lacks it) */
     CUresult (*OccupancyMaxActiveClusters)(int *, CUfunction, const CUlaunchConfig *);
     CUresult (*ThreadExchangeStreamCaptureMode)(CUstreamCaptureMode *);
@@ -116,8 +119,8 @@ coda_status_t coda__cuda_device(coda_context_t *ctx, int index, coda_cuda_device
  * faults on it). The first form runs with the device's context current;
  * the second pushes it and checks ts[0..n) (NULL entries skipped). */
 coda_status_t coda__cuda_check_pointer(struct coda_cuda *cu, const coda_tensor_t *t, const char *what);
-coda_status_t coda__cuda_check_pointers(coda_context_t *ctx, int device_index, const coda_tensor_t *const *ts,
-                                        const char *const *names, int n);
+/* (coda__cuda_check_pointers, the second form, is in core/context.h: the
+ * layer uses it too.) */
 
 /* nvrtc.c: compile CUDA C `src` for sm_90a with `opts` (n_opts strings) to a
  * cubin; the caller frees *cubin. Needs no GPU. On failure the message holds
@@ -159,11 +162,11 @@ int coda__cuda_gemm_pick(int64_t m, int64_t n, int64_t k, int sm_count);
 /* Stream-K split (kernels/gemm_streamk.cuh): how many of `units` tile pairs
  * run whole on `clusters` clusters before the rest is shared out by
  * k-blocks (kiters per unit); `units` means no stream-K. */
-int coda__cuda_streamk_dp_units(int64_t units, int64_t clusters, int64_t kiters, int pingpong);
+int coda__cuda_streamk_dp_units(int64_t units, int64_t clusters, int64_t kiters, int pingpong, int mode);
 
-/* The configuration CODA_GEMM_CFG forces (a benchmarking override: one
- * digit, a valid index), or -1. */
-int coda__cuda_gemm_cfg_override(void);
+/* The configuration ctx's tuning forces (gemm_cfg, a benchmarking
+ * override, when it is a valid index), or -1. */
+int coda__cuda_gemm_cfg_override(const coda_context_t *ctx);
 
 /* The full kernel source for an epilogue: prelude + epilogue + mainloop,
  * and the NVRTC options for a layout and config. Returns a malloc'd string;
@@ -175,7 +178,7 @@ int coda__cuda_gemm_cfg_override(void);
  * these arguments bound (bound[k] for argument k, NULL if none): N16 only
  * when N allows it and every tile argument is 16-byte aligned (base and row
  * stride), since that form moves tiles as 16-byte vectors; RING when N16
- * holds, the schedule is cooperative (pingpong 0) and the program has tile
+ * holds, the schedule is cooperative (pingpong 0; the caller passes 1 also for tuning's no_ring) and the program has tile
  * inputs for the stage ring (2-D tensors). plan (may be NULL) gets the ring
  * plan the form runs with: empty unless RING. */
 coda_cg_form_t coda__cuda_fused_form(const coda_program_t *p, const coda_tensor_t *const *bound, int64_t n,

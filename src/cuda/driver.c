@@ -51,6 +51,9 @@ static coda_status_t load_api(struct coda_cuda *c) {
         {(void **)&c->cu.EventDestroy, "cuEventDestroy_v2"},
         {(void **)&c->cu.EventRecord, "cuEventRecord"},
         {(void **)&c->cu.EventQuery, "cuEventQuery"},
+        {(void **)&c->cu.Memcpy2DAsync, "cuMemcpy2DAsync_v2"},
+        {(void **)&c->cu.MemsetD2D8Async, "cuMemsetD2D8Async"},
+        {(void **)&c->cu.StreamSynchronize, "cuStreamSynchronize"},
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
         *t[i].slot = dlsym(c->lib, t[i].sym);

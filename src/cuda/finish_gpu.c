@@ -2,7 +2,7 @@
  *
  * Tiny one-thread-per-row kernels (kernels/finish.cuh), compiled once by
  * NVRTC and cached like every other kernel. Arguments arrive validated by
- * src/core/finish.c (shapes, strides, dtypes, overlap); what only the driver
+ * src/api/finish.c (shapes, strides, dtypes, overlap); what only the driver
  * can tell, that each tensor is device memory on the device its descriptor
  * names, is checked here before anything is launched. */
 #include "cuda/backend.h"

@@ -24,10 +24,10 @@
  * (gemm_mainloop.cuh), which hides each tile's epilogue behind the other
  * consumer's mainloop, 256 the cooperative one (the plain GEMM's pick);
  * 2-CTA clusters where there are enough tiles to fill the chip twice.
- * CODA_GEMM_CFG (benchmarking) overrides when its tile width matches.
+ * Tuning's gemm_cfg (benchmarking) overrides when its tile width matches.
  * Returns -1 if no configuration has tl.tile_n. */
-static int cfg_for_tiling(coda_tiling_t tl, int64_t m, int64_t n, int sm_count) {
-    int forced = coda__cuda_gemm_cfg_override();
+static int cfg_for_tiling(const coda_context_t *ctx, coda_tiling_t tl, int64_t m, int64_t n, int sm_count) {
+    int forced = coda__cuda_gemm_cfg_override(ctx);
     if (forced >= 0 && coda__cuda_gemm_cfgs[forced].bn == tl.tile_n) return forced;
     int pp = tl.tile_n == PINGPONG_TILE_N, best = -1;
     int pick = coda__cuda_gemm_pick(m, n, 0, sm_count); /* the plain GEMM's, if it fits */
@@ -59,7 +59,7 @@ coda_status_t coda__cuda_choose_tiling(coda_context_t *ctx, int index, int64_t m
     int sm_count = coda__cuda_device(ctx, index, &d) == CODA_OK ? d->sm_count : 132;
     tiling->tile_m = GPU_TILE_M;
     tiling->tile_n = coda__cuda_gemm_cfgs[coda__cuda_gemm_pick(m, n, k, sm_count)].bn;
-    int forced = coda__cuda_gemm_cfg_override(); /* as in cfg_for_tiling */
+    int forced = coda__cuda_gemm_cfg_override(ctx); /* as in cfg_for_tiling */
     if (forced >= 0) tiling->tile_n = coda__cuda_gemm_cfgs[forced].bn;
     return CODA_OK;
 }
@@ -91,8 +91,8 @@ coda_cg_form_t coda__cuda_fused_form(const coda_program_t *p, const coda_tensor_
     /* tile inputs through the stage ring (TMA), on the cooperative schedule
      * only (ping-pong would read them pair by pair from global memory):
      * 2-D, rows at least a row's bytes and less than 2^40 bytes apart.
-     * CODA_DEBUG_NO_RING (experiments) keeps the N16 form. */
-    if (pingpong || getenv("CODA_DEBUG_NO_RING")) return form;
+     * (Tuning's no_ring, an experiment, is passed in as pingpong.) */
+    if (pingpong) return form;
     coda_ring_plan_t ring;
     coda__codegen_ring_plan(p, &ring);
     if (ring.nbox == 0) return form;
@@ -144,7 +144,7 @@ coda_status_t coda__cuda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout
                           "needs %d on the GPU (coda_choose_tiling)", tiling.tile_m, GPU_TILE_M);
     coda_cuda_device_t *d;
     CODA_TRY(coda__cuda_device(ctx, a->device_index, &d));
-    int cfg = cfg_for_tiling(tiling, m, n, d->sm_count);
+    int cfg = cfg_for_tiling(ctx, tiling, m, n, d->sm_count);
     if (cfg < 0)
         return coda__fail(CODA_ERR_UNSUPPORTED,
                           "fused GEMM on CUDA: tiling.tile_n %d; the GPU mainloop has 128 or 256",
@@ -173,7 +173,7 @@ coda_status_t coda__cuda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout
     const char *src = NULL; /* generated and hashed once per program and form */
     const uint64_t *key = NULL;
     coda_ring_plan_t rp;
-    coda_cg_form_t form = coda__cuda_fused_form(p, bound, n, coda__cuda_gemm_cfgs[cfg].pingpong, &rp);
+    coda_cg_form_t form = coda__cuda_fused_form(p, bound, n, coda__cuda_gemm_cfgs[cfg].pingpong || ctx->tuning.no_ring, &rp);
     CODA_TRY(coda__codegen_cuda_cached(p, form, &src, &key));
     coda_epi_params_t params;
     fill_params(p, bound, scalars, m, n, &params);

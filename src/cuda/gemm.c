@@ -33,10 +33,9 @@ int coda__cuda_gemm_pick(int64_t m, int64_t n, int64_t k, int sm_count) {
     return 0;
 }
 
-int coda__cuda_gemm_cfg_override(void) {
-    const char *env = getenv("CODA_GEMM_CFG");
-    if (env && *env >= '0' && *env < '0' + CODA_CUDA_GEMM_NCFG && !env[1]) return *env - '0';
-    return -1;
+int coda__cuda_gemm_cfg_override(const coda_context_t *ctx) {
+    int c = ctx->tuning.gemm_cfg;
+    return c >= 0 && c < CODA_CUDA_GEMM_NCFG ? c : -1;
 }
 
 /* NULL: the epilogue's place (probes.cuh first: the epilogue uses it too) */
@@ -85,26 +84,33 @@ int coda__cuda_gemm_options(coda_layout_t layout, const coda_cuda_gemm_cfg_t *cf
     opts[n++] = "--std=c++17";
     opts[n++] = "-default-device";
     int ta = layout == CODA_LAYOUT_TN, tb = layout != CODA_LAYOUT_NT;
-    snprintf(optbuf, optcap, "-DCODA_BN=%d%c-DCODA_STAGES=%d%c-DCODA_TA=%d%c-DCODA_TB=%d%c"
-             "-DCODA_CLUSTER=%d%c-DCODA_EPI_STORE_C=%d%c-DCODA_C_F32=%d%c-DCODA_GROUP_M=%d%c"
-             "-DCODA_PINGPONG=%d%c-DCODA_EPI_STAGE=%d%c-DCODA_STREAMK=%d",
-             cfg->bn, 0, cfg->stages, 0, ta, 0, tb, 0, cfg->cluster_m, 0, store_c, 0, c_f32,
-             0, cfg->group_m, 0, cfg->pingpong, 0, !store_c, 0, streamk && !cfg->pingpong);
-    const char *p = optbuf;
-    for (int i = 0; i < 11; i++) { /* the 11 options above */
-        opts[n++] = p;
-        p += strlen(p) + 1;
+    const struct { const char *name; int value; } defs[] = {
+        {"CODA_BN", cfg->bn},           {"CODA_STAGES", cfg->stages},     {"CODA_TA", ta},
+        {"CODA_TB", tb},                {"CODA_CLUSTER", cfg->cluster_m}, {"CODA_EPI_STORE_C", store_c},
+        {"CODA_C_F32", c_f32},          {"CODA_GROUP_M", cfg->group_m},   {"CODA_PINGPONG", cfg->pingpong},
+        {"CODA_EPI_STAGE", !store_c},   {"CODA_STREAMK", streamk && !cfg->pingpong},
+    };
+    size_t used = 0;
+    for (size_t i = 0; i < sizeof defs / sizeof defs[0] && n < CODA_CUDA_GEMM_MAX_OPTS; i++) {
+        int w = snprintf(optbuf + used, optcap - used, "-D%s=%d", defs[i].name, defs[i].value);
+        if (w < 0 || used + (size_t)w + 1 > optcap) break; /* optbuf too small: fewer options, a compile error */
+        opts[n++] = optbuf + used;
+        used += (size_t)w + 1;
     }
-    /* CODA_DEBUG_OPTS: up to 4 extra space-separated options (experiments) */
-    const char *x = getenv("CODA_DEBUG_OPTS");
-    size_t used = (size_t)(p - optbuf);
-    while (x && *x && n < CODA_CUDA_GEMM_MAX_OPTS && used + 64 < optcap) {
+    return n;
+}
+
+/* Tuning's extra NVRTC options (experiments): up to 4 space-separated
+ * options after the n in opts, copied into buf; returns the new count. */
+static int extra_options(const char *x, const char **opts, int n, char *buf, size_t cap) {
+    size_t used = 0;
+    for (int added = 0; x && *x && added < 4 && n < CODA_CUDA_GEMM_MAX_OPTS && used + 64 < cap; added++) {
         while (*x == ' ') x++;
         size_t len = strcspn(x, " ");
         if (!len || len > 60) break;
-        memcpy(optbuf + used, x, len);
-        optbuf[used + len] = 0;
-        opts[n++] = optbuf + used;
+        memcpy(buf + used, x, len);
+        buf[used + len] = 0;
+        opts[n++] = buf + used;
         used += len + 1;
         x += len;
     }
@@ -146,15 +152,9 @@ coda_status_t coda__cuda_check_operands(coda_layout_t layout, const coda_tensor_
     return CODA_OK;
 }
 
-/* L2 sector promotion for TMA loads; CODA_DEBUG_L2 (0..3: none, 64, 128,
- * 256 bytes) is an experiment switch for bench_gemm. */
-static CUtensorMapL2promotion l2_promotion(void) {
-    const char *e = getenv("CODA_DEBUG_L2");
-    if (e && *e >= '0' && *e <= '3' && !e[1]) return (CUtensorMapL2promotion)(*e - '0');
-    return CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
-}
-
-static coda_status_t encode_swizzled(struct coda_cuda *cu, CUtensorMap *map, const coda_tensor_t *t,
+/* L2 sector promotion for TMA loads: 256 bytes, unless tuning's
+ * l2_promotion (an experiment switch for bench_gemm) says otherwise. */
+static coda_status_t encode_swizzled(const coda_context_t *ctx, CUtensorMap *map, const coda_tensor_t *t,
                                      int64_t inner, int64_t outer, int box_inner, int box_outer,
                                      CUtensorMapSwizzle swizzle, const char *what) {
     CUtensorMapDataType dt = t->dtype == CODA_F32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
@@ -164,19 +164,20 @@ static coda_status_t encode_swizzled(struct coda_cuda *cu, CUtensorMap *map, con
     cuuint64_t strides[1] = {(cuuint64_t)(t->stride[0] >= 16 ? t->stride[0] : 16)};
     cuuint32_t box[2] = {(cuuint32_t)box_inner, (cuuint32_t)box_outer};
     cuuint32_t estr[2] = {1, 1};
+    struct coda_cuda *cu = ctx->cuda;
     CODA_CU(cu,
             cu->cu.TensorMapEncodeTiled(map, dt, 2, t->data, dims,
                                         strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                        swizzle, l2_promotion(),
+                                        swizzle, (CUtensorMapL2promotion)ctx->tuning.l2_promotion,
                                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
             what);
     return CODA_OK;
 }
 
-static coda_status_t encode(struct coda_cuda *cu, CUtensorMap *map, const coda_tensor_t *t,
+static coda_status_t encode(const coda_context_t *ctx, CUtensorMap *map, const coda_tensor_t *t,
                             int64_t inner, int64_t outer, int box_inner, int box_outer,
                             const char *what) {
-    return encode_swizzled(cu, map, t, inner, outer, box_inner, box_outer, CU_TENSOR_MAP_SWIZZLE_128B, what);
+    return encode_swizzled(ctx, map, t, inner, outer, box_inner, box_outer, CU_TENSOR_MAP_SWIZZLE_128B, what);
 }
 
 /* Variant bits of the plain GEMM's kernel (`simple` below). */
@@ -192,8 +193,8 @@ static coda_status_t get_kernel(coda_context_t *ctx, coda_cuda_device_t *d, coda
                                 int cfg_index, int store_c, int c_f32, int streamk, int simple,
                                 const char *epilogue_src, const uint64_t *epilogue_key, CUfunction *fn) {
     const char *plain = coda__cuda_source("epi_plain.cuh");
-    const char *xopts = getenv("CODA_DEBUG_OPTS");
-    int is_plain = epilogue_src == plain && store_c && !(xopts && *xopts);
+    const coda__tuning_t *tu = &ctx->tuning;
+    int is_plain = epilogue_src == plain && store_c && !tu->code_key;
     if (epilogue_src != plain) simple = 0; /* the plain epilogue's variant bits */
     if (is_plain && d->plain_fn[layout][cfg_index][c_f32][streamk][simple]) {
         *fn = d->plain_fn[layout][cfg_index][c_f32][streamk][simple];
@@ -212,9 +213,9 @@ static coda_status_t get_kernel(coda_context_t *ctx, coda_cuda_device_t *d, coda
     }
     quick[0] = coda__hash(key[0], &variant, sizeof variant);
     quick[1] = coda__hash(key[1], &variant, sizeof variant);
-    if (xopts && *xopts) {
-        quick[0] = coda__hash(quick[0], xopts, strlen(xopts));
-        quick[1] = coda__hash(quick[1], xopts, strlen(xopts));
+    if (tu->code_key) { /* the tuning that changes code is part of the key */
+        quick[0] = coda__hash(quick[0], &tu->code_key, sizeof tu->code_key);
+        quick[1] = coda__hash(quick[1], &tu->code_key, sizeof tu->code_key);
     }
     CUfunction f = coda__cuda_kernel_find(d, quick);
     if (!f) {
@@ -226,6 +227,8 @@ static coda_status_t get_kernel(coda_context_t *ctx, coda_cuda_device_t *d, coda
                                              c_f32, streamk, opts, optbuf, sizeof optbuf);
         if ((simple & PLAIN_SIMPLE) && n_opts < CODA_CUDA_GEMM_MAX_OPTS) opts[n_opts++] = "-DCODA_PLAIN_SIMPLE=1";
         if ((simple & PLAIN_C_TAIL) && n_opts < CODA_CUDA_GEMM_MAX_OPTS) opts[n_opts++] = "-DCODA_C_TAIL=1";
+        char xbuf[CODA_TUNING_OPTS_CAP + 64];
+        n_opts = extra_options(tu->extra_opts, opts, n_opts, xbuf, sizeof xbuf);
         coda_status_t s = coda__cuda_kernel(ctx, d, src, opts, n_opts, "coda_gemm_kernel", quick, &f);
         free(src);
         CODA_TRY(s);
@@ -262,7 +265,7 @@ static int tma_tile_ok(const coda_tensor_t *t) {
 
 /* The ring's tensor maps: boxes of 128 rows x 128 bytes, 128B-swizzled,
  * as the generated epilogue reads them. */
-static coda_status_t ring_maps(struct coda_cuda *cu, const coda_cuda_epi_io_t *ring, ring_params_t *rp) {
+static coda_status_t ring_maps(const coda_context_t *ctx, const coda_cuda_epi_io_t *ring, ring_params_t *rp) {
     memset(rp, 0, sizeof *rp);
     if (!ring || ring->nbox <= 0) return CODA_OK;
     if (ring->nbox > CODA_RING_MAX_BOX)
@@ -272,7 +275,7 @@ static coda_status_t ring_maps(struct coda_cuda *cu, const coda_cuda_epi_io_t *r
         if (!tma_tile_ok(t))
             return coda__fail(CODA_ERR_INTERNAL, "CUDA GEMM: ring box %d: not a 16-byte aligned 2-D bf16/f32 tile", b);
         int elems = 128 / (int)coda_dtype_size(t->dtype);
-        CODA_TRY(encode(cu, &rp->map[b], t, t->shape[1], t->shape[0], elems, 128, "cuTensorMapEncodeTiled(ring)"));
+        CODA_TRY(encode(ctx, &rp->map[b], t, t->shape[1], t->shape[0], elems, 128, "cuTensorMapEncodeTiled(ring)"));
         rp->xmul[b] = ring->xmul[b];
         rp->xadd[b] = ring->xadd[b];
     }
@@ -290,7 +293,7 @@ _Static_assert(sizeof(store_maps_t) == 128 * CODA_STORE_MAX_MAP,
 /* The store plan's tensor maps (codegen.h): boxes of 16 rows x cols
  * elements, swizzled by the row's bytes (32, 64 or 128), as the generated
  * coda_epi_flush lays out the warp's slab region. */
-static coda_status_t store_maps(struct coda_cuda *cu, const coda_cuda_epi_io_t *io, store_maps_t *sm) {
+static coda_status_t store_maps(const coda_context_t *ctx, const coda_cuda_epi_io_t *io, store_maps_t *sm) {
     memset(sm, 0, sizeof *sm);
     if (!io || io->nstore <= 0) return CODA_OK;
     if (io->nstore > CODA_STORE_MAX_MAP)
@@ -302,7 +305,7 @@ static coda_status_t store_maps(struct coda_cuda *cu, const coda_cuda_epi_io_t *
                                 : bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
         if (!tma_tile_ok(t) || (bytes != 32 && bytes != 64 && bytes != 128))
             return coda__fail(CODA_ERR_INTERNAL, "CUDA GEMM: store map %d: not a 16-byte aligned 2-D bf16/f32 tile", s);
-        CODA_TRY(encode_swizzled(cu, &sm->map[s], t, t->shape[1], t->shape[0], io->store_cols[s], 16, sw,
+        CODA_TRY(encode_swizzled(ctx, &sm->map[s], t, t->shape[1], t->shape[0], io->store_cols[s], 16, sw,
                                  "cuTensorMapEncodeTiled(store)"));
     }
     return CODA_OK;
@@ -334,20 +337,19 @@ _Static_assert(offsetof(sk_params_t, flag) == 8 && offsetof(sk_params_t, dp_unit
  * +1-2% at 15.5 waves (8192^3, the 16384 x 4096 layer GEMMs), 27 waves
  * (gate/up wgrad), but -3% at 3.9 waves (4096^3) and -13% at 3.9 waves with
  * K = 16384 (o wgrad). Hence: at least 8 whole waves, and a partial wave
- * that leaves at least 1% of the machine idle. CODA_STREAMK=0: never; =1:
+ * that leaves at least 1% of the machine idle. mode (tuning, context.h):
+ * CODA_STREAMK=0: never; =1:
  * whenever there is a partial wave (tests); =a (experiment): every unit
  * shared out by k-blocks, so that the CTAs' epilogues fall at staggered
  * times rather than all at the end of each wave. */
-int coda__cuda_streamk_dp_units(int64_t units, int64_t clusters, int64_t kiters, int pingpong) {
-    const char *env = getenv("CODA_STREAMK");
-    const int one_char = env && env[0] && !env[1];
-    const int mode = !one_char ? 2 : env[0] == '0' ? 0 : env[0] == '1' ? 1 : env[0] == 'a' ? 3 : 2;
-    if (mode == 0 || pingpong || clusters < 2 || units <= clusters || (units % clusters == 0 && mode != 3) ||
+int coda__cuda_streamk_dp_units(int64_t units, int64_t clusters, int64_t kiters, int pingpong, int mode) {
+    if (mode == CODA_STREAMK_OFF || pingpong || clusters < 2 || units <= clusters ||
+        (units % clusters == 0 && mode != CODA_STREAMK_ALL) ||
         kiters < 4 || units * kiters >= INT32_MAX) /* the kernel numbers k-blocks in an int */
         return (int)units;
-    if (mode == 3) return 0;
+    if (mode == CODA_STREAMK_ALL) return 0;
     int64_t waves = coda__cdiv(units, clusters), idle = waves * clusters - units;
-    if (mode == 2 && (units / clusters < 8 || idle * 100 < waves * clusters)) return (int)units;
+    if (mode == CODA_STREAMK_AUTO && (units / clusters < 8 || idle * 100 < waves * clusters)) return (int)units;
     return (int)((units / clusters - 1) * clusters);
 }
 
@@ -439,16 +441,16 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
      * into the row's padding (measured on the H200: up to 14 bytes a row);
      * the kernel stores columns n16 .. N-1 itself (gemm_mainloop.cuh). */
     int64_t n16 = n & ~(int64_t)(c_f32 ? 3 : 7);
-    if (c_out) CODA_TRY(encode(cu, &map_c, c_out, n16, m, c_f32 ? 32 : 64, 16, "cuTensorMapEncodeTiled(c)"));
+    if (c_out) CODA_TRY(encode(ctx, &map_c, c_out, n16, m, c_f32 ? 32 : 64, 16, "cuTensorMapEncodeTiled(c)"));
     if (layout == CODA_LAYOUT_TN)
-        CODA_TRY(encode(cu, &map_a, a, m, k, 64, 64, "cuTensorMapEncodeTiled(a)"));
+        CODA_TRY(encode(ctx, &map_a, a, m, k, 64, 64, "cuTensorMapEncodeTiled(a)"));
     else
-        CODA_TRY(encode(cu, &map_a, a, k, m, 64, cfg->bm, "cuTensorMapEncodeTiled(a)"));
+        CODA_TRY(encode(ctx, &map_a, a, k, m, 64, cfg->bm, "cuTensorMapEncodeTiled(a)"));
     if (layout == CODA_LAYOUT_NT)
-        CODA_TRY(encode(cu, &map_b, b, k, n, 64, cfg->bn / cfg->cluster_m,
+        CODA_TRY(encode(ctx, &map_b, b, k, n, 64, cfg->bn / cfg->cluster_m,
                         "cuTensorMapEncodeTiled(b)"));
     else
-        CODA_TRY(encode(cu, &map_b, b, n, k, 64, 64, "cuTensorMapEncodeTiled(b)"));
+        CODA_TRY(encode(ctx, &map_b, b, n, k, 64, 64, "cuTensorMapEncodeTiled(b)"));
 
     size_t smem = coda__cuda_gemm_smem(cfg) + scratch_bytes;
     if (smem > (size_t)d->smem_optin)
@@ -459,9 +461,9 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
     int64_t units = tiles_m2 * coda__cdiv(n, cfg->bn);
     int Mi = (int)m, Ni = (int)n, Ki = (int)k;
     ring_params_t rp;
-    CODA_TRY(ring_maps(cu, io, &rp));
+    CODA_TRY(ring_maps(ctx, io, &rp));
     store_maps_t sm;
-    CODA_TRY(store_maps(cu, io, &sm));
+    CODA_TRY(store_maps(ctx, io, &sm));
 
     CUlaunchAttribute attr[1];
     attr[0].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
@@ -497,9 +499,10 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
                 d->max_clusters[cfg_index] = (int)clusters;
         }
         if (d->max_clusters[cfg_index] < clusters) clusters = d->max_clusters[cfg_index];
-        const char *env = getenv("CODA_DEBUG_CLUSTERS"); /* benchmarking override (never more than
-                                                              fit at once: stream-K waits on peers) */
-        if (env && atoi(env) > 0 && atoi(env) <= d->max_clusters[cfg_index]) clusters = atoi(env);
+        /* tuning's override (benchmarks): never more than fit at once, since
+         * stream-K waits on its peers */
+        int want = ctx->tuning.clusters;
+        if (want > 0 && want <= d->max_clusters[cfg_index]) clusters = want;
     }
     if (units < clusters) clusters = units;
     if (clusters < 1) clusters = 1;
@@ -508,7 +511,7 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
     sk_params_t skp;
     memset(&skp, 0, sizeof skp);
     int64_t kiters = coda__cdiv(k, cfg->bk);
-    int dp_units = coda__cuda_streamk_dp_units(units, clusters, kiters, cfg->pingpong);
+    int dp_units = coda__cuda_streamk_dp_units(units, clusters, kiters, cfg->pingpong, ctx->tuning.streamk);
     coda_cuda_sk_ws_t *ws = dp_units < units ? sk_workspace(cu, d, (CUstream)stream) : NULL;
     skp.dp_units = ws ? dp_units : (int)units;
     if (ws) {
@@ -523,7 +526,7 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
         CODA_TRY(get_kernel(ctx, d, layout, cfg_index, store_c, c_f32, ws != NULL, simple, epilogue_src,
                             epilogue_key, &fn));
     void *args[] = {&map_a, &map_b, &map_c, &Mi, &Ni, &Ki, (void *)params, &rp, &sm, &skp};
-    if (getenv("CODA_DEBUG_LAUNCH"))
+    if (ctx->tuning.log_launch)
         fprintf(stderr, "coda gemm: cfg %d %dx%d cluster %d, %lld units%s, grid %u, smem %zu, max clusters %d\n",
                 cfg_index, cfg->bm, cfg->bn, cfg->cluster_m, (long long)units,
                 skp.dp_units < units ? " (stream-K tail)" : "", lc.gridDimX, smem, d->max_clusters[cfg_index]);
@@ -611,7 +614,7 @@ coda_status_t coda__cuda_gemm(coda_context_t *ctx, coda_layout_t layout, const c
 
     coda_cuda_device_t *d;
     CODA_TRY(coda__cuda_device(ctx, a->device_index, &d));
-    int cfg = coda__cuda_gemm_cfg_override();
+    int cfg = coda__cuda_gemm_cfg_override(ctx);
     if (cfg < 0) cfg = coda__cuda_gemm_pick(m, n, k, d->sm_count);
 
     plain_params_t p;

@@ -32,9 +32,6 @@
 #include "layer/llama.h"
 #include "core/context.h"
 #include "layer/attention.h"
-#ifdef CODA_WITH_CUDA
-#include "cuda/backend.h"
-#endif
 
 #include <math.h>
 #include <stdio.h>

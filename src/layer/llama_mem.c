@@ -1,86 +1,42 @@
 /* llama_mem.c - memory on the layer's device: allocation, copies between the
  * CPU and the device (any row strides), zeroing.
  *
- * On the CPU these are malloc / memcpy / memset. On CUDA they use the driver
- * the CUDA backend opened (its dlopen handle; the entry points are looked up
- * here, so the backend's table stays as it is). Copies and fills are queued on
- * the caller's stream, so they are ordered with the GEMMs on it (also when it
- * is a non-blocking stream, as PyTorch's side streams are); a copy into host
- * memory then waits for the stream, because the layer's host steps (attention
- * and the other CPU steps, until they have GPU kernels) read it next. */
+ * On the CPU these are aligned_alloc / memcpy / memset; on CUDA the backend's
+ * memory calls (core/context.h, src/cuda/memory.c), queued on the caller's
+ * stream so they are ordered with the GEMMs on it. A copy into host memory
+ * waits for the stream, because the layer's host steps read it next. */
 #include "layer/llama.h"
 #include "core/context.h"
 
 #include <stdlib.h>
 
-#ifdef CODA_WITH_CUDA
-#include "cuda/backend.h"
-#include <dlfcn.h>
-#endif
-
 struct coda__llama_mem {
+    coda_context_t *ctx;
     coda_device_t device;
     int device_index;
-#ifdef CODA_WITH_CUDA
-    struct coda_cuda *cuda;
-    coda_cuda_device_t *dev;
-    CUresult (*MemAlloc)(CUdeviceptr *, size_t);
-    CUresult (*MemFree)(CUdeviceptr);
-    CUresult (*Memcpy2DAsync)(const CUDA_MEMCPY2D *, CUstream);
-    CUresult (*MemsetD2D8Async)(CUdeviceptr, size_t, unsigned char, size_t, size_t, CUstream);
-    CUresult (*StreamSynchronize)(CUstream);
-#endif
 };
 
 coda_status_t coda__llama_mem_open(coda_context_t *ctx, coda_device_t device, int device_index,
                                    coda__llama_mem_t **out) {
+#ifndef CODA_WITH_CUDA
+    if (device != CODA_DEVICE_CPU)
+        return coda__fail(CODA_ERR_DEVICE, "coda_llama_create: CUDA device asked for, but this build has no CUDA backend");
+#endif
     coda__llama_mem_t *m = calloc(1, sizeof *m);
     if (!m) return coda__fail(CODA_ERR_NO_MEMORY, "coda_llama_create: out of memory");
+    m->ctx = ctx;
     m->device = device;
     m->device_index = device_index;
-    if (device == CODA_DEVICE_CPU) {
-        *out = m;
-        return CODA_OK;
-    }
-#ifdef CODA_WITH_CUDA
-    coda_status_t s = coda__cuda_get(ctx, &m->cuda);
-    if (s == CODA_OK) s = coda__cuda_device(ctx, device_index, &m->dev);
-    struct { void **slot; const char *sym; } t[] = {
-        {(void **)&m->MemAlloc, "cuMemAlloc_v2"},
-        {(void **)&m->MemFree, "cuMemFree_v2"},
-        {(void **)&m->Memcpy2DAsync, "cuMemcpy2DAsync_v2"},
-        {(void **)&m->MemsetD2D8Async, "cuMemsetD2D8Async"},
-        {(void **)&m->StreamSynchronize, "cuStreamSynchronize"},
-    };
-    for (size_t i = 0; s == CODA_OK && i < sizeof t / sizeof t[0]; i++) {
-        *t[i].slot = dlsym(m->cuda->lib, t[i].sym);
-        if (!*t[i].slot) s = coda__fail(CODA_ERR_DEVICE, "coda_llama_create: the CUDA driver has no %s", t[i].sym);
-    }
-    if (s != CODA_OK) {
-        free(m);
-        return s;
-    }
     *out = m;
     return CODA_OK;
-#else
-    (void)ctx;
-    free(m);
-    return coda__fail(CODA_ERR_DEVICE, "coda_llama_create: CUDA device asked for, but this build has no CUDA backend");
-#endif
 }
 
 void coda__llama_mem_close(coda__llama_mem_t *m) { free(m); }
 
-#ifdef CODA_WITH_CUDA
-/* Run a driver call with the device's context current. */
-#define WITH_CTX(m, call, what)                                                    \
-    do {                                                                           \
-        CODA_CU((m)->cuda, (m)->cuda->cu.CtxPushCurrent((m)->dev->pctx), "cuCtxPushCurrent"); \
-        CUresult r_ = (call);                                                      \
-        CUcontext prev_;                                                           \
-        (m)->cuda->cu.CtxPopCurrent(&prev_);                                       \
-        if (r_ != CUDA_SUCCESS) return coda__cu_fail((m)->cuda, r_, (what));       \
-    } while (0)
+#ifndef CODA_WITH_CUDA
+static coda_status_t no_cuda(const char *what) {
+    return coda__fail(CODA_ERR_DEVICE, "%s: CUDA tensor, but this build has no CUDA backend", what);
+}
 #endif
 
 coda_status_t coda__llama_mem_alloc(coda__llama_mem_t *m, size_t bytes, void **p) {
@@ -91,12 +47,9 @@ coda_status_t coda__llama_mem_alloc(coda__llama_mem_t *m, size_t bytes, void **p
         return CODA_OK;
     }
 #ifdef CODA_WITH_CUDA
-    CUdeviceptr d = 0;
-    WITH_CTX(m, m->MemAlloc(&d, bytes), "coda_llama_create: cuMemAlloc");
-    *p = (void *)(uintptr_t)d;
-    return CODA_OK;
+    return coda__cuda_alloc(m->ctx, m->device_index, bytes, p, "coda_llama_create: cuMemAlloc");
 #else
-    return coda__fail(CODA_ERR_DEVICE, "no CUDA backend");
+    return no_cuda("coda_llama_create");
 #endif
 }
 
@@ -107,11 +60,7 @@ void coda__llama_mem_free(coda__llama_mem_t *m, void *p) {
         return;
     }
 #ifdef CODA_WITH_CUDA
-    if (m->cuda->cu.CtxPushCurrent(m->dev->pctx) == CUDA_SUCCESS) {
-        m->MemFree((CUdeviceptr)(uintptr_t)p);
-        CUcontext prev;
-        m->cuda->cu.CtxPopCurrent(&prev);
-    }
+    coda__cuda_release(m->ctx, m->device_index, p);
 #endif
 }
 
@@ -149,35 +98,11 @@ coda_status_t coda__llama_mem_copy(coda__llama_mem_t *m, const coda_tensor_t *sr
         return CODA_OK;
     }
 #ifdef CODA_WITH_CUDA
-    if (rows == 0 || rb == 0) return CODA_OK;
-    CUDA_MEMCPY2D c;
-    memset(&c, 0, sizeof c);
-    if (src->device == CODA_DEVICE_CPU) {
-        c.srcMemoryType = CU_MEMORYTYPE_HOST;
-        c.srcHost = src->data;
-    } else {
-        c.srcMemoryType = CU_MEMORYTYPE_DEVICE;
-        c.srcDevice = (CUdeviceptr)(uintptr_t)src->data;
-    }
-    if (dst->device == CODA_DEVICE_CPU) {
-        c.dstMemoryType = CU_MEMORYTYPE_HOST;
-        c.dstHost = dst->data;
-    } else {
-        c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
-        c.dstDevice = (CUdeviceptr)(uintptr_t)dst->data;
-    }
-    c.srcPitch = sp;
-    c.dstPitch = dp;
-    c.WidthInBytes = rb;
-    c.Height = rows;
-    WITH_CTX(m, m->Memcpy2DAsync(&c, (CUstream)stream), "layer copy: cuMemcpy2DAsync");
-    if (dst->device == CODA_DEVICE_CPU)
-        WITH_CTX(m, m->StreamSynchronize((CUstream)stream), "layer copy: cuStreamSynchronize");
-    return CODA_OK;
+    return coda__cuda_copy_2d(m->ctx, m->device_index, dst->data, dp, dst->device == CODA_DEVICE_CPU, src->data, sp,
+                              src->device == CODA_DEVICE_CPU, rb, rows, stream, "layer copy: cuMemcpy2DAsync");
 #else
-    (void)m;
     (void)stream;
-    return coda__fail(CODA_ERR_DEVICE, "layer copy: CUDA tensor, but this build has no CUDA backend");
+    return no_cuda("layer copy");
 #endif
 }
 
@@ -189,20 +114,18 @@ coda_status_t coda__llama_mem_zero(coda__llama_mem_t *m, coda_tensor_t *t, void 
         return CODA_OK;
     }
 #ifdef CODA_WITH_CUDA
-    if (rows == 0 || rb == 0) return CODA_OK;
-    WITH_CTX(m, m->MemsetD2D8Async((CUdeviceptr)(uintptr_t)t->data, pitch, 0, rb, rows, (CUstream)stream),
-             "layer zero: cuMemsetD2D8Async");
-    return CODA_OK;
+    return coda__cuda_zero_2d(m->ctx, m->device_index, t->data, pitch, rb, rows, stream,
+                              "layer zero: cuMemsetD2D8Async");
 #else
-    (void)m;
     (void)stream;
-    return coda__fail(CODA_ERR_DEVICE, "layer zero: CUDA tensor, but this build has no CUDA backend");
+    return no_cuda("layer zero");
 #endif
 }
 
 coda_status_t coda__llama_mem_sync(coda__llama_mem_t *m, void *stream) {
 #ifdef CODA_WITH_CUDA
-    if (m->device == CODA_DEVICE_CUDA) WITH_CTX(m, m->StreamSynchronize((CUstream)stream), "cuStreamSynchronize");
+    if (m->device == CODA_DEVICE_CUDA)
+        return coda__cuda_sync(m->ctx, m->device_index, stream, "cuStreamSynchronize");
 #else
     (void)m;
     (void)stream;

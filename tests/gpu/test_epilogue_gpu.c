@@ -16,6 +16,7 @@
 #include "harness.h"
 
 #include "gpu/cuda_check.h"
+#include "tuning.h"
 
 
 static coda_context_t *ctx;
@@ -223,10 +224,10 @@ static void run_case(const char *text, coda_layout_t layout, int64_t m, int64_t 
     h_rng r = rng_new(seed++);
     pad_rows = n % 2 != 0;
     coda_tiling_t tl;
-    unsetenv("CODA_GEMM_CFG");
+    tune_cfg(ctx, -1);
     REQUIRE_OK(coda_choose_tiling(ctx, CODA_DEVICE_CUDA, layout, m, n, k, &tl));
     if (tile_n) tl.tile_n = tile_n;
-    if (cooperative) setenv("CODA_GEMM_CFG", tl.tile_n == 256 ? "0" : "1", 1);
+    if (cooperative) tune_cfg_str(ctx, tl.tile_n == 256 ? "0" : "1");
     /* debugging: CODA_TEST_ONLY=program runs that program alone;
      * CODA_TEST_CFG=digit forces a configuration of the tile width */
     const char *only = getenv("CODA_TEST_ONLY");
@@ -236,7 +237,7 @@ static void run_case(const char *text, coda_layout_t layout, int64_t m, int64_t 
         return;
     }
     const char *force = getenv("CODA_TEST_CFG");
-    if (force) setenv("CODA_GEMM_CFG", force, 1);
+    if (force) tune_cfg_str(ctx, force);
 
     /* operands */
     int64_t ash[2] = {layout == CODA_LAYOUT_TN ? k : m, layout == CODA_LAYOUT_TN ? m : k};
@@ -477,14 +478,14 @@ int main(int argc, char **argv) {
     /* stream-K forced on (80 tile pairs on 66 clusters: 59 of them cut in
      * two, so most epilogues run on sums handed over between CTAs); then
      * whole units before the tail (144 pairs: 66 whole), with a ring program */
-    setenv("CODA_STREAMK", "1", 1);
+    tune_streamk(ctx, CODA_STREAMK_ON);
     for (int i = 0; i < (small ? 2 : nt); i++) run_case(texts[i], CODA_LAYOUT_NT, 4096, 1032, 520, 256);
     if (!small) {
         run_case(texts[0], CODA_LAYOUT_TN, 4096, 1032, 520, 256);
         run_case(coda_builtin_program("rmsnorm_bwd"), CODA_LAYOUT_NT, 4096, 2304, 264, 256);
     }
-    unsetenv("CODA_STREAMK");
-    unsetenv("CODA_GEMM_CFG");
+    tune_streamk(ctx, CODA_STREAMK_AUTO);
+    tune_cfg(ctx, -1);
     /* an odd number of row tiles in 2-CTA clusters (33 x 5 and 33 x 9
      * tiles): the last pair's second CTA runs a tile wholly below M, which
      * must store no column partials (a review found it wrote one past

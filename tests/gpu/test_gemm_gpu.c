@@ -11,6 +11,7 @@
 
 #include "gpu/cuda_check.h"
 #include "cuda/backend.h" /* CODA_CUDA_GEMM_NCFG */
+#include "tuning.h"
 
 
 static coda_context_t *ctx;
@@ -76,9 +77,7 @@ static int run_case(coda_layout_t layout, int64_t m, int64_t n, int64_t k, coda_
     B.stride[0] = 2 * ldb;
     C.stride[0] = (int64_t)esz * ldc;
     A.device = B.device = C.device = CODA_DEVICE_CUDA;
-    char cfgs[2] = {(char)('0' + cfg), 0};
-    if (cfg >= 0) setenv("CODA_GEMM_CFG", cfgs, 1);
-    else unsetenv("CODA_GEMM_CFG");
+    tune_cfg(ctx, cfg);
     coda_status_t s = coda_gemm(ctx, layout, &A, &B, &C, alpha, beta, NULL);
     CUDA_OK(cudaGetLastError());
     CUDA_OK(cudaDeviceSynchronize());
@@ -95,7 +94,7 @@ static int run_case(coda_layout_t layout, int64_t m, int64_t n, int64_t k, coda_
                                esz * (size_t)n) == 0;
         free(again);
     }
-    unsetenv("CODA_GEMM_CFG");
+    tune_cfg(ctx, -1);
 
     /* CPU backend on the same data: the baseline error. */
     void *hcpu = h_alloc(esz * (size_t)(m * ldc));
@@ -128,10 +127,9 @@ static int run_case(coda_layout_t layout, int64_t m, int64_t n, int64_t k, coda_
     CHECK(err <= tol, "%s M=%lld N=%lld K=%lld %s a=%g b=%g cfg=%d: err %.3g > tol %.3g (cpu %.3g)",
           lname[layout], (long long)m, (long long)n, (long long)k, coda_dtype_name(cdt), alpha, beta,
           cfg, err, tol, base);
-    const char *sk = getenv("CODA_STREAMK");
     printf("%-2s M=%-6lld N=%-5lld K=%-5lld %-4s alpha=%-4g beta=%-4g cfg=%-2d%s err %.2e (cpu %.2e) %s\n",
            lname[layout], (long long)m, (long long)n, (long long)k, coda_dtype_name(cdt), alpha,
-           beta, cfg, sk && *sk == '1' ? " stream-K" : "", err, base, ok ? "ok" : "FAIL");
+           beta, cfg, coda__get_tuning(ctx).streamk == CODA_STREAMK_ON ? " stream-K" : "", err, base, ok ? "ok" : "FAIL");
     free(ha); free(hb); free(hc0); free(hc); free(hcpu); free(c0); free(ref); free(out); free(cpu);
     CUDA_OK(cudaFree(da));
     CUDA_OK(cudaFree(db));
@@ -228,11 +226,11 @@ static void many_streams(void) {
         C[i] = coda_tensor_2d(dc[i], CODA_BF16, m, n);
         C[i].device = CODA_DEVICE_CUDA;
     }
-    setenv("CODA_GEMM_CFG", "1", 1); /* 128 x 128 tiles, clusters of 2: a partial wave for stream-K */
-    setenv("CODA_STREAMK", "0", 1);
+    tune_cfg_str(ctx, "1"); /* 128 x 128 tiles, clusters of 2: a partial wave for stream-K */
+    tune_streamk(ctx, CODA_STREAMK_OFF);
     CHECK_OK(coda_gemm(ctx, CODA_LAYOUT_NT, &A, &B, &C[0], 1.0f, 0.0f, NULL));
     CUDA_OK(cudaMemcpy(want_dp, dc[0], cbytes, cudaMemcpyDeviceToHost));
-    setenv("CODA_STREAMK", "1", 1);
+    tune_streamk(ctx, CODA_STREAMK_ON);
     CHECK_OK(coda_gemm(ctx, CODA_LAYOUT_NT, &A, &B, &C[0], 1.0f, 0.0f, NULL));
     CUDA_OK(cudaMemcpy(want_sk, dc[0], cbytes, cudaMemcpyDeviceToHost));
     CHECK(memcmp(want_sk, want_dp, cbytes) != 0, "stream-K forced on changed no bit (did it run?)");
@@ -254,8 +252,8 @@ static void many_streams(void) {
     }
     /* round 2 starts with 8 idle workspaces (plus the default stream's) */
     CHECK(n_sk[1] >= 8, "round 2: only %d of %d streams ran stream-K", n_sk[1], NS);
-    unsetenv("CODA_STREAMK");
-    unsetenv("CODA_GEMM_CFG");
+    tune_streamk(ctx, CODA_STREAMK_AUTO);
+    tune_cfg(ctx, -1);
     printf("stream-K on %d streams: round 1 %d stream-K + %d without, round 2 %d + %d, each bit for bit\n", NS,
            n_sk[0], n_dp[0], n_sk[1], n_dp[1]);
     for (int i = 0; i < NS; i++) CUDA_OK(cudaFree(dc[i]));
@@ -285,10 +283,10 @@ int main(int argc, char **argv) {
             run_case((coda_layout_t)l, 1000, 392, 136, CODA_F32, 0.5f, 1.5f, 5);
         }
         /* stream-K (one partial wave and a whole one shared out by k-blocks) */
-        setenv("CODA_STREAMK", "1", 1);
+        tune_streamk(ctx, CODA_STREAMK_ON);
         run_case(CODA_LAYOUT_NT, 1500, 1800, 264, CODA_BF16, 1.0f, 0.0f, 1);
         run_case(CODA_LAYOUT_TN, 4096, 1300, 520, CODA_F32, 0.5f, 1.5f, 3);
-        unsetenv("CODA_STREAMK");
+        tune_streamk(ctx, CODA_STREAMK_AUTO);
         many_streams();
         bad_args();
         TEST_MAIN_END();
@@ -322,7 +320,7 @@ int main(int argc, char **argv) {
      * before the tail (144 tile pairs on 66 clusters: 66 whole), and the
      * default rule on a shape where it picks stream-K itself (1088 units of
      * configuration 1 on 132 SMs: 8.2 waves, 924 whole units). */
-    setenv("CODA_STREAMK", "1", 1);
+    tune_streamk(ctx, CODA_STREAMK_ON);
     for (int l = 0; l < 3; l++) {
         run_case((coda_layout_t)l, 1152, 4000, 264, CODA_BF16, 1.0f, 0.0f, 0);
         run_case((coda_layout_t)l, 1500, 1800, 264, CODA_BF16, 1.0f, 0.0f, 1);
@@ -331,7 +329,7 @@ int main(int argc, char **argv) {
     }
     run_case(CODA_LAYOUT_NT, 1152, 4001, 264, CODA_BF16, 1.0f, 0.0f, 0);
     run_case(CODA_LAYOUT_TN, 4096, 2304, 264, CODA_BF16, 1.0f, 0.0f, 3);
-    unsetenv("CODA_STREAMK");
+    tune_streamk(ctx, CODA_STREAMK_AUTO);
     run_case(CODA_LAYOUT_NT, 4096, 4352, 200, CODA_BF16, 1.0f, 0.0f, 1);
     run_case(CODA_LAYOUT_NT, 1000, 13, 264, CODA_BF16, 1.0f, 0.5f, -1);
     run_case(CODA_LAYOUT_NT, 1000, 301, 264, CODA_F32, 1.0f, 0.0f, -1);

@@ -13,6 +13,7 @@
 #include "guard_cases.h"
 #include "class_programs.h"
 #include "gpu/cuda_check.h"
+#include "tuning.h"
 
 static void *dev_alloc(size_t n) {
     void *p;
@@ -118,7 +119,7 @@ int main(int argc, char **argv) {
     /* every layout and placement; then stream-K forced (the tail's owner
      * stores C after adding the contributors' partials) */
     for (int sk = 0; sk < (small ? 1 : 2); sk++) {
-        if (sk) setenv("CODA_STREAMK", "1", 1);
+        if (sk) tune_streamk(ctx, CODA_STREAMK_ON);
         for (int l = 0; l < 3; l++)
             for (int pc = 0; pc < G_NPLACES; pc++) {
                 g_gemm_case(&E, &r, (coda_layout_t)l, sk ? 1500 : 300, sk ? 1801 : 131, 264, CODA_BF16, 1, 0,
@@ -126,7 +127,7 @@ int main(int argc, char **argv) {
                 g_gemm_case(&E, &r, (coda_layout_t)l, sk ? 2304 : 129, sk ? 2043 : 77, 136, CODA_F32, 0.5f, 1.5f,
                             (g_place_t)((pc + 2) % 4), (g_place_t)pc, (g_place_t)pc, 16, CODA_BF16);
             }
-        unsetenv("CODA_STREAMK");
+        tune_streamk(ctx, CODA_STREAMK_AUTO);
     }
 
     /* fused GEMM: the layer's programs and one per primitive class, every

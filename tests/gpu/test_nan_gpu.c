@@ -14,6 +14,7 @@
 #include "harness.h"
 
 #include "gpu/cuda_check.h"
+#include "tuning.h"
 
 static coda_context_t *ctx;
 
@@ -258,7 +259,7 @@ static void run_go(run_t *r, int expect_nan) {
     CHECK(s == CODA_OK, "%.20s: GPU run: %s", r->title, coda_last_error());
     CUDA_OK(cudaDeviceSynchronize());
     printf("  %-16.*s m %lld n %lld tile %dx%d%s\n", (int)strcspn(r->title, "\n"), r->title, (long long)r->m,
-           (long long)r->n, r->tl.tile_m, r->tl.tile_n, getenv("CODA_GEMM_CFG") ? " (cooperative)" : "");
+           (long long)r->n, r->tl.tile_m, r->tl.tile_n, coda__get_tuning(ctx).gemm_cfg >= 0 ? " (cooperative)" : "");
     fflush(stdout);
     if (s != CODA_OK) return;
     int64_t cpu_nan = 0;
@@ -565,8 +566,8 @@ int main(void) {
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int64_t m = 200, n = shapes[s].n;
         const int tn = shapes[s].tile_n;
-        if (shapes[s].cfg) setenv("CODA_GEMM_CFG", shapes[s].cfg, 1);
-        else unsetenv("CODA_GEMM_CFG");
+        if (shapes[s].cfg) tune_cfg_str(ctx, shapes[s].cfg);
+        else tune_cfg(ctx, -1);
         case_maps(m, n, tn);
         case_pairs(m, n, tn);
         case_vectors(m, n, tn);
@@ -574,7 +575,7 @@ int main(void) {
         case_lse(m, n, tn, 1);
         case_rowpart(m, n, tn);
     }
-    unsetenv("CODA_GEMM_CFG");
+    tune_cfg(ctx, -1);
     /* N odd: the general form, for the programs without column pairs */
     case_maps(200, 131, 0);
     case_lse(200, 131, 0, 0);

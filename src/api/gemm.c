@@ -2,7 +2,7 @@
  *
  * Only what holds on every backend is checked here; the CUDA backend adds its
  * own limits (K % 8, 16-byte row strides) and reports them itself. */
-#include "core/gemm_check.h"
+#include "api/gemm_check.h"
 
 #include <math.h>
 

@@ -43,6 +43,13 @@ coda_status_t coda_context_create(const coda_context_options_t *opts, coda_conte
                           "CODA_CACHE_DIR / XDG_CACHE_HOME / HOME is longer than %zu bytes",
                           sizeof ctx->cache_dir - 1);
     }
+    coda__tuning_t t;
+    coda__tuning_from_env(&t);
+    coda_status_t st = coda__set_tuning(ctx, &t);
+    if (st != CODA_OK) {
+        free(ctx);
+        return st;
+    }
     *out = ctx;
     return CODA_OK;
 }

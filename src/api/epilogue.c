@@ -6,7 +6,7 @@
  * tensor's exact shape / dtype / device for its argument kind, N even when a
  * half-space value or a full-space pair swap needs pairs, and no output
  * overlapping another output, A, B, or an input. */
-#include "core/gemm_check.h"
+#include "api/gemm_check.h"
 
 #include <math.h>
 #include <stdio.h>
