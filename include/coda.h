@@ -26,6 +26,7 @@
  *   6. fused GEMM               coda_gemm_epilogue, bindings, tiling
  *   7. finishing steps          coda_finish_* (combine tile partials)
  *   8. the LLaMA layer          built-in programs, forward and backward
+ *   9. the block, split         around any attention, caller-owned activations
  */
 #ifndef CODA_H
 #define CODA_H
@@ -585,7 +586,8 @@ CODA_API coda_status_t coda_llama_unpack_gate_up(const coda_llama_config_t *cfg,
  * the forward pass saves for the backward pass. On CUDA (device 0 of the
  * context) d, n_heads * head_dim, (n_heads + 2 n_kv_heads) * head_dim, ffn
  * and vocab must be multiples of 8 (each is some GEMM's contraction);
- * attention and a few small steps still run on the CPU there. */
+ * attention runs on the CPU there (the rest of the block, section 9, on the
+ * GPU), and the forward checks the targets on a host copy. */
 typedef struct coda_llama coda_llama_t;
 
 CODA_API coda_status_t coda_llama_create(coda_context_t *ctx, const coda_llama_config_t *cfg,
@@ -607,6 +609,99 @@ CODA_API coda_status_t coda_llama_forward(coda_llama_t *layer, const coda_llama_
 CODA_API coda_status_t coda_llama_backward(coda_llama_t *layer, const coda_llama_weights_t *w,
                                            const coda_tensor_t *dy, float loss_scale, coda_tensor_t *dx,
                                            coda_llama_weights_t *grads, void *stream);
+
+/* ---------------------------------------------------------------------------
+ * 9. The block split at attention: any attention, activations the caller owns
+ *
+ * The block of section 8 without the LM head, as four calls around an
+ * attention the caller runs (PyTorch's SDPA, FlashAttention, coda's own):
+ *
+ *   coda_block_forward_pre    x -> acts.r1, acts.qkv         RMSNorm, QKV, RoPE
+ *     attention               acts.qkv -> o                  (the caller's)
+ *   coda_block_forward_post   x, o -> acts.h, .r2, .z; y     O-proj + residual,
+ *                                                            RMSNorm, gate/up,
+ *                                                            SwiGLU, down + residual
+ *   coda_block_backward_post  dy -> do, dh; grads wo g2 wgu wd
+ *     attention backward      do -> dqkv                     (the caller's)
+ *   coda_block_backward_pre   dqkv, dh -> dx; grads g1 wqkv
+ *
+ * Everything a forward saves for its backward is in the caller's tensors
+ * (acts, and x, pos, o), so any number of forwards may be in flight
+ * (gradient accumulation, activation checkpointing, pipeline
+ * micro-batches), each with its own number of tokens. Scratch is a
+ * workspace the caller passes to every call: coda_block_workspace_size
+ * bytes for M tokens, 256-byte aligned, on the block's device; calls that
+ * run one after another (one stream) may share it, calls that may overlap
+ * need one each. No call copies to or from the host or waits for the
+ * stream, so a whole step can be captured into a CUDA graph.
+ *
+ * Shapes, M tokens of the call (any M >= 1 on the CPU, a multiple of 8 on
+ * CUDA: the weight gradients contract over tokens), nq = n_heads head_dim,
+ * nkv = n_kv_heads head_dim, nqkv = nq + 2 nkv, I = cfg->ffn:
+ *   x    (M, d) bf16      block input          pos (M) f32  each token's position
+ *   o    (M, nq) bf16     attention output     y   (M, d) bf16  block output
+ *   acts->qkv (M, nqkv) bf16: q (heads of head_dim), k, v; within each q and
+ *        k head pair (i, i + head_dim/2) sits at columns (2i, 2i+1), as in
+ *        wqkv (coda_llama_pack_qkv). The same permutation of q's and k's
+ *        columns leaves every q.k unchanged, so an attention reads q, k and
+ *        v as they are; dq and dk come back in the same order.
+ *   dqkv (M, nqkv) f32 or bf16, the attention's input gradient, same order.
+ * RoPE angle pos * theta^(-2i/head_dim) for pair i. Weights as section 8
+ * (w->gf and w->wlm are not read); gradients are written (not accumulated)
+ * into the fields each call names, f32 or bf16; grads may be NULL. Outputs
+ * must not overlap inputs, weights or each other. On failure before the
+ * first kernel nothing is written. cfg->vocab is ignored. */
+typedef struct coda_block coda_block_t;
+
+typedef struct coda_block_acts {
+    coda_tensor_t r1;   /* (M) f32        rstd of x: written by forward_pre, or the
+                                          previous block's r_next                 */
+    coda_tensor_t qkv;  /* (M, nqkv) bf16 roped q, k and v: the attention's input */
+    coda_tensor_t h;    /* (M, d) bf16    residual stream after attention        */
+    coda_tensor_t r2;   /* (M) f32        rstd of h                              */
+    coda_tensor_t z;    /* (M, 2I) bf16   gate/up pre-activation: gate j at 2j, up
+                                          j at 2j+1                               */
+} coda_block_acts_t;
+
+CODA_API coda_status_t coda_block_create(coda_context_t *ctx, const coda_llama_config_t *cfg,
+                                         coda_device_t device, coda_block_t **out);
+CODA_API void coda_block_free(coda_block_t *block);
+/* Bytes of workspace every call of the block needs for m tokens. */
+CODA_API coda_status_t coda_block_workspace_size(const coda_block_t *block, int64_t m, size_t *bytes);
+
+/* acts->r1, acts->qkv from x. xg (may be NULL): x * g1, with acts->r1
+ * already holding rstd(x), both from the previous block's forward_post
+ * (its g_next = this block's g1): the norm prologue is then skipped. */
+CODA_API coda_status_t coda_block_forward_pre(coda_block_t *block, const coda_llama_weights_t *w,
+                                              const coda_tensor_t *x, const coda_tensor_t *xg,
+                                              const coda_tensor_t *pos, coda_block_acts_t *acts,
+                                              void *workspace, size_t workspace_bytes, void *stream);
+/* acts->h, acts->r2, acts->z and y from x and o. g_next (d) bf16, y_g (M, d)
+ * bf16 and r_next (M) f32 (all three, or all NULL): the next RMSNorm's
+ * first half in the down projection's epilogue, y_g = y * g_next and
+ * r_next = rstd(y): the next block's xg and r1, or the final norm of an LM
+ * head. */
+CODA_API coda_status_t coda_block_forward_post(coda_block_t *block, const coda_llama_weights_t *w,
+                                               const coda_tensor_t *x, const coda_tensor_t *o,
+                                               coda_block_acts_t *acts, coda_tensor_t *y,
+                                               const coda_tensor_t *g_next, coda_tensor_t *y_g,
+                                               coda_tensor_t *r_next, void *workspace,
+                                               size_t workspace_bytes, void *stream);
+/* From dy (M, d) bf16 = dL/dy: do_ (M, nq) bf16 = dL/do for the attention's
+ * backward, dh (M, d) bf16 = dL/dh for backward_pre, and grads->wo, g2,
+ * wgu, wd. */
+CODA_API coda_status_t coda_block_backward_post(coda_block_t *block, const coda_llama_weights_t *w,
+                                                const coda_tensor_t *o, const coda_block_acts_t *acts,
+                                                const coda_tensor_t *dy, coda_tensor_t *do_, coda_tensor_t *dh,
+                                                coda_llama_weights_t *grads, void *workspace,
+                                                size_t workspace_bytes, void *stream);
+/* From dqkv and dh: dx (M, d) bf16 = dL/dx, and grads->g1, wqkv. */
+CODA_API coda_status_t coda_block_backward_pre(coda_block_t *block, const coda_llama_weights_t *w,
+                                               const coda_tensor_t *x, const coda_tensor_t *pos,
+                                               const coda_block_acts_t *acts, const coda_tensor_t *dqkv,
+                                               const coda_tensor_t *dh, coda_tensor_t *dx,
+                                               coda_llama_weights_t *grads, void *workspace,
+                                               size_t workspace_bytes, void *stream);
 
 /* Text of a built-in epilogue program of the layer, by name, or NULL. */
 CODA_API const char *coda_builtin_program(const char *name);

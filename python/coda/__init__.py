@@ -30,7 +30,7 @@ __all__ = [
     "Error", "Context", "Program", "LlamaConfig", "Llama", "describe_tensor", "gemm",
     "gemm_epilogue", "choose_tiling", "finish_reduce", "finish_rstd", "finish_lse",
     "builtin_program", "builtin_program_names", "PackedWeights", "pack_weights", "unpack_grads",
-    "lib",
+    "Block", "lib",
 ]
 
 # ---------------------------------------------------------------------------
@@ -226,6 +226,11 @@ class LlamaWeights(ctypes.Structure):
     _fields_ = [(n, Tensor) for n in _WEIGHT_NAMES]
 
 
+class BlockActs(ctypes.Structure):
+    """coda_block_acts_t: what a block's forward saves for its backward."""
+    _fields_ = [(n, Tensor) for n in ("r1", "qkv", "h", "r2", "z")]
+
+
 _P = ctypes.POINTER
 _VP = ctypes.c_void_p
 
@@ -272,6 +277,18 @@ _sig("coda_llama_forward", _VP, _P(LlamaWeights), _P(Tensor), _P(Tensor), _P(Ten
      _P(Tensor), _VP)
 _sig("coda_llama_backward", _VP, _P(LlamaWeights), _P(Tensor), ctypes.c_float, _P(Tensor),
      _P(LlamaWeights), _VP)
+_sig("coda_block_create", _VP, _P(LlamaConfig), ctypes.c_int, _P(_VP))
+lib.coda_block_free.argtypes = [_VP]
+lib.coda_block_free.restype = None
+_sig("coda_block_workspace_size", _VP, ctypes.c_int64, _P(ctypes.c_size_t))
+_sig("coda_block_forward_pre", _VP, _P(LlamaWeights), _P(Tensor), _P(Tensor), _P(Tensor), _P(BlockActs),
+     _VP, ctypes.c_size_t, _VP)
+_sig("coda_block_forward_post", _VP, _P(LlamaWeights), _P(Tensor), _P(Tensor), _P(BlockActs), _P(Tensor),
+     _P(Tensor), _P(Tensor), _P(Tensor), _VP, ctypes.c_size_t, _VP)
+_sig("coda_block_backward_post", _VP, _P(LlamaWeights), _P(Tensor), _P(BlockActs), _P(Tensor), _P(Tensor),
+     _P(Tensor), _P(LlamaWeights), _VP, ctypes.c_size_t, _VP)
+_sig("coda_block_backward_pre", _VP, _P(LlamaWeights), _P(Tensor), _P(Tensor), _P(BlockActs), _P(Tensor),
+     _P(Tensor), _P(Tensor), _P(LlamaWeights), _VP, ctypes.c_size_t, _VP)
 lib.coda_builtin_program.restype = ctypes.c_char_p
 lib.coda_builtin_program.argtypes = [ctypes.c_char_p]
 lib.coda_builtin_program_names.restype = _P(ctypes.c_char_p)
@@ -779,6 +796,118 @@ class Llama:
     def close(self):
         if getattr(self, "_h", None):
             lib.coda_llama_free(self._h)
+            self._h = None
+
+    def __del__(self):
+        self.close()
+
+
+# ---------------------------------------------------------------------------
+# The block split at attention (coda.h section 9)
+# ---------------------------------------------------------------------------
+
+def _acts_struct(acts):
+    s = BlockActs()
+    for name in ("r1", "qkv", "h", "r2", "z"):
+        t = acts.get(name)
+        if t is not None:
+            setattr(s, name, describe_tensor(t))
+    return s
+
+
+class Block:
+    """One LLaMA block without the LM head, split at attention, its
+    activations in tensors the caller holds: Block(ctx, cfg, device="cpu").
+    cfg.vocab is ignored. Weights: a dict g1, wqkv, wo, g2, wgu, wd of bf16
+    tensors in coda's layout (coda.pack_weights). Each call allocates its own
+    workspace (torch's allocator caches it) and runs on the current stream.
+
+        r1, qkv = blk.forward_pre(w, x, pos)
+        o = attention(qkv)                             # any: q, k, v as they are
+        y, h, r2, z = blk.forward_post(w, x, o, r1)
+        do, dh, g = blk.backward_post(w, o, h, r2, z, dy)
+        dqkv = attention_backward(do)
+        dx, g2 = blk.backward_pre(w, x, pos, r1, qkv, dqkv, dh)
+    """
+
+    def __init__(self, ctx, cfg, device="cpu"):
+        self.ctx, self.cfg = ctx, _config_copy(cfg)
+        dev = _cuda0(_device(device), "device")
+        self.device = torch.device("cuda", 0) if dev.type == "cuda" else torch.device("cpu")
+        d, nq = self.cfg.d, self.cfg.n_heads * self.cfg.head_dim
+        self.nq, self.nqkv = nq, nq + 2 * self.cfg.n_kv_heads * self.cfg.head_dim
+        h = _VP()
+        _check(lib.coda_block_create(ctx.handle, ctypes.byref(self.cfg),
+                                     DEVICE_CUDA if dev.type == "cuda" else DEVICE_CPU, ctypes.byref(h)))
+        self._h = h
+
+    def _workspace(self, m):
+        n = ctypes.c_size_t()
+        _check(lib.coda_block_workspace_size(self._h, _int(m, "m"), ctypes.byref(n)))
+        # 256 more bytes, so that a 256-byte aligned start exists in it
+        buf = torch.empty(n.value + 256, dtype=torch.uint8, device=self.device)
+        off = (-buf.data_ptr()) % 256
+        return buf, ctypes.c_void_p(buf.data_ptr() + off), n.value
+
+    def forward_pre(self, w, x, pos, xg=None, r1=None):
+        """-> (r1 (M) f32, qkv (M, nqkv) bf16). With xg (and r1 = rstd(x))
+        from the previous block's forward_post, the norm prologue is skipped."""
+        m = x.shape[0]
+        r1 = torch.empty(m, dtype=torch.float32, device=self.device) if r1 is None else r1
+        qkv = torch.empty(m, self.nqkv, dtype=torch.bfloat16, device=self.device)
+        acts = _acts_struct({"r1": r1, "qkv": qkv})
+        buf, ws, n = self._workspace(m)
+        _check(lib.coda_block_forward_pre(self._h, ctypes.byref(_weights_struct(w)), _opt(x), _opt(xg), _opt(pos),
+                                          ctypes.byref(acts), ws, n, _stream(x)))
+        return r1, qkv
+
+    def forward_post(self, w, x, o, g_next=None):
+        """-> (y, h, r2, z), and with g_next (the next norm's weight) also
+        y_g = y * g_next and r_next = rstd(y): (y, h, r2, z, y_g, r_next)."""
+        m, d = x.shape[0], self.cfg.d
+        h = torch.empty(m, d, dtype=torch.bfloat16, device=self.device)
+        r2 = torch.empty(m, dtype=torch.float32, device=self.device)
+        z = torch.empty(m, 2 * self.cfg.ffn, dtype=torch.bfloat16, device=self.device)
+        y = torch.empty(m, d, dtype=torch.bfloat16, device=self.device)
+        yg = rn = None
+        if g_next is not None:
+            yg = torch.empty(m, d, dtype=torch.bfloat16, device=self.device)
+            rn = torch.empty(m, dtype=torch.float32, device=self.device)
+        acts = _acts_struct({"h": h, "r2": r2, "z": z})
+        buf, ws, n = self._workspace(m)
+        _check(lib.coda_block_forward_post(self._h, ctypes.byref(_weights_struct(w)), _opt(x), _opt(o),
+                                           ctypes.byref(acts), _opt(y), _opt(g_next), _opt(yg), _opt(rn), ws, n,
+                                           _stream(x)))
+        return (y, h, r2, z) if g_next is None else (y, h, r2, z, yg, rn)
+
+    def backward_post(self, w, o, h, r2, z, dy, grad_dtype=torch.float32):
+        """-> (do (M, nq) bf16, dh (M, d) bf16, grads dict wo, g2, wgu, wd)."""
+        m, d = dy.shape[0], self.cfg.d
+        do = torch.empty(m, self.nq, dtype=torch.bfloat16, device=self.device)
+        dh = torch.empty(m, d, dtype=torch.bfloat16, device=self.device)
+        g = {k: torch.empty(w[k].shape, dtype=grad_dtype, device=self.device) for k in ("wo", "g2", "wgu", "wd")}
+        acts = _acts_struct({"h": h, "r2": r2, "z": z})
+        buf, ws, n = self._workspace(m)
+        _check(lib.coda_block_backward_post(self._h, ctypes.byref(_weights_struct(w)), _opt(o), ctypes.byref(acts),
+                                            _opt(dy), _opt(do), _opt(dh), ctypes.byref(_weights_struct(g)), ws, n,
+                                            _stream(dy)))
+        return do, dh, g
+
+    def backward_pre(self, w, x, pos, r1, qkv, dqkv, dh, grad_dtype=torch.float32):
+        """-> (dx (M, d) bf16 = dh + the norm path's gradient, grads dict g1, wqkv)."""
+        m, d = x.shape[0], self.cfg.d
+        dx = torch.empty(m, d, dtype=torch.bfloat16, device=self.device)
+        g = {k: torch.empty(w[k].shape, dtype=grad_dtype, device=self.device) for k in ("g1", "wqkv")}
+        acts = _acts_struct({"r1": r1, "qkv": qkv})
+        buf, ws, n = self._workspace(m)
+        _check(lib.coda_block_backward_pre(self._h, ctypes.byref(_weights_struct(w)), _opt(x), _opt(pos),
+                                           ctypes.byref(acts), _opt(dqkv), _opt(dh), _opt(dx),
+                                           ctypes.byref(_weights_struct(g)), ws, n, _stream(x)))
+        return dx, g
+
+    def close(self):
+        if getattr(self, "_h", None):
+            lib.coda_block_free(self._h)
             self._h = None
 
     def __del__(self):

@@ -95,3 +95,163 @@ class LlamaLayer(torch.nn.Module):
         if any(v is None for v in g.values()):
             raise RuntimeError("coda.nn: no gradients yet (call backward first)")
         return coda.unpack_grads(self.cfg, g)
+
+
+# ---------------------------------------------------------------------------
+# The block split at attention (coda.ops): a module for training models
+# ---------------------------------------------------------------------------
+
+import math
+
+import coda.ops as _ops
+
+_BLOCK_PARAMS = ("g1", "wqkv", "wo", "g2", "wgu", "wd")
+
+
+def causal_attention(qkv, batch, seq, n_heads, n_kv_heads, head_dim):
+    """The default attention of LlamaBlock: causal grouped-query attention
+    over qkv (M, nqkv) bf16 as coda's QKV epilogue leaves it (q and k
+    columns permuted within each head, the same way, so q.k is unchanged),
+    -> o (M, nq). torch's scaled_dot_product_attention where there is one
+    (torch >= 2.0), else the same in plain torch ops."""
+    nq, nkv = n_heads * head_dim, n_kv_heads * head_dim
+    q, k, v = qkv.split([nq, nkv, nkv], dim=1)
+    q = q.reshape(batch, seq, n_heads, head_dim).transpose(1, 2)
+    k = k.reshape(batch, seq, n_kv_heads, head_dim).transpose(1, 2)
+    v = v.reshape(batch, seq, n_kv_heads, head_dim).transpose(1, 2)
+    if n_kv_heads != n_heads:
+        rep = n_heads // n_kv_heads
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
+    sdpa = getattr(torch.nn.functional, "scaled_dot_product_attention", None)
+    if sdpa is not None:
+        o = sdpa(q, k, v, is_causal=True)
+    else:
+        s = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(head_dim)
+        mask = torch.ones(seq, seq, dtype=torch.bool, device=qkv.device).triu(1)
+        o = (s.masked_fill(mask, float("-inf")).softmax(-1) @ v.float()).to(qkv.dtype)
+    return o.transpose(1, 2).reshape(batch * seq, nq)
+
+
+class LlamaBlock(torch.nn.Module):
+    """One pre-norm LLaMA block (attention + SwiGLU FFN), run by coda around
+    an attention of PyTorch's (causal_attention: SDPA by default).
+
+        blk = coda.nn.LlamaBlock(cfg)                 # random init, or
+        blk = coda.nn.LlamaBlock.from_state_dict(cfg, sd, "model.layers.0.")
+        y = blk(x)                                    # x (batch, seq, d) -> y, same shape
+
+    Parameters are in coda's layout (wqkv with the RoPE pairs adjacent, wgu
+    with gate and up rows interleaved), of the dtype asked for (float32
+    master weights train with bf16 compute: they are cast to bf16 for each
+    call, and autograd casts the gradients back). cfg.vocab is ignored.
+    Works with torch.compile, CUDA graphs and activation checkpointing where
+    torch has custom operators (>= 2.4; coda.ops). Any number of forwards
+    may be in flight: activations live in autograd's saved tensors."""
+
+    def __init__(self, cfg, device="cpu", dtype=torch.float32, attention=None):
+        super().__init__()
+        self.cfg = coda._config_copy(cfg)
+        self._cfg_list = [self.cfg.d, self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.head_dim, self.cfg.ffn]
+        self.attention = attention or causal_attention
+        shapes = coda._weight_shapes(self.cfg)
+        for n in _BLOCK_PARAMS:
+            shape = shapes[n]
+            t = torch.ones(shape) if len(shape) == 1 else torch.randn(shape) / math.sqrt(shape[1])
+            self.register_parameter(n, torch.nn.Parameter(t.to(device=device, dtype=dtype)))
+
+    @classmethod
+    def from_state_dict(cls, cfg, sd, prefix="", device="cpu", dtype=torch.float32, attention=None):
+        """From a LLaMA-style (Hugging Face) state dict: prefix +
+        input_layernorm.weight, self_attn.{q,k,v,o}_proj.weight,
+        post_attention_layernorm.weight, mlp.{gate,up,down}_proj.weight."""
+        g = lambda n: sd[prefix + n]
+        w = coda.pack_weights(cfg, g("self_attn.q_proj.weight"), g("self_attn.k_proj.weight"),
+                              g("self_attn.v_proj.weight"), g("self_attn.o_proj.weight"),
+                              g("mlp.gate_proj.weight"), g("mlp.up_proj.weight"), g("mlp.down_proj.weight"),
+                              g("input_layernorm.weight"), g("post_attention_layernorm.weight"), device="cpu")
+        blk = cls(cfg, device=device, dtype=dtype, attention=attention)
+        with torch.no_grad():
+            for n in _BLOCK_PARAMS:
+                getattr(blk, n).copy_(w[n].to(torch.float32))
+        return blk
+
+    def forward(self, x):
+        batch, seq, d = x.shape
+        m = batch * seq
+        c = self.cfg
+        xf = x.reshape(m, d).to(torch.bfloat16)
+        pos = torch.arange(seq, device=x.device, dtype=torch.float32).repeat(batch)
+        p = {n: getattr(self, n).to(torch.bfloat16) for n in _BLOCK_PARAMS}
+        _, qkv = _ops.pre(xf, pos, p["g1"], p["wqkv"], self._cfg_list, c.eps, c.rope_theta)
+        o = self.attention(qkv, batch, seq, c.n_heads, c.n_kv_heads, c.head_dim)
+        y = _ops.post(xf, o.contiguous(), p["g2"], p["wo"], p["wgu"], p["wd"], self._cfg_list, c.eps,
+                      c.rope_theta)
+        return y.reshape(batch, seq, d)
+
+
+class RMSNorm(torch.nn.Module):
+    """The final norm: x * rsqrt(mean(x^2) + eps) * g, in f32, out in x's dtype."""
+
+    def __init__(self, d, eps=1e-5, device="cpu", dtype=torch.float32):
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.ones(d, device=device, dtype=dtype))
+
+    def forward(self, x):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float()).to(x.dtype)
+
+
+class LMHeadLoss(torch.nn.Module):
+    """The LM head and the cross-entropy loss as one module: logits = x W^T
+    (bf16 GEMM, f32 softmax), loss = mean over targets != ignore_index.
+    (coda's fused LM head is issue 21; this one is PyTorch's.)"""
+
+    def __init__(self, d, vocab, ignore_index=-100, device="cpu", dtype=torch.float32):
+        super().__init__()
+        self.ignore_index = ignore_index
+        self.weight = torch.nn.Parameter(torch.randn(vocab, d, device=device, dtype=dtype) / math.sqrt(d))
+
+    def forward(self, x, targets):
+        logits = torch.nn.functional.linear(x.to(torch.bfloat16), self.weight.to(torch.bfloat16))
+        return torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                                 ignore_index=self.ignore_index)
+
+
+class LlamaModel(torch.nn.Module):
+    """A LLaMA model: embedding, n_layers coda LlamaBlocks, final RMSNorm,
+    LM head + loss. forward(tokens (batch, seq) int64, targets or None) ->
+    loss (targets given) or the final hidden states (batch, seq, d)."""
+
+    def __init__(self, cfg, n_layers, vocab, device="cpu", dtype=torch.float32, attention=None):
+        super().__init__()
+        self.cfg = coda._config_copy(cfg)
+        self.embed = torch.nn.Embedding(vocab, cfg.d, device=device, dtype=dtype)
+        self.layers = torch.nn.ModuleList(
+            [LlamaBlock(cfg, device=device, dtype=dtype, attention=attention) for _ in range(n_layers)])
+        self.norm = RMSNorm(cfg.d, cfg.eps, device=device, dtype=dtype)
+        self.head = LMHeadLoss(cfg.d, vocab, device=device, dtype=dtype)
+
+    @classmethod
+    def from_state_dict(cls, cfg, sd, device="cpu", dtype=torch.float32, attention=None):
+        """From a Hugging Face LlamaForCausalLM state dict (model.embed_tokens,
+        model.layers.N..., model.norm, lm_head)."""
+        n = 1 + max(int(k.split(".")[2]) for k in sd if k.startswith("model.layers."))
+        vocab = sd["model.embed_tokens.weight"].shape[0]
+        m = cls(cfg, n, vocab, device=device, dtype=dtype, attention=attention)
+        with torch.no_grad():
+            m.embed.weight.copy_(sd["model.embed_tokens.weight"])
+            m.norm.weight.copy_(sd["model.norm.weight"])
+            m.head.weight.copy_(sd.get("lm_head.weight", sd["model.embed_tokens.weight"]))
+            for i in range(n):
+                m.layers[i] = LlamaBlock.from_state_dict(cfg, sd, "model.layers.%d." % i, device=device,
+                                                         dtype=dtype, attention=attention)
+        return m
+
+    def forward(self, tokens, targets=None):
+        h = self.embed(tokens).to(torch.bfloat16)
+        for layer in self.layers:
+            h = layer(h)
+        h = self.norm(h)
+        return h if targets is None else self.head(h, targets)

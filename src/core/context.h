@@ -100,6 +100,17 @@ coda_status_t coda__cuda_finish_lse(coda_context_t *ctx, const coda_tensor_t *pa
 coda_status_t coda__cuda_check_pointers(coda_context_t *ctx, int device_index, const coda_tensor_t *const *ts,
                                         const char *const *names, int n);
 
+/* The layer's steps that are not GEMMs, on CUDA tensors (src/cuda/layer_steps.c,
+ * which documents shapes, NaN and checks; each refuses bad input and writes
+ * nothing then). Asynchronous on `stream`. */
+coda_status_t coda__cuda_norm_prologue(coda_context_t *ctx, const coda_tensor_t *x, const coda_tensor_t *g,
+                                       coda_tensor_t *xg, coda_tensor_t *ss, void *stream);
+coda_status_t coda__cuda_rope_backward(coda_context_t *ctx, const coda_tensor_t *dy, const coda_tensor_t *y,
+                                       const coda_tensor_t *pos, const coda_tensor_t *freq, coda_tensor_t *dz,
+                                       coda_tensor_t *s_out, void *stream);
+coda_status_t coda__cuda_convert_vec(coda_context_t *ctx, const coda_tensor_t *in, coda_tensor_t *out,
+                                     void *stream);
+
 /* Memory on CUDA device `index` for front ends that keep buffers of their
  * own (the layer; src/cuda/memory.c). Copies and fills are queued on
  * `stream`, ordered with the kernels on it; `what` names the caller in

@@ -1,9 +1,10 @@
 /* llama.h - internals of the LLaMA layer shared by src/layer files (not public).
  *
- * llama.c runs the layer through the public GEMM machinery (coda_gemm,
- * coda_gemm_epilogue with the built-in programs of programs.c, coda_finish_*).
- * The few steps that are not GEMMs live in llama_cpu.c as plain CPU loops;
- * each is marked where a GPU kernel goes. */
+ * block.c runs the block through the public GEMM machinery (coda_gemm,
+ * coda_gemm_epilogue with the built-in programs of programs.c,
+ * coda_finish_*); llama.c puts it around attention and the LM head. The few
+ * steps that are not GEMMs are plain CPU loops here (llama_cpu.c) and the
+ * backend's kernels on CUDA (steps.c dispatches). */
 #ifndef CODA_LAYER_LLAMA_H
 #define CODA_LAYER_LLAMA_H
 
@@ -22,22 +23,22 @@ coda_status_t coda__llama_check_config(const coda_llama_config_t *cfg, const cha
 void coda__llama_norm_prologue(const coda_tensor_t *x, const coda_tensor_t *g, coda_tensor_t *xg,
                                coda_tensor_t *ss);
 
-/* RoPE table: pos (M) f32 = i % seq; freq (N/2) f32 per column pair of the
- * packed qkv columns: theta^(-2i/head_dim) for pair i of a q or k head, 0 for
- * v. */
-void coda__llama_rope_tables(const coda_llama_config_t *cfg, int64_t batch, int64_t seq,
-                             float *pos, float *freq);
+/* RoPE tables: pos (batch seq) f32 = i % seq; freq (N/2) f32 per column
+ * pair of the packed qkv columns: theta^(-2i/head_dim) for pair i of a q or
+ * k head, 0 for v. */
+void coda__llama_rope_pos(int64_t batch, int64_t seq, float *pos);
+void coda__llama_rope_freq(const coda_llama_config_t *cfg, float *freq);
 
 /* RoPE backward and the QKV RMSNorm statistic: dz = R^T dy per column pair
  * (R the forward rotation by pos_i * freq_j), and s[i] = sum_j y_ij dy_ij
  * (= sum z dz, R being a rotation).
- *   dy (M, N) f32 from the attention backward, y (M, N) bf16 the forward qkv,
- *   pos (M), freq (N/2) f32, dz (M, N) bf16, s (M) f32. */
-void coda__llama_rope_backward(const coda_tensor_t *dy, const coda_tensor_t *y, const float *pos,
-                               const float *freq, coda_tensor_t *dz, float *s);
+ *   dy (M, N) f32 or bf16 from the attention backward, y (M, N) bf16 the
+ *   forward qkv, pos (M), freq (N/2) f32, dz (M, N) bf16, s (M) f32. */
+void coda__llama_rope_backward(const coda_tensor_t *dy, const coda_tensor_t *y, const coda_tensor_t *pos,
+                               const coda_tensor_t *freq, coda_tensor_t *dz, coda_tensor_t *s);
 
 /* out (n) = in (n) f32, converted to out's dtype (bf16 or f32). CPU tensors. */
-void coda__llama_copy_vec(const float *in, coda_tensor_t *out);
+void coda__llama_copy_vec(const coda_tensor_t *in, coda_tensor_t *out);
 
 /* ---- memory on the layer's device (llama_mem.c) ---- */
 

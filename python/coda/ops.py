@@ -1,0 +1,193 @@
+"""coda.ops - the split block's four calls as PyTorch operators.
+
+With torch >= 2.4 they are custom operators (torch.library.custom_op) in the
+namespace `coda`, each with a fake (meta) implementation and the autograd
+formula registered, so a model built on them runs under torch.compile (no
+graph break: the compiler sees four opaque ops), CUDA graphs and activation
+checkpointing:
+
+    coda::block_pre(x, pos, g1, wqkv, cfg) -> (r1, qkv)
+    coda::block_post(x, o, g2, wo, wgu, wd, cfg) -> (y, h, r2, z)
+    coda::block_pre_backward(...), coda::block_post_backward(...)  (their gradients)
+
+cfg is the list [d, n_heads, n_kv_heads, head_dim, ffn] with eps and
+rope_theta as floats; the C block for a configuration and device is made
+once and kept (blocks()). With an older torch the same functions are
+torch.autograd.Function classes (eager only).
+
+Autograd: block_post's gradient with respect to x is dh (the residual path
+through h); block_pre's is the RMSNorm path alone (its backward runs with a
+zero residual gradient), and autograd adds the two.
+"""
+from typing import List, Tuple
+
+import torch
+
+import coda
+
+_blocks = {}
+_ctx = None
+
+
+def blocks(cfg_list, eps, theta, device):
+    """The coda.Block for a configuration on a device (made on first use)."""
+    global _ctx
+    dev = torch.device(device)
+    key = (tuple(cfg_list), float(eps), float(theta), dev.type)
+    b = _blocks.get(key)
+    if b is None:
+        if _ctx is None:
+            _ctx = coda.Context()
+        d, nh, nkv, hd, ffn = cfg_list
+        cfg = coda.LlamaConfig(d=d, n_heads=nh, n_kv_heads=nkv, head_dim=hd, ffn=ffn, vocab=0, eps=eps,
+                               rope_theta=theta)
+        b = _blocks[key] = coda.Block(_ctx, cfg, device=dev.type)
+    return b
+
+
+def _w(**t):
+    return {k: v.contiguous() for k, v in t.items()}
+
+
+# ---- the implementations (plain functions of tensors) ----
+
+def _pre(x, pos, g1, wqkv, cfg, eps, theta):
+    b = blocks(cfg, eps, theta, x.device)
+    return b.forward_pre(_w(g1=g1, wqkv=wqkv), x.contiguous(), pos.contiguous())
+
+
+def _post(x, o, g2, wo, wgu, wd, cfg, eps, theta):
+    b = blocks(cfg, eps, theta, x.device)
+    return b.forward_post(_w(g2=g2, wo=wo, wgu=wgu, wd=wd), x.contiguous(), o.contiguous())
+
+
+def _post_bwd(o, h, r2, z, dy, g2, wo, wgu, wd, cfg, eps, theta):
+    b = blocks(cfg, eps, theta, dy.device)
+    do, dh, g = b.backward_post(_w(g2=g2, wo=wo, wgu=wgu, wd=wd), o.contiguous(), h, r2, z, dy.contiguous())
+    return do, dh, g["g2"], g["wo"], g["wgu"], g["wd"]
+
+
+def _pre_bwd(x, pos, r1, qkv, dqkv, g1, wqkv, cfg, eps, theta):
+    b = blocks(cfg, eps, theta, x.device)
+    zero = torch.zeros_like(x, dtype=torch.bfloat16)  # the residual path is block_post's (autograd adds it)
+    dqkv = dqkv if dqkv.dtype in (torch.float32, torch.bfloat16) else dqkv.float()
+    dx, g = b.backward_pre(_w(g1=g1, wqkv=wqkv), x.contiguous(), pos.contiguous(), r1, qkv, dqkv.contiguous(), zero)
+    return dx, g["g1"], g["wqkv"]
+
+
+HAVE_CUSTOM_OPS = hasattr(torch, "library") and hasattr(torch.library, "custom_op")
+
+if HAVE_CUSTOM_OPS:
+    @torch.library.custom_op("coda::block_pre", mutates_args=())
+    def block_pre(x: torch.Tensor, pos: torch.Tensor, g1: torch.Tensor, wqkv: torch.Tensor, cfg: List[int],
+                  eps: float, theta: float) -> Tuple[torch.Tensor, torch.Tensor]:
+        return _pre(x, pos, g1, wqkv, cfg, eps, theta)
+
+    @block_pre.register_fake
+    def _(x, pos, g1, wqkv, cfg, eps, theta):
+        return x.new_empty(x.shape[0], dtype=torch.float32), x.new_empty(x.shape[0], wqkv.shape[0])
+
+    @torch.library.custom_op("coda::block_post", mutates_args=())
+    def block_post(x: torch.Tensor, o: torch.Tensor, g2: torch.Tensor, wo: torch.Tensor, wgu: torch.Tensor,
+                   wd: torch.Tensor, cfg: List[int], eps: float,
+                   theta: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return _post(x, o, g2, wo, wgu, wd, cfg, eps, theta)
+
+    @block_post.register_fake
+    def _(x, o, g2, wo, wgu, wd, cfg, eps, theta):
+        m = x.shape[0]
+        return (x.new_empty(m, x.shape[1]), x.new_empty(m, x.shape[1]), x.new_empty(m, dtype=torch.float32),
+                x.new_empty(m, wgu.shape[0]))
+
+    @torch.library.custom_op("coda::block_post_backward", mutates_args=())
+    def block_post_backward(o: torch.Tensor, h: torch.Tensor, r2: torch.Tensor, z: torch.Tensor, dy: torch.Tensor,
+                            g2: torch.Tensor, wo: torch.Tensor, wgu: torch.Tensor, wd: torch.Tensor, cfg: List[int],
+                            eps: float, theta: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                               torch.Tensor, torch.Tensor, torch.Tensor]:
+        return _post_bwd(o, h, r2, z, dy, g2, wo, wgu, wd, cfg, eps, theta)
+
+    @block_post_backward.register_fake
+    def _(o, h, r2, z, dy, g2, wo, wgu, wd, cfg, eps, theta):
+        f = lambda t: torch.empty_like(t, dtype=torch.float32)
+        return torch.empty_like(o), torch.empty_like(dy), f(g2), f(wo), f(wgu), f(wd)
+
+    @torch.library.custom_op("coda::block_pre_backward", mutates_args=())
+    def block_pre_backward(x: torch.Tensor, pos: torch.Tensor, r1: torch.Tensor, qkv: torch.Tensor,
+                           dqkv: torch.Tensor, g1: torch.Tensor, wqkv: torch.Tensor, cfg: List[int], eps: float,
+                           theta: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return _pre_bwd(x, pos, r1, qkv, dqkv, g1, wqkv, cfg, eps, theta)
+
+    @block_pre_backward.register_fake
+    def _(x, pos, r1, qkv, dqkv, g1, wqkv, cfg, eps, theta):
+        return torch.empty_like(x), torch.empty_like(g1, dtype=torch.float32), torch.empty_like(wqkv, dtype=torch.float32)
+
+    def _pre_setup(ctx, inputs, output):
+        x, pos, g1, wqkv, cfg, eps, theta = inputs
+        r1, qkv = output
+        ctx.save_for_backward(x, pos, r1, qkv, g1, wqkv)
+        ctx.cfg, ctx.eps, ctx.theta = cfg, eps, theta
+        ctx.mark_non_differentiable(r1)
+
+    def _pre_backward(ctx, dr1, dqkv):
+        x, pos, r1, qkv, g1, wqkv = ctx.saved_tensors
+        dx, dg1, dwqkv = block_pre_backward(x, pos, r1, qkv, dqkv, g1, wqkv, ctx.cfg, ctx.eps, ctx.theta)
+        return dx, None, dg1.to(g1.dtype), dwqkv.to(wqkv.dtype), None, None, None
+
+    def _post_setup(ctx, inputs, output):
+        x, o, g2, wo, wgu, wd, cfg, eps, theta = inputs
+        y, h, r2, z = output
+        ctx.save_for_backward(o, h, r2, z, g2, wo, wgu, wd)
+        ctx.cfg, ctx.eps, ctx.theta = cfg, eps, theta
+        ctx.mark_non_differentiable(h, r2, z)
+
+    def _post_backward(ctx, dy, dh_, dr2, dz):
+        o, h, r2, z, g2, wo, wgu, wd = ctx.saved_tensors
+        do, dh, dg2, dwo, dwgu, dwd = block_post_backward(o, h, r2, z, dy.to(torch.bfloat16), g2, wo, wgu, wd,
+                                                          ctx.cfg, ctx.eps, ctx.theta)
+        return dh, do, dg2.to(g2.dtype), dwo.to(wo.dtype), dwgu.to(wgu.dtype), dwd.to(wd.dtype), None, None, None
+
+    torch.library.register_autograd("coda::block_pre", _pre_backward, setup_context=_pre_setup)
+    torch.library.register_autograd("coda::block_post", _post_backward, setup_context=_post_setup)
+
+    def pre(x, pos, g1, wqkv, cfg, eps, theta):
+        return block_pre(x, pos, g1, wqkv, list(cfg), float(eps), float(theta))
+
+    def post(x, o, g2, wo, wgu, wd, cfg, eps, theta):
+        return block_post(x, o, g2, wo, wgu, wd, list(cfg), float(eps), float(theta))[0]
+
+else:
+    class _Pre(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, pos, g1, wqkv, cfg, eps, theta):
+            r1, qkv = _pre(x, pos, g1, wqkv, cfg, eps, theta)
+            ctx.save_for_backward(x, pos, r1, qkv, g1, wqkv)
+            ctx.cfg, ctx.eps, ctx.theta = cfg, eps, theta
+            return qkv
+
+        @staticmethod
+        def backward(ctx, dqkv):
+            x, pos, r1, qkv, g1, wqkv = ctx.saved_tensors
+            dx, dg1, dwqkv = _pre_bwd(x, pos, r1, qkv, dqkv, g1, wqkv, ctx.cfg, ctx.eps, ctx.theta)
+            return dx, None, dg1.to(g1.dtype), dwqkv.to(wqkv.dtype), None, None, None
+
+    class _Post(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, o, g2, wo, wgu, wd, cfg, eps, theta):
+            y, h, r2, z = _post(x, o, g2, wo, wgu, wd, cfg, eps, theta)
+            ctx.save_for_backward(o, h, r2, z, g2, wo, wgu, wd)
+            ctx.cfg, ctx.eps, ctx.theta = cfg, eps, theta
+            return y
+
+        @staticmethod
+        def backward(ctx, dy):
+            o, h, r2, z, g2, wo, wgu, wd = ctx.saved_tensors
+            do, dh, dg2, dwo, dwgu, dwd = _post_bwd(o, h, r2, z, dy.to(torch.bfloat16), g2, wo, wgu, wd,
+                                                    ctx.cfg, ctx.eps, ctx.theta)
+            return dh, do, dg2.to(g2.dtype), dwo.to(wo.dtype), dwgu.to(wgu.dtype), dwd.to(wd.dtype), None, None, None
+
+    def pre(x, pos, g1, wqkv, cfg, eps, theta):
+        qkv = _Pre.apply(x, pos, g1, wqkv, tuple(cfg), float(eps), float(theta))
+        return None, qkv
+
+    def post(x, o, g2, wo, wgu, wd, cfg, eps, theta):
+        return _Post.apply(x, o, g2, wo, wgu, wd, tuple(cfg), float(eps), float(theta))

@@ -1,0 +1,609 @@
+/* block.c - one LLaMA block (no LM head), split at attention, with the
+ * activations in the caller's tensors and scratch in a caller's workspace
+ * (coda.h section 9; docs/layer.md).
+ *
+ *   forward_pre    prologue   xg = x g1, ss1 = rowsum x^2 -> r1   (skipped when
+ *                             the caller brings xg and r1 from the block before)
+ *                  QKV        qkv_rope(xg Wqkv^T; r1, pos)   qkv (M, nqkv)
+ *   [attention: the caller's]                                 o (M, nq)
+ *   forward_post   O-proj     resid_norm(o Wo^T; res x, g2)   h, hg, ss2 -> r2
+ *                  gate/up    gateup_swiglu_train(hg Wgu^T; r2)  z, c
+ *                  down       resid_add(c Wd^T; res h)        y
+ *                             or resid_norm with the next norm's weight: y, y g, -> r
+ *   backward_post  down dgrad swiglu_bwd(dy Wd; z)            dz, c, s2; dWd = dy^T c
+ *                  gate/up    rmsnorm_bwd(dz Wgu; dres dy, x h, g2)  dh, b; dWgu = dz^T b
+ *                  O dgrad    do = dh Wo                      dWo = dh^T o
+ *   [attention backward: the caller's]                        dqkv (M, nqkv)
+ *   backward_pre   RoPE bwd   dzq = R^T dqkv, s1 = rowsum(qkv * dqkv)
+ *                  QKV dgrad  rmsnorm_bwd(dzq Wqkv; dres dh, x x, g1)  dx, b; dWqkv = dzq^T b
+ *
+ * Every step is a call of the public GEMM machinery or a layer step
+ * (layer_steps: the CPU loops of llama_cpu.c, or the backend's kernels on
+ * CUDA), so the chain is the same on every backend. */
+#include "layer/block.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+const char *const coda__llama_prog_names[CODA__P_COUNT] = {
+    [CODA__P_RESID_NORM] = "resid_norm", [CODA__P_RESID_ADD] = "resid_add",   [CODA__P_QKV] = "qkv_rope",
+    [CODA__P_GATEUP] = "gateup_swiglu_train", [CODA__P_LSE] = "lmhead_lse", [CODA__P_LM_BWD] = "lmhead_bwd",
+    [CODA__P_SWIGLU_BWD] = "swiglu_bwd", [CODA__P_RMS_BWD] = "rmsnorm_bwd",
+};
+
+/* ---- the workspace: one byte buffer, carved per call ---- */
+
+/* Carves tensors out of [base, base + cap) at 256-byte boundaries; with
+ * base NULL it only counts (the size query runs the same carving). */
+typedef struct {
+    char *base;
+    size_t cap, used;
+    coda_device_t device;
+    int device_index;
+} arena_t;
+
+static coda_tensor_t carve(arena_t *a, coda_dtype_t dt, int64_t rows, int64_t cols /* 0: 1-D */) {
+    size_t bytes = (size_t)rows * (size_t)(cols ? cols : 1) * coda_dtype_size(dt);
+    void *p = a->base ? a->base + a->used : NULL;
+    a->used += (bytes + 255) / 256 * 256;
+    coda_tensor_t t = cols ? coda_tensor_2d(p, dt, rows, cols) : coda_tensor_1d(p, dt, rows);
+    t.device = a->device;
+    t.device_index = a->device_index;
+    return t;
+}
+
+/* The GEMMs of the block, each with its tiling for the call's M. */
+enum { G_QKV, G_O, G_GU, G_DOWN, G_DOWN_DGRAD, G_GU_DGRAD, G_QKV_DGRAD, G_COUNT };
+
+static coda_status_t tilings(const coda_block_t *B, int64_t m, coda_tiling_t tl[G_COUNT]) {
+    const coda_llama_config_t *c = &B->cfg;
+    int64_t d = c->d, I = c->ffn;
+    const struct { coda_layout_t layout; int64_t n, k; int prog; } gs[G_COUNT] = {
+        [G_QKV] = {CODA_LAYOUT_NT, B->nqkv, d, CODA__P_QKV},
+        [G_O] = {CODA_LAYOUT_NT, d, B->nq, CODA__P_RESID_NORM},
+        [G_GU] = {CODA_LAYOUT_NT, 2 * I, d, CODA__P_GATEUP},
+        [G_DOWN] = {CODA_LAYOUT_NT, d, I, CODA__P_RESID_NORM},
+        [G_DOWN_DGRAD] = {CODA_LAYOUT_NN, I, d, CODA__P_SWIGLU_BWD},
+        [G_GU_DGRAD] = {CODA_LAYOUT_NN, d, 2 * I, CODA__P_RMS_BWD},
+        [G_QKV_DGRAD] = {CODA_LAYOUT_NN, d, B->nqkv, CODA__P_RMS_BWD},
+    };
+    for (int g = 0; g < G_COUNT; g++) {
+        CODA_TRY(coda_choose_program_tiling(B->ctx, B->device, gs[g].layout, m, gs[g].n, gs[g].k,
+                                            B->prog[gs[g].prog], &tl[g]));
+        if (tl[g].tile_m <= 0 || tl[g].tile_n <= 0)
+            return coda__fail(CODA_ERR_INTERNAL, "block: the backend chose tiling %dx%d", tl[g].tile_m, tl[g].tile_n);
+    }
+    return CODA_OK;
+}
+
+/* Row partials (M, n tiles) and column partials (d, m tiles) of GEMM g. */
+static coda_tensor_t rowparts(arena_t *a, int64_t m, int64_t n, coda_tiling_t tl) {
+    return carve(a, CODA_F32, m, coda__cdiv(n, tl.tile_n));
+}
+static coda_tensor_t colparts(arena_t *a, int64_t m, int64_t n, coda_tiling_t tl) {
+    return carve(a, CODA_F32, n, coda__cdiv(m, tl.tile_m));
+}
+
+/* Scratch of each call, carved in one place so that the size query and the
+ * calls agree. */
+typedef struct {
+    coda_tiling_t tl[G_COUNT];
+    coda_tensor_t xg, ss1, qkv_ss;                     /* forward_pre */
+    coda_tensor_t hg, c, ss_o, ss_down;                /* forward_post */
+    coda_tensor_t dz, b, s_down, svec, gvec, dg, dgf;  /* backward_post (dgf: f32 staging) */
+    coda_tensor_t dzq, s1, dg1, gvec1;                 /* backward_pre */
+} scratch_t;
+
+enum { CALL_FWD_PRE, CALL_FWD_POST, CALL_BWD_POST, CALL_BWD_PRE };
+
+static coda_status_t layout(const coda_block_t *B, int call, int64_t m, arena_t *a, scratch_t *s) {
+    const coda_llama_config_t *c = &B->cfg;
+    int64_t d = c->d, I = c->ffn;
+    memset(s, 0, sizeof *s);
+    CODA_TRY(tilings(B, m, s->tl));
+    switch (call) {
+    case CALL_FWD_PRE:
+        s->xg = carve(a, CODA_BF16, m, d);
+        s->ss1 = carve(a, CODA_F32, m, 1);
+        break;
+    case CALL_FWD_POST:
+        s->hg = carve(a, CODA_BF16, m, d);
+        s->c = carve(a, CODA_BF16, m, I);
+        s->ss_o = rowparts(a, m, d, s->tl[G_O]);
+        s->ss_down = rowparts(a, m, d, s->tl[G_DOWN]);
+        break;
+    case CALL_BWD_POST:
+        s->dz = carve(a, CODA_BF16, m, 2 * I);
+        s->c = carve(a, CODA_BF16, m, I);
+        s->b = carve(a, CODA_BF16, m, d);
+        s->s_down = rowparts(a, m, I, s->tl[G_DOWN_DGRAD]);
+        s->svec = carve(a, CODA_F32, m, 0);
+        s->dg = colparts(a, m, d, s->tl[G_GU_DGRAD]);
+        s->gvec = carve(a, CODA_F32, d, 0);
+        break;
+    case CALL_BWD_PRE:
+        s->dzq = carve(a, CODA_BF16, m, B->nqkv);
+        s->b = carve(a, CODA_BF16, m, d);
+        s->s1 = carve(a, CODA_F32, m, 0);
+        s->dg1 = colparts(a, m, d, s->tl[G_QKV_DGRAD]);
+        s->gvec1 = carve(a, CODA_F32, d, 0);
+        break;
+    }
+    return CODA_OK;
+}
+
+coda_status_t coda_block_workspace_size(const coda_block_t *B, int64_t m, size_t *bytes) {
+    if (!B || !bytes) return coda__fail(CODA_ERR_INVALID_ARG, "coda_block_workspace_size: NULL argument");
+    if (m < 0 || m > ((int64_t)1 << 31))
+        return coda__fail(CODA_ERR_SHAPE, "coda_block_workspace_size: m = %lld is outside 0..2^31", (long long)m);
+    size_t most = 0;
+    for (int call = CALL_FWD_PRE; call <= CALL_BWD_PRE; call++) {
+        arena_t a = {NULL, 0, 0, B->device, B->device_index};
+        scratch_t s;
+        CODA_TRY(layout(B, call, m, &a, &s));
+        if (a.used > most) most = a.used;
+    }
+    *bytes = most;
+    return CODA_OK;
+}
+
+/* The scratch of `call` in the caller's workspace (checked to be large enough). */
+static coda_status_t scratch(const coda_block_t *B, const char *fn, int call, int64_t m, void *ws, size_t ws_bytes,
+                             scratch_t *s) {
+    arena_t count = {NULL, 0, 0, B->device, B->device_index};
+    CODA_TRY(layout(B, call, m, &count, s));
+    if (count.used > ws_bytes)
+        return coda__fail(CODA_ERR_SHAPE, "%s: workspace of %zu bytes, this call needs %zu "
+                          "(coda_block_workspace_size)", fn, ws_bytes, count.used);
+    if (!ws && count.used) return coda__fail(CODA_ERR_INVALID_ARG, "%s: workspace is NULL", fn);
+    if ((uintptr_t)ws % 256 != 0)
+        return coda__fail(CODA_ERR_STRIDE, "%s: workspace %p is not 256-byte aligned", fn, ws);
+    arena_t a = {ws, ws_bytes, 0, B->device, B->device_index};
+    return layout(B, call, m, &a, s);
+}
+
+/* ---- create / free ---- */
+
+void coda_block_free(coda_block_t *B) {
+    if (!B) return;
+    for (int i = 0; i < CODA__P_COUNT; i++) coda_program_free(B->prog[i]);
+    coda__llama_mem_free(B->mem, B->freq.data);
+    coda__llama_mem_close(B->mem);
+    free(B);
+}
+
+coda_status_t coda__block_create(coda_context_t *ctx, const coda_llama_config_t *cfg, coda_device_t device,
+                                 const char *fn, coda_block_t **out) {
+    if (!out) return coda__fail(CODA_ERR_INVALID_ARG, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!ctx) return coda__fail(CODA_ERR_INVALID_ARG, "%s: ctx is NULL", fn);
+    CODA_TRY(coda__llama_check_config(cfg, fn));
+    if (device != CODA_DEVICE_CPU && device != CODA_DEVICE_CUDA)
+        return coda__fail(CODA_ERR_INVALID_ARG, "%s: device %d is neither CPU (0) nor CUDA (1)", fn, (int)device);
+    if (device == CODA_DEVICE_CUDA) {
+        /* Every extent that is some GEMM's contraction (forward or dgrad)
+         * must be a multiple of 8 on the GPU (16-byte rows for the copy
+         * engine): refuse now rather than in the first backward. */
+        const struct { const char *name; int64_t v; } k[] = {
+            {"d", cfg->d}, {"n_heads * head_dim", cfg->n_heads * cfg->head_dim},
+            {"(n_heads + 2 n_kv_heads) * head_dim", (cfg->n_heads + 2 * cfg->n_kv_heads) * cfg->head_dim},
+            {"ffn", cfg->ffn}, {"vocab", cfg->vocab}};
+        for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+            if (k[i].v % 8 != 0)
+                return coda__fail(CODA_ERR_SHAPE, "%s: %s = %lld: on CUDA it must be a multiple of 8 "
+                                  "(a GEMM contracts over it)", fn, k[i].name, (long long)k[i].v);
+    }
+    coda_block_t *B = calloc(1, sizeof *B);
+    if (!B) return coda__fail(CODA_ERR_NO_MEMORY, "%s: out of memory", fn);
+    B->ctx = ctx;
+    B->cfg = *cfg;
+    B->nq = cfg->n_heads * cfg->head_dim;
+    B->nkv = cfg->n_kv_heads * cfg->head_dim;
+    B->nqkv = B->nq + 2 * B->nkv;
+    B->device = device;
+    B->device_index = 0; /* CUDA: device 0 of the context */
+    coda_status_t s = coda__llama_mem_open(ctx, device, B->device_index, &B->mem);
+    if (s != CODA_OK) {
+        free(B);
+        return s;
+    }
+    for (int i = 0; s == CODA_OK && i < CODA__P_COUNT; i++) {
+        const char *text = coda_builtin_program(coda__llama_prog_names[i]);
+        if (!text) {
+            s = coda__fail(CODA_ERR_INTERNAL, "%s: no built-in program %s", fn, coda__llama_prog_names[i]);
+        } else if (coda_program_parse(text, &B->prog[i]) != CODA_OK) {
+            char why[256]; /* the message buffer is reused by coda__fail */
+            snprintf(why, sizeof why, "%s", coda_last_error());
+            s = coda__fail(CODA_ERR_INTERNAL, "%s: built-in program %s: %s", fn, coda__llama_prog_names[i], why);
+        }
+    }
+    /* the RoPE frequency of each column pair, made once on the host and
+     * copied to the block's device here, not in a step */
+    float *freq = s == CODA_OK ? malloc((size_t)(B->nqkv / 2 + 1) * sizeof(float)) : NULL;
+    if (s == CODA_OK && !freq) s = coda__fail(CODA_ERR_NO_MEMORY, "%s: out of memory", fn);
+    void *dev = NULL;
+    if (s == CODA_OK) s = coda__llama_mem_alloc(B->mem, (size_t)(B->nqkv / 2 + 1) * sizeof(float), &dev);
+    if (s == CODA_OK) {
+        coda__llama_rope_freq(cfg, freq);
+        coda_tensor_t h = coda_tensor_1d(freq, CODA_F32, B->nqkv / 2);
+        B->freq = h;
+        B->freq.data = dev;
+        B->freq.device = device;
+        s = coda__llama_mem_copy(B->mem, &h, &B->freq, NULL);
+        if (s == CODA_OK) s = coda__llama_mem_sync(B->mem, NULL);
+    } else if (dev) {
+        coda__llama_mem_free(B->mem, dev);
+    }
+    free(freq);
+    if (s != CODA_OK) {
+        coda_block_free(B);
+        return s;
+    }
+    *out = B;
+    return CODA_OK;
+}
+
+coda_status_t coda_block_create(coda_context_t *ctx, const coda_llama_config_t *cfg, coda_device_t device,
+                                coda_block_t **out) {
+    return coda__block_create(ctx, cfg, device, "coda_block_create", out);
+}
+
+/* ---- argument checks ---- */
+
+static const coda_dtype_t BF16[1] = {CODA_BF16};
+static const coda_dtype_t F32[1] = {CODA_F32};
+static const coda_dtype_t QKV_GRAD[2] = {CODA_F32, CODA_BF16};
+static const coda_dtype_t GRAD[2] = {CODA_F32, CODA_BF16};
+
+coda_status_t coda__block_check_arg(const coda_block_t *B, const coda_tensor_t *t, const char *fn, const char *what,
+                               int64_t rows, int64_t cols, const coda_dtype_t *dts, int n_dts) {
+    char name[96];
+    snprintf(name, sizeof name, "%s: %s", fn, what);
+    if (!t) return coda__fail(CODA_ERR_INVALID_ARG, "%s is NULL", name);
+    int64_t shape[2] = {rows, cols};
+    CODA_TRY(coda__check_shape(t, name, cols < 0 ? 1 : 2, shape));
+    CODA_TRY(coda__check_dtype(t, name, dts, n_dts));
+    if (t->device != B->device)
+        return coda__fail(CODA_ERR_DEVICE, "%s is on the %s, the block on the %s", name,
+                          t->device == CODA_DEVICE_CPU ? "CPU" : "GPU", B->device == CODA_DEVICE_CPU ? "CPU" : "GPU");
+    if (t->device == CODA_DEVICE_CUDA && t->device_index != B->device_index)
+        return coda__fail(CODA_ERR_DEVICE, "%s is on cuda:%d, the block on cuda:%d", name, t->device_index,
+                          B->device_index);
+    return CODA_OK;
+}
+
+/* The block's weights: the first six fields of coda_llama_weights_t. */
+#define N_BLOCK_WEIGHTS 6
+static const char *const weight_names[N_BLOCK_WEIGHTS] = {"g1", "wqkv", "wo", "g2", "wgu", "wd"};
+static const coda_tensor_t *weight(const coda_llama_weights_t *w, int i) {
+    const coda_tensor_t *f[N_BLOCK_WEIGHTS] = {&w->g1, &w->wqkv, &w->wo, &w->g2, &w->wgu, &w->wd};
+    return f[i];
+}
+static void weight_shape(const coda_block_t *B, int i, int64_t *rows, int64_t *cols) {
+    const coda_llama_config_t *c = &B->cfg;
+    const int64_t r[N_BLOCK_WEIGHTS] = {c->d, B->nqkv, c->d, c->d, 2 * c->ffn, c->d};
+    const int64_t k[N_BLOCK_WEIGHTS] = {-1, c->d, B->nq, -1, c->d, c->ffn};
+    *rows = r[i];
+    *cols = k[i];
+}
+
+/* Weights (or the gradients in `mask`, bit i for field i) well formed. */
+static coda_status_t check_weights(const coda_block_t *B, const coda_llama_weights_t *w, unsigned mask,
+                                   const char *fn, const char *what, const coda_dtype_t *dts, int n_dts) {
+    if (!w) return coda__fail(CODA_ERR_INVALID_ARG, "%s: %s is NULL", fn, what);
+    for (int i = 0; i < N_BLOCK_WEIGHTS; i++) {
+        if (!(mask >> i & 1)) continue;
+        char name[64];
+        int64_t rows, cols;
+        weight_shape(B, i, &rows, &cols);
+        snprintf(name, sizeof name, "%s->%s", what, weight_names[i]);
+        CODA_TRY(coda__block_check_arg(B, weight(w, i), fn, name, rows, cols, dts, n_dts));
+    }
+    return CODA_OK;
+}
+
+/* Outputs: apart from each other, the inputs and every weight (and the
+ * gradients in gmask of grads). */
+typedef struct { const coda_tensor_t *t; const char *name; } named_t;
+
+static coda_status_t check_apart(const char *fn, const named_t *out, int n_out, const named_t *in, int n_in,
+                                 const coda_llama_weights_t *w, const coda_llama_weights_t *grads, unsigned gmask) {
+    for (int i = 0; i < n_out; i++) {
+        if (!out[i].t) continue;
+        for (int j = 0; j < i; j++)
+            if (out[j].t && coda__tensors_overlap(out[i].t, out[j].t))
+                return coda__fail(CODA_ERR_OVERLAP, "%s: %s overlaps %s", fn, out[i].name, out[j].name);
+        for (int j = 0; j < n_in; j++)
+            if (in[j].t && coda__tensors_overlap(out[i].t, in[j].t))
+                return coda__fail(CODA_ERR_OVERLAP, "%s: %s overlaps %s", fn, out[i].name, in[j].name);
+        for (int k = 0; k < N_BLOCK_WEIGHTS; k++) {
+            if (coda__tensors_overlap(out[i].t, weight(w, k)))
+                return coda__fail(CODA_ERR_OVERLAP, "%s: %s overlaps w->%s", fn, out[i].name, weight_names[k]);
+            if (grads && (gmask >> k & 1) && coda__tensors_overlap(out[i].t, weight(grads, k)))
+                return coda__fail(CODA_ERR_OVERLAP, "%s: %s overlaps grads->%s", fn, out[i].name, weight_names[k]);
+        }
+    }
+    if (grads)
+        for (int k = 0; k < N_BLOCK_WEIGHTS; k++) {
+            if (!(gmask >> k & 1)) continue;
+            for (int j = 0; j < n_in; j++)
+                if (in[j].t && coda__tensors_overlap(weight(grads, k), in[j].t))
+                    return coda__fail(CODA_ERR_OVERLAP, "%s: grads->%s overlaps %s", fn, weight_names[k], in[j].name);
+            for (int j = 0; j < N_BLOCK_WEIGHTS; j++)
+                if (coda__tensors_overlap(weight(grads, k), weight(w, j)) ||
+                    (j < k && (gmask >> j & 1) && coda__tensors_overlap(weight(grads, k), weight(grads, j))))
+                    return coda__fail(CODA_ERR_OVERLAP, "%s: grads->%s overlaps a weight or another gradient", fn,
+                                      weight_names[k]);
+        }
+    return CODA_OK;
+}
+
+coda_status_t coda__block_check_on_device(const coda_block_t *B, const char *fn, const coda__dev_arg_t *a, int n) {
+    if (B->device != CODA_DEVICE_CUDA) return CODA_OK;
+    const coda_tensor_t *ts[32];
+    const char *names[32];
+    if (n > 32) return coda__fail(CODA_ERR_INTERNAL, "%s: %d device arguments", fn, n);
+    for (int i = 0; i < n; i++) {
+        const coda_tensor_t *t = a[i].t;
+        ts[i] = t;
+        names[i] = a[i].name;
+        if (!t || !a[i].align) continue;
+        if ((uintptr_t)t->data % (uintptr_t)a[i].align != 0 || (t->ndim == 2 && t->stride[0] % a[i].align != 0))
+            return coda__fail(CODA_ERR_STRIDE, "%s: %s: base %p and row stride %lld bytes must be multiples of %d "
+                              "on the GPU", fn, a[i].name, t->data, (long long)t->stride[0], a[i].align);
+    }
+#ifdef CODA_WITH_CUDA
+    coda_status_t s = coda__cuda_check_pointers(B->ctx, B->device_index, ts, names, n);
+    if (s != CODA_OK) {
+        char why[200]; /* the message buffer is reused by coda__fail */
+        snprintf(why, sizeof why, "%s", coda_last_error());
+        return coda__fail(s, "%s: %s", fn, why);
+    }
+#else
+    (void)ts;
+    (void)names;
+#endif
+    return CODA_OK;
+}
+
+/* Tokens of a call, from x: positive, below 2^31, a multiple of 8 on CUDA
+ * (the weight-gradient GEMMs contract over tokens, in 16-byte rows). */
+static coda_status_t check_m(const coda_block_t *B, const char *fn, const coda_tensor_t *x, int64_t *m) {
+    if (!x) return coda__fail(CODA_ERR_INVALID_ARG, "%s: x is NULL", fn);
+    CODA_TRY(coda__check_tensor(x, "x"));
+    if (x->ndim != 2) return coda__fail(CODA_ERR_SHAPE, "%s: x has %d dims, expected 2 (M, d)", fn, x->ndim);
+    *m = x->shape[0];
+    if (*m <= 0 || *m > ((int64_t)1 << 31))
+        return coda__fail(CODA_ERR_SHAPE, "%s: M = %lld tokens: must be 1..2^31", fn, (long long)*m);
+    if (B->device == CODA_DEVICE_CUDA && *m % 8 != 0)
+        return coda__fail(CODA_ERR_SHAPE, "%s: M = %lld tokens: on CUDA a multiple of 8 (the weight gradients "
+                          "contract over tokens)", fn, (long long)*m);
+    return CODA_OK;
+}
+
+/* ---- the steps ---- */
+
+static coda_binding_t bind(const char *name, const coda_tensor_t *t) {
+    coda_binding_t b;
+    memset(&b, 0, sizeof b);
+    b.name = name;
+    b.tensor = *t;
+    return b;
+}
+static coda_binding_t bind_scalar(const char *name, float v) {
+    coda_binding_t b;
+    memset(&b, 0, sizeof b);
+    b.name = name;
+    b.scalar = v;
+    return b;
+}
+
+static coda_status_t epilogue(const coda_block_t *B, const scratch_t *s, int g, int p, coda_layout_t layout,
+                              const coda_tensor_t *a, const coda_tensor_t *b, const coda_binding_t *bs, int n,
+                              void *stream) {
+    return coda_gemm_epilogue(B->ctx, layout, a, b, B->prog[p], bs, n, &s->tl[g], stream);
+}
+
+/* rmsnorm_bwd on acc = a w (dgrad GEMM g): dx, b = r x gw, dg partials;
+ * the weight's gradient into gout (may be NULL) through gvec (f32). */
+static coda_status_t norm_backward(const coda_block_t *B, const scratch_t *s, int g, const coda_tensor_t *a,
+                                   const coda_tensor_t *w, const coda_tensor_t *dres, const coda_tensor_t *x,
+                                   const coda_tensor_t *gw, const coda_tensor_t *r, const coda_tensor_t *stat,
+                                   const coda_tensor_t *b, const coda_tensor_t *dg, const coda_tensor_t *gvec,
+                                   coda_tensor_t *dx, coda_tensor_t *gout, void *stream) {
+    coda_binding_t bs[] = {bind("dres", dres), bind("x", x),   bind("g", gw),
+                           bind("r", r),       bind("s", stat), bind_scalar("invd", 1.0f / (float)B->cfg.d),
+                           bind("dx", dx),     bind("b", b),   bind("dg", dg)};
+    CODA_TRY(epilogue(B, s, g, CODA__P_RMS_BWD, CODA_LAYOUT_NN, a, w, bs, 9, stream));
+    if (!gout) return CODA_OK;
+    CODA_TRY(coda_finish_reduce(B->ctx, CODA_REDUCE_SUM, dg, (coda_tensor_t *)gvec, stream));
+    return coda__layer_convert_vec(B, gvec, gout, stream);
+}
+
+static coda_status_t wgrad(const coda_block_t *B, const coda_tensor_t *a, const coda_tensor_t *b, coda_tensor_t *dw,
+                           void *stream) {
+    return coda_gemm(B->ctx, CODA_LAYOUT_TN, a, b, dw, 1.0f, 0.0f, stream);
+}
+
+/* ---- forward ---- */
+
+coda_status_t coda_block_forward_pre(coda_block_t *B, const coda_llama_weights_t *w, const coda_tensor_t *x,
+                                     const coda_tensor_t *xg, const coda_tensor_t *pos, coda_block_acts_t *acts,
+                                     void *ws, size_t ws_bytes, void *stream) {
+    static const char fn[] = "coda_block_forward_pre";
+    if (!B) return coda__fail(CODA_ERR_INVALID_ARG, "%s: block is NULL", fn);
+    if (!acts) return coda__fail(CODA_ERR_INVALID_ARG, "%s: acts is NULL", fn);
+    int64_t m, d = B->cfg.d;
+    CODA_TRY(check_m(B, fn, x, &m));
+    CODA_TRY(check_weights(B, w, 0x3, fn, "w", BF16, 1));
+    CODA_TRY(coda__block_check_arg(B, x, fn, "x", m, d, BF16, 1));
+    if (xg) CODA_TRY(coda__block_check_arg(B, xg, fn, "xg", m, d, BF16, 1));
+    CODA_TRY(coda__block_check_arg(B, pos, fn, "pos", m, -1, F32, 1));
+    CODA_TRY(coda__block_check_arg(B, &acts->r1, fn, "acts->r1", m, -1, F32, 1));
+    CODA_TRY(coda__block_check_arg(B, &acts->qkv, fn, "acts->qkv", m, B->nqkv, BF16, 1));
+    named_t out[] = {{&acts->qkv, "acts->qkv"}, {xg ? NULL : &acts->r1, "acts->r1"}};
+    named_t in[] = {{x, "x"}, {xg, "xg"}, {pos, "pos"}, {xg ? &acts->r1 : NULL, "acts->r1"}};
+    CODA_TRY(check_apart(fn, out, 2, in, 4, w, NULL, 0));
+    coda__dev_arg_t da[] = {{&w->g1, "w->g1", 2}, {&w->wqkv, "w->wqkv", 16}, {x, "x", 4}, {xg, "xg", 16},
+                      {pos, "pos", 4}, {&acts->r1, "acts->r1", 4}, {&acts->qkv, "acts->qkv", 4}};
+    CODA_TRY(coda__block_check_on_device(B, fn, da, 7));
+    scratch_t s;
+    CODA_TRY(scratch(B, fn, CALL_FWD_PRE, m, ws, ws_bytes, &s));
+
+    if (!xg) { /* the RMSNorm prologue: xg = x g1 and r1 */
+        CODA_TRY(coda__layer_norm_prologue(B, x, &w->g1, &s.xg, &s.ss1, stream));
+        CODA_TRY(coda_finish_rstd(B->ctx, &s.ss1, d, B->cfg.eps, &acts->r1, stream));
+        xg = &s.xg;
+    }
+    /* QKV + r1 + RoPE */
+    coda_binding_t bs[] = {bind("r", &acts->r1), bind("pos", pos), bind("freq", &B->freq), bind("qkv", &acts->qkv)};
+    return epilogue(B, &s, G_QKV, CODA__P_QKV, CODA_LAYOUT_NT, xg, &w->wqkv, bs, 4, stream);
+}
+
+coda_status_t coda_block_forward_post(coda_block_t *B, const coda_llama_weights_t *w, const coda_tensor_t *x,
+                                      const coda_tensor_t *o, coda_block_acts_t *acts, coda_tensor_t *y,
+                                      const coda_tensor_t *g_next, coda_tensor_t *y_g, coda_tensor_t *r_next,
+                                      void *ws, size_t ws_bytes, void *stream) {
+    static const char fn[] = "coda_block_forward_post";
+    if (!B) return coda__fail(CODA_ERR_INVALID_ARG, "%s: block is NULL", fn);
+    if (!acts) return coda__fail(CODA_ERR_INVALID_ARG, "%s: acts is NULL", fn);
+    int64_t m, d = B->cfg.d, I = B->cfg.ffn;
+    CODA_TRY(check_m(B, fn, x, &m));
+    CODA_TRY(check_weights(B, w, 0x3c, fn, "w", BF16, 1));
+    CODA_TRY(coda__block_check_arg(B, x, fn, "x", m, d, BF16, 1));
+    CODA_TRY(coda__block_check_arg(B, o, fn, "o", m, B->nq, BF16, 1));
+    CODA_TRY(coda__block_check_arg(B, &acts->h, fn, "acts->h", m, d, BF16, 1));
+    CODA_TRY(coda__block_check_arg(B, &acts->r2, fn, "acts->r2", m, -1, F32, 1));
+    CODA_TRY(coda__block_check_arg(B, &acts->z, fn, "acts->z", m, 2 * I, BF16, 1));
+    CODA_TRY(coda__block_check_arg(B, y, fn, "y", m, d, BF16, 1));
+    if ((g_next != NULL) != (y_g != NULL) || (g_next != NULL) != (r_next != NULL))
+        return coda__fail(CODA_ERR_INVALID_ARG, "%s: g_next, y_g and r_next come together (all or none)", fn);
+    if (g_next) {
+        CODA_TRY(coda__block_check_arg(B, g_next, fn, "g_next", d, -1, BF16, 1));
+        CODA_TRY(coda__block_check_arg(B, y_g, fn, "y_g", m, d, BF16, 1));
+        CODA_TRY(coda__block_check_arg(B, r_next, fn, "r_next", m, -1, F32, 1));
+    }
+    named_t out[] = {{&acts->h, "acts->h"}, {&acts->r2, "acts->r2"}, {&acts->z, "acts->z"}, {y, "y"},
+                     {y_g, "y_g"}, {r_next, "r_next"}};
+    named_t in[] = {{x, "x"}, {o, "o"}, {g_next, "g_next"}};
+    CODA_TRY(check_apart(fn, out, 6, in, 3, w, NULL, 0));
+    coda__dev_arg_t da[] = {{&w->wo, "w->wo", 16}, {&w->g2, "w->g2", 4}, {&w->wgu, "w->wgu", 16}, {&w->wd, "w->wd", 16},
+                      {x, "x", 4}, {o, "o", 16}, {&acts->h, "acts->h", 16}, {&acts->r2, "acts->r2", 4},
+                      {&acts->z, "acts->z", 4}, {y, "y", 4}, {g_next, "g_next", 4}, {y_g, "y_g", 16},
+                      {r_next, "r_next", 4}};
+    CODA_TRY(coda__block_check_on_device(B, fn, da, 13));
+    scratch_t s;
+    CODA_TRY(scratch(B, fn, CALL_FWD_POST, m, ws, ws_bytes, &s));
+
+    {   /* O-proj + residual + FFN norm partials */
+        coda_binding_t bs[] = {bind("res", x), bind("g", &w->g2), bind("h", &acts->h), bind("hg", &s.hg),
+                               bind("ss", &s.ss_o)};
+        CODA_TRY(epilogue(B, &s, G_O, CODA__P_RESID_NORM, CODA_LAYOUT_NT, o, &w->wo, bs, 5, stream));
+        CODA_TRY(coda_finish_rstd(B->ctx, &s.ss_o, d, B->cfg.eps, &acts->r2, stream));
+    }
+    {   /* gate/up + r2 + SwiGLU, saving z */
+        coda_binding_t bs[] = {bind("r", &acts->r2), bind("z", &acts->z), bind("c", &s.c)};
+        CODA_TRY(epilogue(B, &s, G_GU, CODA__P_GATEUP, CODA_LAYOUT_NT, &s.hg, &w->wgu, bs, 3, stream));
+    }
+    if (g_next) { /* down + residual + the next RMSNorm's first half */
+        coda_binding_t bs[] = {bind("res", &acts->h), bind("g", g_next), bind("h", y), bind("hg", y_g),
+                               bind("ss", &s.ss_down)};
+        CODA_TRY(epilogue(B, &s, G_DOWN, CODA__P_RESID_NORM, CODA_LAYOUT_NT, &s.c, &w->wd, bs, 5, stream));
+        return coda_finish_rstd(B->ctx, &s.ss_down, d, B->cfg.eps, r_next, stream);
+    }
+    coda_binding_t bs[] = {bind("res", &acts->h), bind("h", y)};
+    return epilogue(B, &s, G_DOWN, CODA__P_RESID_ADD, CODA_LAYOUT_NT, &s.c, &w->wd, bs, 2, stream);
+}
+
+/* ---- backward ---- */
+
+/* grads fields written by each half: wo g2 wgu wd, and g1 wqkv */
+#define POST_GRADS 0x3cu
+#define PRE_GRADS 0x03u
+
+coda_status_t coda_block_backward_post(coda_block_t *B, const coda_llama_weights_t *w, const coda_tensor_t *o,
+                                       const coda_block_acts_t *acts, const coda_tensor_t *dy, coda_tensor_t *do_,
+                                       coda_tensor_t *dh, coda_llama_weights_t *grads, void *ws, size_t ws_bytes,
+                                       void *stream) {
+    static const char fn[] = "coda_block_backward_post";
+    if (!B) return coda__fail(CODA_ERR_INVALID_ARG, "%s: block is NULL", fn);
+    if (!acts) return coda__fail(CODA_ERR_INVALID_ARG, "%s: acts is NULL", fn);
+    int64_t m, d = B->cfg.d, I = B->cfg.ffn;
+    CODA_TRY(check_m(B, fn, dy, &m));
+    CODA_TRY(check_weights(B, w, POST_GRADS, fn, "w", BF16, 1));
+    CODA_TRY(coda__block_check_arg(B, o, fn, "o", m, B->nq, BF16, 1));
+    CODA_TRY(coda__block_check_arg(B, &acts->h, fn, "acts->h", m, d, BF16, 1));
+    CODA_TRY(coda__block_check_arg(B, &acts->r2, fn, "acts->r2", m, -1, F32, 1));
+    CODA_TRY(coda__block_check_arg(B, &acts->z, fn, "acts->z", m, 2 * I, BF16, 1));
+    CODA_TRY(coda__block_check_arg(B, dy, fn, "dy", m, d, BF16, 1));
+    CODA_TRY(coda__block_check_arg(B, do_, fn, "do_", m, B->nq, BF16, 1));
+    CODA_TRY(coda__block_check_arg(B, dh, fn, "dh", m, d, BF16, 1));
+    if (grads) CODA_TRY(check_weights(B, grads, POST_GRADS, fn, "grads", GRAD, 2));
+    named_t out[] = {{do_, "do_"}, {dh, "dh"}};
+    named_t in[] = {{o, "o"}, {&acts->h, "acts->h"}, {&acts->r2, "acts->r2"}, {&acts->z, "acts->z"}, {dy, "dy"}};
+    CODA_TRY(check_apart(fn, out, 2, in, 5, w, grads, POST_GRADS));
+    coda__dev_arg_t da[] = {{&w->wo, "w->wo", 16}, {&w->g2, "w->g2", 4}, {&w->wgu, "w->wgu", 16},
+                      {&w->wd, "w->wd", 16}, {o, "o", 16}, {&acts->h, "acts->h", 4},
+                      {&acts->r2, "acts->r2", 4}, {&acts->z, "acts->z", 16}, {dy, "dy", 16},
+                      {do_, "do_", 16}, {dh, "dh", 16},
+                      {grads ? &grads->wo : NULL, "grads->wo", 16}, {grads ? &grads->g2 : NULL, "grads->g2", 0},
+                      {grads ? &grads->wgu : NULL, "grads->wgu", 16}, {grads ? &grads->wd : NULL, "grads->wd", 16}};
+    CODA_TRY(coda__block_check_on_device(B, fn, da, 15));
+    scratch_t s;
+    CODA_TRY(scratch(B, fn, CALL_BWD_POST, m, ws, ws_bytes, &s));
+
+    {   /* down dgrad + SwiGLU backward: dz, c recomputed, s2 */
+        coda_binding_t bs[] = {bind("z", &acts->z), bind("dz", &s.dz), bind("c", &s.c), bind("s", &s.s_down)};
+        CODA_TRY(epilogue(B, &s, G_DOWN_DGRAD, CODA__P_SWIGLU_BWD, CODA_LAYOUT_NN, dy, &w->wd, bs, 4, stream));
+        CODA_TRY(coda_finish_reduce(B->ctx, CODA_REDUCE_SUM, &s.s_down, &s.svec, stream));
+        if (grads) CODA_TRY(wgrad(B, dy, &s.c, &grads->wd, stream));
+    }
+    /* gate/up dgrad + FFN RMSNorm backward: dh */
+    CODA_TRY(norm_backward(B, &s, G_GU_DGRAD, &s.dz, &w->wgu, dy, &acts->h, &w->g2, &acts->r2, &s.svec, &s.b, &s.dg,
+                           &s.gvec, dh, grads ? &grads->g2 : NULL, stream));
+    if (grads) CODA_TRY(wgrad(B, &s.dz, &s.b, &grads->wgu, stream));
+    /* O dgrad and wgrad: plain GEMMs */
+    CODA_TRY(coda_gemm(B->ctx, CODA_LAYOUT_NN, dh, &w->wo, do_, 1.0f, 0.0f, stream));
+    if (grads) CODA_TRY(wgrad(B, dh, o, &grads->wo, stream));
+    return CODA_OK;
+}
+
+coda_status_t coda_block_backward_pre(coda_block_t *B, const coda_llama_weights_t *w, const coda_tensor_t *x,
+                                      const coda_tensor_t *pos, const coda_block_acts_t *acts,
+                                      const coda_tensor_t *dqkv, const coda_tensor_t *dh, coda_tensor_t *dx,
+                                      coda_llama_weights_t *grads, void *ws, size_t ws_bytes, void *stream) {
+    static const char fn[] = "coda_block_backward_pre";
+    if (!B) return coda__fail(CODA_ERR_INVALID_ARG, "%s: block is NULL", fn);
+    if (!acts) return coda__fail(CODA_ERR_INVALID_ARG, "%s: acts is NULL", fn);
+    int64_t m, d = B->cfg.d;
+    CODA_TRY(check_m(B, fn, x, &m));
+    CODA_TRY(check_weights(B, w, PRE_GRADS, fn, "w", BF16, 1));
+    CODA_TRY(coda__block_check_arg(B, x, fn, "x", m, d, BF16, 1));
+    CODA_TRY(coda__block_check_arg(B, pos, fn, "pos", m, -1, F32, 1));
+    CODA_TRY(coda__block_check_arg(B, &acts->r1, fn, "acts->r1", m, -1, F32, 1));
+    CODA_TRY(coda__block_check_arg(B, &acts->qkv, fn, "acts->qkv", m, B->nqkv, BF16, 1));
+    CODA_TRY(coda__block_check_arg(B, dqkv, fn, "dqkv", m, B->nqkv, QKV_GRAD, 2));
+    CODA_TRY(coda__block_check_arg(B, dh, fn, "dh", m, d, BF16, 1));
+    CODA_TRY(coda__block_check_arg(B, dx, fn, "dx", m, d, BF16, 1));
+    if (grads) CODA_TRY(check_weights(B, grads, PRE_GRADS, fn, "grads", GRAD, 2));
+    named_t out[] = {{dx, "dx"}};
+    named_t in[] = {{x, "x"}, {pos, "pos"}, {&acts->r1, "acts->r1"}, {&acts->qkv, "acts->qkv"}, {dqkv, "dqkv"},
+                    {dh, "dh"}};
+    CODA_TRY(check_apart(fn, out, 1, in, 6, w, grads, PRE_GRADS));
+    coda__dev_arg_t da[] = {{&w->g1, "w->g1", 4}, {&w->wqkv, "w->wqkv", 16}, {x, "x", 4}, {pos, "pos", 4},
+                      {&acts->r1, "acts->r1", 4}, {&acts->qkv, "acts->qkv", 4}, {dqkv, "dqkv", 4}, {dh, "dh", 4},
+                      {dx, "dx", 4}, {grads ? &grads->g1 : NULL, "grads->g1", 0},
+                      {grads ? &grads->wqkv : NULL, "grads->wqkv", 16}};
+    CODA_TRY(coda__block_check_on_device(B, fn, da, 11));
+    scratch_t s;
+    CODA_TRY(scratch(B, fn, CALL_BWD_PRE, m, ws, ws_bytes, &s));
+
+    /* RoPE backward and the QKV RMSNorm statistic s1 = sum y dqkv */
+    CODA_TRY(coda__layer_rope_backward(B, dqkv, &acts->qkv, pos, &B->freq, &s.dzq, &s.s1, stream));
+    /* QKV dgrad + attention RMSNorm backward: dx */
+    CODA_TRY(norm_backward(B, &s, G_QKV_DGRAD, &s.dzq, &w->wqkv, dh, x, &w->g1, &acts->r1, &s.s1, &s.b, &s.dg1,
+                           &s.gvec1, dx, grads ? &grads->g1 : NULL, stream));
+    if (grads) CODA_TRY(wgrad(B, &s.dzq, &s.b, &grads->wqkv, stream));
+    return CODA_OK;
+}

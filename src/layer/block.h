@@ -1,0 +1,61 @@
+/* block.h - internals of the split block (block.c) shared with the whole
+ * layer (llama.c) and the layer steps (steps.c); not public. */
+#ifndef CODA_LAYER_BLOCK_H
+#define CODA_LAYER_BLOCK_H
+
+#include "layer/llama.h"
+
+/* The built-in programs a block runs, parsed once per block. */
+enum {
+    CODA__P_RESID_NORM, CODA__P_RESID_ADD, CODA__P_QKV, CODA__P_GATEUP, CODA__P_LSE, CODA__P_LM_BWD,
+    CODA__P_SWIGLU_BWD, CODA__P_RMS_BWD, CODA__P_COUNT
+};
+extern const char *const coda__llama_prog_names[CODA__P_COUNT];
+
+struct coda_block {
+    coda_context_t *ctx;
+    coda_llama_config_t cfg;
+    int64_t nq, nkv, nqkv;      /* widths of q, k (= v) and the qkv block   */
+    coda_device_t device;
+    int device_index;
+    coda__llama_mem_t *mem;     /* allocations and copies on `device`        */
+    coda_program_t *prog[CODA__P_COUNT];
+    coda_tensor_t freq;         /* (nqkv/2) f32 RoPE frequency per column pair */
+};
+
+/* coda_block_create with `fn` naming the public call in messages. */
+coda_status_t coda__block_create(coda_context_t *ctx, const coda_llama_config_t *cfg, coda_device_t device,
+                                 const char *fn, coda_block_t **out);
+
+/* t is (rows, cols) [cols < 0: 1-D] of one of the n_dts dtypes, on the
+ * block's device; `fn: what` names it in messages. */
+coda_status_t coda__block_check_arg(const coda_block_t *B, const coda_tensor_t *t, const char *fn, const char *what,
+                                    int64_t rows, int64_t cols, const coda_dtype_t *dts, int n_dts);
+
+/* On CUDA, what the GPU steps need of the caller's tensors, checked before
+ * anything is written: every tensor's data on the block's device (not host
+ * memory the descriptor calls CUDA), and its base and row stride multiples
+ * of `align` bytes (16: GEMM operands and weight-gradient outputs, for the
+ * copy engine; 4: tensors the epilogues read or write pair by pair; 0: no
+ * alignment). NULL tensors are skipped; at most 32. Nothing on the CPU. */
+typedef struct { const coda_tensor_t *t; const char *name; int align; } coda__dev_arg_t;
+coda_status_t coda__block_check_on_device(const coda_block_t *B, const char *fn, const coda__dev_arg_t *a, int n);
+
+/* ---- the steps that are not GEMMs, on the block's device (steps.c):
+ * the CPU loops of llama_cpu.c, or the backend's kernels on CUDA (no copy
+ * to or from the host). Arguments are checked by the caller. ---- */
+
+/* xg (M, d) bf16 = x (M, d) bf16 * g (d) bf16; ss (M, 1) f32 = rowsum x^2. */
+coda_status_t coda__layer_norm_prologue(const coda_block_t *B, const coda_tensor_t *x, const coda_tensor_t *g,
+                                        coda_tensor_t *xg, coda_tensor_t *ss, void *stream);
+/* dz (M, N) bf16 = R^T dy per column pair (dy (M, N) f32 or bf16, the
+ * rotation by pos (M) f32 * freq (N/2) f32); s (M) f32 = rowsum y * dy with
+ * y (M, N) bf16 the forward's roped output. */
+coda_status_t coda__layer_rope_backward(const coda_block_t *B, const coda_tensor_t *dy, const coda_tensor_t *y,
+                                        const coda_tensor_t *pos, const coda_tensor_t *freq, coda_tensor_t *dz,
+                                        coda_tensor_t *s, void *stream);
+/* out (n) bf16 or f32 = in (n) f32. */
+coda_status_t coda__layer_convert_vec(const coda_block_t *B, const coda_tensor_t *in, coda_tensor_t *out,
+                                      void *stream);
+
+#endif

@@ -1,0 +1,262 @@
+/* test_block.c - the block split at attention (coda.h section 9) on the CPU:
+ *   - two forwards in flight (different token counts, each with its own
+ *     activations), their backwards in reverse order, each bit for bit equal
+ *     to the whole layer (coda_llama_*, checked against the reference layer
+ *     by test_layer) run on that micro-batch alone;
+ *   - dqkv in bf16 as an attention library gives it, close to the f32 path;
+ *   - the next block's norm from this block's down projection (g_next):
+ *     qkv and r1 as the block's own prologue makes them;
+ *   - bad input (workspace too small or misaligned, shapes, overlap, NULL)
+ *     refused with nothing written. */
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function"
+#endif
+#include "harness.h"
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+#include "layer/attention.h"
+
+static const coda_llama_config_t CFG = {.d = 64, .n_heads = 4, .n_kv_heads = 2, .head_dim = 16, .ffn = 96,
+                                        .vocab = 0, .eps = 1e-5f, .rope_theta = 10000.0f};
+#define NQ 64
+#define NQKV 128
+
+/* A random bf16 (or zero f32) matrix of its own allocation. */
+static coda_tensor_t mat(h_rng *r, coda_dtype_t dt, int64_t rows, int64_t cols, float scale) {
+    size_t n = (size_t)rows * (size_t)(cols ? cols : 1);
+    void *p = h_alloc(n * 4 + 256);
+    if (dt == CODA_BF16)
+        for (size_t i = 0; i < n; i++) ((uint16_t *)p)[i] = h_f2bf(scale * (2 * rng_uniform(r) - 1));
+    else
+        memset(p, 0, n * 4);
+    return cols ? coda_tensor_2d(p, dt, rows, cols) : coda_tensor_1d(p, dt, rows);
+}
+
+/* A zeroed bf16 matrix. */
+static coda_tensor_t zbf(int64_t rows, int64_t cols) {
+    return coda_tensor_2d(h_alloc((size_t)(rows * cols) * 2 + 256), CODA_BF16, rows, cols);
+}
+
+static coda_llama_weights_t weights(h_rng *r, coda_dtype_t dt) {
+    coda_llama_weights_t w;
+    memset(&w, 0, sizeof w);
+    float s = dt == CODA_BF16 ? 1.0f : 0.0f;
+    w.g1 = mat(r, dt, CFG.d, 0, 0);
+    w.g2 = mat(r, dt, CFG.d, 0, 0);
+    if (dt == CODA_BF16) /* norm weights around 1 */
+        for (int64_t i = 0; i < CFG.d; i++) {
+            ((uint16_t *)w.g1.data)[i] = h_f2bf(1 + 0.2f * (2 * rng_uniform(r) - 1));
+            ((uint16_t *)w.g2.data)[i] = h_f2bf(1 + 0.2f * (2 * rng_uniform(r) - 1));
+        }
+    w.wqkv = mat(r, dt, NQKV, CFG.d, 0.2f * s);
+    w.wo = mat(r, dt, CFG.d, NQ, 0.2f * s);
+    w.wgu = mat(r, dt, 2 * CFG.ffn, CFG.d, 0.2f * s);
+    w.wd = mat(r, dt, CFG.d, CFG.ffn, 0.2f * s);
+    return w;
+}
+static void free_weights(coda_llama_weights_t *w) {
+    free(w->g1.data); free(w->g2.data); free(w->wqkv.data); free(w->wo.data); free(w->wgu.data); free(w->wd.data);
+}
+
+static int same(const coda_tensor_t *a, const coda_tensor_t *b) {
+    return coda_tensor_span_bytes(a) == coda_tensor_span_bytes(b) &&
+           memcmp(a->data, b->data, (size_t)coda_tensor_span_bytes(a)) == 0;
+}
+static int same_grads(const coda_llama_weights_t *a, const coda_llama_weights_t *b) {
+    return same(&a->g1, &b->g1) && same(&a->wqkv, &b->wqkv) && same(&a->wo, &b->wo) && same(&a->g2, &b->g2) &&
+           same(&a->wgu, &b->wgu) && same(&a->wd, &b->wd);
+}
+
+/* One micro-batch: its input, saved activations and results. */
+typedef struct {
+    int64_t batch, seq, m;
+    coda_tensor_t x, pos, o, alse, y, dy, do_, dh, dqkv, dx;
+    coda_block_acts_t acts;
+    coda_llama_weights_t grads;
+} mb_t;
+
+static mb_t mb_new(h_rng *r, int64_t batch, int64_t seq) {
+    mb_t b;
+    memset(&b, 0, sizeof b);
+    b.batch = batch, b.seq = seq, b.m = batch * seq;
+    int64_t m = b.m, d = CFG.d;
+    b.x = mat(r, CODA_BF16, m, d, 1.0f);
+    b.pos = mat(r, CODA_F32, m, 0, 0);
+    for (int64_t i = 0; i < m; i++) ((float *)b.pos.data)[i] = (float)(i % seq);
+    b.o = zbf(m, NQ);
+    b.alse = mat(r, CODA_F32, m, CFG.n_heads, 0);
+    b.y = zbf(m, d);
+    b.dy = mat(r, CODA_BF16, m, d, 1.0f);
+    b.do_ = zbf(m, NQ);
+    b.dh = zbf(m, d);
+    b.dqkv = mat(r, CODA_F32, m, NQKV, 0);
+    b.dx = zbf(m, d);
+    b.acts.r1 = mat(r, CODA_F32, m, 0, 0);
+    b.acts.qkv = zbf(m, NQKV);
+    b.acts.h = zbf(m, d);
+    b.acts.r2 = mat(r, CODA_F32, m, 0, 0);
+    b.acts.z = zbf(m, 2 * CFG.ffn);
+    b.grads = weights(r, CODA_F32);
+    return b;
+}
+static void mb_free(mb_t *b) {
+    coda_tensor_t *t[] = {&b->x, &b->pos, &b->o, &b->alse, &b->y, &b->dy, &b->do_, &b->dh, &b->dqkv, &b->dx,
+                          &b->acts.r1, &b->acts.qkv, &b->acts.h, &b->acts.r2, &b->acts.z};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) free(t[i]->data);
+    free_weights(&b->grads);
+}
+
+static void *ws_alloc(size_t bytes) { return aligned_alloc(256, (bytes + 255) / 256 * 256); }
+
+static void forward(coda_block_t *B, const coda_llama_weights_t *w, mb_t *b, void *ws, size_t wsb) {
+    CHECK_OK(coda_block_forward_pre(B, w, &b->x, NULL, &b->pos, &b->acts, ws, wsb, NULL));
+    CHECK_OK(coda__attention_forward(&CFG, b->batch, b->seq, &b->acts.qkv, &b->o, &b->alse, 2));
+    CHECK_OK(coda_block_forward_post(B, w, &b->x, &b->o, &b->acts, &b->y, NULL, NULL, NULL, ws, wsb, NULL));
+}
+static void backward(coda_block_t *B, const coda_llama_weights_t *w, mb_t *b, void *ws, size_t wsb) {
+    CHECK_OK(coda_block_backward_post(B, w, &b->o, &b->acts, &b->dy, &b->do_, &b->dh, &b->grads, ws, wsb, NULL));
+    CHECK_OK(coda__attention_backward(&CFG, b->batch, b->seq, &b->acts.qkv, &b->o, &b->alse, &b->do_, &b->dqkv, 2));
+    CHECK_OK(coda_block_backward_pre(B, w, &b->x, &b->pos, &b->acts, &b->dqkv, &b->dh, &b->dx, &b->grads, ws, wsb,
+                                     NULL));
+}
+
+static double rel_diff_bf16(const coda_tensor_t *a, const coda_tensor_t *b) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < a->shape[0]; i++)
+        for (int64_t j = 0; j < a->shape[1]; j++) {
+            double u = h_bf2f(*(uint16_t *)((char *)a->data + i * a->stride[0] + 2 * j));
+            double v = h_bf2f(*(uint16_t *)((char *)b->data + i * b->stride[0] + 2 * j));
+            num += (u - v) * (u - v), den += v * v;
+        }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+int main(void) {
+    coda_context_t *ctx;
+    REQUIRE_OK(coda_context_create(NULL, &ctx));
+    h_rng r = rng_new(11);
+    coda_llama_weights_t w = weights(&r, CODA_BF16);
+    coda_block_t *B;
+    REQUIRE_OK(coda_block_create(ctx, &CFG, CODA_DEVICE_CPU, &B));
+
+    /* ---- two forwards in flight, backwards in reverse order ---- */
+    mb_t a = mb_new(&r, 2, 5), b = mb_new(&r, 1, 7);
+    size_t wsb = 0;
+    CHECK_OK(coda_block_workspace_size(B, a.m, &wsb));
+    CHECK(wsb > 0, "a workspace of %zu bytes", wsb);
+    void *ws = ws_alloc(wsb);
+    forward(B, &w, &a, ws, wsb);
+    forward(B, &w, &b, ws, wsb);
+    backward(B, &w, &b, ws, wsb);
+    backward(B, &w, &a, ws, wsb);
+
+    mb_t *mbs[2] = {&a, &b};
+    for (int k = 0; k < 2; k++) { /* the whole layer on each micro-batch alone */
+        mb_t *u = mbs[k];
+        coda_llama_t *L;
+        REQUIRE_OK(coda_llama_create(ctx, &CFG, u->batch, u->seq, CODA_DEVICE_CPU, &L));
+        mb_t ref = mb_new(&r, u->batch, u->seq);
+        CHECK_OK(coda_llama_forward(L, &w, &u->x, NULL, &ref.y, NULL, NULL));
+        CHECK_OK(coda_llama_backward(L, &w, &u->dy, 1.0f, &ref.dx, &ref.grads, NULL));
+        CHECK(same(&u->y, &ref.y), "micro-batch %d: y differs from the whole layer's", k);
+        CHECK(same(&u->dx, &ref.dx), "micro-batch %d: dx differs from the whole layer's", k);
+        CHECK(same_grads(&u->grads, &ref.grads), "micro-batch %d: a weight gradient differs", k);
+        mb_free(&ref);
+        coda_llama_free(L);
+    }
+
+    /* ---- dqkv in bf16 ---- */
+    {
+        coda_tensor_t d16 = zbf(a.m, NQKV), dx16 = zbf(a.m, CFG.d);
+        for (int64_t i = 0; i < a.m * NQKV; i++) ((uint16_t *)d16.data)[i] = h_f2bf(((float *)a.dqkv.data)[i]);
+        coda_llama_weights_t g16 = weights(&r, CODA_F32);
+        CHECK_OK(coda_block_backward_pre(B, &w, &a.x, &a.pos, &a.acts, &d16, &a.dh, &dx16, &g16, ws, wsb, NULL));
+        double e = rel_diff_bf16(&dx16, &a.dx);
+        CHECK(e < 1e-2, "dx from a bf16 dqkv: %.3g from the f32 one's", e);
+        free(d16.data), free(dx16.data), free_weights(&g16);
+    }
+
+    /* ---- the next block's norm from this block's down projection ---- */
+    {
+        coda_llama_weights_t w2 = weights(&r, CODA_BF16);
+        mb_t n1 = mb_new(&r, 2, 5), n2 = mb_new(&r, 2, 5);
+        coda_tensor_t yg = zbf(a.m, CFG.d), rn = mat(&r, CODA_F32, a.m, 0, 0);
+        CHECK_OK(coda_block_forward_post(B, &w, &a.x, &a.o, &n1.acts, &n1.y, &w2.g1, &yg, &rn, ws, wsb, NULL));
+        CHECK(same(&n1.y, &a.y), "y with g_next differs from y without");
+        n2.acts.r1 = rn; /* this block's r1 is the previous block's r_next */
+        coda_tensor_t r1_own = n1.acts.r1;
+        CHECK_OK(coda_block_forward_pre(B, &w2, &n1.y, &yg, &a.pos, &n2.acts, ws, wsb, NULL));
+        CHECK_OK(coda_block_forward_pre(B, &w2, &n1.y, NULL, &a.pos, &n1.acts, ws, wsb, NULL));
+        double er = 0;
+        for (int64_t i = 0; i < a.m; i++) {
+            double u = ((float *)rn.data)[i], v = ((float *)n1.acts.r1.data)[i];
+            er = fmax(er, fabs(u - v) / fabs(v));
+        }
+        CHECK(er < 1e-5, "r_next vs the prologue's r1: %.3g", er);
+        double eq = rel_diff_bf16(&n2.acts.qkv, &n1.acts.qkv);
+        CHECK(eq < 4e-3, "qkv from the fused norm: %.3g from the prologue's", eq);
+        n2.acts.r1 = r1_own; /* owned by n2 again for mb_free */
+        n2.acts.r1.data = malloc(4);
+        free(yg.data), free(rn.data);
+        mb_free(&n1), mb_free(&n2), free_weights(&w2);
+    }
+
+    /* ---- bad input: refused, nothing written ---- */
+    {
+        mb_t c = mb_new(&r, 2, 5);
+        memset(c.acts.qkv.data, 0x7b, (size_t)(c.m * NQKV * 2));
+        memset(c.y.data, 0x7b, (size_t)(c.m * CFG.d * 2));
+        coda_tensor_t qkv0 = mat(&r, CODA_F32, c.m, NQKV, 0), y0 = mat(&r, CODA_F32, c.m, CFG.d, 0);
+        memcpy(qkv0.data, c.acts.qkv.data, (size_t)(c.m * NQKV * 2));
+        memcpy(y0.data, c.y.data, (size_t)(c.m * CFG.d * 2));
+        CHECK_STATUS(coda_block_forward_pre(B, &w, &c.x, NULL, &c.pos, &c.acts, ws, 1024, NULL), CODA_ERR_SHAPE);
+        CHECK_STATUS(coda_block_forward_pre(B, &w, &c.x, NULL, &c.pos, &c.acts, (char *)ws + 16, wsb - 16, NULL),
+                     CODA_ERR_STRIDE);
+        CHECK_STATUS(coda_block_forward_pre(B, &w, &c.x, NULL, &c.pos, &c.acts, NULL, wsb, NULL), CODA_ERR_INVALID_ARG);
+        CHECK_STATUS(coda_block_forward_pre(B, &w, &c.x, NULL, &c.pos, NULL, ws, wsb, NULL), CODA_ERR_INVALID_ARG);
+        CHECK_STATUS(coda_block_forward_pre(NULL, &w, &c.x, NULL, &c.pos, &c.acts, ws, wsb, NULL), CODA_ERR_INVALID_ARG);
+        coda_block_acts_t bad = c.acts;
+        bad.qkv.shape[1] = NQKV - 2;
+        CHECK_STATUS(coda_block_forward_pre(B, &w, &c.x, NULL, &c.pos, &bad, ws, wsb, NULL), CODA_ERR_SHAPE);
+        bad = c.acts;
+        bad.qkv = c.x; /* qkv over the input */
+        bad.qkv.shape[1] = NQKV;
+        bad.qkv.stride[0] = 2 * NQKV;
+        CHECK_STATUS(coda_block_forward_pre(B, &w, &c.x, NULL, &c.pos, &bad, ws, wsb, NULL), CODA_ERR_OVERLAP);
+        coda_tensor_t pos_i = c.pos;
+        pos_i.dtype = CODA_I32;
+        CHECK_STATUS(coda_block_forward_pre(B, &w, &c.x, NULL, &pos_i, &c.acts, ws, wsb, NULL), CODA_ERR_DTYPE);
+        CHECK_STATUS(coda_block_forward_post(B, &w, &c.x, &c.o, &c.acts, &c.x, NULL, NULL, NULL, ws, wsb, NULL),
+                     CODA_ERR_OVERLAP);
+        CHECK_STATUS(coda_block_forward_post(B, &w, &c.x, &c.o, &c.acts, &c.y, &w.g2, NULL, NULL, ws, wsb, NULL),
+                     CODA_ERR_INVALID_ARG);
+        coda_llama_weights_t gbad = c.grads;
+        gbad.wd = w.wd; /* a gradient over a weight */
+        gbad.wd.dtype = CODA_BF16;
+        CHECK_STATUS(coda_block_backward_post(B, &w, &a.o, &a.acts, &a.dy, &c.do_, &c.dh, &gbad, ws, wsb, NULL),
+                     CODA_ERR_OVERLAP);
+        CHECK_STATUS(coda_block_backward_post(B, &w, &a.o, &a.acts, &a.dy, &c.do_, &c.do_, NULL, ws, wsb, NULL),
+                     CODA_ERR_OVERLAP); /* dh over do_ (d = nq here) */
+        CHECK(!memcmp(qkv0.data, c.acts.qkv.data, (size_t)(c.m * NQKV * 2)) &&
+                  !memcmp(y0.data, c.y.data, (size_t)(c.m * CFG.d * 2)),
+              "a refused call wrote into qkv or y");
+        size_t sz;
+        CHECK_STATUS(coda_block_workspace_size(B, -1, &sz), CODA_ERR_SHAPE);
+        CHECK_STATUS(coda_block_workspace_size(NULL, 8, &sz), CODA_ERR_INVALID_ARG);
+        coda_block_t *B2 = NULL;
+        coda_llama_config_t bc = CFG;
+        bc.head_dim = 15;
+        CHECK_STATUS(coda_block_create(ctx, &bc, CODA_DEVICE_CPU, &B2), CODA_ERR_SHAPE);
+        CHECK(B2 == NULL, "a refused create left a block");
+        CHECK_STATUS(coda_block_create(ctx, &CFG, (coda_device_t)7, &B2), CODA_ERR_INVALID_ARG);
+        free(qkv0.data), free(y0.data);
+        mb_free(&c);
+    }
+    coda_block_free(NULL);
+    mb_free(&a), mb_free(&b), free(ws), free_weights(&w);
+    coda_block_free(B);
+    coda_context_free(ctx);
+    TEST_MAIN_END();
+}
