@@ -175,7 +175,10 @@ coda_status_t coda__cuda_norm_prologue(coda_context_t *ctx, const coda_tensor_t 
 
     long long xs = elem_stride(x, 0), os = elem_stride(xg, 0), sstride = sss, rows = m, dl = d;
     int wpr = warps_per_row(d);
-    void *px = x->data, *pg = g->data, *po = xg->data, *pss = ss->data;
+    void *px = x->data;   // (M, d) bf16
+    void *pg = g->data;   // (d) bf16
+    void *po = xg->data;  // (M, d) bf16
+    void *pss = ss->data; // (M) f32, element stride sstride
     void *args[] = {&px, &xs, &pg, &po, &os, &pss, &sstride, &rows, &dl, &wpr};
     return launch(ctx, x->device_index, "coda_norm_prologue_kernel", row_blocks(m, wpr), args, 0, stream);
 }
@@ -205,7 +208,12 @@ coda_status_t coda__cuda_rope_backward(coda_context_t *ctx, const coda_tensor_t 
     long long dys = elem_stride(dy, 0), ys = elem_stride(y, 0), pst = ps, dzs = elem_stride(dz, 0), sst = s_s;
     long long rows = m, nl = n;
     int wpr = warps_per_row(n);
-    void *pdy = dy->data, *py = y->data, *ppos = pos->data, *pf = freq->data, *pdz = dz->data, *psv = s_out->data;
+    void *pdy = dy->data;    // (M, N) f32
+    void *py = y->data;      // (M, N) bf16
+    void *ppos = pos->data;  // (M) f32
+    void *pf = freq->data;   // (N/2) f32
+    void *pdz = dz->data;    // (M, N) bf16
+    void *psv = s_out->data; // (M) f32, element stride sst
     void *args[] = {&pdy, &dys, &py, &ys, &ppos, &pst, &pf, &pdz, &dzs, &psv, &sst, &rows, &nl, &wpr};
     return launch(ctx, dy->device_index, "coda_rope_backward_kernel", row_blocks(m, wpr), args, 0, stream);
 }
@@ -233,7 +241,8 @@ coda_status_t coda__cuda_convert_vec(coda_context_t *ctx, const coda_tensor_t *i
 
     long long ist = is, ost = os, nl = n;
     int to_bf16 = out->dtype == CODA_BF16;
-    void *pi = in->data, *po = out->data;
+    void *pi = in->data;   // (n) f32, element stride ist
+    void *po = out->data;  // (n) bf16 or f32, element stride ost
     void *args[] = {&pi, &ist, &po, &ost, &nl, &to_bf16};
     return launch(ctx, in->device_index, "coda_convert_vec_kernel", coda__cdiv(n, THREADS), args, 0, stream);
 }
@@ -261,7 +270,8 @@ coda_status_t coda__cuda_check_targets(coda_context_t *ctx, const coda_tensor_t 
 
     long long tst = ts, nl = m, V = vocab;
     int ig = ignore_index;
-    void *pt = targets->data, *pb = bad->data;
+    void *pt = targets->data; // (M) i32, element stride tst
+    void *pb = bad->data;     // (1) i32, preset to -1 on the stream
     void *args[] = {&pt, &tst, &nl, &V, &ig, &pb};
     /* m == 0: the preset alone (no bad target) */
     return launch(ctx, targets->device_index, "coda_check_targets_kernel", coda__cdiv(m, THREADS), args,

@@ -72,7 +72,8 @@ static __device__ __forceinline__ float coda_warp_sum(float v) {
  * the row's warps in increasing order, through shared memory. Called by
  * every thread of the block the same number of times (the barriers); the
  * result is valid in the row's first thread. */
-static __device__ __forceinline__ float coda_row_sum(float acc, int wpr, float *red) {
+static __device__ __forceinline__ float coda_row_sum(float acc, int wpr,
+                                                    float *red) {  // (8) f32 shared: a sum per warp
     acc = coda_warp_sum(acc);
     if (wpr == 1) return acc;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -91,8 +92,13 @@ static __device__ __forceinline__ float coda_row_sum(float acc, int wpr, float *
  * wpr: warps per row, 1 or 8 (the host's choice from d alone). Grid: any
  * number of blocks; each takes groups of 8 / wpr rows in turn. */
 extern "C" __global__ void __launch_bounds__(CODA_STEPS_THREADS)
-coda_norm_prologue_kernel(const coda_bf16_t *x, long long xs, const coda_bf16_t *g, coda_bf16_t *xg,
-                          long long os, float *ss, long long sss, long long rows, long long d, int wpr) {
+coda_norm_prologue_kernel(const coda_bf16_t *x,  // (rows, d) bf16, row stride xs
+                          long long xs,
+                          const coda_bf16_t *g,  // (d) bf16, contiguous
+                          coda_bf16_t *xg,       // (rows, d) bf16, row stride os
+                          long long os,
+                          float *ss,             // (rows) f32, element stride sss
+                          long long sss, long long rows, long long d, int wpr) {
     __shared__ float red[8];
     const int rpb = 8 / wpr, T = 32 * wpr;
     const int warp = threadIdx.x >> 5;
@@ -102,8 +108,8 @@ coda_norm_prologue_kernel(const coda_bf16_t *x, long long xs, const coda_bf16_t 
         const long long i = r0 + warp / wpr;
         float acc = 0.0f;
         if (i < rows) {
-            const coda_bf16_t *xr = x + i * xs;
-            coda_bf16_t *outr = xg + i * os;
+            const coda_bf16_t *xr = x + i * xs;  // (d) bf16: row i of x
+            coda_bf16_t *outr = xg + i * os;     // (d) bf16: row i of xg
             /* vector loads where this row allows them; the same arithmetic either way */
             const int vec = coda_aligned16(xr) & coda_aligned16(outr) & coda_aligned16(g);
             for (long long c = t; c < nfull; c += T) {
@@ -148,10 +154,10 @@ coda_norm_prologue_kernel(const coda_bf16_t *x, long long xs, const coda_bf16_t 
 /* One column pair of the RoPE backward, as the CPU (llama_cpu.c): the
  * angle th = pos_i freq_p in f32, precise cosf/sinf, no FMA (--fmad=false).
  * Adds y . dy of the pair to *acc the CPU's way: (ye de + yo dd) first. */
-static __device__ __forceinline__ void coda_rope_pair(float de, float dd, float ye, float yo, float pi,
+static __device__ __forceinline__ void coda_rope_pair(float de, float dd, float ye, float yo, float pos_i,
                                                       float fp, float *acc, float *ze, float *zo) {
     *acc += ye * de + yo * dd;
-    const float th = pi * fp;
+    const float th = pos_i * fp;
     const float c = cosf(th), sn = sinf(th);
     /* forward: (ye, yo) = (ze c - zo s, ze s + zo c); the backward is R^T */
     *ze = de * c + dd * sn;
@@ -167,8 +173,16 @@ static __device__ __forceinline__ void coda_rope_pair(float de, float dd, float 
  * n even. A chunk is 8 columns: 4 pairs, 32 bytes of dy, 16 of y, freq and
  * dz. wpr and the grid as for the norm prologue. */
 extern "C" __global__ void __launch_bounds__(CODA_STEPS_THREADS)
-coda_rope_backward_kernel(const float *dy, long long dys, const coda_bf16_t *y, long long ys, const float *pos,
-                          long long ps, const float *freq, coda_bf16_t *dz, long long dzs, float *s,
+coda_rope_backward_kernel(const float *dy,       // (rows, n) f32, row stride dys
+                          long long dys,
+                          const coda_bf16_t *y,  // (rows, n) bf16, row stride ys
+                          long long ys,
+                          const float *pos,      // (rows) f32, element stride ps
+                          long long ps,
+                          const float *freq,     // (n/2) f32, contiguous
+                          coda_bf16_t *dz,       // (rows, n) bf16, row stride dzs
+                          long long dzs,
+                          float *s,              // (rows) f32, element stride s_s
                           long long s_s, long long rows, long long n, int wpr) {
     __shared__ float red[8];
     const int rpb = 8 / wpr, T = 32 * wpr;
@@ -179,10 +193,10 @@ coda_rope_backward_kernel(const float *dy, long long dys, const coda_bf16_t *y, 
         const long long i = r0 + warp / wpr;
         float acc = 0.0f;
         if (i < rows) {
-            const float *dyr = dy + i * dys;
-            const coda_bf16_t *yr = y + i * ys;
-            coda_bf16_t *zr = dz + i * dzs;
-            const float pi = pos[i * ps];
+            const float *dyr = dy + i * dys;     // (n) f32: row i of dy
+            const coda_bf16_t *yr = y + i * ys;  // (n) bf16: row i of y
+            coda_bf16_t *zr = dz + i * dzs;      // (n) bf16: row i of dz
+            const float pos_i = pos[i * ps];
             const int vec = coda_aligned16(dyr) & coda_aligned16(yr) & coda_aligned16(zr) & coda_aligned16(freq);
             for (long long c = t; c < nfull; c += T) {
                 const long long j0 = c << 3, p0 = c << 2;
@@ -201,7 +215,7 @@ coda_rope_backward_kernel(const float *dy, long long dys, const coda_bf16_t *y, 
                     for (int k = 0; k < 4; k++) fv[k] = freq[p0 + k];
                 }
                 for (int k = 0; k < 4; k++)
-                    coda_rope_pair(dv[2 * k], dv[2 * k + 1], yv[2 * k], yv[2 * k + 1], pi, fv[k], &acc,
+                    coda_rope_pair(dv[2 * k], dv[2 * k + 1], yv[2 * k], yv[2 * k + 1], pos_i, fv[k], &acc,
                                    &zv[2 * k], &zv[2 * k + 1]);
                 if (vec) {
                     uint4 o;
@@ -217,7 +231,7 @@ coda_rope_backward_kernel(const float *dy, long long dys, const coda_bf16_t *y, 
             if (tail0 < n && t == (int)(nfull % T)) {
                 for (long long j = tail0; j < n; j += 2) {
                     float ze, zo;
-                    coda_rope_pair(dyr[j], dyr[j + 1], coda_bf(yr[j]), coda_bf(yr[j + 1]), pi, freq[j >> 1],
+                    coda_rope_pair(dyr[j], dyr[j + 1], coda_bf(yr[j]), coda_bf(yr[j + 1]), pos_i, freq[j >> 1],
                                    &acc, &ze, &zo);
                     zr[j] = coda_to_bf(ze);
                     zr[j + 1] = coda_to_bf(zo);
@@ -232,7 +246,10 @@ coda_rope_backward_kernel(const float *dy, long long dys, const coda_bf16_t *y, 
 /* out[i os] = in[i is] for i < n: f32 in, out f32 (a copy: the bits, NaN
  * payloads included) or bf16 (to_bf16 = 1: rounded to nearest even). */
 extern "C" __global__ void __launch_bounds__(CODA_STEPS_THREADS)
-coda_convert_vec_kernel(const float *in, long long is, void *out, long long os, long long n, int to_bf16) {
+coda_convert_vec_kernel(const float *in,  // (n) f32, element stride is
+                        long long is,
+                        void *out,        // (n) bf16 (to_bf16) or f32, element stride os
+                        long long os, long long n, int to_bf16) {
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         const float v = in[i * is];
         if (to_bf16) ((coda_bf16_t *)out)[i * os] = coda_to_bf(v);
@@ -246,8 +263,9 @@ coda_convert_vec_kernel(const float *in, long long is, void *out, long long os, 
  * "none" value, and the minimum does not depend on the order of the atomics.
  *   targets (n) i32, element stride ts; bad (1) u32. */
 extern "C" __global__ void __launch_bounds__(CODA_STEPS_THREADS)
-coda_check_targets_kernel(const int *targets, long long ts, long long n, long long vocab, int ignore_index,
-                          unsigned *bad) {
+coda_check_targets_kernel(const int *targets,  // (n) i32, element stride ts
+                          long long ts, long long n, long long vocab, int ignore_index,
+                          unsigned *bad) {     // (1) u32: the first bad index, preset to 0xffffffff
     unsigned first = 0xffffffffu;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         const int v = targets[i * ts];
