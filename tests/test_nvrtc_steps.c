@@ -184,7 +184,7 @@ static void rope_backward(coda_context_t *ctx) {
     REFUSED(coda__cuda_rope_backward(ctx, &dy, &y, &pos, &freq, NULL, &s, NULL), CODA_ERR_INVALID_ARG, "dz is NULL");
     REFUSED(coda__cuda_rope_backward(ctx, &dy, &y, &pos, &freq, &dz, NULL, NULL), CODA_ERR_INVALID_ARG, "s is NULL");
     /* dtypes */
-    t = dy, t.dtype = CODA_BF16, t.stride[0] = 2 * N, t.stride[1] = 2;
+    t = dy, t.dtype = CODA_I32; /* dy is f32 or bf16 */
     REFUSED(coda__cuda_rope_backward(ctx, &t, &y, &pos, &freq, &dz, &s, NULL), CODA_ERR_DTYPE, "dy");
     t = y, t.dtype = CODA_F32, t.stride[0] = 4 * N, t.stride[1] = 4;
     REFUSED(coda__cuda_rope_backward(ctx, &dy, &t, &pos, &freq, &dz, &s, NULL), CODA_ERR_DTYPE, "y");

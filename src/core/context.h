@@ -100,14 +100,35 @@ coda_status_t coda__cuda_finish_lse(coda_context_t *ctx, const coda_tensor_t *pa
 coda_status_t coda__cuda_check_pointers(coda_context_t *ctx, int device_index, const coda_tensor_t *const *ts,
                                         const char *const *names, int n);
 
-/* The layer's steps that are not GEMMs, on CUDA tensors (src/cuda/layer_steps.c,
- * which documents shapes, NaN and checks; each refuses bad input and writes
- * nothing then). Asynchronous on `stream`. */
+/* The layer's steps that are not GEMMs, on CUDA tensors
+ * (src/cuda/layer_steps.c, kernels/layer_steps.cuh). Each checks its
+ * arguments (descriptors, dtypes, agreeing extents, CUDA tensors of one
+ * device, outputs apart from inputs, device pointers), refuses bad input
+ * having written nothing, and runs asynchronously on `stream`. */
+
+/* The RMSNorm prologue of the QKV GEMM: xg = bf16(x g), ss[i] = sum_j x_ij^2
+ * (f32).
+ *   x (M, d) bf16, g (d) bf16, xg (M, d) bf16, ss (M) or (M, 1) f32;
+ *   any row strides; d >= 1 (d = 0: ss is all zeros, xg empty).
+ * NaN in x makes its xg element and ss[i] NaN; NaN in g its column of xg. */
 coda_status_t coda__cuda_norm_prologue(coda_context_t *ctx, const coda_tensor_t *x, const coda_tensor_t *g,
                                        coda_tensor_t *xg, coda_tensor_t *ss, void *stream);
+
+/* RoPE backward and the QKV RMSNorm's row statistic, per column pair p:
+ * th = pos[i] freq[p] (f32), c = cosf(th), s = sinf(th),
+ * dz[i][2p] = bf16(dy[i][2p] c + dy[i][2p+1] s), dz[i][2p+1] = bf16(dy[i][2p+1] c
+ * - dy[i][2p] s), and s_out[i] = sum_j y_ij dy_ij (f32).
+ *   dy (M, N) f32 or bf16, y (M, N) bf16, pos (M) f32, freq (N/2) f32,
+ *   dz (M, N) bf16, s_out (M) or (M, 1) f32; N even; any row strides.
+ * NaN in dy makes its pair of dz and s_out[i] NaN; in y, s_out[i]; in pos,
+ * the row of dz. */
 coda_status_t coda__cuda_rope_backward(coda_context_t *ctx, const coda_tensor_t *dy, const coda_tensor_t *y,
                                        const coda_tensor_t *pos, const coda_tensor_t *freq, coda_tensor_t *dz,
                                        coda_tensor_t *s_out, void *stream);
+
+/* out = in, element by element: in (n) f32, out (n) f32 (the same bits) or
+ * bf16 (rounded to nearest even; NaN stays NaN). Each may be 1-D (n) or a
+ * column view (n, 1) with any row stride (an element stride). */
 coda_status_t coda__cuda_convert_vec(coda_context_t *ctx, const coda_tensor_t *in, coda_tensor_t *out,
                                      void *stream);
 

@@ -188,7 +188,8 @@ coda_status_t coda__cuda_rope_backward(coda_context_t *ctx, const coda_tensor_t 
                                        coda_tensor_t *s_out, void *stream) {
     static const char fn[] = "coda__cuda_rope_backward";
     if (!ctx) return coda__fail(CODA_ERR_INVALID_ARG, "%s: ctx is NULL", fn);
-    CODA_TRY(check_mat(fn, dy, "dy", CODA_F32, -1, -1));
+    if (dy && dy->dtype == CODA_BF16) CODA_TRY(check_mat(fn, dy, "dy", CODA_BF16, -1, -1));
+    else CODA_TRY(check_mat(fn, dy, "dy", CODA_F32, -1, -1));
     int64_t m = dy->shape[0], n = dy->shape[1], ps, fs, s_s;
     if (n % 2 != 0)
         return coda__fail(CODA_ERR_SHAPE, "%s: dy has %lld columns; RoPE needs an even number (column pairs)", fn,
@@ -208,13 +209,14 @@ coda_status_t coda__cuda_rope_backward(coda_context_t *ctx, const coda_tensor_t 
     long long dys = elem_stride(dy, 0), ys = elem_stride(y, 0), pst = ps, dzs = elem_stride(dz, 0), sst = s_s;
     long long rows = m, nl = n;
     int wpr = warps_per_row(n);
-    void *pdy = dy->data;    // (M, N) f32
+    void *pdy = dy->data;    // (M, N) f32 or bf16
     void *py = y->data;      // (M, N) bf16
     void *ppos = pos->data;  // (M) f32
     void *pf = freq->data;   // (N/2) f32
     void *pdz = dz->data;    // (M, N) bf16
     void *psv = s_out->data; // (M) f32, element stride sst
-    void *args[] = {&pdy, &dys, &py, &ys, &ppos, &pst, &pf, &pdz, &dzs, &psv, &sst, &rows, &nl, &wpr};
+    int dy_bf16 = dy->dtype == CODA_BF16;
+    void *args[] = {&pdy, &dys, &py, &ys, &ppos, &pst, &pf, &pdz, &dzs, &psv, &sst, &rows, &nl, &wpr, &dy_bf16};
     return launch(ctx, dy->device_index, "coda_rope_backward_kernel", row_blocks(m, wpr), args, 0, stream);
 }
 

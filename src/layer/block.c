@@ -21,6 +21,7 @@
  * (layer_steps: the CPU loops of llama_cpu.c, or the backend's kernels on
  * CUDA), so the chain is the same on every backend. */
 #include "layer/block.h"
+#include "core/context.h"
 
 #include <math.h>
 #include <stdio.h>

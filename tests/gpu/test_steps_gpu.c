@@ -247,7 +247,9 @@ static int at_boundary(const float *dy, const float *pos, const float *freq, int
 
 static int64_t rope_ulps, rope_elems;
 
-/* mode 0: random; 1: a NaN in dy; 2: a NaN in y; 3: a NaN position */
+/* mode 0: random; 1: a NaN in dy; 2: a NaN in y; 3: a NaN position; 4: dy in
+ * bf16 (as an attention library gives it; the values rounded to bf16, so
+ * the f32 reference sees the same numbers) */
 static void rope_case(int64_t M, int64_t N, int mode, unsigned layouts) {
     h_rng r = rng_new(seed_of(2, M, N, mode));
     float *dy = h_alloc((size_t)(M * N) * 4);
@@ -258,12 +260,16 @@ static void rope_case(int64_t M, int64_t N, int mode, unsigned layouts) {
     if (mode == 1) dy[nr * N + 2 * np + 1] = NAN;
     if (mode == 2) y[nr * N + 1] = 0x7fc0;
     if (mode == 3) pos[nr] = NAN;
+    uint16_t *dy16 = h_alloc((size_t)(M * N) * 2);
+    for (int64_t i = 0; mode == 4 && i < M * N; i++) dy16[i] = h_f2bf(dy[i]), dy[i] = h_bf2f(dy16[i]);
     uint16_t *dz_ref = h_alloc((size_t)(M * N) * 2);
     float *s_ref = h_alloc((size_t)M * 4);
     double *ds = h_alloc((size_t)M * 8), *dabs = h_alloc((size_t)M * 8);
     coda_tensor_t hdy = coda_tensor_2d(dy, CODA_F32, M, N), hy = coda_tensor_2d(y, CODA_BF16, M, N);
     coda_tensor_t hdz = coda_tensor_2d(dz_ref, CODA_BF16, M, N);
-    coda__llama_rope_backward(&hdy, &hy, pos, freq, &hdz, s_ref);
+    coda_tensor_t hpos = coda_tensor_1d(pos, CODA_F32, M), hfreq = coda_tensor_1d(freq, CODA_F32, N / 2);
+    coda_tensor_t hs = coda_tensor_1d(s_ref, CODA_F32, M);
+    coda__llama_rope_backward(&hdy, &hy, &hpos, &hfreq, &hdz, &hs);
     for (int64_t i = 0; i < M; i++) {
         double s = 0, a = 0;
         for (int64_t j = 0; j < N; j++) {
@@ -283,7 +289,8 @@ static void rope_case(int64_t M, int64_t N, int mode, unsigned layouts) {
         snprintf(what, sizeof what, "RoPE backward M %lld N %lld mode %d layout %d", (long long)M, (long long)N,
                  mode, L);
         g_buf_t b[6];
-        mk_in(&b[0], "dy", CODA_F32, 2, M, N, L, 0, dy, &r);
+        if (mode == 4) mk_in(&b[0], "dy", CODA_BF16, 2, M, N, L, 0, dy16, &r);
+        else mk_in(&b[0], "dy", CODA_F32, 2, M, N, L, 0, dy, &r);
         mk_in(&b[1], "y", CODA_BF16, 2, M, N, L, 1, y, &r);
         mk_in(&b[2], "pos", CODA_F32, 1, M, 0, L, 2, pos, &r);
         mk_in(&b[3], "freq", CODA_F32, 1, N / 2, 0, L, 3, freq, &r);
@@ -364,7 +371,7 @@ static void rope_case(int64_t M, int64_t N, int mode, unsigned layouts) {
                (long long)M, (long long)N, (long long)ulps, max_err, __builtin_popcount(layouts));
     }
     free(s_first), free(dz_first);
-    free(dy), free(y), free(pos), free(freq), free(dz_ref), free(s_ref), free(ds), free(dabs);
+    free(dy), free(dy16), free(y), free(pos), free(freq), free(dz_ref), free(s_ref), free(ds), free(dabs);
 }
 
 /* ---- vector convert ---- */
@@ -385,7 +392,8 @@ static void convert_case(int64_t n) {
         size_t es = coda_dtype_size(dt);
         void *ref = h_alloc((size_t)n * es);
         coda_tensor_t hout = coda_tensor_1d(ref, dt, n);
-        coda__llama_copy_vec(in, &hout);
+        coda_tensor_t hin = coda_tensor_1d(in, CODA_F32, n);
+        coda__llama_copy_vec(&hin, &hout);
         for (int L = 0; L < NLAYOUTS; L++) {
             char what[128];
             snprintf(what, sizeof what, "convert n %lld to %s layout %d", (long long)n, coda_dtype_name(dt), L);
@@ -702,6 +710,8 @@ int main(int argc, char **argv) {
         for (size_t k = 0; k < sizeof dims / sizeof dims[0]; k++) norm_case(rows[a], dims[k], 0, 0xff);
     for (int a = 0; a < nrows; a++)
         for (size_t k = 0; k < sizeof cols / sizeof cols[0]; k++) rope_case(rows[a], cols[k], 0, 0xff);
+    for (int a = 0; a < nrows; a++) /* dy in bf16 */
+        for (size_t k = 0; k < sizeof cols / sizeof cols[0]; k++) rope_case(rows[a], cols[k], 4, 0xff);
     if (!small) {
         /* more rows than the grid has blocks (2^16; 8 rows a block in the
          * warp form, 1 in the block form): blocks take further rows in turn */

@@ -167,13 +167,14 @@ static __device__ __forceinline__ void coda_rope_pair(float de, float dd, float 
 /* RoPE backward and the QKV RMSNorm's row statistic:
  *   dz[i][2p] = bf16(de c + dd s), dz[i][2p+1] = bf16(dd c - de s), with
  *   (de, dd) = dy[i][2p..2p+1], th = pos_i freq_p; s_i = sum_j y_ij dy_ij.
- *   dy (rows, n) f32, row stride dys; y (rows, n) bf16, row stride ys;
+ *   dy (rows, n) f32, or bf16 when dy_bf16 (as an attention library gives
+ *   it), row stride dys; y (rows, n) bf16, row stride ys;
  *   pos (rows) f32, element stride ps; freq (n/2) f32, contiguous;
  *   dz (rows, n) bf16, row stride dzs; s (rows) f32, element stride s_s.
  * n even. A chunk is 8 columns: 4 pairs, 32 bytes of dy, 16 of y, freq and
  * dz. wpr and the grid as for the norm prologue. */
 extern "C" __global__ void __launch_bounds__(CODA_STEPS_THREADS)
-coda_rope_backward_kernel(const float *dy,       // (rows, n) f32, row stride dys
+coda_rope_backward_kernel(const void *dy,        // (rows, n) f32 or bf16 (dy_bf16), row stride dys
                           long long dys,
                           const coda_bf16_t *y,  // (rows, n) bf16, row stride ys
                           long long ys,
@@ -183,7 +184,7 @@ coda_rope_backward_kernel(const float *dy,       // (rows, n) f32, row stride dy
                           coda_bf16_t *dz,       // (rows, n) bf16, row stride dzs
                           long long dzs,
                           float *s,              // (rows) f32, element stride s_s
-                          long long s_s, long long rows, long long n, int wpr) {
+                          long long s_s, long long rows, long long n, int wpr, int dy_bf16) {
     __shared__ float red[8];
     const int rpb = 8 / wpr, T = 32 * wpr;
     const int warp = threadIdx.x >> 5;
@@ -193,25 +194,34 @@ coda_rope_backward_kernel(const float *dy,       // (rows, n) f32, row stride dy
         const long long i = r0 + warp / wpr;
         float acc = 0.0f;
         if (i < rows) {
-            const float *dyr = dy + i * dys;     // (n) f32: row i of dy
+            const float *dyr = (const float *)dy + i * dys;             // (n) f32: row i of dy
+            const coda_bf16_t *dyh = (const coda_bf16_t *)dy + i * dys; // (n) bf16: the same, dy_bf16
             const coda_bf16_t *yr = y + i * ys;  // (n) bf16: row i of y
             coda_bf16_t *zr = dz + i * dzs;      // (n) bf16: row i of dz
             const float pos_i = pos[i * ps];
-            const int vec = coda_aligned16(dyr) & coda_aligned16(yr) & coda_aligned16(zr) & coda_aligned16(freq);
+            const int vec = coda_aligned16(dy_bf16 ? (const void *)dyh : (const void *)dyr) & coda_aligned16(yr) &
+                            coda_aligned16(zr) & coda_aligned16(freq);
             for (long long c = t; c < nfull; c += T) {
                 const long long j0 = c << 3, p0 = c << 2;
                 float dv[8], yv[8], fv[4], zv[8];
                 if (vec) {
-                    const float4 a = *(const float4 *)(dyr + j0), b = *(const float4 *)(dyr + j0 + 4);
+                    if (dy_bf16) {
+                        const uint4 h = *(const uint4 *)(dyh + j0);
+                        dv[0] = coda_lo(h.x), dv[1] = coda_hi(h.x), dv[2] = coda_lo(h.y), dv[3] = coda_hi(h.y);
+                        dv[4] = coda_lo(h.z), dv[5] = coda_hi(h.z), dv[6] = coda_lo(h.w), dv[7] = coda_hi(h.w);
+                    } else {
+                        const float4 a = *(const float4 *)(dyr + j0), b = *(const float4 *)(dyr + j0 + 4);
+                        dv[0] = a.x, dv[1] = a.y, dv[2] = a.z, dv[3] = a.w;
+                        dv[4] = b.x, dv[5] = b.y, dv[6] = b.z, dv[7] = b.w;
+                    }
                     const uint4 u = *(const uint4 *)(yr + j0);
                     const float4 f = *(const float4 *)(freq + p0);
-                    dv[0] = a.x, dv[1] = a.y, dv[2] = a.z, dv[3] = a.w;
-                    dv[4] = b.x, dv[5] = b.y, dv[6] = b.z, dv[7] = b.w;
                     yv[0] = coda_lo(u.x), yv[1] = coda_hi(u.x), yv[2] = coda_lo(u.y), yv[3] = coda_hi(u.y);
                     yv[4] = coda_lo(u.z), yv[5] = coda_hi(u.z), yv[6] = coda_lo(u.w), yv[7] = coda_hi(u.w);
                     fv[0] = f.x, fv[1] = f.y, fv[2] = f.z, fv[3] = f.w;
                 } else {
-                    for (int k = 0; k < 8; k++) dv[k] = dyr[j0 + k], yv[k] = coda_bf(yr[j0 + k]);
+                    for (int k = 0; k < 8; k++)
+                        dv[k] = dy_bf16 ? coda_bf(dyh[j0 + k]) : dyr[j0 + k], yv[k] = coda_bf(yr[j0 + k]);
                     for (int k = 0; k < 4; k++) fv[k] = freq[p0 + k];
                 }
                 for (int k = 0; k < 4; k++)
@@ -231,8 +241,9 @@ coda_rope_backward_kernel(const float *dy,       // (rows, n) f32, row stride dy
             if (tail0 < n && t == (int)(nfull % T)) {
                 for (long long j = tail0; j < n; j += 2) {
                     float ze, zo;
-                    coda_rope_pair(dyr[j], dyr[j + 1], coda_bf(yr[j]), coda_bf(yr[j + 1]), pos_i, freq[j >> 1],
-                                   &acc, &ze, &zo);
+                    const float de = dy_bf16 ? coda_bf(dyh[j]) : dyr[j];
+                    const float dd = dy_bf16 ? coda_bf(dyh[j + 1]) : dyr[j + 1];
+                    coda_rope_pair(de, dd, coda_bf(yr[j]), coda_bf(yr[j + 1]), pos_i, freq[j >> 1], &acc, &ze, &zo);
                     zr[j] = coda_to_bf(ze);
                     zr[j + 1] = coda_to_bf(zo);
                 }

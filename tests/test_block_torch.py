@@ -1,0 +1,166 @@
+#!/usr/bin/python3
+"""test_block_torch.py - coda.nn.LlamaBlock (the split block of coda.h
+section 9 through coda.ops, with PyTorch's attention between its halves).
+
+From PyTorch-layout bf16 weights loaded as a Hugging Face state dict, y and,
+by autograd, x.grad and every parameter's gradient (back in PyTorch's
+layout) must be within 2 x (torch bf16 error) + 1e-6 of torch float64
+autograd (relative Frobenius), for bf16 and float32 master parameters.
+Also: two forwards in flight (gradient accumulation) give the sum of the two
+backwards' gradients; activation checkpointing gives the same gradients; a
+LlamaModel (embedding, blocks, norm, LM head + loss) trains (its loss falls);
+with torch >= 2.4 the ops are torch.library custom ops that pass
+torch.library.opcheck and run under torch.compile. CODA_TEST_DEVICE=cuda runs
+coda on the GPU. Never skips (exit 1 on any failure).
+"""
+import os
+import sys
+
+from pycheck import check, report  # also puts the binding on sys.path
+
+try:
+    import torch
+    import test_layer_torch as T  # the PyTorch reference layer and helpers
+    import coda
+    import coda.nn
+    import coda.ops
+except Exception as e:
+    print("FAIL: cannot import torch, the coda binding or the reference: %s: %s" % (type(e).__name__, e))
+    sys.exit(1)
+
+DEVICE = os.environ.get("CODA_TEST_DEVICE", "cpu")
+
+
+def state_dict(W, prefix):
+    names = {"wq": "self_attn.q_proj.weight", "wk": "self_attn.k_proj.weight", "wv": "self_attn.v_proj.weight",
+             "wo": "self_attn.o_proj.weight", "w_gate": "mlp.gate_proj.weight", "w_up": "mlp.up_proj.weight",
+             "w_down": "mlp.down_proj.weight", "g1": "input_layernorm.weight",
+             "g2": "post_attention_layernorm.weight"}
+    return {prefix + v: W[k] for k, v in names.items()}
+
+
+def grads_torch(cfg, blk):
+    g = {n: getattr(blk, n).grad for n in coda.nn._BLOCK_PARAMS}
+    return coda.unpack_grads(cfg, g)
+
+
+def case(name, cfg, B, S, dtype):
+    W, x16, _, dy16 = T.make_case(cfg, B, S, False, True)
+    t64 = T.run_torch(cfg, B, S, W, x16, None, dy16, 1.0, torch.float64)
+    t16 = T.run_torch(cfg, B, S, W, x16, None, dy16, 1.0, torch.bfloat16)
+    blk = coda.nn.LlamaBlock.from_state_dict(cfg, state_dict(W, "model.layers.3."), "model.layers.3.",
+                                             device=DEVICE, dtype=dtype)
+    x = x16.to(DEVICE).reshape(B, S, cfg.d).clone().requires_grad_(True)
+    y = blk(x)
+    (y.float() * dy16.to(DEVICE).reshape(B, S, cfg.d).float()).sum().backward()
+    got = {"y": y.detach().reshape(B * S, cfg.d).cpu(), "dx": x.grad.reshape(B * S, cfg.d).cpu()}
+    got.update(grads_torch(cfg, blk))
+    print("\n%s: d %d, M %d, %s parameters, custom ops: %s" % (name, cfg.d, B * S, dtype, coda.ops.HAVE_CUSTOM_OPS))
+    for k in t64:
+        e, base = T.rel(got[k], t64[k]), T.rel(t16[k], t64[k])
+        ok = e <= 2 * base + 1e-6
+        check(ok, "%s: %s: coda error %.3e > 2 x torch bf16 error %.3e + 1e-6" % (name, k, e, base))
+        print("  %-8s %12.3e %12.3e  %s" % (k, e, base, "ok" if ok else "FAIL"))
+    check(got["dx"].dtype == x16.dtype and getattr(blk, "wqkv").grad.dtype == dtype,
+          "%s: gradient dtypes %s, %s" % (name, got["dx"].dtype, getattr(blk, "wqkv").grad.dtype))
+    return blk, W
+
+
+def in_flight(cfg):
+    """Two micro-batches forwarded before either backward: the gradients
+    are the sum of each alone (gradient accumulation)."""
+    blk = coda.nn.LlamaBlock(cfg, device=DEVICE)
+    xa, xb = (torch.randn(2, 8, cfg.d, device=DEVICE).bfloat16() for _ in range(2))
+    ya, yb = blk(xa), blk(xb)
+    (ya.float().sum() + (yb.float() ** 2).sum()).backward()
+    both = {n: getattr(blk, n).grad.clone() for n in coda.nn._BLOCK_PARAMS}
+    blk.zero_grad()
+    blk(xa).float().sum().backward()
+    (blk(xb).float() ** 2).sum().backward()
+    for n in coda.nn._BLOCK_PARAMS:
+        e = T.rel(both[n], getattr(blk, n).grad)
+        check(e < 1e-6, "in flight: grad %s differs from the accumulated one by %.3g" % (n, e))
+    # activation checkpointing: the block recomputed in the backward
+    import torch.utils.checkpoint as ckpt
+    blk.zero_grad()
+    x = xa.clone().requires_grad_(True)
+    y = blk(x)
+    y.float().sum().backward()
+    want = {n: getattr(blk, n).grad.clone() for n in coda.nn._BLOCK_PARAMS}
+    want["x"] = x.grad.clone()
+    blk.zero_grad()
+    x2 = xa.clone().requires_grad_(True)
+    kw = {"use_reentrant": False} if "use_reentrant" in ckpt.checkpoint.__code__.co_varnames else {}
+    ckpt.checkpoint(blk, x2, **kw).float().sum().backward()
+    for n in coda.nn._BLOCK_PARAMS:
+        check(torch.equal(want[n], getattr(blk, n).grad), "checkpointing: grad %s differs" % n)
+    check(torch.equal(want["x"], x2.grad), "checkpointing: x.grad differs")
+    print("two forwards in flight and activation checkpointing: ok")
+
+
+def model_trains(cfg):
+    torch.manual_seed(1)
+    vocab, B, S = 97, 2, 16
+    model = coda.nn.LlamaModel(cfg, 2, vocab, device=DEVICE)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    tokens = torch.randint(0, vocab, (B, S + 1), device=DEVICE)
+    losses = []
+    for step in range(30):
+        loss = model(tokens[:, :-1], tokens[:, 1:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    check(losses[-1] < 0.5 * losses[0], "LlamaModel: loss %.3f -> %.3f in 30 steps on one batch" % (losses[0], losses[-1]))
+    print("LlamaModel (2 blocks, vocab %d): loss %.3f -> %.3f in 30 AdamW steps on one batch" % (vocab, losses[0], losses[-1]))
+
+
+def custom_ops(cfg):
+    """opcheck (schema, fake, autograd registration) and torch.compile."""
+    if not coda.ops.HAVE_CUSTOM_OPS:
+        print("torch %s: no torch.library.custom_op; the ops are autograd.Functions (eager only)" % torch.__version__)
+        return
+    blk = coda.nn.LlamaBlock(cfg, device=DEVICE)
+    m = 16
+    x = torch.randn(m, cfg.d, device=DEVICE).bfloat16().requires_grad_(True)
+    pos = torch.arange(8, device=DEVICE, dtype=torch.float32).repeat(2)
+    p = {n: getattr(blk, n).detach().bfloat16().requires_grad_(True) for n in coda.nn._BLOCK_PARAMS}
+    c = blk._cfg_list
+    args = (x, pos, p["g1"], p["wqkv"], c, cfg.eps, cfg.rope_theta)
+    try:
+        torch.library.opcheck(torch.ops.coda.block_pre.default, args,
+                              test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+        o = torch.randn(m, cfg.n_heads * cfg.head_dim, device=DEVICE).bfloat16().requires_grad_(True)
+        args = (x, o, p["g2"], p["wo"], p["wgu"], p["wd"], c, cfg.eps, cfg.rope_theta)
+        torch.library.opcheck(torch.ops.coda.block_post.default, args,
+                              test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+        check(True, "opcheck")
+        print("torch.library.opcheck (schema, fake tensors, autograd registration): ok")
+    except Exception as e:
+        check(False, "opcheck: %s: %s" % (type(e).__name__, str(e)[:400]))
+    try:
+        xb = torch.randn(2, 8, cfg.d, device=DEVICE).bfloat16()
+        eager = blk(xb)
+        compiled = torch.compile(blk, fullgraph=True)
+        y = compiled(xb)
+        check(torch.equal(y, eager), "torch.compile: output differs from eager")
+        y.float().sum().backward()
+        check(all(getattr(blk, n).grad is not None for n in coda.nn._BLOCK_PARAMS), "torch.compile: no grads")
+        print("torch.compile(fullgraph=True): forward equal to eager, backward ran")
+    except Exception as e:
+        check(False, "torch.compile: %s: %s" % (type(e).__name__, str(e)[:400]))
+
+
+def main():
+    cfg = coda.LlamaConfig(64, 4, 2, 16, 160, vocab=0)
+    case("gqa, bf16 params", cfg, 2, 13, torch.bfloat16)
+    case("gqa, f32 master params", cfg, 2, 13, torch.float32)
+    case("mqa", coda.LlamaConfig(48, 2, 1, 24, 96, vocab=0), 3, 8, torch.float32)
+    in_flight(cfg)
+    model_trains(cfg)
+    custom_ops(cfg)
+    return report("test_block_torch.py", "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
