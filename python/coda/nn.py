@@ -182,12 +182,21 @@ class LlamaBlock(torch.nn.Module):
         c = self.cfg
         xf = x.reshape(m, d).to(torch.bfloat16)
         pos = torch.arange(seq, device=x.device, dtype=torch.float32).repeat(batch)
+        # CUDA blocks take a multiple of 8 tokens (the weight gradients
+        # contract over tokens): zero rows pad the rest, and add nothing to
+        # any gradient (x = 0 gives qkv = 0, o = 0, y = 0)
+        pad = (-m) % 8 if x.is_cuda else 0
+        if pad:
+            xf = torch.nn.functional.pad(xf, (0, 0, 0, pad))
+            pos = torch.nn.functional.pad(pos, (0, pad))
         p = {n: getattr(self, n).to(torch.bfloat16) for n in _BLOCK_PARAMS}
         _, qkv = _ops.pre(xf, pos, p["g1"], p["wqkv"], self._cfg_list, c.eps, c.rope_theta)
-        o = self.attention(qkv, batch, seq, c.n_heads, c.n_kv_heads, c.head_dim)
+        o = self.attention(qkv[:m] if pad else qkv, batch, seq, c.n_heads, c.n_kv_heads, c.head_dim)
+        if pad:
+            o = torch.nn.functional.pad(o, (0, 0, 0, pad))
         y = _ops.post(xf, o.contiguous(), p["g2"], p["wo"], p["wgu"], p["wd"], self._cfg_list, c.eps,
                       c.rope_theta)
-        return y.reshape(batch, seq, d)
+        return (y[:m] if pad else y).reshape(batch, seq, d)
 
 
 class RMSNorm(torch.nn.Module):

@@ -1,0 +1,30 @@
+#!/bin/bash
+# run_block_gpu.sh - the split block and the layer steps on an sm_90a GPU
+# (logs under $OUT):
+#   1. build/tests/gpu/test_steps_gpu    the non-GEMM steps vs the CPU and float64
+#   2. build/tests/gpu/test_block_gpu    the CUDA block vs the CPU block; a whole
+#                                        step in one CUDA graph; forwards in flight
+#      (+ compute-sanitizer memcheck on it)
+#   3. build/tests/gpu/test_layer_gpu    the whole layer (now the block around
+#                                        CPU attention) vs the reference layer
+#   4. tests/test_block_torch.py         coda.nn.LlamaBlock on CUDA vs float64
+#                                        autograd, custom ops, torch.compile
+set -u
+OUT=${OUT:-gpu-logs}
+mkdir -p "$OUT"
+export CODA_CACHE_DIR=${CODA_CACHE_DIR:-/tmp/coda-cache}
+make -j16 all build/tests/gpu/test_steps_gpu build/tests/gpu/test_block_gpu build/tests/gpu/test_layer_gpu \
+    > "$OUT/build-block.log" 2>&1 || { tail -30 "$OUT/build-block.log"; exit 1; }
+for t in test_steps_gpu test_block_gpu test_layer_gpu; do
+  echo "== $t"
+  timeout 300 build/tests/gpu/$t > "$OUT/$t.log" 2>&1; echo "rc=$?"
+  grep -E "FAIL|graph|M = |ulp" "$OUT/$t.log" | head -12; tail -1 "$OUT/$t.log"
+done
+CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+echo "== memcheck test_block_gpu"
+timeout 300 $CS --tool memcheck build/tests/gpu/test_block_gpu > "$OUT/block-memcheck.log" 2>&1; echo "rc=$?"
+grep -E "ERROR SUMMARY" "$OUT/block-memcheck.log" | head -2; tail -1 "$OUT/block-memcheck.log"
+echo "== test_block_torch.py (CUDA)"
+CODA_TEST_DEVICE=cuda PYTHONUNBUFFERED=1 CODA_ORACLE_LIB=$PWD/build/tests/liboracle.so \
+  timeout 300 python3 tests/test_block_torch.py > "$OUT/block-torch.log" 2>&1; echo "rc=$?"
+grep -E "FAIL|custom ops|compile|opcheck|LlamaModel" "$OUT/block-torch.log" | head -12; tail -1 "$OUT/block-torch.log"
