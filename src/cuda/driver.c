@@ -38,6 +38,7 @@ static coda_status_t load_api(struct coda_cuda *c) {
         {(void **)&c->cu.ModuleUnload, "cuModuleUnload"},
         {(void **)&c->cu.ModuleGetFunction, "cuModuleGetFunction"},
         {(void **)&c->cu.FuncSetAttribute, "cuFuncSetAttribute"},
+        {(void **)&c->cu.FuncGetAttribute, "cuFuncGetAttribute"},
         {(void **)&c->cu.LaunchKernelEx, "cuLaunchKernelEx"},
         {(void **)&c->cu.TensorMapEncodeTiled, "cuTensorMapEncodeTiled"},
         {(void **)&c->cu.PointerGetAttribute, "cuPointerGetAttribute"},

@@ -167,13 +167,17 @@ coda_status_t coda__cuda_kernel(coda_context_t *ctx, coda_cuda_device_t *d, cons
     free(cubin);
     CUfunction f;
     CUresult r = c->cu.ModuleGetFunction(&f, mod, entry);
+    /* dynamic shared memory up to what the kernel's static shared memory
+     * leaves of the device's limit (asking for more is an error) */
+    int static_smem = 0;
+    if (r == CUDA_SUCCESS) r = c->cu.FuncGetAttribute(&static_smem, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, f);
     if (r == CUDA_SUCCESS)
         r = c->cu.FuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                   d->smem_optin);
+                                   d->smem_optin - static_smem);
     coda_cuda_kernel_t *k = r == CUDA_SUCCESS ? calloc(1, sizeof *k) : NULL;
     if (!k) {
         c->cu.ModuleUnload(mod);
-        return r != CUDA_SUCCESS ? coda__cu_fail(c, r, "cuModuleGetFunction / cuFuncSetAttribute")
+        return r != CUDA_SUCCESS ? coda__cu_fail(c, r, "cuModuleGetFunction / cuFuncGetAttribute / cuFuncSetAttribute")
                                  : coda__fail(CODA_ERR_NO_MEMORY, "CUDA backend: out of memory");
     }
     k->key[0] = key[0];
