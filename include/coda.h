@@ -630,7 +630,7 @@ CODA_API coda_status_t coda_llama_backward(coda_llama_t *layer, const coda_llama
  * (gradient accumulation, activation checkpointing, pipeline
  * micro-batches), each with its own number of tokens. Scratch is a
  * workspace the caller passes to every call: coda_block_workspace_size
- * bytes for M tokens, 256-byte aligned, on the block's device; calls that
+ * bytes for M tokens (for that call, or CODA_BLOCK_ANY for all), 256-byte aligned, on the block's device; calls that
  * run one after another (one stream) may share it, calls that may overlap
  * need one each. No call copies to or from the host or waits for the
  * stream, so a whole step can be captured into a CUDA graph.
@@ -666,8 +666,19 @@ typedef struct coda_block_acts {
 CODA_API coda_status_t coda_block_create(coda_context_t *ctx, const coda_llama_config_t *cfg,
                                          coda_device_t device, coda_block_t **out);
 CODA_API void coda_block_free(coda_block_t *block);
-/* Bytes of workspace every call of the block needs for m tokens. */
-CODA_API coda_status_t coda_block_workspace_size(const coda_block_t *block, int64_t m, size_t *bytes);
+/* The four calls, for coda_block_workspace_size. */
+typedef enum coda_block_call {
+    CODA_BLOCK_ANY = -1,          /* the most any call needs */
+    CODA_BLOCK_FORWARD_PRE = 0,
+    CODA_BLOCK_FORWARD_POST = 1,
+    CODA_BLOCK_BACKWARD_POST = 2,
+    CODA_BLOCK_BACKWARD_PRE = 3
+} coda_block_call_t;
+
+/* Bytes of workspace `call` of the block needs for m tokens (CODA_BLOCK_ANY:
+ * enough for every call, so that one workspace serves them all). */
+CODA_API coda_status_t coda_block_workspace_size(const coda_block_t *block, coda_block_call_t call, int64_t m,
+                                                 size_t *bytes);
 
 /* acts->r1, acts->qkv from x. xg (may be NULL): x * g1, with acts->r1
  * already holding rstd(x), both from the previous block's forward_post

@@ -144,7 +144,7 @@ int main(void) {
     /* ---- two forwards in flight, backwards in reverse order ---- */
     mb_t a = mb_new(&r, 2, 5), b = mb_new(&r, 1, 7);
     size_t wsb = 0;
-    CHECK_OK(coda_block_workspace_size(B, a.m, &wsb));
+    CHECK_OK(coda_block_workspace_size(B, CODA_BLOCK_ANY, a.m, &wsb));
     CHECK(wsb > 0, "a workspace of %zu bytes", wsb);
     void *ws = ws_alloc(wsb);
     forward(B, &w, &a, ws, wsb);
@@ -243,8 +243,19 @@ int main(void) {
                   !memcmp(y0.data, c.y.data, (size_t)(c.m * CFG.d * 2)),
               "a refused call wrote into qkv or y");
         size_t sz;
-        CHECK_STATUS(coda_block_workspace_size(B, -1, &sz), CODA_ERR_SHAPE);
-        CHECK_STATUS(coda_block_workspace_size(NULL, 8, &sz), CODA_ERR_INVALID_ARG);
+        CHECK_STATUS(coda_block_workspace_size(B, CODA_BLOCK_ANY, -1, &sz), CODA_ERR_SHAPE);
+        CHECK_STATUS(coda_block_workspace_size(NULL, CODA_BLOCK_ANY, 8, &sz), CODA_ERR_INVALID_ARG);
+        CHECK_STATUS(coda_block_workspace_size(B, (coda_block_call_t)4, 8, &sz), CODA_ERR_INVALID_ARG);
+        size_t most = 0, each;
+        for (int k = 0; k < 4; k++) {
+            CHECK_OK(coda_block_workspace_size(B, (coda_block_call_t)k, a.m, &each));
+            most = each > most ? each : most;
+            /* each call runs in exactly its own size */
+        }
+        CHECK(most == wsb, "the largest call's workspace %zu is not CODA_BLOCK_ANY's %zu", most, wsb);
+        CHECK_OK(coda_block_workspace_size(B, CODA_BLOCK_FORWARD_PRE, c.m, &each));
+        CHECK_OK(coda_block_forward_pre(B, &w, &c.x, NULL, &c.pos, &c.acts, ws, each, NULL));
+        CHECK_STATUS(coda_block_forward_pre(B, &w, &c.x, NULL, &c.pos, &c.acts, ws, each - 1, NULL), CODA_ERR_SHAPE);
         coda_block_t *B2 = NULL;
         coda_llama_config_t bc = CFG;
         bc.head_dim = 15;

@@ -280,7 +280,7 @@ _sig("coda_llama_backward", _VP, _P(LlamaWeights), _P(Tensor), ctypes.c_float, _
 _sig("coda_block_create", _VP, _P(LlamaConfig), ctypes.c_int, _P(_VP))
 lib.coda_block_free.argtypes = [_VP]
 lib.coda_block_free.restype = None
-_sig("coda_block_workspace_size", _VP, ctypes.c_int64, _P(ctypes.c_size_t))
+_sig("coda_block_workspace_size", _VP, ctypes.c_int, ctypes.c_int64, _P(ctypes.c_size_t))
 _sig("coda_block_forward_pre", _VP, _P(LlamaWeights), _P(Tensor), _P(Tensor), _P(Tensor), _P(BlockActs),
      _VP, ctypes.c_size_t, _VP)
 _sig("coda_block_forward_post", _VP, _P(LlamaWeights), _P(Tensor), _P(Tensor), _P(BlockActs), _P(Tensor),
@@ -841,9 +841,11 @@ class Block:
                                      DEVICE_CUDA if dev.type == "cuda" else DEVICE_CPU, ctypes.byref(h)))
         self._h = h
 
-    def _workspace(self, m):
+    def _workspace(self, call, m):
+        """The workspace of one call (0..3: forward_pre, forward_post,
+        backward_post, backward_pre), each its own size."""
         n = ctypes.c_size_t()
-        _check(lib.coda_block_workspace_size(self._h, _int(m, "m"), ctypes.byref(n)))
+        _check(lib.coda_block_workspace_size(self._h, call, _int(m, "m"), ctypes.byref(n)))
         # 256 more bytes, so that a 256-byte aligned start exists in it
         buf = torch.empty(n.value + 256, dtype=torch.uint8, device=self.device)
         off = (-buf.data_ptr()) % 256
@@ -856,7 +858,7 @@ class Block:
         r1 = torch.empty(m, dtype=torch.float32, device=self.device) if r1 is None else r1
         qkv = torch.empty(m, self.nqkv, dtype=torch.bfloat16, device=self.device)
         acts = _acts_struct({"r1": r1, "qkv": qkv})
-        buf, ws, n = self._workspace(m)
+        buf, ws, n = self._workspace(0, m)
         _check(lib.coda_block_forward_pre(self._h, ctypes.byref(_weights_struct(w)), _opt(x), _opt(xg), _opt(pos),
                                           ctypes.byref(acts), ws, n, _stream(x)))
         return r1, qkv
@@ -874,7 +876,7 @@ class Block:
             yg = torch.empty(m, d, dtype=torch.bfloat16, device=self.device)
             rn = torch.empty(m, dtype=torch.float32, device=self.device)
         acts = _acts_struct({"h": h, "r2": r2, "z": z})
-        buf, ws, n = self._workspace(m)
+        buf, ws, n = self._workspace(1, m)
         _check(lib.coda_block_forward_post(self._h, ctypes.byref(_weights_struct(w)), _opt(x), _opt(o),
                                            ctypes.byref(acts), _opt(y), _opt(g_next), _opt(yg), _opt(rn), ws, n,
                                            _stream(x)))
@@ -887,7 +889,7 @@ class Block:
         dh = torch.empty(m, d, dtype=torch.bfloat16, device=self.device)
         g = {k: torch.empty(w[k].shape, dtype=grad_dtype, device=self.device) for k in ("wo", "g2", "wgu", "wd")}
         acts = _acts_struct({"h": h, "r2": r2, "z": z})
-        buf, ws, n = self._workspace(m)
+        buf, ws, n = self._workspace(2, m)
         _check(lib.coda_block_backward_post(self._h, ctypes.byref(_weights_struct(w)), _opt(o), ctypes.byref(acts),
                                             _opt(dy), _opt(do), _opt(dh), ctypes.byref(_weights_struct(g)), ws, n,
                                             _stream(dy)))
@@ -899,7 +901,7 @@ class Block:
         dx = torch.empty(m, d, dtype=torch.bfloat16, device=self.device)
         g = {k: torch.empty(w[k].shape, dtype=grad_dtype, device=self.device) for k in ("g1", "wqkv")}
         acts = _acts_struct({"r1": r1, "qkv": qkv})
-        buf, ws, n = self._workspace(m)
+        buf, ws, n = self._workspace(3, m)
         _check(lib.coda_block_backward_pre(self._h, ctypes.byref(_weights_struct(w)), _opt(x), _opt(pos),
                                            ctypes.byref(acts), _opt(dqkv), _opt(dh), _opt(dx),
                                            ctypes.byref(_weights_struct(g)), ws, n, _stream(x)))

@@ -153,6 +153,8 @@ class LlamaBlock(torch.nn.Module):
         super().__init__()
         self.cfg = coda._config_copy(cfg)
         self._cfg_list = [self.cfg.d, self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.head_dim, self.cfg.ffn]
+        # plain Python numbers for forward (torch.compile does not trace ctypes fields)
+        self._eps, self._theta = float(self.cfg.eps), float(self.cfg.rope_theta)
         self.attention = attention or causal_attention
         shapes = coda._weight_shapes(self.cfg)
         for n in _BLOCK_PARAMS:
@@ -179,7 +181,7 @@ class LlamaBlock(torch.nn.Module):
     def forward(self, x):
         batch, seq, d = x.shape
         m = batch * seq
-        c = self.cfg
+        _, n_heads, n_kv_heads, head_dim, _ = self._cfg_list
         xf = x.reshape(m, d).to(torch.bfloat16)
         pos = torch.arange(seq, device=x.device, dtype=torch.float32).repeat(batch)
         # CUDA blocks take a multiple of 8 tokens (the weight gradients
@@ -190,12 +192,12 @@ class LlamaBlock(torch.nn.Module):
             xf = torch.nn.functional.pad(xf, (0, 0, 0, pad))
             pos = torch.nn.functional.pad(pos, (0, pad))
         p = {n: getattr(self, n).to(torch.bfloat16) for n in _BLOCK_PARAMS}
-        _, qkv = _ops.pre(xf, pos, p["g1"], p["wqkv"], self._cfg_list, c.eps, c.rope_theta)
-        o = self.attention(qkv[:m] if pad else qkv, batch, seq, c.n_heads, c.n_kv_heads, c.head_dim)
+        _, qkv = _ops.pre(xf, pos, p["g1"], p["wqkv"], self._cfg_list, self._eps, self._theta)
+        o = self.attention(qkv[:m] if pad else qkv, batch, seq, n_heads, n_kv_heads, head_dim)
         if pad:
             o = torch.nn.functional.pad(o, (0, 0, 0, pad))
-        y = _ops.post(xf, o.contiguous(), p["g2"], p["wo"], p["wgu"], p["wd"], self._cfg_list, c.eps,
-                      c.rope_theta)
+        y = _ops.post(xf, o.contiguous(), p["g2"], p["wo"], p["wgu"], p["wd"], self._cfg_list, self._eps,
+                      self._theta)
         return (y[:m] if pad else y).reshape(batch, seq, d)
 
 

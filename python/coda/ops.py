@@ -63,7 +63,9 @@ def _post(x, o, g2, wo, wgu, wd, cfg, eps, theta):
 
 def _post_bwd(o, h, r2, z, dy, g2, wo, wgu, wd, cfg, eps, theta):
     b = blocks(cfg, eps, theta, dy.device)
-    do, dh, g = b.backward_post(_w(g2=g2, wo=wo, wgu=wgu, wd=wd), o.contiguous(), h, r2, z, dy.contiguous())
+    # gradients in the weights' dtype (bf16): no f32 copies of the big ones
+    do, dh, g = b.backward_post(_w(g2=g2, wo=wo, wgu=wgu, wd=wd), o.contiguous(), h, r2, z, dy.contiguous(),
+                                grad_dtype=wo.dtype)
     return do, dh, g["g2"], g["wo"], g["wgu"], g["wd"]
 
 
@@ -71,7 +73,8 @@ def _pre_bwd(x, pos, r1, qkv, dqkv, g1, wqkv, cfg, eps, theta):
     b = blocks(cfg, eps, theta, x.device)
     zero = torch.zeros_like(x, dtype=torch.bfloat16)  # the residual path is block_post's (autograd adds it)
     dqkv = dqkv if dqkv.dtype in (torch.float32, torch.bfloat16) else dqkv.float()
-    dx, g = b.backward_pre(_w(g1=g1, wqkv=wqkv), x.contiguous(), pos.contiguous(), r1, qkv, dqkv.contiguous(), zero)
+    dx, g = b.backward_pre(_w(g1=g1, wqkv=wqkv), x.contiguous(), pos.contiguous(), r1, qkv, dqkv.contiguous(), zero,
+                           grad_dtype=wqkv.dtype)
     return dx, g["g1"], g["wqkv"]
 
 
@@ -108,7 +111,7 @@ if HAVE_CUSTOM_OPS:
 
     @block_post_backward.register_fake
     def _(o, h, r2, z, dy, g2, wo, wgu, wd, cfg, eps, theta):
-        f = lambda t: torch.empty_like(t, dtype=torch.float32)
+        f = torch.empty_like
         return torch.empty_like(o), torch.empty_like(dy), f(g2), f(wo), f(wgu), f(wd)
 
     @torch.library.custom_op("coda::block_pre_backward", mutates_args=())
@@ -119,7 +122,7 @@ if HAVE_CUSTOM_OPS:
 
     @block_pre_backward.register_fake
     def _(x, pos, r1, qkv, dqkv, g1, wqkv, cfg, eps, theta):
-        return torch.empty_like(x), torch.empty_like(g1, dtype=torch.float32), torch.empty_like(wqkv, dtype=torch.float32)
+        return torch.empty_like(x), torch.empty_like(g1), torch.empty_like(wqkv)
 
     def _pre_setup(ctx, inputs, output):
         x, pos, g1, wqkv, cfg, eps, theta = inputs

@@ -96,7 +96,10 @@ typedef struct {
     coda_tensor_t dzq, s1, dg1, gvec1;                 /* backward_pre */
 } scratch_t;
 
-enum { CALL_FWD_PRE, CALL_FWD_POST, CALL_BWD_POST, CALL_BWD_PRE };
+enum {
+    CALL_FWD_PRE = CODA_BLOCK_FORWARD_PRE, CALL_FWD_POST = CODA_BLOCK_FORWARD_POST,
+    CALL_BWD_POST = CODA_BLOCK_BACKWARD_POST, CALL_BWD_PRE = CODA_BLOCK_BACKWARD_PRE
+};
 
 static coda_status_t layout(const coda_block_t *B, int call, int64_t m, arena_t *a, scratch_t *s) {
     const coda_llama_config_t *c = &B->cfg;
@@ -134,12 +137,16 @@ static coda_status_t layout(const coda_block_t *B, int call, int64_t m, arena_t 
     return CODA_OK;
 }
 
-coda_status_t coda_block_workspace_size(const coda_block_t *B, int64_t m, size_t *bytes) {
+coda_status_t coda_block_workspace_size(const coda_block_t *B, coda_block_call_t which, int64_t m, size_t *bytes) {
     if (!B || !bytes) return coda__fail(CODA_ERR_INVALID_ARG, "coda_block_workspace_size: NULL argument");
+    if (which < CODA_BLOCK_ANY || which > CODA_BLOCK_BACKWARD_PRE)
+        return coda__fail(CODA_ERR_INVALID_ARG, "coda_block_workspace_size: call %d is not a coda_block_call_t",
+                          (int)which);
     if (m < 0 || m > ((int64_t)1 << 31))
         return coda__fail(CODA_ERR_SHAPE, "coda_block_workspace_size: m = %lld is outside 0..2^31", (long long)m);
     size_t most = 0;
     for (int call = CALL_FWD_PRE; call <= CALL_BWD_PRE; call++) {
+        if (which != CODA_BLOCK_ANY && call != (int)which) continue;
         arena_t a = {NULL, 0, 0, B->device, B->device_index};
         scratch_t s;
         CODA_TRY(layout(B, call, m, &a, &s));

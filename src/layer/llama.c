@@ -190,7 +190,7 @@ static coda_status_t create(coda_llama_t *L) {
     const coda_llama_config_t *cfg = &L->cfg;
     int64_t m = L->m, mp = L->mp, d = cfg->d, I = cfg->ffn, V = cfg->vocab;
     const coda_block_t *B = L->block;
-    CODA_TRY(coda_block_workspace_size(B, mp, &L->ws_bytes));
+    CODA_TRY(coda_block_workspace_size(B, CODA_BLOCK_ANY, mp, &L->ws_bytes));
     CODA_TRY(coda__llama_mem_alloc(L->mem, L->ws_bytes, &L->ws));
 
     ALLOC2(L->x, CODA_BF16, mp, d);

@@ -145,8 +145,8 @@ int main(void) {
         memcpy(g.dy.h.data, c.dy.h.data, c.dy.bytes), up(&g.dy);
         int64_t m = c.m;
         size_t wsb, wsbh; /* the devices' tilings differ, and so do their workspaces */
-        REQUIRE_OK(coda_block_workspace_size(Bg, m, &wsb));
-        REQUIRE_OK(coda_block_workspace_size(Bc, m, &wsbh));
+        REQUIRE_OK(coda_block_workspace_size(Bg, CODA_BLOCK_ANY, m, &wsb));
+        REQUIRE_OK(coda_block_workspace_size(Bc, CODA_BLOCK_ANY, m, &wsbh));
         void *wsd, *wsh = aligned_alloc(256, (wsbh + 255) / 256 * 256);
         CUDA_OK(cudaMalloc(&wsd, wsb));
         coda_block_acts_t ah = acts_of(&c, 0), ad = acts_of(&g, 1);
@@ -249,7 +249,7 @@ int main(void) {
     {
         mb_t a = mb_new(&r, 2, 64, ws_), b = mb_new(&r, 1, 96, ws_), a1 = mb_new(&r, 2, 64, ws_);
         size_t wsb;
-        REQUIRE_OK(coda_block_workspace_size(Bg, 128, &wsb));
+        REQUIRE_OK(coda_block_workspace_size(Bg, CODA_BLOCK_ANY, 128, &wsb));
         void *wsd;
         CUDA_OK(cudaMalloc(&wsd, wsb));
         memcpy(a1.x.h.data, a.x.h.data, a.x.bytes), up(&a1.x);

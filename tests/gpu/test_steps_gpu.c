@@ -230,19 +230,21 @@ static float *rope_pos(int64_t M) {
     return p;
 }
 
-/* One element of dz that differs from the CPU's by a bf16 ulp, at a
- * rounding boundary: the CPU's f32 value within 2^-20 (|de| + |dd|) of the
- * midpoint of the two bf16 values (cosf/sinf a few f32 ulps apart move it
- * across). */
+/* One element of dz that differs from the CPU's within what f32 cosf/sinf
+ * allow: the GPU's and glibc's are each within a few f32 ulps of the exact
+ * value, so c and s may differ by ~2^-22 absolutely, and de c + dd s by
+ * 2^-20 (|de| + |dd|); where that sum cancels to a small dz (measured on the
+ * H200: 4 bf16 ulps at 5e-7 from inputs of size 1) this is many bf16 ulps.
+ * Accepted: |got - v| <= 2^-20 (|de| + |dd|) + 2^-8 |v|, v the CPU's f32
+ * value before rounding (the second term: bf16 rounding). */
 static int at_boundary(const float *dy, const float *pos, const float *freq, int64_t N, int64_t i, int64_t j,
                        uint16_t got, uint16_t want) {
-    if (abs(bf_ord(got) - bf_ord(want)) != 1) return 0;
+    (void)want;
     int64_t p = j / 2;
     float th = pos[i] * freq[p], c = cosf(th), sn = sinf(th);
     double de = dy[i * N + 2 * p], dd = dy[i * N + 2 * p + 1];
     double v = j % 2 == 0 ? de * c + dd * sn : dd * c - de * sn;
-    double mid = 0.5 * ((double)h_bf2f(got) + (double)h_bf2f(want));
-    return fabs(v - mid) <= ldexp(fabs(de) + fabs(dd), -20);
+    return fabs((double)h_bf2f(got) - v) <= ldexp(fabs(de) + fabs(dd), -20) + ldexp(fabs(v), -8);
 }
 
 static int64_t rope_ulps, rope_elems;
@@ -314,7 +316,7 @@ static void rope_case(int64_t M, int64_t N, int mode, unsigned layouts) {
             }
             if (!bad++) first = e;
         }
-        CHECK(bad == 0, "%s: dz: %lld elements differ from the CPU (not one ulp at a rounding boundary); "
+        CHECK(bad == 0, "%s: dz: %lld elements differ from the CPU by more than f32 cos/sin error allows; "
               "first (%lld, %lld): 0x%04x, CPU 0x%04x", what, (long long)bad, (long long)(first / N),
               (long long)(first % N), first >= 0 ? dz[first] : 0, first >= 0 ? dz_ref[first] : 0);
         if (L == 0) ulps = here;
@@ -366,7 +368,7 @@ static void rope_case(int64_t M, int64_t N, int mode, unsigned layouts) {
     if (mode == 0) {
         rope_ulps += ulps;
         rope_elems += M * N;
-        printf("RoPE backward M %5lld N %5lld: dz = CPU but %lld elements 1 ulp apart at a boundary, "
+        printf("RoPE backward M %5lld N %5lld: dz = CPU but %lld elements apart within cos/sin error, "
                "s max err %.2e of sum |y dy| (%d layouts, same bits)\n",
                (long long)M, (long long)N, (long long)ulps, max_err, __builtin_popcount(layouts));
     }
@@ -720,7 +722,7 @@ int main(int argc, char **argv) {
         rope_case(524288 + 9 * 8 + 3, 8, 0, 0x21);
         rope_case(65536 + 37, 1032, 0, 0x21);
     }
-    printf("RoPE backward: %lld of %lld dz elements 1 bf16 ulp from the CPU (cosf/sinf at a rounding boundary)\n",
+    printf("RoPE backward: %lld of %lld dz elements differ from the CPU within f32 cos/sin error\n",
            (long long)rope_ulps, (long long)rope_elems);
     /* NaN in, NaN out: warp and block forms, with and without a tail */
     const int64_t nan_d[] = {6, 130, 1032, 4098};
