@@ -185,8 +185,8 @@ int main(void) {
         coda_tensor_t yg = zbf(a.m, CFG.d), rn = mat(&r, CODA_F32, a.m, 0, 0);
         CHECK_OK(coda_block_forward_post(B, &w, &a.x, &a.o, &n1.acts, &n1.y, &w2.g1, &yg, &rn, ws, wsb, NULL));
         CHECK(same(&n1.y, &a.y), "y with g_next differs from y without");
+        coda_tensor_t r1_own = n2.acts.r1;
         n2.acts.r1 = rn; /* this block's r1 is the previous block's r_next */
-        coda_tensor_t r1_own = n1.acts.r1;
         CHECK_OK(coda_block_forward_pre(B, &w2, &n1.y, &yg, &a.pos, &n2.acts, ws, wsb, NULL));
         CHECK_OK(coda_block_forward_pre(B, &w2, &n1.y, NULL, &a.pos, &n1.acts, ws, wsb, NULL));
         double er = 0;
@@ -197,8 +197,7 @@ int main(void) {
         CHECK(er < 1e-5, "r_next vs the prologue's r1: %.3g", er);
         double eq = rel_diff_bf16(&n2.acts.qkv, &n1.acts.qkv);
         CHECK(eq < 4e-3, "qkv from the fused norm: %.3g from the prologue's", eq);
-        n2.acts.r1 = r1_own; /* owned by n2 again for mb_free */
-        n2.acts.r1.data = malloc(4);
+        n2.acts.r1 = r1_own; /* its own again, for mb_free */
         free(yg.data), free(rn.data);
         mb_free(&n1), mb_free(&n2), free_weights(&w2);
     }
