@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""bench_model.py - a LLaMA-3-1B-shaped model's training step (forward +
+backward of the whole model; no optimizer step) on the GPU: tokens per
+second and peak memory for coda against eager PyTorch, torch.compile and
+Liger-Kernel, in one process, the same attention (SDPA) everywhere.
+
+  eager          embedding, 16 PyTorch blocks (bench_block.TorchBlock), final
+                 RMSNorm, LM head (bf16 GEMM) + cross-entropy in f32
+  torch.compile  the same, each block and the head compiled
+  liger          PyTorch blocks with Liger's RMSNorm / RoPE / SwiGLU kernels,
+                 Liger's fused linear cross-entropy head
+  coda           coda.nn.LlamaModel (coda blocks around SDPA); its LM head is
+                 PyTorch's (coda's fused head is issue 21)
+
+bf16 parameters for all; the median of --reps steps after two warm-ups,
+CUDA events; peak = torch.cuda.max_memory_allocated during one step minus
+what was allocated before it (weights, inputs).
+
+    python3 bench/bench_model.py [--layers 16] [--batch 2] [--seq 8192] [--vocab 128256]
+"""
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
+sys.path.insert(0, HERE)
+import coda  # noqa: E402
+import coda.nn  # noqa: E402
+import bench_block as bb  # noqa: E402
+
+
+class Head(torch.nn.Module):
+    def __init__(self, wlm, gf, flce=None):
+        super().__init__()
+        self.wlm = torch.nn.Parameter(wlm.clone())
+        self.gf = torch.nn.Parameter(gf.clone())
+        self.flce = flce
+
+    def forward(self, h, targets):
+        hn = bb.rmsnorm(h, self.gf).reshape(-1, h.shape[-1])
+        if self.flce is not None:
+            return self.flce.apply(hn, self.wlm, targets.reshape(-1))[0]
+        logits = F.linear(hn, self.wlm)
+        return F.cross_entropy(logits.float(), targets.reshape(-1))
+
+
+class TorchModel(torch.nn.Module):
+    def __init__(self, emb, blocks, head):
+        super().__init__()
+        self.embed = torch.nn.Embedding.from_pretrained(emb.clone(), freeze=False)
+        self.layers = torch.nn.ModuleList(blocks)
+        self.head = head
+
+    def forward(self, tokens, targets):
+        h = self.embed(tokens)
+        for b in self.layers:
+            h = b(h)
+        return self.head(h, targets)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--seq", type=int, default=8192)
+    ap.add_argument("--vocab", type=int, default=128256)
+    ap.add_argument("--reps", type=int, default=5)
+    a = ap.parse_args()
+    dev = torch.device("cuda")
+    shape = bb.SHAPES["1b"]
+    d, H, KV, hd, ffn, theta = shape
+    liger, why = bb.load_liger()
+    flce = None
+    if liger:
+        try:
+            from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction as flce
+        except Exception as e:
+            why = "no fused linear cross-entropy (%s)" % e
+    print("device: %s; torch %s; Liger-Kernel: %s" % (torch.cuda.get_device_name(), torch.__version__,
+                                                      "yes" if liger else "no (%s)" % why), flush=True)
+    W = bb.weights(shape, dev)
+    g = torch.Generator(device="cpu").manual_seed(1)
+    emb = (torch.randn(a.vocab, d, generator=g) * 0.02).to(dev, torch.bfloat16)
+    wlm = (torch.randn(a.vocab, d, generator=g) / d ** 0.5).to(dev, torch.bfloat16)
+    gf = torch.ones(d, device=dev, dtype=torch.bfloat16)
+    tokens = torch.randint(0, a.vocab, (a.batch, a.seq + 1), device=dev)
+    x, t = tokens[:, :-1], tokens[:, 1:]
+    cfg = coda.LlamaConfig(d=d, n_heads=H, n_kv_heads=KV, head_dim=hd, ffn=ffn, vocab=0, eps=bb.EPS, rope_theta=theta)
+    sd = {"model.embed_tokens.weight": emb, "model.norm.weight": gf, "lm_head.weight": wlm}
+    for i in range(a.layers):
+        for k, v in {"self_attn.q_proj.weight": W["wq"], "self_attn.k_proj.weight": W["wk"],
+                     "self_attn.v_proj.weight": W["wv"], "self_attn.o_proj.weight": W["wo"],
+                     "mlp.gate_proj.weight": W["w_gate"], "mlp.up_proj.weight": W["w_up"],
+                     "mlp.down_proj.weight": W["w_down"], "input_layernorm.weight": W["g1"],
+                     "post_attention_layernorm.weight": W["g2"]}.items():
+            sd["model.layers.%d.%s" % (i, k)] = v
+    t0 = time.time()
+    models = [("eager", TorchModel(emb, [bb.TorchBlock(W, shape, a.seq) for _ in range(a.layers)], Head(wlm, gf)))]
+    comp = TorchModel(emb, [torch.compile(bb.TorchBlock(W, shape, a.seq)) for _ in range(a.layers)], Head(wlm, gf))
+    comp.head = torch.compile(comp.head)
+    models.append(("torch.compile", comp))
+    if liger:
+        models.append(("liger", TorchModel(emb, [bb.TorchBlock(W, shape, a.seq, liger) for _ in range(a.layers)],
+                                           Head(wlm, gf, flce))))
+    cm = coda.nn.LlamaModel.from_state_dict(cfg, sd, device=dev, dtype=torch.bfloat16, attention=bb.coda_attention)
+    models.append(("coda", cm))
+
+    def step(m):
+        for p in m.parameters():
+            p.grad = None
+        loss = m(x, t)
+        loss.backward()
+        return loss
+
+    losses = {}
+    for name, m in models:
+        for _ in range(2):
+            losses[name] = float(step(m))
+    torch.cuda.synchronize()
+    print("LLaMA-3-1B shape, %d blocks, vocab %d, batch %d x %d tokens (warm-up and compile %.0f s)"
+          % (a.layers, a.vocab, a.batch, a.seq, time.time() - t0), flush=True)
+    times = {n: [] for n, _ in models}
+    for _ in range(a.reps):
+        for name, m in models:
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            step(m)
+            e1.record()
+            e1.synchronize()
+            times[name].append(e0.elapsed_time(e1))
+    print("  %-14s %10s %12s %10s %8s" % ("variant", "ms/step", "tokens/s", "peak GiB", "loss"))
+    ntok = a.batch * a.seq
+    for name, m in models:
+        for p in m.parameters():
+            p.grad = None
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        step(m)
+        torch.cuda.synchronize()
+        peak = (torch.cuda.max_memory_allocated() - base) / 2**30
+        ms = sorted(times[name])[len(times[name]) // 2]
+        print("  %-14s %10.1f %12.0f %10.2f %8.4f" % (name, ms, ntok / (ms * 1e-3), peak, losses[name]), flush=True)
+
+
+if __name__ == "__main__":
+    main()
