@@ -392,20 +392,6 @@ static coda_status_t check_m(const coda_block_t *B, const char *fn, const coda_t
 
 /* ---- the steps ---- */
 
-static coda_binding_t bind(const char *name, const coda_tensor_t *t) {
-    coda_binding_t b;
-    memset(&b, 0, sizeof b);
-    b.name = name;
-    b.tensor = *t;
-    return b;
-}
-static coda_binding_t bind_scalar(const char *name, float v) {
-    coda_binding_t b;
-    memset(&b, 0, sizeof b);
-    b.name = name;
-    b.scalar = v;
-    return b;
-}
 
 static coda_status_t epilogue(const coda_block_t *B, const scratch_t *s, int g, int p, coda_layout_t layout,
                               const coda_tensor_t *a, const coda_tensor_t *b, const coda_binding_t *bs, int n,
@@ -420,9 +406,9 @@ static coda_status_t norm_backward(const coda_block_t *B, const scratch_t *s, in
                                    const coda_tensor_t *gw, const coda_tensor_t *r, const coda_tensor_t *stat,
                                    const coda_tensor_t *b, const coda_tensor_t *dg, const coda_tensor_t *gvec,
                                    coda_tensor_t *dx, coda_tensor_t *gout, void *stream) {
-    coda_binding_t bs[] = {bind("dres", dres), bind("x", x),   bind("g", gw),
-                           bind("r", r),       bind("s", stat), bind_scalar("invd", 1.0f / (float)B->cfg.d),
-                           bind("dx", dx),     bind("b", b),   bind("dg", dg)};
+    coda_binding_t bs[] = {coda__bind("dres", dres), coda__bind("x", x),   coda__bind("g", gw),
+                           coda__bind("r", r),       coda__bind("s", stat), coda__bind_scalar("invd", 1.0f / (float)B->cfg.d),
+                           coda__bind("dx", dx),     coda__bind("b", b),   coda__bind("dg", dg)};
     CODA_TRY(epilogue(B, s, g, CODA__P_RMS_BWD, CODA_LAYOUT_NN, a, w, bs, 9, stream));
     if (!gout) return CODA_OK;
     CODA_TRY(coda_finish_reduce(B->ctx, CODA_REDUCE_SUM, dg, (coda_tensor_t *)gvec, stream));
@@ -465,7 +451,7 @@ coda_status_t coda_block_forward_pre(coda_block_t *B, const coda_llama_weights_t
         xg = &s.xg;
     }
     /* QKV + r1 + RoPE */
-    coda_binding_t bs[] = {bind("r", &acts->r1), bind("pos", pos), bind("freq", &B->freq), bind("qkv", &acts->qkv)};
+    coda_binding_t bs[] = {coda__bind("r", &acts->r1), coda__bind("pos", pos), coda__bind("freq", &B->freq), coda__bind("qkv", &acts->qkv)};
     return epilogue(B, &s, G_QKV, CODA__P_QKV, CODA_LAYOUT_NT, xg, &w->wqkv, bs, 4, stream);
 }
 
@@ -505,22 +491,22 @@ coda_status_t coda_block_forward_post(coda_block_t *B, const coda_llama_weights_
     CODA_TRY(scratch(B, fn, CALL_FWD_POST, m, ws, ws_bytes, &s));
 
     {   /* O-proj + residual + FFN norm partials */
-        coda_binding_t bs[] = {bind("res", x), bind("g", &w->g2), bind("h", &acts->h), bind("hg", &s.hg),
-                               bind("ss", &s.ss_o)};
+        coda_binding_t bs[] = {coda__bind("res", x), coda__bind("g", &w->g2), coda__bind("h", &acts->h), coda__bind("hg", &s.hg),
+                               coda__bind("ss", &s.ss_o)};
         CODA_TRY(epilogue(B, &s, G_O, CODA__P_RESID_NORM, CODA_LAYOUT_NT, o, &w->wo, bs, 5, stream));
         CODA_TRY(coda_finish_rstd(B->ctx, &s.ss_o, d, B->cfg.eps, &acts->r2, stream));
     }
     {   /* gate/up + r2 + SwiGLU, saving z */
-        coda_binding_t bs[] = {bind("r", &acts->r2), bind("z", &acts->z), bind("c", &s.c)};
+        coda_binding_t bs[] = {coda__bind("r", &acts->r2), coda__bind("z", &acts->z), coda__bind("c", &s.c)};
         CODA_TRY(epilogue(B, &s, G_GU, CODA__P_GATEUP, CODA_LAYOUT_NT, &s.hg, &w->wgu, bs, 3, stream));
     }
     if (g_next) { /* down + residual + the next RMSNorm's first half */
-        coda_binding_t bs[] = {bind("res", &acts->h), bind("g", g_next), bind("h", y), bind("hg", y_g),
-                               bind("ss", &s.ss_down)};
+        coda_binding_t bs[] = {coda__bind("res", &acts->h), coda__bind("g", g_next), coda__bind("h", y), coda__bind("hg", y_g),
+                               coda__bind("ss", &s.ss_down)};
         CODA_TRY(epilogue(B, &s, G_DOWN, CODA__P_RESID_NORM, CODA_LAYOUT_NT, &s.c, &w->wd, bs, 5, stream));
         return coda_finish_rstd(B->ctx, &s.ss_down, d, B->cfg.eps, r_next, stream);
     }
-    coda_binding_t bs[] = {bind("res", &acts->h), bind("h", y)};
+    coda_binding_t bs[] = {coda__bind("res", &acts->h), coda__bind("h", y)};
     return epilogue(B, &s, G_DOWN, CODA__P_RESID_ADD, CODA_LAYOUT_NT, &s.c, &w->wd, bs, 2, stream);
 }
 
@@ -562,7 +548,7 @@ coda_status_t coda_block_backward_post(coda_block_t *B, const coda_llama_weights
     CODA_TRY(scratch(B, fn, CALL_BWD_POST, m, ws, ws_bytes, &s));
 
     {   /* down dgrad + SwiGLU backward: dz, c recomputed, s2 */
-        coda_binding_t bs[] = {bind("z", &acts->z), bind("dz", &s.dz), bind("c", &s.c), bind("s", &s.s_down)};
+        coda_binding_t bs[] = {coda__bind("z", &acts->z), coda__bind("dz", &s.dz), coda__bind("c", &s.c), coda__bind("s", &s.s_down)};
         CODA_TRY(epilogue(B, &s, G_DOWN_DGRAD, CODA__P_SWIGLU_BWD, CODA_LAYOUT_NN, dy, &w->wd, bs, 4, stream));
         CODA_TRY(coda_finish_reduce(B->ctx, CODA_REDUCE_SUM, &s.s_down, &s.svec, stream));
         if (grads) CODA_TRY(wgrad(B, dy, &s.c, &grads->wd, stream));

@@ -23,6 +23,22 @@ struct coda_block {
     coda_tensor_t freq;         /* (nqkv/2) f32 RoPE frequency per column pair */
 };
 
+/* A program argument bound to a tensor, or to a scalar. */
+static inline coda_binding_t coda__bind(const char *name, const coda_tensor_t *t) {
+    coda_binding_t b;
+    memset(&b, 0, sizeof b);
+    b.name = name;
+    b.tensor = *t;
+    return b;
+}
+static inline coda_binding_t coda__bind_scalar(const char *name, float v) {
+    coda_binding_t b;
+    memset(&b, 0, sizeof b);
+    b.name = name;
+    b.scalar = v;
+    return b;
+}
+
 /* coda_block_create with `fn` naming the public call in messages. */
 coda_status_t coda__block_create(coda_context_t *ctx, const coda_llama_config_t *cfg, coda_device_t device,
                                  const char *fn, coda_block_t **out);

@@ -152,20 +152,6 @@ static coda_status_t up(coda_llama_t *L, pair_t *p, void *stream) {
     return coda__llama_mem_copy(L->mem, &p->h, &d, stream);
 }
 
-static coda_binding_t bind(const char *name, const coda_tensor_t *t) {
-    coda_binding_t b;
-    memset(&b, 0, sizeof b);
-    b.name = name;
-    b.tensor = *t;
-    return b;
-}
-static coda_binding_t bind_scalar(const char *name, float v) {
-    coda_binding_t b;
-    memset(&b, 0, sizeof b);
-    b.name = name;
-    b.scalar = v;
-    return b;
-}
 
 static coda_status_t lm_epilogue(coda_llama_t *L, int g, int p, coda_layout_t layout, const coda_tensor_t *a,
                                  const coda_tensor_t *b, const coda_binding_t *bs, int n, void *stream) {
@@ -428,7 +414,7 @@ coda_status_t coda_llama_forward(coda_llama_t *L, const coda_llama_weights_t *w,
     if (with_loss) {   /* LM head + online log-sum-exp; the logits are never stored */
         coda_tensor_t tm = rows_m(L, &L->targets);
         CODA_TRY(coda__llama_mem_copy(L->mem, &L->tcheck, &tm, stream));
-        coda_binding_t bs[] = {bind("r", &L->rf), bind("t", &L->targets), bind("part", &L->lsep)};
+        coda_binding_t bs[] = {coda__bind("r", &L->rf), coda__bind("t", &L->targets), coda__bind("part", &L->lsep)};
         CODA_TRY(lm_epilogue(L, G_LM, CODA__P_LSE, CODA_LAYOUT_NT, &L->yg, &w->wlm, bs, 3, stream));
         CODA_TRY(coda_finish_lse(L->ctx, &L->lsep, &L->targets, IGNORE_INDEX, &L->lse, &L->loss, stream));
     }
@@ -493,8 +479,8 @@ coda_status_t coda_llama_backward(coda_llama_t *L, const coda_llama_weights_t *w
     /* dY: dL/dy through both paths (mp, d) bf16 */
     if (L->have_loss) {
         /* LM head recomputed: dlogits and the final norm's statistic sf. */
-        coda_binding_t bs[] = {bind("r", &L->rf), bind("logz", &L->lse), bind("t", &L->targets),
-                               bind_scalar("scale", loss_scale), bind("dl", &L->dl), bind("s", &L->sp)};
+        coda_binding_t bs[] = {coda__bind("r", &L->rf), coda__bind("logz", &L->lse), coda__bind("t", &L->targets),
+                               coda__bind_scalar("scale", loss_scale), coda__bind("dl", &L->dl), coda__bind("s", &L->sp)};
         CODA_TRY(lm_epilogue(L, G_LM, CODA__P_LM_BWD, CODA_LAYOUT_NT, &L->yg, &w->wlm, bs, 6, stream));
         CODA_TRY(coda_finish_reduce(L->ctx, CODA_REDUCE_SUM, &L->sp, &L->svec, stream));
         /* the residual path's gradient: dy, or zeros without one */
@@ -504,9 +490,9 @@ coda_status_t coda_llama_backward(coda_llama_t *L, const coda_llama_weights_t *w
         } else {
             CODA_TRY(coda__llama_mem_zero(L->mem, &L->dres, stream));
         }
-        coda_binding_t nb[] = {bind("dres", &L->dres), bind("x", &L->y),   bind("g", &w->gf),
-                               bind("r", &L->rf),      bind("s", &L->svec), bind_scalar("invd", 1.0f / (float)d),
-                               bind("dx", &L->dY),     bind("b", &L->b),   bind("dg", &L->colp)};
+        coda_binding_t nb[] = {coda__bind("dres", &L->dres), coda__bind("x", &L->y),   coda__bind("g", &w->gf),
+                               coda__bind("r", &L->rf),      coda__bind("s", &L->svec), coda__bind_scalar("invd", 1.0f / (float)d),
+                               coda__bind("dx", &L->dY),     coda__bind("b", &L->b),   coda__bind("dg", &L->colp)};
         CODA_TRY(lm_epilogue(L, G_LM_DGRAD, CODA__P_RMS_BWD, CODA_LAYOUT_NN, &L->dl, &w->wlm, nb, 9, stream));
         if (grads) {
             CODA_TRY(coda_finish_reduce(L->ctx, CODA_REDUCE_SUM, &L->colp, &L->gvec, stream));

@@ -12,23 +12,9 @@
  * Needs an sm_90a GPU. */
 #include "guard_cases.h"
 #include "class_programs.h"
-#include "gpu/cuda_check.h"
+#include "gpu/guard_dev.h"
 #include "tuning.h"
 
-static void *dev_alloc(size_t n) {
-    void *p;
-    CUDA_OK(cudaMalloc(&p, n));
-    return p;
-}
-static void dev_free(void *p) { CUDA_OK(cudaFree(p)); }
-static void dev_put(void *dst, const void *src, size_t n) {
-    CUDA_OK(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice));
-}
-static void dev_get(void *dst, const void *src, size_t n) {
-    CUDA_OK(cudaDeviceSynchronize()); /* a kernel's fault shows here, not as wrong bytes */
-    CUDA_OK(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
-}
-static const g_mem_t dev_mem = {CODA_DEVICE_CUDA, dev_alloc, dev_free, dev_put, dev_get};
 
 /* A descriptor that says CUDA but holds host memory, in each role a call
  * writes or reads: refused with CODA_ERR_DEVICE before anything runs, the

@@ -34,7 +34,7 @@
 #include "guard.h"
 
 #ifdef CODA_WITH_CUDA
-#include "gpu/cuda_check.h"
+#include "gpu/guard_dev.h"
 #include "cuda/layer_steps.h"
 #include "layer/llama.h"
 
@@ -43,20 +43,6 @@
 static coda_context_t *ctx;
 static int small;
 
-static void *dev_alloc(size_t n) {
-    void *p;
-    CUDA_OK(cudaMalloc(&p, n));
-    return p;
-}
-static void dev_free(void *p) { CUDA_OK(cudaFree(p)); }
-static void dev_put(void *dst, const void *src, size_t n) {
-    CUDA_OK(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice));
-}
-static void dev_get(void *dst, const void *src, size_t n) {
-    CUDA_OK(cudaDeviceSynchronize()); /* a kernel's fault shows here, not as wrong bytes */
-    CUDA_OK(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
-}
-static const g_mem_t dev_mem = {CODA_DEVICE_CUDA, dev_alloc, dev_free, dev_put, dev_get};
 
 /* ---- guarded views holding given data ---- */
 
