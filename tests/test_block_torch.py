@@ -98,6 +98,43 @@ def in_flight(cfg):
     print("two forwards in flight and activation checkpointing: ok")
 
 
+def fused_norms(cfg):
+    """LlamaModel with the norm across blocks (each down projection gives the
+    next block's x g1 and rstd) against the same model without: the loss
+    and every gradient agree up to the order of rstd's sums."""
+    torch.manual_seed(3)
+    vocab, B, S = 61, 2, 12
+    a = coda.nn.LlamaModel(cfg, 3, vocab, device=DEVICE, fuse_norms=True)
+    b = coda.nn.LlamaModel(cfg, 3, vocab, device=DEVICE, fuse_norms=False)
+    b.load_state_dict(a.state_dict())
+    tokens = torch.randint(0, vocab, (B, S + 1), device=DEVICE)
+    seen = []  # which forward_pre calls got the previous block's xg
+    orig = coda.Block.forward_pre
+
+    def spy(self, w, x, pos, xg=None, r1=None):
+        seen.append(xg is not None)
+        return orig(self, w, x, pos, xg=xg, r1=r1)
+    coda.Block.forward_pre = spy
+    try:
+        la = a(tokens[:, :-1], tokens[:, 1:])
+        fused_calls, seen[:] = list(seen), []
+        lb = b(tokens[:, :-1], tokens[:, 1:])
+    finally:
+        coda.Block.forward_pre = orig
+    check(fused_calls == [False, True, True] and seen == [False, False, False],
+          "fused norms: blocks given xg %s (fused), %s (not)" % (fused_calls, seen))
+    la.backward()
+    lb.backward()
+    check(abs(float(la) - float(lb)) <= 1e-3 * abs(float(lb)), "fused norms: loss %.6f vs %.6f" % (float(la), float(lb)))
+    worst = 0.0
+    for (n, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
+        e = T.rel(pa.grad, pb.grad)
+        worst = max(worst, e)
+        check(e < 2e-2, "fused norms: grad %s differs by %.3g" % (n, e))
+    print("LlamaModel, norms across blocks fused vs not: loss %.6f vs %.6f, worst gradient difference %.2e"
+          % (float(la), float(lb), worst))
+
+
 def model_trains(cfg):
     torch.manual_seed(1)
     vocab, B, S = 97, 2, 16
@@ -126,14 +163,23 @@ def custom_ops(cfg):
     pos = torch.arange(8, device=DEVICE, dtype=torch.float32).repeat(2)
     p = {n: getattr(blk, n).detach().bfloat16().requires_grad_(True) for n in coda.nn._BLOCK_PARAMS}
     c = blk._cfg_list
-    args = (x, pos, p["g1"], p["wqkv"], c, cfg.eps, cfg.rope_theta)
+    utils = ("test_schema", "test_faketensor", "test_autograd_registration")
     try:
-        torch.library.opcheck(torch.ops.coda.block_pre.default, args,
-                              test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+        torch.library.opcheck(torch.ops.coda.block_pre.default,
+                              (x, pos, p["g1"], p["wqkv"], None, None, c, cfg.eps, cfg.rope_theta), test_utils=utils)
         o = torch.randn(m, cfg.n_heads * cfg.head_dim, device=DEVICE).bfloat16().requires_grad_(True)
-        args = (x, o, p["g2"], p["wo"], p["wgu"], p["wd"], c, cfg.eps, cfg.rope_theta)
-        torch.library.opcheck(torch.ops.coda.block_post.default, args,
-                              test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+        args = (x, o, p["g2"], p["wo"], p["wgu"], p["wd"], None, c, cfg.eps, cfg.rope_theta)
+        torch.library.opcheck(torch.ops.coda.block_post.default, args, test_utils=utils)
+        # the norm across blocks: post with g_next, pre with xg and r1
+        g_next = p["g1"].detach().clone()
+        y, h, r2, z, yg, rn = torch.ops.coda.block_post(x, o, p["g2"], p["wo"], p["wgu"], p["wd"], g_next, c,
+                                                        cfg.eps, cfg.rope_theta)
+        torch.library.opcheck(torch.ops.coda.block_post.default,
+                              (x, o, p["g2"], p["wo"], p["wgu"], p["wd"], g_next, c, cfg.eps, cfg.rope_theta),
+                              test_utils=utils)
+        torch.library.opcheck(torch.ops.coda.block_pre.default,
+                              (y.detach().requires_grad_(True), pos, p["g1"], p["wqkv"], yg, rn, c, cfg.eps,
+                               cfg.rope_theta), test_utils=utils)
         check(True, "opcheck")
         print("torch.library.opcheck (schema, fake tensors, autograd registration): ok")
     except Exception as e:
@@ -157,6 +203,7 @@ def main():
     case("gqa, f32 master params", cfg, 2, 13, torch.float32)
     case("mqa", coda.LlamaConfig(48, 2, 1, 24, 96, vocab=0), 3, 8, torch.float32)
     in_flight(cfg)
+    fused_norms(cfg)
     model_trains(cfg)
     custom_ops(cfg)
     return report("test_block_torch.py", "\n")

@@ -180,25 +180,42 @@ class LlamaBlock(torch.nn.Module):
 
     def forward(self, x):
         batch, seq, d = x.shape
-        m = batch * seq
+        xf, pos, m = _tokens(x)
+        y = self.run(xf, pos, batch, seq, m)[0]
+        return y[:m].reshape(batch, seq, d)
+
+    def run(self, xf, pos, batch, seq, m, xg=None, r1=None, g_next=None):
+        """The block on tokens already flattened (and padded: xf (M', d)
+        bf16, pos (M') f32, the first m rows real) -> (y, y_g, r_next);
+        with g_next (the next block's g1) the down projection's epilogue
+        also gives the next block's xg and r1 (else None, None); with xg and
+        r1 from the block before, the norm prologue is skipped."""
         _, n_heads, n_kv_heads, head_dim, _ = self._cfg_list
-        xf = x.reshape(m, d).to(torch.bfloat16)
-        pos = torch.arange(seq, device=x.device, dtype=torch.float32).repeat(batch)
-        # CUDA blocks take a multiple of 8 tokens (the weight gradients
-        # contract over tokens): zero rows pad the rest, and add nothing to
-        # any gradient (x = 0 gives qkv = 0, o = 0, y = 0)
-        pad = (-m) % 8 if x.is_cuda else 0
-        if pad:
-            xf = torch.nn.functional.pad(xf, (0, 0, 0, pad))
-            pos = torch.nn.functional.pad(pos, (0, pad))
         p = {n: getattr(self, n).to(torch.bfloat16) for n in _BLOCK_PARAMS}
-        _, qkv = _ops.pre(xf, pos, p["g1"], p["wqkv"], self._cfg_list, self._eps, self._theta)
+        qkv = _ops.pre(xf, pos, p["g1"], p["wqkv"], self._cfg_list, self._eps, self._theta, xg=xg, r1=r1)
+        pad = xf.shape[0] - m
         o = self.attention(qkv[:m] if pad else qkv, batch, seq, n_heads, n_kv_heads, head_dim)
         if pad:
             o = torch.nn.functional.pad(o, (0, 0, 0, pad))
-        y = _ops.post(xf, o.contiguous(), p["g2"], p["wo"], p["wgu"], p["wd"], self._cfg_list, self._eps,
-                      self._theta)
-        return (y[:m] if pad else y).reshape(batch, seq, d)
+        out = _ops.post(xf, o.contiguous(), p["g2"], p["wo"], p["wgu"], p["wd"], self._cfg_list, self._eps,
+                        self._theta, g_next=g_next)
+        return out if g_next is not None else (out, None, None)
+
+
+def _tokens(x):
+    """x (batch, seq, d) -> (xf (M', d) bf16, pos (M') f32, M): the tokens
+    in rows, each one's position; on CUDA zero rows pad M to a multiple of 8
+    (the weight gradients contract over tokens), which add nothing to any
+    gradient (x = 0 gives qkv = 0, o = 0, y = 0)."""
+    batch, seq, d = x.shape
+    m = batch * seq
+    xf = x.reshape(m, d).to(torch.bfloat16)
+    pos = torch.arange(seq, device=x.device, dtype=torch.float32).repeat(batch)
+    pad = (-m) % 8 if x.is_cuda else 0
+    if pad:
+        xf = torch.nn.functional.pad(xf, (0, 0, 0, pad))
+        pos = torch.nn.functional.pad(pos, (0, pad))
+    return xf, pos, m
 
 
 class RMSNorm(torch.nn.Module):
@@ -233,11 +250,17 @@ class LMHeadLoss(torch.nn.Module):
 class LlamaModel(torch.nn.Module):
     """A LLaMA model: embedding, n_layers coda LlamaBlocks, final RMSNorm,
     LM head + loss. forward(tokens (batch, seq) int64, targets or None) ->
-    loss (targets given) or the final hidden states (batch, seq, d)."""
+    loss (targets given) or the final hidden states (batch, seq, d).
+    fuse_norms: each block's down projection also gives the next block's
+    x g1 and rstd (its epilogue's row sums), so the blocks after the first
+    run no RMSNorm prologue; the result differs from fuse_norms=False only
+    in the order rstd's squares are summed. Off by default until it is
+    measured on a GPU (tests/test_block_torch.py checks it on the CPU)."""
 
-    def __init__(self, cfg, n_layers, vocab, device="cpu", dtype=torch.float32, attention=None):
+    def __init__(self, cfg, n_layers, vocab, device="cpu", dtype=torch.float32, attention=None, fuse_norms=False):
         super().__init__()
         self.cfg = coda._config_copy(cfg)
+        self.fuse_norms = fuse_norms
         self.embed = torch.nn.Embedding(vocab, cfg.d, device=device, dtype=dtype)
         self.layers = torch.nn.ModuleList(
             [LlamaBlock(cfg, device=device, dtype=dtype, attention=attention) for _ in range(n_layers)])
@@ -245,12 +268,12 @@ class LlamaModel(torch.nn.Module):
         self.head = LMHeadLoss(cfg.d, vocab, device=device, dtype=dtype)
 
     @classmethod
-    def from_state_dict(cls, cfg, sd, device="cpu", dtype=torch.float32, attention=None):
+    def from_state_dict(cls, cfg, sd, device="cpu", dtype=torch.float32, attention=None, fuse_norms=False):
         """From a Hugging Face LlamaForCausalLM state dict (model.embed_tokens,
         model.layers.N..., model.norm, lm_head)."""
         n = 1 + max(int(k.split(".")[2]) for k in sd if k.startswith("model.layers."))
         vocab = sd["model.embed_tokens.weight"].shape[0]
-        m = cls(cfg, n, vocab, device=device, dtype=dtype, attention=attention)
+        m = cls(cfg, n, vocab, device=device, dtype=dtype, attention=attention, fuse_norms=fuse_norms)
         with torch.no_grad():
             m.embed.weight.copy_(sd["model.embed_tokens.weight"])
             m.norm.weight.copy_(sd["model.norm.weight"])
@@ -262,7 +285,13 @@ class LlamaModel(torch.nn.Module):
 
     def forward(self, tokens, targets=None):
         h = self.embed(tokens).to(torch.bfloat16)
-        for layer in self.layers:
-            h = layer(h)
-        h = self.norm(h)
+        batch, seq, d = h.shape
+        xf, pos, m = _tokens(h)
+        xg = r1 = None
+        n = len(self.layers)
+        for i, layer in enumerate(self.layers):
+            # the next block's first RMSNorm from this block's down projection
+            g_next = self.layers[i + 1].g1.to(torch.bfloat16) if self.fuse_norms and i + 1 < n else None
+            xf, xg, r1 = layer.run(xf, pos, batch, seq, m, xg=xg, r1=r1, g_next=g_next)
+        h = self.norm(xf[:m].reshape(batch, seq, d))
         return h if targets is None else self.head(h, targets)
