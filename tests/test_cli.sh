@@ -87,7 +87,7 @@ also() {
 # ---- --help / -h: usage on stdout, status 0; for every command ----
 for h in --help -h; do
     t "coda $h" 0 out-only "usage: coda <command>" "$h"
-    for c in info check programs show demo version help; do
+    for c in info check programs show demo train version help; do
         t "$c $h" 0 out-only "usage: coda $c" "$c" "$h"
     done
 done
@@ -102,7 +102,7 @@ t "no command" 2 err-only "usage: coda <command>"
 t "unknown command" 2 err-only "unknown command 'frobnicate'" frobnicate
 also err "usage: coda <command>" "unknown command"
 t "help unknown command" 2 err-only "unknown command 'frobnicate'" help frobnicate
-for c in info check programs show demo version; do
+for c in info check programs show demo train version; do
     t "$c: unknown option" 2 err-only "unknown option '--bogus'" "$c" --bogus
     also err "usage: coda $c" "$c: unknown option"
 done
@@ -117,6 +117,11 @@ done
 t "help: extra argument" 2 err-only "unexpected argument 'demo'" help check demo
 t "demo: extra argument" 2 err-only "unexpected argument 'x'" demo x
 t "demo: option without value" 2 err-only "--batch needs a value" demo --batch
+t "train: option without value" 2 err-only "--steps needs a value" train --steps
+t "train: steps 0" 2 err-only "bad value '0' for --steps" train --steps 0
+t "train: odd head_dim" 2 err-only "head_dim = d / heads must be a whole even number" train --d 60 --heads 4
+t "train: kv-heads not dividing heads" 2 err-only "kv-heads must divide heads" train --heads 4 --kv-heads 3
+t "train: lr not a number" 2 err-only "bad value 'x' for --lr" train --lr x
 t "demo: batch 0" 2 err-only "--batch takes an integer in 1..4096, not '0'" demo --batch 0
 t "demo: seq too big" 2 err-only "--seq takes an integer in 1..4096, not '5000'" demo --seq 5000
 t "demo: seed not a number" 2 err-only "--seed takes an integer" demo --seed x1
@@ -217,6 +222,14 @@ if [ -c /dev/full ]; then
         fail "programs > /dev/full: exit status $rc, expected 1 and 'error writing the output'"
     fi
 fi
+
+# ---- train: a small model learns from a text file (the CPU backend) ----
+head -c 20000 "$PROGRAMS/../../README.md" > "$T/corpus.txt"
+t "train: the loss falls" 0 out "loss " train --data "$T/corpus.txt" --steps 40 --every 20 --d 32 --heads 2 --kv-heads 1 --ffn 64 --seq 32
+also out "tokens/s" "train: tokens per second"
+t "train: missing data file" 1 err "cannot open" train --data "$T/nosuch.txt"
+printf 'tiny' > "$T/tiny.txt"
+t "train: data shorter than a window" 1 err "fewer than --seq + 2" train --data "$T/tiny.txt"
 
 echo "test_cli.sh: $checks checks, $failures failures"
 [ "$failures" = 0 ]

@@ -17,4 +17,10 @@ int coda_cli_demo(int argc, char **argv);
 /* The demo's usage text (`coda demo --help`, `coda help demo`). */
 extern const char coda_cli_demo_usage[];
 
+/* `coda train [options]`: a byte-level LLaMA trained on a text file with
+ * the split block on the CPU backend (tools/cli_train.c). Returns 0 when
+ * the loss fell, 1 if it did not or a call failed, 2 on bad usage. */
+int coda_cli_train(int argc, char **argv);
+extern const char coda_cli_train_usage[];
+
 #endif

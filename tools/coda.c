@@ -5,6 +5,7 @@
  *   coda programs           list the built-in programs of the LLaMA layer
  *   coda show NAME          print a built-in program
  *   coda demo [options]     a small LLaMA layer forward and backward, checked
+ *   coda train [options]    train a small byte-level LLaMA on a text file (CPU)
  *   coda version            print the version
  *   coda help [COMMAND]     usage; `coda COMMAND --help` (or -h) too
  *
@@ -18,6 +19,7 @@
  *               --cpu was not given
  *        show:  no built-in program of that name
  *        demo:  an output is out of tolerance, or a call failed
+ *        train: the data cannot be read, a call failed, or the loss did not fall
  *        info:  no context could be created
  *        any:   writing the output failed (e.g. a full disk)
  *   2  bad usage: unknown command or option, a missing or extra argument, a
@@ -66,6 +68,8 @@ static const char main_usage[] =
     "  demo [options]      a small LLaMA layer forward+backward, checked against\n"
     "                      the unfused reference (GPU if present, else CPU)\n"
     "  version             print the version\n"
+    "  train [options]     train a small byte-level LLaMA on a text file (CPU\n"
+    "                      backend), printing the loss and tokens per second\n"
     "  help [COMMAND]      this text, or a command's (also: coda COMMAND --help)\n"
     "exit status: 0 success, 1 failed check or run, 2 bad usage\n";
 
@@ -339,6 +343,7 @@ static const command_t commands[] = {
     {"programs", programs_usage, cmd_programs},
     {"show", show_usage, cmd_show},
     {"demo", coda_cli_demo_usage, coda_cli_demo},
+    {"train", coda_cli_train_usage, coda_cli_train},
     {"version", version_usage, cmd_version},
     {"help", help_usage, cmd_help},
 };

@@ -1,0 +1,410 @@
+/* cli_train.c - `coda train`: a small byte-level LLaMA trained on a text
+ * file, written against the public API a C user has:
+ *
+ *   embedding      x = E[token] (bf16), here
+ *   each block     coda_block_forward_pre, coda's CPU attention,
+ *                  coda_block_forward_post (the last one with the final
+ *                  norm's first half, g_next = gf: its epilogue gives y gf
+ *                  and rstd(y) for the LM head)
+ *   LM head        lmhead_lse, coda_finish_lse (the loss); backward:
+ *                  lmhead_bwd, rmsnorm_bwd (dY, dgf), dWlm = dl^T b
+ *   each block     coda_block_backward_post, attention backward,
+ *                  coda_block_backward_pre, in reverse
+ *   AdamW          on f32 master weights, bf16 copies for the GEMMs
+ *
+ * It runs on the CPU backend: coda's attention is a CPU function until
+ * there is a GPU kernel (issue 22), and a CUDA run would copy every layer's
+ * q, k, v to the host and back. Prints the loss and tokens per second. */
+#include "cli.h"
+#include "layer/attention.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define VOCAB 256 /* bytes */
+#define MAX_LAYERS 16
+
+const char coda_cli_train_usage[] =
+    "usage: coda train [--data FILE] [--steps N] [--layers L] [--d D] [--heads H]\n"
+    "                  [--kv-heads K] [--ffn I] [--batch B] [--seq S] [--lr X]\n"
+    "                  [--seed N] [--every N]\n"
+    "  Train a byte-level LLaMA (vocabulary 256) on FILE with the split block\n"
+    "  (coda.h section 9) on the CPU backend, coda's CPU attention between its\n"
+    "  halves, the LM head and loss as epilogue programs, AdamW; print the loss\n"
+    "  and tokens per second every N steps.\n"
+    "  --data FILE  text to train on (default /usr/share/common-licenses/GPL-3)\n"
+    "  --steps N    1..1000000 (default 100)     --every N  1..1000000 (default 10)\n"
+    "  --layers L   1..16 (default 2)            --d D      8..4096 (default 64)\n"
+    "  --heads H    (default 4)  --kv-heads K (default 2; divides H); head_dim = D/H, even\n"
+    "  --ffn I      1..16384 (default 176)       --lr X     (default 0.003)\n"
+    "  --batch B    1..256 (default 4)           --seq S    2..4096 (default 64)\n"
+    "  --seed N     0..2^62 (default 1)\n"
+    "exit status: 0 trained (the last steps' mean loss below the first's), 1 a\n"
+    "call failed or the loss did not fall, 2 bad usage\n";
+
+static int usage_error(const char *fmt, ...) CODA_PRINTF(1, 2);
+static int usage_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("coda train: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    fputs(coda_cli_train_usage, stderr);
+    return 2;
+}
+
+/* ---- small helpers ---- */
+
+static uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static float from_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+typedef struct { uint64_t s; } rng_t;
+static uint64_t rng_next(rng_t *r) {
+    r->s ^= r->s << 13, r->s ^= r->s >> 7, r->s ^= r->s << 17;
+    return r->s;
+}
+static float rng_normal(rng_t *r) { /* Box-Muller */
+    double u = ((rng_next(r) >> 11) + 0.5) / 9007199254740992.0, v = ((rng_next(r) >> 11) + 0.5) / 9007199254740992.0;
+    return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
+}
+
+/* Every buffer of the run, freed together. */
+typedef struct { void **p; int n, cap; } pool_t;
+static void *pool_alloc(pool_t *pl, size_t bytes) {
+    if (pl->n == pl->cap) {
+        int cap = pl->cap ? 2 * pl->cap : 64;
+        void **p = realloc(pl->p, (size_t)cap * sizeof *p);
+        if (!p) return NULL;
+        pl->p = p, pl->cap = cap;
+    }
+    void *q = aligned_alloc(256, (bytes + 255) / 256 * 256);
+    if (q) {
+        memset(q, 0, (bytes + 255) / 256 * 256);
+        pl->p[pl->n++] = q;
+    }
+    return q;
+}
+static void pool_free(pool_t *pl) {
+    for (int i = 0; i < pl->n; i++) free(pl->p[i]);
+    free(pl->p);
+}
+
+/* A parameter: f32 master, its bf16 copy, gradient (f32) and AdamW moments. */
+typedef struct {
+    int64_t rows, cols; /* cols 0: a vector */
+    float *w, *g, *m, *v;
+    uint16_t *b;
+} param_t;
+
+static int param_new(pool_t *pl, param_t *p, int64_t rows, int64_t cols, rng_t *r, float scale, float one) {
+    size_t n = (size_t)rows * (size_t)(cols ? cols : 1);
+    p->rows = rows, p->cols = cols;
+    p->w = pool_alloc(pl, n * 4), p->g = pool_alloc(pl, n * 4), p->m = pool_alloc(pl, n * 4);
+    p->v = pool_alloc(pl, n * 4), p->b = pool_alloc(pl, n * 2);
+    if (!p->w || !p->g || !p->m || !p->v || !p->b) return 0;
+    for (size_t i = 0; i < n; i++) {
+        p->w[i] = one + scale * rng_normal(r);
+        p->b[i] = to_bf16(p->w[i]);
+    }
+    return 1;
+}
+static coda_tensor_t bf(const param_t *p) {
+    return p->cols ? coda_tensor_2d(p->b, CODA_BF16, p->rows, p->cols) : coda_tensor_1d(p->b, CODA_BF16, p->rows);
+}
+static coda_tensor_t grad(const param_t *p) {
+    return p->cols ? coda_tensor_2d(p->g, CODA_F32, p->rows, p->cols) : coda_tensor_1d(p->g, CODA_F32, p->rows);
+}
+static void adamw(param_t *p, float lr, int t) {
+    const float b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = p->cols ? 0.01f : 0.0f;
+    float c1 = 1.0f - powf(b1, (float)t), c2 = 1.0f - powf(b2, (float)t);
+    size_t n = (size_t)p->rows * (size_t)(p->cols ? p->cols : 1);
+    for (size_t i = 0; i < n; i++) {
+        float g = p->g[i];
+        p->m[i] = b1 * p->m[i] + (1 - b1) * g;
+        p->v[i] = b2 * p->v[i] + (1 - b2) * g * g;
+        p->w[i] -= lr * ((p->m[i] / c1) / (sqrtf(p->v[i] / c2) + eps) + wd * p->w[i]);
+        p->b[i] = to_bf16(p->w[i]);
+    }
+}
+
+static coda_tensor_t t2(pool_t *pl, coda_dtype_t dt, int64_t r, int64_t c) {
+    return coda_tensor_2d(pool_alloc(pl, (size_t)(r * c) * coda_dtype_size(dt)), dt, r, c);
+}
+static coda_tensor_t t1(pool_t *pl, coda_dtype_t dt, int64_t n) {
+    return coda_tensor_1d(pool_alloc(pl, (size_t)n * coda_dtype_size(dt)), dt, n);
+}
+
+static coda_binding_t bt(const char *name, const coda_tensor_t *t) {
+    coda_binding_t b;
+    memset(&b, 0, sizeof b);
+    b.name = name, b.tensor = *t;
+    return b;
+}
+static coda_binding_t bs(const char *name, float v) {
+    coda_binding_t b;
+    memset(&b, 0, sizeof b);
+    b.name = name, b.scalar = v;
+    return b;
+}
+
+#define TRY(call)                                                                    \
+    do {                                                                             \
+        coda_status_t s_ = (call);                                                   \
+        if (s_ != CODA_OK) {                                                         \
+            fprintf(stderr, "coda train: %s: %s\n", #call, coda_last_error());        \
+            goto out;                                                                \
+        }                                                                            \
+    } while (0)
+
+static int parse_ll(const char *s, long long lo, long long hi, long long *out) {
+    char *end;
+    long long v = strtoll(s, &end, 10);
+    if (!*s || *end || v < lo || v > hi) return 0;
+    *out = v;
+    return 1;
+}
+
+/* Threads for coda's CPU attention: the online CPUs, at most 64. */
+static int threads(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > 64 ? 64 : (int)n;
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* The partials' tensor program argument `name` needs for this GEMM. */
+static coda_tensor_t partials(pool_t *pl, const coda_program_t *p, const char *name, int64_t m, int64_t n,
+                              const coda_tiling_t *tl) {
+    int nd = 0;
+    int64_t sh[3] = {0, 0, 0};
+    coda_dtype_t dt = CODA_F32;
+    coda_program_arg_shape(p, coda_program_find_arg(p, name), m, n, tl, &nd, sh, &dt);
+    if (nd == 3) return coda_tensor_3d(pool_alloc(pl, (size_t)(sh[0] * sh[1] * sh[2]) * 4), dt, sh[0], sh[1], sh[2]);
+    return t2(pl, dt, sh[0], sh[1]);
+}
+
+int coda_cli_train(int argc, char **argv) {
+    const char *data_path = "/usr/share/common-licenses/GPL-3";
+    long long steps = 100, layers = 2, d = 64, heads = 4, kv = 2, ffn = 176, batch = 4, seq = 64, seed = 1,
+              every = 10;
+    double lr = 3e-3;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(coda_cli_train_usage, stdout);
+            return 0;
+        }
+        static const char *const known[] = {"--data", "--steps", "--every", "--layers", "--d", "--heads",
+                                             "--kv-heads", "--ffn", "--batch", "--seq", "--seed", "--lr"};
+        int is_known = 0;
+        for (size_t k = 0; k < sizeof known / sizeof known[0]; k++) is_known |= !strcmp(a, known[k]);
+        if (!is_known) return usage_error("unknown option '%s'", a);
+        if (i + 1 >= argc) return usage_error("%s needs a value", a);
+        const char *v = argv[++i];
+        int ok = 1;
+        if (!strcmp(a, "--data")) data_path = v;
+        else if (!strcmp(a, "--steps")) ok = parse_ll(v, 1, 1000000, &steps);
+        else if (!strcmp(a, "--every")) ok = parse_ll(v, 1, 1000000, &every);
+        else if (!strcmp(a, "--layers")) ok = parse_ll(v, 1, MAX_LAYERS, &layers);
+        else if (!strcmp(a, "--d")) ok = parse_ll(v, 8, 4096, &d);
+        else if (!strcmp(a, "--heads")) ok = parse_ll(v, 1, 256, &heads);
+        else if (!strcmp(a, "--kv-heads")) ok = parse_ll(v, 1, 256, &kv);
+        else if (!strcmp(a, "--ffn")) ok = parse_ll(v, 1, 16384, &ffn);
+        else if (!strcmp(a, "--batch")) ok = parse_ll(v, 1, 256, &batch);
+        else if (!strcmp(a, "--seq")) ok = parse_ll(v, 2, 4096, &seq);
+        else if (!strcmp(a, "--seed")) ok = parse_ll(v, 0, (1ll << 62), &seed);
+        else if (!strcmp(a, "--lr")) {
+            char *end;
+            lr = strtod(v, &end);
+            ok = *v && !*end && lr > 0 && lr < 1;
+        }
+        if (!ok) return usage_error("bad value '%s' for %s", v, a);
+    }
+    if (d % heads || (d / heads) % 2 || heads % kv)
+        return usage_error("--d %lld, --heads %lld, --kv-heads %lld: head_dim = d / heads must be a whole even "
+                           "number and kv-heads must divide heads", d, heads, kv);
+
+    FILE *f = fopen(data_path, "rb");
+    if (!f) {
+        fprintf(stderr, "coda train: cannot open %s\n", data_path);
+        return 1;
+    }
+    static unsigned char text[1 << 24];
+    size_t n_text = fread(text, 1, sizeof text, f);
+    fclose(f);
+    if (n_text < (size_t)seq + 2) {
+        fprintf(stderr, "coda train: %s has %zu bytes, fewer than --seq + 2\n", data_path, n_text);
+        return 1;
+    }
+
+    int rc = 1;
+    pool_t pl = {0};
+    coda_context_t *ctx = NULL;
+    coda_block_t *blk = NULL;
+    coda_program_t *p_lse = NULL, *p_bwd = NULL, *p_rms = NULL;
+    coda_llama_config_t cfg = {.d = d, .n_heads = heads, .n_kv_heads = kv, .head_dim = d / heads, .ffn = ffn,
+                               .vocab = 0, .eps = 1e-5f, .rope_theta = 10000.0f};
+    const int64_t M = batch * seq, nq = heads * (d / heads), nqkv = nq + 2 * kv * (d / heads), L = layers;
+    rng_t r = {(uint64_t)seed * 0x9E3779B97F4A7C15ull + 7};
+    TRY(coda_context_create(NULL, &ctx));
+    TRY(coda_block_create(ctx, &cfg, CODA_DEVICE_CPU, &blk));
+    TRY(coda_program_parse(coda_builtin_program("lmhead_lse"), &p_lse));
+    TRY(coda_program_parse(coda_builtin_program("lmhead_bwd"), &p_bwd));
+    TRY(coda_program_parse(coda_builtin_program("rmsnorm_bwd"), &p_rms));
+
+    /* parameters: embedding, per block g1 wqkv wo g2 wgu wd, final norm, LM head */
+    param_t E, gf, wlm, P[MAX_LAYERS][6];
+    int okp = param_new(&pl, &E, VOCAB, d, &r, 1.0f, 0.0f) && param_new(&pl, &gf, d, 0, &r, 0.0f, 1.0f) &&
+              param_new(&pl, &wlm, VOCAB, d, &r, 1.0f / sqrtf((float)d), 0.0f);
+    for (int64_t l = 0; okp && l < L; l++) {
+        const int64_t rows[6] = {d, nqkv, d, d, 2 * ffn, d}, cols[6] = {0, d, nq, 0, d, ffn};
+        for (int k = 0; okp && k < 6; k++)
+            okp = param_new(&pl, &P[l][k], rows[k], cols[k], &r, cols[k] ? 1.0f / sqrtf((float)cols[k]) : 0.0f,
+                            cols[k] ? 0.0f : 1.0f);
+    }
+    if (!okp) {
+        fprintf(stderr, "coda train: out of memory\n");
+        goto out;
+    }
+
+    /* activations (each block's saved tensors) and scratch */
+    size_t ws_bytes;
+    TRY(coda_block_workspace_size(blk, CODA_BLOCK_ANY, M, &ws_bytes));
+    void *ws = pool_alloc(&pl, ws_bytes);
+    coda_tensor_t X[MAX_LAYERS + 1], O[MAX_LAYERS], ALSE[MAX_LAYERS], pos = t1(&pl, CODA_F32, M);
+    coda_block_acts_t A[MAX_LAYERS];
+    for (int64_t l = 0; l <= L; l++) X[l] = t2(&pl, CODA_BF16, M, d);
+    for (int64_t l = 0; l < L; l++) {
+        O[l] = t2(&pl, CODA_BF16, M, nq), ALSE[l] = t2(&pl, CODA_F32, M, heads);
+        A[l].r1 = t1(&pl, CODA_F32, M), A[l].qkv = t2(&pl, CODA_BF16, M, nqkv), A[l].h = t2(&pl, CODA_BF16, M, d);
+        A[l].r2 = t1(&pl, CODA_F32, M), A[l].z = t2(&pl, CODA_BF16, M, 2 * ffn);
+    }
+    coda_tensor_t yg = t2(&pl, CODA_BF16, M, d), rf = t1(&pl, CODA_F32, M), tg = t1(&pl, CODA_I32, M);
+    coda_tensor_t lse = t1(&pl, CODA_F32, M), loss = t1(&pl, CODA_F32, M), dl = t2(&pl, CODA_BF16, M, VOCAB);
+    coda_tensor_t svec = t1(&pl, CODA_F32, M), zeros = t2(&pl, CODA_BF16, M, d), b = t2(&pl, CODA_BF16, M, d);
+    coda_tensor_t dY = t2(&pl, CODA_BF16, M, d), dX = t2(&pl, CODA_BF16, M, d), dh = t2(&pl, CODA_BF16, M, d);
+    coda_tensor_t dO = t2(&pl, CODA_BF16, M, nq), dqkv = t2(&pl, CODA_F32, M, nqkv);
+    coda_tiling_t tl_lm, tl_dg;
+    TRY(coda_choose_program_tiling(ctx, CODA_DEVICE_CPU, CODA_LAYOUT_NT, M, VOCAB, d, p_bwd, &tl_lm));
+    TRY(coda_choose_program_tiling(ctx, CODA_DEVICE_CPU, CODA_LAYOUT_NN, M, d, VOCAB, p_rms, &tl_dg));
+    coda_tensor_t lsep = partials(&pl, p_lse, "part", M, VOCAB, &tl_lm), sp = partials(&pl, p_bwd, "s", M, VOCAB, &tl_lm);
+    coda_tensor_t dgp = partials(&pl, p_rms, "dg", M, d, &tl_dg), gfv = t1(&pl, CODA_F32, d);
+    int32_t *tok = pool_alloc(&pl, (size_t)M * 4);
+    if (!ws || !tok || !dqkv.data || !lsep.data || !dgp.data) {
+        fprintf(stderr, "coda train: out of memory\n");
+        goto out;
+    }
+    for (int64_t i = 0; i < M; i++) ((float *)pos.data)[i] = (float)(i % seq);
+
+    printf("coda train: %s (%zu bytes), %lld blocks, d %lld, heads %lld/%lld x %lld, ffn %lld, %lld x %lld bytes "
+           "a step, CPU backend\n", data_path, n_text, (long long)L, d, heads, kv, d / heads, ffn, batch, seq);
+    double t0 = now(), first = 0, last = 0, acc = 0;
+    int64_t window = steps < 20 ? (steps + 1) / 2 : 10;
+    for (int64_t step = 1; step <= steps; step++) {
+        /* a batch of windows; the targets are the next bytes */
+        for (int64_t bi = 0; bi < batch; bi++) {
+            size_t at = (size_t)(rng_next(&r) % (n_text - (size_t)seq - 1));
+            for (int64_t j = 0; j < seq; j++) {
+                int32_t c = text[at + (size_t)j];
+                tok[bi * seq + j] = c;
+                ((int32_t *)tg.data)[bi * seq + j] = text[at + (size_t)j + 1];
+                memcpy((uint16_t *)X[0].data + (bi * seq + j) * d, E.b + (size_t)c * (size_t)d, (size_t)d * 2);
+            }
+        }
+        /* forward */
+        coda_llama_weights_t W[MAX_LAYERS], G[MAX_LAYERS];
+        for (int64_t l = 0; l < L; l++) {
+            memset(&W[l], 0, sizeof W[l]), memset(&G[l], 0, sizeof G[l]);
+            W[l].g1 = bf(&P[l][0]), W[l].wqkv = bf(&P[l][1]), W[l].wo = bf(&P[l][2]);
+            W[l].g2 = bf(&P[l][3]), W[l].wgu = bf(&P[l][4]), W[l].wd = bf(&P[l][5]);
+            G[l].g1 = grad(&P[l][0]), G[l].wqkv = grad(&P[l][1]), G[l].wo = grad(&P[l][2]);
+            G[l].g2 = grad(&P[l][3]), G[l].wgu = grad(&P[l][4]), G[l].wd = grad(&P[l][5]);
+        }
+        coda_tensor_t gfb = bf(&gf), wlmb = bf(&wlm);
+        for (int64_t l = 0; l < L; l++) {
+            int lastl = l == L - 1;
+            TRY(coda_block_forward_pre(blk, &W[l], &X[l], NULL, &pos, &A[l], ws, ws_bytes, NULL));
+            TRY(coda__attention_forward(&cfg, batch, seq, &A[l].qkv, &O[l], &ALSE[l], threads()));
+            TRY(coda_block_forward_post(blk, &W[l], &X[l], &O[l], &A[l], &X[l + 1], lastl ? &gfb : NULL,
+                                        lastl ? &yg : NULL, lastl ? &rf : NULL, ws, ws_bytes, NULL));
+        }
+        {   /* LM head and loss: the logits are never stored */
+            coda_binding_t b3[] = {bt("r", &rf), bt("t", &tg), bt("part", &lsep)};
+            TRY(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &yg, &wlmb, p_lse, b3, 3, &tl_lm, NULL));
+            TRY(coda_finish_lse(ctx, &lsep, &tg, -100, &lse, &loss, NULL));
+        }
+        double mean = 0;
+        for (int64_t i = 0; i < M; i++) mean += ((float *)loss.data)[i];
+        mean /= (double)M;
+        if (step <= window) first += mean / (double)window;
+        if (step > steps - window) last += mean / (double)window;
+        acc += mean;
+        /* backward: the LM head recomputed, then the final norm */
+        {
+            coda_binding_t b6[] = {bt("r", &rf), bt("logz", &lse), bt("t", &tg), bs("scale", 1.0f / (float)M),
+                                   bt("dl", &dl), bt("s", &sp)};
+            TRY(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &yg, &wlmb, p_bwd, b6, 6, &tl_lm, NULL));
+            TRY(coda_finish_reduce(ctx, CODA_REDUCE_SUM, &sp, &svec, NULL));
+            coda_binding_t b9[] = {bt("dres", &zeros), bt("x", &X[L]), bt("g", &gfb), bt("r", &rf), bt("s", &svec),
+                                   bs("invd", 1.0f / (float)d), bt("dx", &dY), bt("b", &b), bt("dg", &dgp)};
+            TRY(coda_gemm_epilogue(ctx, CODA_LAYOUT_NN, &dl, &wlmb, p_rms, b9, 9, &tl_dg, NULL));
+            TRY(coda_finish_reduce(ctx, CODA_REDUCE_SUM, &dgp, &gfv, NULL));
+            memcpy(gf.g, gfv.data, (size_t)d * 4);
+            coda_tensor_t gw = grad(&wlm);
+            TRY(coda_gemm(ctx, CODA_LAYOUT_TN, &dl, &b, &gw, 1.0f, 0.0f, NULL));
+        }
+        for (int64_t l = L - 1; l >= 0; l--) {
+            TRY(coda_block_backward_post(blk, &W[l], &O[l], &A[l], &dY, &dO, &dh, &G[l], ws, ws_bytes, NULL));
+            TRY(coda__attention_backward(&cfg, batch, seq, &A[l].qkv, &O[l], &ALSE[l], &dO, &dqkv,
+                                         threads()));
+            TRY(coda_block_backward_pre(blk, &W[l], &X[l], &pos, &A[l], &dqkv, &dh, &dX, &G[l], ws, ws_bytes, NULL));
+            coda_tensor_t t = dY;
+            dY = dX, dX = t;
+        }
+        /* the embedding's gradient: each token's row of dL/dx0 */
+        memset(E.g, 0, (size_t)VOCAB * (size_t)d * 4);
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < d; j++)
+                E.g[(size_t)tok[i] * (size_t)d + (size_t)j] += from_bf16(((uint16_t *)dY.data)[i * d + j]);
+        adamw(&E, (float)lr, (int)step), adamw(&gf, (float)lr, (int)step), adamw(&wlm, (float)lr, (int)step);
+        for (int64_t l = 0; l < L; l++)
+            for (int k = 0; k < 6; k++) adamw(&P[l][k], (float)lr, (int)step);
+        if (step % every == 0 || step == steps) {
+            double dt = now() - t0;
+            printf("step %6lld  loss %.4f  (mean of the last %lld: %.4f)  %.0f tokens/s\n", (long long)step, mean,
+                   (long long)every, acc / (double)(step % every ? step % every : every), (double)(step * M) / dt);
+            acc = 0;
+        }
+    }
+    printf("loss %.4f -> %.4f (means of the first and last %lld steps), %.1f s\n", first, last, (long long)window,
+           now() - t0);
+    rc = last < first ? 0 : 1;
+    if (rc) fprintf(stderr, "coda train: the loss did not fall\n");
+out:
+    coda_program_free(p_lse), coda_program_free(p_bwd), coda_program_free(p_rms);
+    coda_block_free(blk);
+    coda_context_free(ctx);
+    pool_free(&pl);
+    return rc;
+}
