@@ -232,6 +232,23 @@ int main(void) {
                      CODA_ERR_OVERLAP);
         CHECK_STATUS(coda_block_backward_post(B, &w, &a.o, &a.acts, &a.dy, &c.do_, &c.do_, NULL, ws, wsb, NULL),
                      CODA_ERR_OVERLAP); /* dh over do_ (d = nq here) */
+        /* a workspace over an input or a weight: refused, nothing written */
+        {
+            size_t need;
+            CHECK_OK(coda_block_workspace_size(B, CODA_BLOCK_FORWARD_PRE, c.m, &need));
+            void *big = aligned_alloc(256, (need + 255) / 256 * 256 + (size_t)(c.m * CFG.d * 2) + 256);
+            memset(big, 0x3c, (size_t)(c.m * CFG.d * 2));
+            coda_tensor_t xin = coda_tensor_2d(big, CODA_BF16, c.m, CFG.d); /* x at the workspace's start */
+            void *copy = malloc((size_t)(c.m * CFG.d * 2));
+            memcpy(copy, big, (size_t)(c.m * CFG.d * 2));
+            CHECK_STATUS(coda_block_forward_pre(B, &w, &xin, NULL, &c.pos, &c.acts, big, need, NULL), CODA_ERR_OVERLAP);
+            CHECK(!memcmp(copy, big, (size_t)(c.m * CFG.d * 2)), "a workspace over x: x changed");
+            coda_llama_weights_t wbad = w;
+            wbad.g1.data = big; /* g1 inside the workspace */
+            CHECK_STATUS(coda_block_forward_pre(B, &wbad, &c.x, NULL, &c.pos, &c.acts, big, need, NULL),
+                         CODA_ERR_OVERLAP);
+            free(copy), free(big);
+        }
         CHECK(!memcmp(qkv0.data, c.acts.qkv.data, (size_t)(c.m * NQKV * 2)) &&
                   !memcmp(y0.data, c.y.data, (size_t)(c.m * CFG.d * 2)),
               "a refused call wrote into qkv or y");
@@ -255,6 +272,18 @@ int main(void) {
         CHECK_STATUS(coda_block_create(ctx, &bc, CODA_DEVICE_CPU, &B2), CODA_ERR_SHAPE);
         CHECK(B2 == NULL, "a refused create left a block");
         CHECK_STATUS(coda_block_create(ctx, &CFG, (coda_device_t)7, &B2), CODA_ERR_INVALID_ARG);
+        /* cfg->vocab is not the block's: any vocab passes the CUDA checks
+         * (without a GPU the create then fails on the device, not the shape) */
+        coda_llama_config_t cv = CFG;
+        cv.vocab = 50257;
+        coda_status_t sv = coda_block_create(ctx, &cv, CODA_DEVICE_CUDA, &B2);
+        CHECK(sv == CODA_OK || sv == CODA_ERR_DEVICE, "a CUDA block with vocab 50257: %s: %s", coda_status_name(sv),
+              coda_last_error());
+        coda_block_free(B2);
+        B2 = NULL;
+        cv = CFG;
+        cv.d = 60, cv.head_dim = 16, cv.n_heads = 4; /* d not a multiple of 8: a GEMM's contraction */
+        CHECK_STATUS(coda_block_create(ctx, &cv, CODA_DEVICE_CUDA, &B2), CODA_ERR_SHAPE);
         free(qkv0.data), free(y0.data);
         mb_free(&c);
     }

@@ -66,6 +66,25 @@ def case(name, cfg, B, S, dtype):
     return blk, W
 
 
+def loading(cfg):
+    """from_state_dict: an f32 checkpoint keeps its bits (f32 masters), the
+    layout equals coda.pack_weights' (C) for bf16, a cfg with vocab loads."""
+    W, _, _, _ = T.make_case(cfg, 1, 8, False, False)
+    W32 = {k: v.float() + 1e-3 * torch.randn(v.shape) for k, v in W.items()}  # values bf16 cannot hold
+    blk = coda.nn.LlamaBlock.from_state_dict(cfg, state_dict(W32, ""), "", dtype=torch.float32)
+    back = coda.unpack_grads(cfg, {n: getattr(blk, n).detach() for n in coda.nn._BLOCK_PARAMS})
+    check(all(torch.equal(back[k], W32[k]) for k in W32), "from_state_dict: f32 weights changed on the way in")
+    packed = coda.pack_weights(cfg, W["wq"], W["wk"], W["wv"], W["wo"], W["w_gate"], W["w_up"], W["w_down"],
+                               W["g1"], W["g2"])
+    b16 = coda.nn.LlamaBlock.from_state_dict(cfg, state_dict(W, ""), "", dtype=torch.bfloat16)
+    check(all(torch.equal(getattr(b16, n).detach(), packed[n]) for n in coda.nn._BLOCK_PARAMS),
+          "from_state_dict: coda's layout differs from coda.pack_weights'")
+    cv = coda.LlamaConfig(cfg.d, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn, vocab=50257)
+    coda.nn.LlamaBlock.from_state_dict(cv, state_dict(W, ""), "")
+    check(True, "from_state_dict with cfg.vocab > 0")
+    print("from_state_dict: f32 bits kept, bf16 layout = pack_weights, any vocab: ok")
+
+
 def in_flight(cfg):
     """Two micro-batches forwarded before either backward: the gradients
     are the sum of each alone (gradient accumulation)."""
@@ -202,6 +221,7 @@ def main():
     case("gqa, bf16 params", cfg, 2, 13, torch.bfloat16)
     case("gqa, f32 master params", cfg, 2, 13, torch.float32)
     case("mqa", coda.LlamaConfig(48, 2, 1, 24, 96, vocab=0), 3, 8, torch.float32)
+    loading(cfg)
     in_flight(cfg)
     fused_norms(cfg)
     model_trains(cfg)

@@ -824,7 +824,7 @@ class Block:
 
         r1, qkv = blk.forward_pre(w, x, pos)
         o = attention(qkv)                             # any: q, k, v as they are
-        y, h, r2, z = blk.forward_post(w, x, o, r1)
+        y, h, r2, z = blk.forward_post(w, x, o)
         do, dh, g = blk.backward_post(w, o, h, r2, z, dy)
         dqkv = attention_backward(do)
         dx, g2 = blk.backward_pre(w, x, pos, r1, qkv, dqkv, dh)
@@ -855,6 +855,8 @@ class Block:
         """-> (r1 (M) f32, qkv (M, nqkv) bf16). With xg (and r1 = rstd(x))
         from the previous block's forward_post, the norm prologue is skipped."""
         m = x.shape[0]
+        if xg is not None and r1 is None:
+            raise ValueError("coda: Block.forward_pre: xg needs r1 = rstd(x) (the previous block's r_next)")
         r1 = torch.empty(m, dtype=torch.float32, device=self.device) if r1 is None else r1
         qkv = torch.empty(m, self.nqkv, dtype=torch.bfloat16, device=self.device)
         acts = _acts_struct({"r1": r1, "qkv": qkv})

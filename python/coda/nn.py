@@ -166,16 +166,23 @@ class LlamaBlock(torch.nn.Module):
     def from_state_dict(cls, cfg, sd, prefix="", device="cpu", dtype=torch.float32, attention=None):
         """From a LLaMA-style (Hugging Face) state dict: prefix +
         input_layernorm.weight, self_attn.{q,k,v,o}_proj.weight,
-        post_attention_layernorm.weight, mlp.{gate,up,down}_proj.weight."""
-        g = lambda n: sd[prefix + n]
-        w = coda.pack_weights(cfg, g("self_attn.q_proj.weight"), g("self_attn.k_proj.weight"),
-                              g("self_attn.v_proj.weight"), g("self_attn.o_proj.weight"),
-                              g("mlp.gate_proj.weight"), g("mlp.up_proj.weight"), g("mlp.down_proj.weight"),
-                              g("input_layernorm.weight"), g("post_attention_layernorm.weight"), device="cpu")
+        post_attention_layernorm.weight, mlp.{gate,up,down}_proj.weight.
+        The weights keep their precision up to `dtype` (an f32 checkpoint
+        gives f32 masters exactly); cfg.vocab is not used."""
+        g = lambda n: sd[prefix + n].detach().to("cpu", dtype)
+        w = coda_layout(cfg, g("self_attn.q_proj.weight"), g("self_attn.k_proj.weight"),
+                        g("self_attn.v_proj.weight"), g("mlp.gate_proj.weight"), g("mlp.up_proj.weight"))
+        w.update(g1=g("input_layernorm.weight"), wo=g("self_attn.o_proj.weight"),
+                 g2=g("post_attention_layernorm.weight"), wd=g("mlp.down_proj.weight"))
+        shapes = coda._weight_shapes(coda._config_copy(cfg))
+        for n in _BLOCK_PARAMS:
+            if tuple(w[n].shape) != shapes[n]:
+                raise ValueError("coda: from_state_dict: %s has shape %s, cfg needs %s"
+                                 % (n, tuple(w[n].shape), shapes[n]))
         blk = cls(cfg, device=device, dtype=dtype, attention=attention)
         with torch.no_grad():
             for n in _BLOCK_PARAMS:
-                getattr(blk, n).copy_(w[n].to(torch.float32))
+                getattr(blk, n).copy_(w[n])
         return blk
 
     def forward(self, x):
@@ -200,6 +207,22 @@ class LlamaBlock(torch.nn.Module):
         out = _ops.post(xf, o.contiguous(), p["g2"], p["wo"], p["wgu"], p["wd"], self._cfg_list, self._eps,
                         self._theta, g_next=g_next)
         return out if g_next is not None else (out, None, None)
+
+
+def coda_layout(cfg, wq, wk, wv, w_gate, w_up):
+    """PyTorch's wq (nq, d), wk, wv (nkv, d), w_gate, w_up (ffn, d) -> coda's
+    {"wqkv": (nq + 2 nkv, d), "wgu": (2 ffn, d)} in the same dtype (coda.h
+    section 8: in each q and k head, rows i and i + head_dim/2 move to 2i
+    and 2i+1; gate row j to 2j, up row j to 2j+1). The same permutation as
+    coda.pack_weights, done by torch indexing, so any dtype keeps its bits."""
+    hd = cfg.head_dim
+    perm = torch.tensor([j for i in range(hd // 2) for j in (i, i + hd // 2)], device=wq.device)
+
+    def heads(w, n):
+        return w.reshape(n, hd, w.shape[-1])[:, perm, :].reshape(n * hd, w.shape[-1])
+    wqkv = torch.cat((heads(wq, cfg.n_heads), heads(wk, cfg.n_kv_heads), wv))
+    wgu = torch.stack((w_gate, w_up), 1).reshape(2 * w_gate.shape[0], w_gate.shape[1])
+    return {"wqkv": wqkv.contiguous(), "wgu": wgu.contiguous()}
 
 
 def _tokens(x):

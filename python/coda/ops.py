@@ -130,8 +130,10 @@ if HAVE_CUSTOM_OPS:
 
     @block_post_backward.register_fake
     def _(o, h, r2, z, dy, g2, wo, wgu, wd, cfg, eps, theta):
-        f = torch.empty_like
-        return torch.empty_like(o), torch.empty_like(dy), f(g2), f(wo), f(wgu), f(wd)
+        # the real op returns fresh contiguous tensors (dy cast to bf16, grads in wo's dtype)
+        e = lambda t, dt: t.new_empty(t.shape, dtype=dt)
+        return (e(o, torch.bfloat16), e(dy, torch.bfloat16), e(g2, wo.dtype), e(wo, wo.dtype), e(wgu, wo.dtype),
+                e(wd, wo.dtype))
 
     @torch.library.custom_op("coda::block_pre_backward", mutates_args=())
     def block_pre_backward(x: torch.Tensor, pos: torch.Tensor, r1: torch.Tensor, qkv: torch.Tensor,
@@ -141,7 +143,8 @@ if HAVE_CUSTOM_OPS:
 
     @block_pre_backward.register_fake
     def _(x, pos, r1, qkv, dqkv, g1, wqkv, cfg, eps, theta):
-        return torch.empty_like(x), torch.empty_like(g1), torch.empty_like(wqkv)
+        e = lambda t, dt: t.new_empty(t.shape, dtype=dt)
+        return e(x, torch.bfloat16), e(g1, wqkv.dtype), e(wqkv, wqkv.dtype)
 
     def _pre_setup(ctx, inputs, output):
         x, pos, g1, wqkv, xg, r1_in, cfg, eps, theta = inputs

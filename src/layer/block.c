@@ -158,7 +158,7 @@ coda_status_t coda_block_workspace_size(const coda_block_t *B, coda_block_call_t
 
 /* The scratch of `call` in the caller's workspace (checked to be large enough). */
 static coda_status_t scratch(const coda_block_t *B, const char *fn, int call, int64_t m, void *ws, size_t ws_bytes,
-                             scratch_t *s) {
+                             const coda__dev_arg_t *args, int n_args, scratch_t *s) {
     arena_t count = {NULL, 0, 0, B->device, B->device_index};
     CODA_TRY(layout(B, call, m, &count, s));
     if (count.used > ws_bytes)
@@ -167,6 +167,18 @@ static coda_status_t scratch(const coda_block_t *B, const char *fn, int call, in
     if (!ws && count.used) return coda__fail(CODA_ERR_INVALID_ARG, "%s: workspace is NULL", fn);
     if ((uintptr_t)ws % 256 != 0)
         return coda__fail(CODA_ERR_STRIDE, "%s: workspace %p is not 256-byte aligned", fn, ws);
+    if (count.used) {
+        /* the workspace is written: it must not share bytes with any argument,
+         * and on CUDA it must be the block's device memory */
+        coda_tensor_t wt = coda_tensor_1d(ws, CODA_F32, (int64_t)(count.used / 4));
+        wt.device = B->device;
+        wt.device_index = B->device_index;
+        for (int i = 0; i < n_args; i++)
+            if (args[i].t && coda__tensors_overlap(&wt, args[i].t))
+                return coda__fail(CODA_ERR_OVERLAP, "%s: the workspace overlaps %s", fn, args[i].name);
+        coda__dev_arg_t wa = {&wt, "workspace", 0};
+        CODA_TRY(coda__block_check_on_device(B, fn, &wa, 1));
+    }
     arena_t a = {ws, ws_bytes, 0, B->device, B->device_index};
     return layout(B, call, m, &a, s);
 }
@@ -182,7 +194,7 @@ void coda_block_free(coda_block_t *B) {
 }
 
 coda_status_t coda__block_create(coda_context_t *ctx, const coda_llama_config_t *cfg, coda_device_t device,
-                                 const char *fn, coda_block_t **out) {
+                                 int with_vocab, const char *fn, coda_block_t **out) {
     if (!out) return coda__fail(CODA_ERR_INVALID_ARG, "%s: out is NULL", fn);
     *out = NULL;
     if (!ctx) return coda__fail(CODA_ERR_INVALID_ARG, "%s: ctx is NULL", fn);
@@ -196,7 +208,7 @@ coda_status_t coda__block_create(coda_context_t *ctx, const coda_llama_config_t 
         const struct { const char *name; int64_t v; } k[] = {
             {"d", cfg->d}, {"n_heads * head_dim", cfg->n_heads * cfg->head_dim},
             {"(n_heads + 2 n_kv_heads) * head_dim", (cfg->n_heads + 2 * cfg->n_kv_heads) * cfg->head_dim},
-            {"ffn", cfg->ffn}, {"vocab", cfg->vocab}};
+            {"ffn", cfg->ffn}, {"vocab", with_vocab ? cfg->vocab : 0}};
         for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
             if (k[i].v % 8 != 0)
                 return coda__fail(CODA_ERR_SHAPE, "%s: %s = %lld: on CUDA it must be a multiple of 8 "
@@ -254,7 +266,7 @@ coda_status_t coda__block_create(coda_context_t *ctx, const coda_llama_config_t 
 
 coda_status_t coda_block_create(coda_context_t *ctx, const coda_llama_config_t *cfg, coda_device_t device,
                                 coda_block_t **out) {
-    return coda__block_create(ctx, cfg, device, "coda_block_create", out);
+    return coda__block_create(ctx, cfg, device, 0, "coda_block_create", out); /* cfg->vocab is not the block's */
 }
 
 /* ---- argument checks ---- */
@@ -377,10 +389,11 @@ coda_status_t coda__block_check_on_device(const coda_block_t *B, const char *fn,
 
 /* Tokens of a call, from x: positive, below 2^31, a multiple of 8 on CUDA
  * (the weight-gradient GEMMs contract over tokens, in 16-byte rows). */
-static coda_status_t check_m(const coda_block_t *B, const char *fn, const coda_tensor_t *x, int64_t *m) {
-    if (!x) return coda__fail(CODA_ERR_INVALID_ARG, "%s: x is NULL", fn);
-    CODA_TRY(coda__check_tensor(x, "x"));
-    if (x->ndim != 2) return coda__fail(CODA_ERR_SHAPE, "%s: x has %d dims, expected 2 (M, d)", fn, x->ndim);
+static coda_status_t check_m(const coda_block_t *B, const char *fn, const coda_tensor_t *x, const char *name,
+                             int64_t *m) {
+    if (!x) return coda__fail(CODA_ERR_INVALID_ARG, "%s: %s is NULL", fn, name);
+    CODA_TRY(coda__check_tensor(x, name));
+    if (x->ndim != 2) return coda__fail(CODA_ERR_SHAPE, "%s: %s has %d dims, expected 2 (M, d)", fn, name, x->ndim);
     *m = x->shape[0];
     if (*m <= 0 || *m > ((int64_t)1 << 31))
         return coda__fail(CODA_ERR_SHAPE, "%s: M = %lld tokens: must be 1..2^31", fn, (long long)*m);
@@ -429,7 +442,7 @@ coda_status_t coda_block_forward_pre(coda_block_t *B, const coda_llama_weights_t
     if (!B) return coda__fail(CODA_ERR_INVALID_ARG, "%s: block is NULL", fn);
     if (!acts) return coda__fail(CODA_ERR_INVALID_ARG, "%s: acts is NULL", fn);
     int64_t m, d = B->cfg.d;
-    CODA_TRY(check_m(B, fn, x, &m));
+    CODA_TRY(check_m(B, fn, x, "x", &m));
     CODA_TRY(check_weights(B, w, 0x3, fn, "w", BF16, 1));
     CODA_TRY(coda__block_check_arg(B, x, fn, "x", m, d, BF16, 1));
     if (xg) CODA_TRY(coda__block_check_arg(B, xg, fn, "xg", m, d, BF16, 1));
@@ -443,7 +456,7 @@ coda_status_t coda_block_forward_pre(coda_block_t *B, const coda_llama_weights_t
                       {pos, "pos", 4}, {&acts->r1, "acts->r1", 4}, {&acts->qkv, "acts->qkv", 4}};
     CODA_TRY(coda__block_check_on_device(B, fn, da, 7));
     scratch_t s;
-    CODA_TRY(scratch(B, fn, CALL_FWD_PRE, m, ws, ws_bytes, &s));
+    CODA_TRY(scratch(B, fn, CALL_FWD_PRE, m, ws, ws_bytes, da, 7, &s));
 
     if (!xg) { /* the RMSNorm prologue: xg = x g1 and r1 */
         CODA_TRY(coda__layer_norm_prologue(B, x, &w->g1, &s.xg, &s.ss1, stream));
@@ -463,7 +476,7 @@ coda_status_t coda_block_forward_post(coda_block_t *B, const coda_llama_weights_
     if (!B) return coda__fail(CODA_ERR_INVALID_ARG, "%s: block is NULL", fn);
     if (!acts) return coda__fail(CODA_ERR_INVALID_ARG, "%s: acts is NULL", fn);
     int64_t m, d = B->cfg.d, I = B->cfg.ffn;
-    CODA_TRY(check_m(B, fn, x, &m));
+    CODA_TRY(check_m(B, fn, x, "x", &m));
     CODA_TRY(check_weights(B, w, 0x3c, fn, "w", BF16, 1));
     CODA_TRY(coda__block_check_arg(B, x, fn, "x", m, d, BF16, 1));
     CODA_TRY(coda__block_check_arg(B, o, fn, "o", m, B->nq, BF16, 1));
@@ -488,7 +501,7 @@ coda_status_t coda_block_forward_post(coda_block_t *B, const coda_llama_weights_
                       {r_next, "r_next", 4}};
     CODA_TRY(coda__block_check_on_device(B, fn, da, 13));
     scratch_t s;
-    CODA_TRY(scratch(B, fn, CALL_FWD_POST, m, ws, ws_bytes, &s));
+    CODA_TRY(scratch(B, fn, CALL_FWD_POST, m, ws, ws_bytes, da, 13, &s));
 
     {   /* O-proj + residual + FFN norm partials */
         coda_binding_t bs[] = {coda__bind("res", x), coda__bind("g", &w->g2), coda__bind("h", &acts->h), coda__bind("hg", &s.hg),
@@ -524,7 +537,7 @@ coda_status_t coda_block_backward_post(coda_block_t *B, const coda_llama_weights
     if (!B) return coda__fail(CODA_ERR_INVALID_ARG, "%s: block is NULL", fn);
     if (!acts) return coda__fail(CODA_ERR_INVALID_ARG, "%s: acts is NULL", fn);
     int64_t m, d = B->cfg.d, I = B->cfg.ffn;
-    CODA_TRY(check_m(B, fn, dy, &m));
+    CODA_TRY(check_m(B, fn, dy, "dy", &m));
     CODA_TRY(check_weights(B, w, POST_GRADS, fn, "w", BF16, 1));
     CODA_TRY(coda__block_check_arg(B, o, fn, "o", m, B->nq, BF16, 1));
     CODA_TRY(coda__block_check_arg(B, &acts->h, fn, "acts->h", m, d, BF16, 1));
@@ -545,7 +558,7 @@ coda_status_t coda_block_backward_post(coda_block_t *B, const coda_llama_weights
                       {grads ? &grads->wgu : NULL, "grads->wgu", 16}, {grads ? &grads->wd : NULL, "grads->wd", 16}};
     CODA_TRY(coda__block_check_on_device(B, fn, da, 15));
     scratch_t s;
-    CODA_TRY(scratch(B, fn, CALL_BWD_POST, m, ws, ws_bytes, &s));
+    CODA_TRY(scratch(B, fn, CALL_BWD_POST, m, ws, ws_bytes, da, 15, &s));
 
     {   /* down dgrad + SwiGLU backward: dz, c recomputed, s2 */
         coda_binding_t bs[] = {coda__bind("z", &acts->z), coda__bind("dz", &s.dz), coda__bind("c", &s.c), coda__bind("s", &s.s_down)};
@@ -571,7 +584,7 @@ coda_status_t coda_block_backward_pre(coda_block_t *B, const coda_llama_weights_
     if (!B) return coda__fail(CODA_ERR_INVALID_ARG, "%s: block is NULL", fn);
     if (!acts) return coda__fail(CODA_ERR_INVALID_ARG, "%s: acts is NULL", fn);
     int64_t m, d = B->cfg.d;
-    CODA_TRY(check_m(B, fn, x, &m));
+    CODA_TRY(check_m(B, fn, x, "x", &m));
     CODA_TRY(check_weights(B, w, PRE_GRADS, fn, "w", BF16, 1));
     CODA_TRY(coda__block_check_arg(B, x, fn, "x", m, d, BF16, 1));
     CODA_TRY(coda__block_check_arg(B, pos, fn, "pos", m, -1, F32, 1));
@@ -591,7 +604,7 @@ coda_status_t coda_block_backward_pre(coda_block_t *B, const coda_llama_weights_
                       {grads ? &grads->wqkv : NULL, "grads->wqkv", 16}};
     CODA_TRY(coda__block_check_on_device(B, fn, da, 11));
     scratch_t s;
-    CODA_TRY(scratch(B, fn, CALL_BWD_PRE, m, ws, ws_bytes, &s));
+    CODA_TRY(scratch(B, fn, CALL_BWD_PRE, m, ws, ws_bytes, da, 11, &s));
 
     /* RoPE backward and the QKV RMSNorm statistic s1 = sum y dqkv */
     CODA_TRY(coda__layer_rope_backward(B, dqkv, &acts->qkv, pos, &B->freq, &s.dzq, &s.s1, stream));

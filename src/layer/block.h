@@ -39,9 +39,11 @@ static inline coda_binding_t coda__bind_scalar(const char *name, float v) {
     return b;
 }
 
-/* coda_block_create with `fn` naming the public call in messages. */
+/* coda_block_create with `fn` naming the public call in messages;
+ * with_vocab: cfg->vocab is a GEMM's contraction too (the whole layer's LM
+ * head), so on CUDA it must be a multiple of 8 as well. */
 coda_status_t coda__block_create(coda_context_t *ctx, const coda_llama_config_t *cfg, coda_device_t device,
-                                 const char *fn, coda_block_t **out);
+                                 int with_vocab, const char *fn, coda_block_t **out);
 
 /* t is (rows, cols) [cols < 0: 1-D] of one of the n_dts dtypes, on the
  * block's device; `fn: what` names it in messages. */

@@ -263,7 +263,7 @@ coda_status_t coda_llama_create(coda_context_t *ctx, const coda_llama_config_t *
     L->mp = device == CODA_DEVICE_CUDA ? (L->m + 7) / 8 * 8 : L->m;
     L->device = device;
     L->device_index = 0; /* CUDA: device 0 of the context */
-    coda_status_t s = coda__block_create(ctx, cfg, device, fn, &L->block);
+    coda_status_t s = coda__block_create(ctx, cfg, device, 1, fn, &L->block);
     if (s == CODA_OK) s = coda__llama_mem_open(ctx, device, L->device_index, &L->mem);
     if (s == CODA_OK) s = create(L);
     if (s != CODA_OK) {

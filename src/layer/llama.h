@@ -52,8 +52,9 @@ void coda__llama_mem_close(coda__llama_mem_t *m);
 coda_status_t coda__llama_mem_alloc(coda__llama_mem_t *m, size_t bytes, void **p);
 void coda__llama_mem_free(coda__llama_mem_t *m, void *p);
 /* dst = src: same dtype and extents, 1-D or 2-D, any row strides; each on the
- * CPU or the handle's device. Synchronous (the stream is synchronised first).
- * Nothing happens when src and dst are the same CPU tensor. */
+ * CPU or the handle's device. Queued on the stream; a copy into host memory
+ * waits for the stream before it returns. Nothing happens when src and dst
+ * are the same CPU tensor. */
 coda_status_t coda__llama_mem_copy(coda__llama_mem_t *m, const coda_tensor_t *src, coda_tensor_t *dst,
                                    void *stream);
 /* Zero a 1-D or 2-D tensor on the CPU or the handle's device. */
