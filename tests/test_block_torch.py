@@ -171,6 +171,51 @@ def model_trains(cfg):
     print("LlamaModel (2 blocks, vocab %d): loss %.3f -> %.3f in 30 AdamW steps on one batch" % (vocab, losses[0], losses[-1]))
 
 
+def cuda_graph(cfg):
+    """On CUDA: a block's forward and backward captured into one
+    torch.cuda.CUDAGraph and replayed give eager's output and gradients
+    (coda's calls copy nothing to the host and allocate from torch)."""
+    if DEVICE != "cuda":
+        print("CUDA graph capture: runs with CODA_TEST_DEVICE=cuda")
+        return
+    blk = coda.nn.LlamaBlock(cfg, device=DEVICE, dtype=torch.bfloat16)
+    x = torch.randn(2, 8, cfg.d, device=DEVICE).bfloat16().requires_grad_(True)
+    dy = torch.randn(2, 8, cfg.d, device=DEVICE).bfloat16()
+
+    def step():
+        y = blk(x)
+        y.backward(dy)
+        return y
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: blocks made, kernels compiled
+        for _ in range(2):
+            blk.zero_grad(set_to_none=False)
+            x.grad = None
+            want = step().detach().clone()
+    torch.cuda.current_stream().wait_stream(side)
+    want_g = {n: getattr(blk, n).grad.clone() for n in coda.nn._BLOCK_PARAMS}
+    want_dx = x.grad.clone()
+    g = torch.cuda.CUDAGraph()
+    blk.zero_grad(set_to_none=False)
+    x.grad.zero_()
+    try:
+        with torch.cuda.graph(g):
+            y = step()
+        for _ in range(2):
+            blk.zero_grad(set_to_none=False)
+            x.grad.zero_()
+            g.replay()
+        torch.cuda.synchronize()
+        check(torch.equal(y, want), "CUDA graph: y differs from eager's")
+        check(torch.equal(x.grad, want_dx), "CUDA graph: x.grad differs from eager's")
+        for n in coda.nn._BLOCK_PARAMS:
+            check(torch.equal(getattr(blk, n).grad, want_g[n]), "CUDA graph: grad %s differs from eager's" % n)
+        print("CUDA graph (torch.cuda.graph) of a block's forward and backward: replayed, eager's bits")
+    except Exception as e:
+        check(False, "CUDA graph capture: %s: %s" % (type(e).__name__, str(e)[:300]))
+
+
 def custom_ops(cfg):
     """opcheck (schema, fake, autograd registration) and torch.compile."""
     if not coda.ops.HAVE_CUSTOM_OPS:
@@ -225,6 +270,7 @@ def main():
     in_flight(cfg)
     fused_norms(cfg)
     model_trains(cfg)
+    cuda_graph(cfg)
     custom_ops(cfg)
     return report("test_block_torch.py", "\n")
 
