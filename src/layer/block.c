@@ -35,11 +35,12 @@ const char *const coda__llama_prog_names[CODA__P_COUNT] = {
 
 /* ---- the workspace: one byte buffer, carved per call ---- */
 
-/* Carves tensors out of [base, base + cap) at 256-byte boundaries; with
- * base NULL it only counts (the size query runs the same carving). */
+/* Carves tensors out of a buffer from `base` at 256-byte boundaries,
+ * counting the bytes in `used`; nothing is touched, so the size query and
+ * the calls (which check `used` before writing) run the same carving. */
 typedef struct {
-    char *base;
-    size_t cap, used;
+    char *base; /* NULL: count only */
+    size_t used;
     coda_device_t device;
     int device_index;
 } arena_t;
@@ -90,10 +91,10 @@ static coda_tensor_t colparts(arena_t *a, int64_t m, int64_t n, coda_tiling_t tl
  * calls agree. */
 typedef struct {
     coda_tiling_t tl[G_COUNT];
-    coda_tensor_t xg, ss1, qkv_ss;                     /* forward_pre */
-    coda_tensor_t hg, c, ss_o, ss_down;                /* forward_post */
-    coda_tensor_t dz, b, s_down, svec, gvec, dg, dgf;  /* backward_post (dgf: f32 staging) */
-    coda_tensor_t dzq, s1, dg1, gvec1;                 /* backward_pre */
+    coda_tensor_t xg, ss1;                        /* forward_pre */
+    coda_tensor_t hg, c, ss_o, ss_down;           /* forward_post */
+    coda_tensor_t dz, b, s_down, svec, gvec, dg;  /* backward_post */
+    coda_tensor_t dzq, s1, dg1, gvec1;            /* backward_pre */
 } scratch_t;
 
 enum {
@@ -147,7 +148,7 @@ coda_status_t coda_block_workspace_size(const coda_block_t *B, coda_block_call_t
     size_t most = 0;
     for (int call = CALL_FWD_PRE; call <= CALL_BWD_PRE; call++) {
         if (which != CODA_BLOCK_ANY && call != (int)which) continue;
-        arena_t a = {NULL, 0, 0, B->device, B->device_index};
+        arena_t a = {NULL, 0, B->device, B->device_index};
         scratch_t s;
         CODA_TRY(layout(B, call, m, &a, &s));
         if (a.used > most) most = a.used;
@@ -156,21 +157,21 @@ coda_status_t coda_block_workspace_size(const coda_block_t *B, coda_block_call_t
     return CODA_OK;
 }
 
-/* The scratch of `call` in the caller's workspace (checked to be large enough). */
+/* The scratch of `call` in the caller's workspace, checked before anything
+ * is written: large enough, aligned, apart from every argument (args) and,
+ * on CUDA, the block's device memory. */
 static coda_status_t scratch(const coda_block_t *B, const char *fn, int call, int64_t m, void *ws, size_t ws_bytes,
                              const coda__dev_arg_t *args, int n_args, scratch_t *s) {
-    arena_t count = {NULL, 0, 0, B->device, B->device_index};
-    CODA_TRY(layout(B, call, m, &count, s));
-    if (count.used > ws_bytes)
+    arena_t a = {ws, 0, B->device, B->device_index};
+    CODA_TRY(layout(B, call, m, &a, s));
+    if (a.used > ws_bytes)
         return coda__fail(CODA_ERR_SHAPE, "%s: workspace of %zu bytes, this call needs %zu "
-                          "(coda_block_workspace_size)", fn, ws_bytes, count.used);
-    if (!ws && count.used) return coda__fail(CODA_ERR_INVALID_ARG, "%s: workspace is NULL", fn);
+                          "(coda_block_workspace_size)", fn, ws_bytes, a.used);
+    if (!ws && a.used) return coda__fail(CODA_ERR_INVALID_ARG, "%s: workspace is NULL", fn);
     if ((uintptr_t)ws % 256 != 0)
         return coda__fail(CODA_ERR_STRIDE, "%s: workspace %p is not 256-byte aligned", fn, ws);
-    if (count.used) {
-        /* the workspace is written: it must not share bytes with any argument,
-         * and on CUDA it must be the block's device memory */
-        coda_tensor_t wt = coda_tensor_1d(ws, CODA_F32, (int64_t)(count.used / 4));
+    if (a.used) {
+        coda_tensor_t wt = coda_tensor_1d(ws, CODA_F32, (int64_t)(a.used / 4));
         wt.device = B->device;
         wt.device_index = B->device_index;
         for (int i = 0; i < n_args; i++)
@@ -179,8 +180,7 @@ static coda_status_t scratch(const coda_block_t *B, const char *fn, int call, in
         coda__dev_arg_t wa = {&wt, "workspace", 0};
         CODA_TRY(coda__block_check_on_device(B, fn, &wa, 1));
     }
-    arena_t a = {ws, ws_bytes, 0, B->device, B->device_index};
-    return layout(B, call, m, &a, s);
+    return CODA_OK;
 }
 
 /* ---- create / free ---- */
@@ -273,8 +273,7 @@ coda_status_t coda_block_create(coda_context_t *ctx, const coda_llama_config_t *
 
 static const coda_dtype_t BF16[1] = {CODA_BF16};
 static const coda_dtype_t F32[1] = {CODA_F32};
-static const coda_dtype_t QKV_GRAD[2] = {CODA_F32, CODA_BF16};
-static const coda_dtype_t GRAD[2] = {CODA_F32, CODA_BF16};
+static const coda_dtype_t GRAD[2] = {CODA_F32, CODA_BF16}; /* weight gradients, dqkv */
 
 coda_status_t coda__block_check_arg(const coda_block_t *B, const coda_tensor_t *t, const char *fn, const char *what,
                                int64_t rows, int64_t cols, const coda_dtype_t *dts, int n_dts) {
@@ -404,7 +403,6 @@ static coda_status_t check_m(const coda_block_t *B, const char *fn, const coda_t
 }
 
 /* ---- the steps ---- */
-
 
 static coda_status_t epilogue(const coda_block_t *B, const scratch_t *s, int g, int p, coda_layout_t layout,
                               const coda_tensor_t *a, const coda_tensor_t *b, const coda_binding_t *bs, int n,
@@ -590,7 +588,7 @@ coda_status_t coda_block_backward_pre(coda_block_t *B, const coda_llama_weights_
     CODA_TRY(coda__block_check_arg(B, pos, fn, "pos", m, -1, F32, 1));
     CODA_TRY(coda__block_check_arg(B, &acts->r1, fn, "acts->r1", m, -1, F32, 1));
     CODA_TRY(coda__block_check_arg(B, &acts->qkv, fn, "acts->qkv", m, B->nqkv, BF16, 1));
-    CODA_TRY(coda__block_check_arg(B, dqkv, fn, "dqkv", m, B->nqkv, QKV_GRAD, 2));
+    CODA_TRY(coda__block_check_arg(B, dqkv, fn, "dqkv", m, B->nqkv, GRAD, 2));
     CODA_TRY(coda__block_check_arg(B, dh, fn, "dh", m, d, BF16, 1));
     CODA_TRY(coda__block_check_arg(B, dx, fn, "dx", m, d, BF16, 1));
     if (grads) CODA_TRY(check_weights(B, grads, PRE_GRADS, fn, "grads", GRAD, 2));
