@@ -17,6 +17,10 @@ int coda_cli_demo(int argc, char **argv);
 /* The demo's usage text (`coda demo --help`, `coda help demo`). */
 extern const char coda_cli_demo_usage[];
 
+/* *out = s as a whole decimal integer in lo..hi; 0 (and *out unchanged)
+ * when s is empty, not a number, or outside the range. */
+int coda_cli_parse_int(const char *s, long long lo, long long hi, long long *out);
+
 /* `coda train [options]`: a byte-level LLaMA trained on a text file with
  * the split block on the CPU backend (tools/cli_train.c). Returns 0 when
  * the loss fell, 1 if it did not or a call failed, 2 on bad usage. */

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int parse_int(const char *s, long long lo, long long hi, long long *out) {
+int coda_cli_parse_int(const char *s, long long lo, long long hi, long long *out) {
     char *end;
     long long v = strtoll(s, &end, 10);
     if (!*s || *end || v < lo || v > hi) return 0;
@@ -67,7 +67,7 @@ int coda_cli_demo(int argc, char **argv) {
             if (strcmp(val, "auto") && strcmp(val, "cpu") && strcmp(val, "cuda"))
                 return demo_usage_error("--device takes auto, cpu or cuda, not '%s'", val);
             dev = val;
-        } else if (!parse_int(val, dst == &seed ? 0 : 1, dst == &seed ? (1ll << 62) : 4096, dst)) {
+        } else if (!coda_cli_parse_int(val, dst == &seed ? 0 : 1, dst == &seed ? (1ll << 62) : 4096, dst)) {
             return demo_usage_error("%s takes an integer in %s, not '%s'", opt,
                                     dst == &seed ? "0..2^62" : "1..4096", val);
         }

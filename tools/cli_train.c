@@ -59,21 +59,7 @@ static int usage_error(const char *fmt, ...) {
     return 2;
 }
 
-/* ---- small helpers ---- */
-
-static uint16_t to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-static float from_bf16(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
+/* ---- small helpers (bf16 conversion: core/internal.h, through attention.h) ---- */
 
 typedef struct { uint64_t s; } rng_t;
 static uint64_t rng_next(rng_t *r) {
@@ -121,7 +107,7 @@ static int param_new(pool_t *pl, param_t *p, int64_t rows, int64_t cols, rng_t *
     if (!p->w || !p->g || !p->m || !p->v || !p->b) return 0;
     for (size_t i = 0; i < n; i++) {
         p->w[i] = one + scale * rng_normal(r);
-        p->b[i] = to_bf16(p->w[i]);
+        p->b[i] = coda__f32_to_bf16(p->w[i]);
     }
     return 1;
 }
@@ -140,7 +126,7 @@ static void adamw(param_t *p, float lr, int t) {
         p->m[i] = b1 * p->m[i] + (1 - b1) * g;
         p->v[i] = b2 * p->v[i] + (1 - b2) * g * g;
         p->w[i] -= lr * ((p->m[i] / c1) / (sqrtf(p->v[i] / c2) + eps) + wd * p->w[i]);
-        p->b[i] = to_bf16(p->w[i]);
+        p->b[i] = coda__f32_to_bf16(p->w[i]);
     }
 }
 
@@ -172,14 +158,6 @@ static coda_binding_t bs(const char *name, float v) {
             goto out;                                                                \
         }                                                                            \
     } while (0)
-
-static int parse_ll(const char *s, long long lo, long long hi, long long *out) {
-    char *end;
-    long long v = strtoll(s, &end, 10);
-    if (!*s || *end || v < lo || v > hi) return 0;
-    *out = v;
-    return 1;
-}
 
 /* Threads for coda's CPU attention: the online CPUs, at most 64. */
 static int threads(void) {
@@ -224,16 +202,16 @@ int coda_cli_train(int argc, char **argv) {
         const char *v = argv[++i];
         int ok = 1;
         if (!strcmp(a, "--data")) data_path = v;
-        else if (!strcmp(a, "--steps")) ok = parse_ll(v, 1, 1000000, &steps);
-        else if (!strcmp(a, "--every")) ok = parse_ll(v, 1, 1000000, &every);
-        else if (!strcmp(a, "--layers")) ok = parse_ll(v, 1, MAX_LAYERS, &layers);
-        else if (!strcmp(a, "--d")) ok = parse_ll(v, 8, 4096, &d);
-        else if (!strcmp(a, "--heads")) ok = parse_ll(v, 1, 256, &heads);
-        else if (!strcmp(a, "--kv-heads")) ok = parse_ll(v, 1, 256, &kv);
-        else if (!strcmp(a, "--ffn")) ok = parse_ll(v, 1, 16384, &ffn);
-        else if (!strcmp(a, "--batch")) ok = parse_ll(v, 1, 256, &batch);
-        else if (!strcmp(a, "--seq")) ok = parse_ll(v, 2, 4096, &seq);
-        else if (!strcmp(a, "--seed")) ok = parse_ll(v, 0, (1ll << 62), &seed);
+        else if (!strcmp(a, "--steps")) ok = coda_cli_parse_int(v, 1, 1000000, &steps);
+        else if (!strcmp(a, "--every")) ok = coda_cli_parse_int(v, 1, 1000000, &every);
+        else if (!strcmp(a, "--layers")) ok = coda_cli_parse_int(v, 1, MAX_LAYERS, &layers);
+        else if (!strcmp(a, "--d")) ok = coda_cli_parse_int(v, 8, 4096, &d);
+        else if (!strcmp(a, "--heads")) ok = coda_cli_parse_int(v, 1, 256, &heads);
+        else if (!strcmp(a, "--kv-heads")) ok = coda_cli_parse_int(v, 1, 256, &kv);
+        else if (!strcmp(a, "--ffn")) ok = coda_cli_parse_int(v, 1, 16384, &ffn);
+        else if (!strcmp(a, "--batch")) ok = coda_cli_parse_int(v, 1, 256, &batch);
+        else if (!strcmp(a, "--seq")) ok = coda_cli_parse_int(v, 2, 4096, &seq);
+        else if (!strcmp(a, "--seed")) ok = coda_cli_parse_int(v, 0, (1ll << 62), &seed);
         else if (!strcmp(a, "--lr")) {
             char *end;
             lr = strtod(v, &end);
@@ -386,7 +364,7 @@ int coda_cli_train(int argc, char **argv) {
         memset(E.g, 0, (size_t)VOCAB * (size_t)d * 4);
         for (int64_t i = 0; i < M; i++)
             for (int64_t j = 0; j < d; j++)
-                E.g[(size_t)tok[i] * (size_t)d + (size_t)j] += from_bf16(((uint16_t *)dY.data)[i * d + j]);
+                E.g[(size_t)tok[i] * (size_t)d + (size_t)j] += coda__bf16_to_f32(((uint16_t *)dY.data)[i * d + j]);
         adamw(&E, (float)lr, (int)step), adamw(&gf, (float)lr, (int)step), adamw(&wlm, (float)lr, (int)step);
         for (int64_t l = 0; l < L; l++)
             for (int k = 0; k < 6; k++) adamw(&P[l][k], (float)lr, (int)step);
