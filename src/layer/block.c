@@ -292,42 +292,42 @@ coda_status_t coda__block_check_arg(const coda_block_t *B, const coda_tensor_t *
     return CODA_OK;
 }
 
-/* The block's weights: the first six fields of coda_llama_weights_t. */
-#define N_BLOCK_WEIGHTS 6
-static const char *const weight_names[N_BLOCK_WEIGHTS] = {"g1", "wqkv", "wo", "g2", "wgu", "wd"};
-static const coda_tensor_t *weight(const coda_llama_weights_t *w, int i) {
-    const coda_tensor_t *f[N_BLOCK_WEIGHTS] = {&w->g1, &w->wqkv, &w->wo, &w->g2, &w->wgu, &w->wd};
+/* The fields of coda_llama_weights_t, in order: the block's six, then the
+ * LM head's two (the whole layer's). */
+static const char *const weight_names[CODA__N_WEIGHTS] = {"g1", "wqkv", "wo", "g2", "wgu", "wd", "gf", "wlm"};
+
+const char *coda__weight_name(int i) { return weight_names[i]; }
+
+const coda_tensor_t *coda__weight(const coda_llama_weights_t *w, int i) {
+    const coda_tensor_t *f[CODA__N_WEIGHTS] = {&w->g1, &w->wqkv, &w->wo, &w->g2, &w->wgu, &w->wd, &w->gf, &w->wlm};
     return f[i];
 }
-static void weight_shape(const coda_block_t *B, int i, int64_t *rows, int64_t *cols) {
+
+void coda__weight_shape(const coda_block_t *B, int i, int64_t *rows, int64_t *cols) {
     const coda_llama_config_t *c = &B->cfg;
-    const int64_t r[N_BLOCK_WEIGHTS] = {c->d, B->nqkv, c->d, c->d, 2 * c->ffn, c->d};
-    const int64_t k[N_BLOCK_WEIGHTS] = {-1, c->d, B->nq, -1, c->d, c->ffn};
+    const int64_t r[CODA__N_WEIGHTS] = {c->d, B->nqkv, c->d, c->d, 2 * c->ffn, c->d, c->d, c->vocab};
+    const int64_t k[CODA__N_WEIGHTS] = {-1, c->d, B->nq, -1, c->d, c->ffn, -1, c->d};
     *rows = r[i];
     *cols = k[i];
 }
 
-/* Weights (or the gradients in `mask`, bit i for field i) well formed. */
-static coda_status_t check_weights(const coda_block_t *B, const coda_llama_weights_t *w, unsigned mask,
-                                   const char *fn, const char *what, const coda_dtype_t *dts, int n_dts) {
+coda_status_t coda__block_check_weights(const coda_block_t *B, const coda_llama_weights_t *w, unsigned mask,
+                                        const char *fn, const char *what, const coda_dtype_t *dts, int n_dts) {
     if (!w) return coda__fail(CODA_ERR_INVALID_ARG, "%s: %s is NULL", fn, what);
-    for (int i = 0; i < N_BLOCK_WEIGHTS; i++) {
+    for (int i = 0; i < CODA__N_WEIGHTS; i++) {
         if (!(mask >> i & 1)) continue;
         char name[64];
         int64_t rows, cols;
-        weight_shape(B, i, &rows, &cols);
+        coda__weight_shape(B, i, &rows, &cols);
         snprintf(name, sizeof name, "%s->%s", what, weight_names[i]);
-        CODA_TRY(coda__block_check_arg(B, weight(w, i), fn, name, rows, cols, dts, n_dts));
+        CODA_TRY(coda__block_check_arg(B, coda__weight(w, i), fn, name, rows, cols, dts, n_dts));
     }
     return CODA_OK;
 }
 
-/* Outputs: apart from each other, the inputs and every weight (and the
- * gradients in gmask of grads). */
-typedef struct { const coda_tensor_t *t; const char *name; } named_t;
-
-static coda_status_t check_apart(const char *fn, const named_t *out, int n_out, const named_t *in, int n_in,
-                                 const coda_llama_weights_t *w, const coda_llama_weights_t *grads, unsigned gmask) {
+coda_status_t coda__block_check_apart(const char *fn, const coda__named_t *out, int n_out, const coda__named_t *in,
+                                      int n_in, const coda_llama_weights_t *w, unsigned wmask,
+                                      const coda_llama_weights_t *grads, unsigned gmask) {
     for (int i = 0; i < n_out; i++) {
         if (!out[i].t) continue;
         for (int j = 0; j < i; j++)
@@ -336,22 +336,22 @@ static coda_status_t check_apart(const char *fn, const named_t *out, int n_out, 
         for (int j = 0; j < n_in; j++)
             if (in[j].t && coda__tensors_overlap(out[i].t, in[j].t))
                 return coda__fail(CODA_ERR_OVERLAP, "%s: %s overlaps %s", fn, out[i].name, in[j].name);
-        for (int k = 0; k < N_BLOCK_WEIGHTS; k++) {
-            if (coda__tensors_overlap(out[i].t, weight(w, k)))
+        for (int k = 0; k < CODA__N_WEIGHTS; k++) {
+            if ((wmask >> k & 1) && coda__tensors_overlap(out[i].t, coda__weight(w, k)))
                 return coda__fail(CODA_ERR_OVERLAP, "%s: %s overlaps w->%s", fn, out[i].name, weight_names[k]);
-            if (grads && (gmask >> k & 1) && coda__tensors_overlap(out[i].t, weight(grads, k)))
+            if (grads && (gmask >> k & 1) && coda__tensors_overlap(out[i].t, coda__weight(grads, k)))
                 return coda__fail(CODA_ERR_OVERLAP, "%s: %s overlaps grads->%s", fn, out[i].name, weight_names[k]);
         }
     }
     if (grads)
-        for (int k = 0; k < N_BLOCK_WEIGHTS; k++) {
+        for (int k = 0; k < CODA__N_WEIGHTS; k++) {
             if (!(gmask >> k & 1)) continue;
             for (int j = 0; j < n_in; j++)
-                if (in[j].t && coda__tensors_overlap(weight(grads, k), in[j].t))
+                if (in[j].t && coda__tensors_overlap(coda__weight(grads, k), in[j].t))
                     return coda__fail(CODA_ERR_OVERLAP, "%s: grads->%s overlaps %s", fn, weight_names[k], in[j].name);
-            for (int j = 0; j < N_BLOCK_WEIGHTS; j++)
-                if (coda__tensors_overlap(weight(grads, k), weight(w, j)) ||
-                    (j < k && (gmask >> j & 1) && coda__tensors_overlap(weight(grads, k), weight(grads, j))))
+            for (int j = 0; j < CODA__N_WEIGHTS; j++)
+                if (((wmask >> j & 1) && coda__tensors_overlap(coda__weight(grads, k), coda__weight(w, j))) ||
+                    (j < k && (gmask >> j & 1) && coda__tensors_overlap(coda__weight(grads, k), coda__weight(grads, j))))
                     return coda__fail(CODA_ERR_OVERLAP, "%s: grads->%s overlaps a weight or another gradient", fn,
                                       weight_names[k]);
         }
@@ -433,6 +433,11 @@ static coda_status_t wgrad(const coda_block_t *B, const coda_tensor_t *a, const 
 
 /* ---- forward ---- */
 
+/* the weights each half reads and whose gradients it writes: wo g2 wgu wd,
+ * and g1 wqkv (bit i for field i, coda__weight) */
+#define POST_GRADS 0x3cu
+#define PRE_GRADS 0x03u
+
 coda_status_t coda_block_forward_pre(coda_block_t *B, const coda_llama_weights_t *w, const coda_tensor_t *x,
                                      const coda_tensor_t *xg, const coda_tensor_t *pos, coda_block_acts_t *acts,
                                      void *ws, size_t ws_bytes, void *stream) {
@@ -441,15 +446,15 @@ coda_status_t coda_block_forward_pre(coda_block_t *B, const coda_llama_weights_t
     if (!acts) return coda__fail(CODA_ERR_INVALID_ARG, "%s: acts is NULL", fn);
     int64_t m, d = B->cfg.d;
     CODA_TRY(check_m(B, fn, x, "x", &m));
-    CODA_TRY(check_weights(B, w, 0x3, fn, "w", BF16, 1));
+    CODA_TRY(coda__block_check_weights(B, w, PRE_GRADS, fn, "w", BF16, 1));
     CODA_TRY(coda__block_check_arg(B, x, fn, "x", m, d, BF16, 1));
     if (xg) CODA_TRY(coda__block_check_arg(B, xg, fn, "xg", m, d, BF16, 1));
     CODA_TRY(coda__block_check_arg(B, pos, fn, "pos", m, -1, F32, 1));
     CODA_TRY(coda__block_check_arg(B, &acts->r1, fn, "acts->r1", m, -1, F32, 1));
     CODA_TRY(coda__block_check_arg(B, &acts->qkv, fn, "acts->qkv", m, B->nqkv, BF16, 1));
-    named_t out[] = {{&acts->qkv, "acts->qkv"}, {xg ? NULL : &acts->r1, "acts->r1"}};
-    named_t in[] = {{x, "x"}, {xg, "xg"}, {pos, "pos"}, {xg ? &acts->r1 : NULL, "acts->r1"}};
-    CODA_TRY(check_apart(fn, out, 2, in, 4, w, NULL, 0));
+    coda__named_t out[] = {{&acts->qkv, "acts->qkv"}, {xg ? NULL : &acts->r1, "acts->r1"}};
+    coda__named_t in[] = {{x, "x"}, {xg, "xg"}, {pos, "pos"}, {xg ? &acts->r1 : NULL, "acts->r1"}};
+    CODA_TRY(coda__block_check_apart(fn, out, 2, in, 4, w, CODA__W_BLOCK, NULL, 0));
     coda__dev_arg_t da[] = {{&w->g1, "w->g1", 2}, {&w->wqkv, "w->wqkv", 16}, {x, "x", 4}, {xg, "xg", 16},
                       {pos, "pos", 4}, {&acts->r1, "acts->r1", 4}, {&acts->qkv, "acts->qkv", 4}};
     CODA_TRY(coda__block_check_on_device(B, fn, da, 7));
@@ -475,7 +480,7 @@ coda_status_t coda_block_forward_post(coda_block_t *B, const coda_llama_weights_
     if (!acts) return coda__fail(CODA_ERR_INVALID_ARG, "%s: acts is NULL", fn);
     int64_t m, d = B->cfg.d, I = B->cfg.ffn;
     CODA_TRY(check_m(B, fn, x, "x", &m));
-    CODA_TRY(check_weights(B, w, 0x3c, fn, "w", BF16, 1));
+    CODA_TRY(coda__block_check_weights(B, w, POST_GRADS, fn, "w", BF16, 1));
     CODA_TRY(coda__block_check_arg(B, x, fn, "x", m, d, BF16, 1));
     CODA_TRY(coda__block_check_arg(B, o, fn, "o", m, B->nq, BF16, 1));
     CODA_TRY(coda__block_check_arg(B, &acts->h, fn, "acts->h", m, d, BF16, 1));
@@ -489,10 +494,10 @@ coda_status_t coda_block_forward_post(coda_block_t *B, const coda_llama_weights_
         CODA_TRY(coda__block_check_arg(B, y_g, fn, "y_g", m, d, BF16, 1));
         CODA_TRY(coda__block_check_arg(B, r_next, fn, "r_next", m, -1, F32, 1));
     }
-    named_t out[] = {{&acts->h, "acts->h"}, {&acts->r2, "acts->r2"}, {&acts->z, "acts->z"}, {y, "y"},
+    coda__named_t out[] = {{&acts->h, "acts->h"}, {&acts->r2, "acts->r2"}, {&acts->z, "acts->z"}, {y, "y"},
                      {y_g, "y_g"}, {r_next, "r_next"}};
-    named_t in[] = {{x, "x"}, {o, "o"}, {g_next, "g_next"}};
-    CODA_TRY(check_apart(fn, out, 6, in, 3, w, NULL, 0));
+    coda__named_t in[] = {{x, "x"}, {o, "o"}, {g_next, "g_next"}};
+    CODA_TRY(coda__block_check_apart(fn, out, 6, in, 3, w, CODA__W_BLOCK, NULL, 0));
     coda__dev_arg_t da[] = {{&w->wo, "w->wo", 16}, {&w->g2, "w->g2", 4}, {&w->wgu, "w->wgu", 16}, {&w->wd, "w->wd", 16},
                       {x, "x", 4}, {o, "o", 16}, {&acts->h, "acts->h", 16}, {&acts->r2, "acts->r2", 4},
                       {&acts->z, "acts->z", 4}, {y, "y", 4}, {g_next, "g_next", 4}, {y_g, "y_g", 16},
@@ -523,9 +528,6 @@ coda_status_t coda_block_forward_post(coda_block_t *B, const coda_llama_weights_
 
 /* ---- backward ---- */
 
-/* grads fields written by each half: wo g2 wgu wd, and g1 wqkv */
-#define POST_GRADS 0x3cu
-#define PRE_GRADS 0x03u
 
 coda_status_t coda_block_backward_post(coda_block_t *B, const coda_llama_weights_t *w, const coda_tensor_t *o,
                                        const coda_block_acts_t *acts, const coda_tensor_t *dy, coda_tensor_t *do_,
@@ -536,7 +538,7 @@ coda_status_t coda_block_backward_post(coda_block_t *B, const coda_llama_weights
     if (!acts) return coda__fail(CODA_ERR_INVALID_ARG, "%s: acts is NULL", fn);
     int64_t m, d = B->cfg.d, I = B->cfg.ffn;
     CODA_TRY(check_m(B, fn, dy, "dy", &m));
-    CODA_TRY(check_weights(B, w, POST_GRADS, fn, "w", BF16, 1));
+    CODA_TRY(coda__block_check_weights(B, w, POST_GRADS, fn, "w", BF16, 1));
     CODA_TRY(coda__block_check_arg(B, o, fn, "o", m, B->nq, BF16, 1));
     CODA_TRY(coda__block_check_arg(B, &acts->h, fn, "acts->h", m, d, BF16, 1));
     CODA_TRY(coda__block_check_arg(B, &acts->r2, fn, "acts->r2", m, -1, F32, 1));
@@ -544,10 +546,10 @@ coda_status_t coda_block_backward_post(coda_block_t *B, const coda_llama_weights
     CODA_TRY(coda__block_check_arg(B, dy, fn, "dy", m, d, BF16, 1));
     CODA_TRY(coda__block_check_arg(B, do_, fn, "do_", m, B->nq, BF16, 1));
     CODA_TRY(coda__block_check_arg(B, dh, fn, "dh", m, d, BF16, 1));
-    if (grads) CODA_TRY(check_weights(B, grads, POST_GRADS, fn, "grads", GRAD, 2));
-    named_t out[] = {{do_, "do_"}, {dh, "dh"}};
-    named_t in[] = {{o, "o"}, {&acts->h, "acts->h"}, {&acts->r2, "acts->r2"}, {&acts->z, "acts->z"}, {dy, "dy"}};
-    CODA_TRY(check_apart(fn, out, 2, in, 5, w, grads, POST_GRADS));
+    if (grads) CODA_TRY(coda__block_check_weights(B, grads, POST_GRADS, fn, "grads", GRAD, 2));
+    coda__named_t out[] = {{do_, "do_"}, {dh, "dh"}};
+    coda__named_t in[] = {{o, "o"}, {&acts->h, "acts->h"}, {&acts->r2, "acts->r2"}, {&acts->z, "acts->z"}, {dy, "dy"}};
+    CODA_TRY(coda__block_check_apart(fn, out, 2, in, 5, w, CODA__W_BLOCK, grads, POST_GRADS));
     coda__dev_arg_t da[] = {{&w->wo, "w->wo", 16}, {&w->g2, "w->g2", 4}, {&w->wgu, "w->wgu", 16},
                       {&w->wd, "w->wd", 16}, {o, "o", 16}, {&acts->h, "acts->h", 4},
                       {&acts->r2, "acts->r2", 4}, {&acts->z, "acts->z", 16}, {dy, "dy", 16},
@@ -583,7 +585,7 @@ coda_status_t coda_block_backward_pre(coda_block_t *B, const coda_llama_weights_
     if (!acts) return coda__fail(CODA_ERR_INVALID_ARG, "%s: acts is NULL", fn);
     int64_t m, d = B->cfg.d;
     CODA_TRY(check_m(B, fn, x, "x", &m));
-    CODA_TRY(check_weights(B, w, PRE_GRADS, fn, "w", BF16, 1));
+    CODA_TRY(coda__block_check_weights(B, w, PRE_GRADS, fn, "w", BF16, 1));
     CODA_TRY(coda__block_check_arg(B, x, fn, "x", m, d, BF16, 1));
     CODA_TRY(coda__block_check_arg(B, pos, fn, "pos", m, -1, F32, 1));
     CODA_TRY(coda__block_check_arg(B, &acts->r1, fn, "acts->r1", m, -1, F32, 1));
@@ -591,11 +593,11 @@ coda_status_t coda_block_backward_pre(coda_block_t *B, const coda_llama_weights_
     CODA_TRY(coda__block_check_arg(B, dqkv, fn, "dqkv", m, B->nqkv, GRAD, 2));
     CODA_TRY(coda__block_check_arg(B, dh, fn, "dh", m, d, BF16, 1));
     CODA_TRY(coda__block_check_arg(B, dx, fn, "dx", m, d, BF16, 1));
-    if (grads) CODA_TRY(check_weights(B, grads, PRE_GRADS, fn, "grads", GRAD, 2));
-    named_t out[] = {{dx, "dx"}};
-    named_t in[] = {{x, "x"}, {pos, "pos"}, {&acts->r1, "acts->r1"}, {&acts->qkv, "acts->qkv"}, {dqkv, "dqkv"},
+    if (grads) CODA_TRY(coda__block_check_weights(B, grads, PRE_GRADS, fn, "grads", GRAD, 2));
+    coda__named_t out[] = {{dx, "dx"}};
+    coda__named_t in[] = {{x, "x"}, {pos, "pos"}, {&acts->r1, "acts->r1"}, {&acts->qkv, "acts->qkv"}, {dqkv, "dqkv"},
                     {dh, "dh"}};
-    CODA_TRY(check_apart(fn, out, 1, in, 6, w, grads, PRE_GRADS));
+    CODA_TRY(coda__block_check_apart(fn, out, 1, in, 6, w, CODA__W_BLOCK, grads, PRE_GRADS));
     coda__dev_arg_t da[] = {{&w->g1, "w->g1", 4}, {&w->wqkv, "w->wqkv", 16}, {x, "x", 4}, {pos, "pos", 4},
                       {&acts->r1, "acts->r1", 4}, {&acts->qkv, "acts->qkv", 4}, {dqkv, "dqkv", 4}, {dh, "dh", 4},
                       {dx, "dx", 4}, {grads ? &grads->g1 : NULL, "grads->g1", 0},

@@ -50,6 +50,30 @@ coda_status_t coda__block_create(coda_context_t *ctx, const coda_llama_config_t 
 coda_status_t coda__block_check_arg(const coda_block_t *B, const coda_tensor_t *t, const char *fn, const char *what,
                                     int64_t rows, int64_t cols, const coda_dtype_t *dts, int n_dts);
 
+/* The fields of coda_llama_weights_t by index (g1 wqkv wo g2 wgu wd gf
+ * wlm), their names and their shapes for B's configuration (cols -1: a
+ * vector; wlm's rows are cfg->vocab). Masks: bit i for field i. */
+#define CODA__N_WEIGHTS 8
+#define CODA__W_BLOCK 0x3fu /* the block's six */
+#define CODA__W_LM 0xc0u    /* the LM head's gf, wlm */
+const coda_tensor_t *coda__weight(const coda_llama_weights_t *w, int i);
+const char *coda__weight_name(int i);
+void coda__weight_shape(const coda_block_t *B, int i, int64_t *rows, int64_t *cols);
+
+/* The fields of w in mask well formed: shape, one of the dtypes, on B's
+ * device; `what` names w in messages ("w", "grads"). */
+coda_status_t coda__block_check_weights(const coda_block_t *B, const coda_llama_weights_t *w, unsigned mask,
+                                        const char *fn, const char *what, const coda_dtype_t *dts, int n_dts);
+
+/* Outputs apart from each other, from the inputs, from the weights of w in
+ * wmask and from the gradients of grads in gmask (may be NULL); and those
+ * gradients apart from the inputs, the weights and each other. NULL
+ * tensors are skipped. */
+typedef struct { const coda_tensor_t *t; const char *name; } coda__named_t;
+coda_status_t coda__block_check_apart(const char *fn, const coda__named_t *out, int n_out, const coda__named_t *in,
+                                      int n_in, const coda_llama_weights_t *w, unsigned wmask,
+                                      const coda_llama_weights_t *grads, unsigned gmask);
+
 /* On CUDA, what the GPU steps need of the caller's tensors, checked before
  * anything is written: every tensor's data on the block's device (not host
  * memory the descriptor calls CUDA), and its base and row stride multiples

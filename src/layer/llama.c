@@ -281,28 +281,9 @@ static const coda_dtype_t F32[1] = {CODA_F32};
 static const coda_dtype_t I32[1] = {CODA_I32};
 static const coda_dtype_t GRAD[2] = {CODA_F32, CODA_BF16};
 
-/* The weight (or gradient) tensors: name, extents (cols < 0: a vector). */
-typedef struct { const char *name; int64_t rows, cols; } wshape_t;
-static int weight_shapes(const coda_llama_t *L, wshape_t ws[8]) {
-    const coda_llama_config_t *c = &L->cfg;
-    const coda_block_t *B = L->block;
-    int n = 0;
-    ws[n++] = (wshape_t){"g1", c->d, -1};
-    ws[n++] = (wshape_t){"wqkv", B->nqkv, c->d};
-    ws[n++] = (wshape_t){"wo", c->d, B->nq};
-    ws[n++] = (wshape_t){"g2", c->d, -1};
-    ws[n++] = (wshape_t){"wgu", 2 * c->ffn, c->d};
-    ws[n++] = (wshape_t){"wd", c->d, c->ffn};
-    if (c->vocab > 0) {
-        ws[n++] = (wshape_t){"gf", c->d, -1};
-        ws[n++] = (wshape_t){"wlm", c->vocab, c->d};
-    }
-    return n;
-}
-/* Field i of a weights struct, in weight_shapes order. */
-static coda_tensor_t *weight_field(coda_llama_weights_t *w, int i) {
-    coda_tensor_t *f[8] = {&w->g1, &w->wqkv, &w->wo, &w->g2, &w->wgu, &w->wd, &w->gf, &w->wlm};
-    return f[i];
+/* The weights a layer reads: the block's, and the LM head's when it has one. */
+static unsigned weight_mask(const coda_llama_t *L) {
+    return CODA__W_BLOCK | (L->cfg.vocab > 0 ? CODA__W_LM : 0u);
 }
 
 static coda_status_t check_arg(const coda_llama_t *L, const coda_tensor_t *t, const char *fn, const char *what,
@@ -310,40 +291,23 @@ static coda_status_t check_arg(const coda_llama_t *L, const coda_tensor_t *t, co
     return coda__block_check_arg(L->block, t, fn, what, rows, cols, dts, n_dts);
 }
 
-static coda_status_t check_weights(const coda_llama_t *L, const coda_llama_weights_t *w,
-                                   const char *fn, const char *what, const coda_dtype_t *dts, int n_dts) {
-    if (!w) return coda__fail(CODA_ERR_INVALID_ARG, "%s: %s is NULL", fn, what);
-    wshape_t ws[8];
-    int n = weight_shapes(L, ws);
-    for (int i = 0; i < n; i++) {
-        char name[64];
-        snprintf(name, sizeof name, "%s->%s", what, ws[i].name);
-        CODA_TRY(check_arg(L, weight_field((coda_llama_weights_t *)w, i), fn, name, ws[i].rows,
-                           ws[i].cols, dts, n_dts));
-    }
-    return CODA_OK;
-}
-
-/* An output must not share bytes with any weight (it is written while they are read). */
-static coda_status_t check_apart_weights(const coda_llama_t *L, const coda_tensor_t *t, const char *fn,
-                                         const char *what, const coda_llama_weights_t *w) {
-    wshape_t ws[8];
-    int n = weight_shapes(L, ws);
-    for (int i = 0; i < n; i++)
-        if (coda__tensors_overlap(t, weight_field((coda_llama_weights_t *)w, i)))
-            return coda__fail(CODA_ERR_OVERLAP, "%s: %s overlaps w->%s", fn, what, ws[i].name);
-    return CODA_OK;
+static coda_status_t check_weights(const coda_llama_t *L, const coda_llama_weights_t *w, const char *fn,
+                                   const char *what, const coda_dtype_t *dts, int n_dts) {
+    return coda__block_check_weights(L->block, w, weight_mask(L), fn, what, dts, n_dts);
 }
 
 /* The weights (or gradients) as device arguments: matrices 16-byte aligned
  * (GEMM operands, wgrad outputs), vectors `vec_align` (epilogue columns). */
 static int weight_dev_args(const coda_llama_t *L, const coda_llama_weights_t *w, const char *what, int vec_align,
-                           coda__dev_arg_t *a, char names[8][32]) {
-    wshape_t ws[8];
-    int n = weight_shapes(L, ws);
-    for (int i = 0; i < n; i++) {
-        snprintf(names[i], 32, "%s->%s", what, ws[i].name);
-        a[i] = (coda__dev_arg_t){weight_field((coda_llama_weights_t *)w, i), names[i], ws[i].cols < 0 ? vec_align : 16};
+                           coda__dev_arg_t *a, char names[CODA__N_WEIGHTS][32]) {
+    int n = 0;
+    for (int i = 0; i < CODA__N_WEIGHTS; i++) {
+        if (!(weight_mask(L) >> i & 1)) continue;
+        int64_t rows, cols;
+        coda__weight_shape(L->block, i, &rows, &cols);
+        snprintf(names[n], 32, "%s->%s", what, coda__weight_name(i));
+        a[n] = (coda__dev_arg_t){coda__weight(w, i), names[n], cols < 0 ? vec_align : 16};
+        n++;
     }
     return n;
 }
@@ -366,19 +330,16 @@ coda_status_t coda_llama_forward(coda_llama_t *L, const coda_llama_weights_t *w,
     if (with_loss) {
         CODA_TRY(check_arg(L, targets, fn, "targets", m, -1, I32, 1));
         CODA_TRY(check_arg(L, loss, fn, "loss", m, -1, F32, 1));
-        if (coda__tensors_overlap(loss, x) || coda__tensors_overlap(loss, targets) ||
-            coda__tensors_overlap(loss, y))
-            return coda__fail(CODA_ERR_OVERLAP, "%s: loss overlaps x, targets or y", fn);
     } else if (loss) {
         return coda__fail(CODA_ERR_INVALID_ARG, "%s: loss given, but no %s", fn,
                           V == 0 ? "LM head (cfg->vocab is 0)" : "targets");
     }
-    if (coda__tensors_overlap(y, x)) return coda__fail(CODA_ERR_OVERLAP, "%s: y overlaps x", fn);
-    if (with_loss && coda__tensors_overlap(y, targets))
-        return coda__fail(CODA_ERR_OVERLAP, "%s: y overlaps targets", fn);
-    CODA_TRY(check_apart_weights(L, y, fn, "y", w));
+    {   /* the outputs apart from each other, the inputs and every weight */
+        coda__named_t out[] = {{y, "y"}, {with_loss ? loss : NULL, "loss"}};
+        coda__named_t in[] = {{x, "x"}, {with_loss ? targets : NULL, "targets"}};
+        CODA_TRY(coda__block_check_apart(fn, out, 2, in, 2, w, weight_mask(L), NULL, 0));
+    }
     if (with_loss) {
-        CODA_TRY(check_apart_weights(L, loss, fn, "loss", w));
         /* Targets are checked on a host copy (they may live on the GPU):
          * this whole-layer call waits for the stream here, the split
          * block's calls (section 9) never do. */
@@ -391,7 +352,7 @@ coda_status_t coda_llama_forward(coda_llama_t *L, const coda_llama_weights_t *w,
     }
     {
         coda__dev_arg_t a[16];
-        char names[8][32];
+        char names[CODA__N_WEIGHTS][32];
         int n = weight_dev_args(L, w, "w", 4, a, names);
         a[n++] = (coda__dev_arg_t){x, "x", 0};
         a[n++] = (coda__dev_arg_t){y, "y", 0};
@@ -449,26 +410,15 @@ coda_status_t coda_llama_backward(coda_llama_t *L, const coda_llama_weights_t *w
     if (L->have_loss && !isfinite(loss_scale))
         return coda__fail(CODA_ERR_INVALID_ARG, "%s: loss_scale is not finite", fn);
     CODA_TRY(check_arg(L, dx, fn, "dx", m, d, BF16, 1));
-    if (dy && coda__tensors_overlap(dx, dy)) return coda__fail(CODA_ERR_OVERLAP, "%s: dx overlaps dy", fn);
-    CODA_TRY(check_apart_weights(L, dx, fn, "dx", w));
-    wshape_t ws[8];
-    int nw = weight_shapes(L, ws);
-    if (grads) {
-        CODA_TRY(check_weights(L, grads, fn, "grads", GRAD, 2));
-        for (int i = 0; i < nw; i++) {
-            const coda_tensor_t *gi = weight_field(grads, i);
-            if (coda__tensors_overlap(gi, dx) || (dy && coda__tensors_overlap(gi, dy)))
-                return coda__fail(CODA_ERR_OVERLAP, "%s: grads->%s overlaps dx or dy", fn, ws[i].name);
-            for (int j = 0; j < nw; j++)
-                if (coda__tensors_overlap(gi, weight_field((coda_llama_weights_t *)w, j)) ||
-                    (j < i && coda__tensors_overlap(gi, weight_field(grads, j))))
-                    return coda__fail(CODA_ERR_OVERLAP, "%s: grads->%s overlaps a weight or another gradient",
-                                      fn, ws[i].name);
-        }
+    if (grads) CODA_TRY(check_weights(L, grads, fn, "grads", GRAD, 2));
+    {   /* dx and the gradients apart from dy, the weights and each other */
+        coda__named_t out[] = {{dx, "dx"}};
+        coda__named_t in[] = {{dy, "dy"}};
+        CODA_TRY(coda__block_check_apart(fn, out, 1, in, 1, w, weight_mask(L), grads, weight_mask(L)));
     }
     {
         coda__dev_arg_t a[24];
-        char names[8][32], gnames[8][32];
+        char names[CODA__N_WEIGHTS][32], gnames[CODA__N_WEIGHTS][32];
         int n = weight_dev_args(L, w, "w", 4, a, names);
         if (grads) n += weight_dev_args(L, grads, "grads", 0, a + n, gnames);
         a[n++] = (coda__dev_arg_t){dx, "dx", 4};
