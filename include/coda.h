@@ -714,6 +714,86 @@ CODA_API coda_status_t coda_block_backward_pre(coda_block_t *block, const coda_l
                                                coda_llama_weights_t *grads, void *workspace,
                                                size_t workspace_bytes, void *stream);
 
+/* ---------------------------------------------------------------------------
+ * 10. LM head and cross-entropy, forward and backward in one call
+ *     (src/layer/lm_loss.c; docs/lm_loss.md)
+ *
+ * For hidden states x (M, d) (after the final norm), the LM head's weight
+ * w (V, d) and targets (M):
+ *     z_ij   = x_i . w_j                       logits, (M, V)
+ *            = softcap tanh(x_i . w_j / softcap)   if softcap > 0
+ *     lse_i  = log sum_j exp z_ij
+ *     loss_i = lse_i - (1 - eps) z_it - (eps / V) sum_j z_ij + z_loss lse_i^2
+ *              (eps = label_smoothing, t = targets[i]; PyTorch's smoothing)
+ *     loss_i = 0 where targets[i] == ignore_index
+ *     total  = sum_i loss_i, divided by the number of rows not ignored for
+ *              CODA_LM_MEAN (all ignored: 0 / 0, NaN, as PyTorch)
+ * and, in the same call, the gradients of  grad_scale * total  (the mean's
+ * or sum's): dx (M, d) = dz w, dw (V, d) = dz^T x, with
+ *     dz_ij = s_i ((1 + 2 z_loss lse_i) softmax_ij - (1 - eps) [j == t]
+ *             - eps / V) (1 - (z_ij / softcap)^2 if softcap > 0),
+ *     s_i   = grad_scale (/ count for CODA_LM_MEAN), 0 on ignored rows.
+ *
+ * The (M, V) logits never exist at once: the rows go through in chunks of
+ * chunk_rows, each chunk's logits are stored in bf16 in the workspace by the
+ * logits GEMM's epilogue (which also makes the log-sum-exp partials), one
+ * memory-bound pass turns them into dz in place (and writes the chunk's
+ * loss), then dx's rows and dw (accumulated over chunks in dw's dtype) come
+ * from two GEMMs. The softmax is taken of the bf16 logits, as PyTorch's
+ * cross_entropy takes it of a bf16 matmul's output, and dz is rounded to
+ * bf16 before the two GEMMs, as PyTorch's bf16 gradient is.
+ *
+ * Tensors: x (M, d) bf16; w (V, d) bf16; targets (M) i32; loss (M) f32,
+ * each row's loss (required); total (1) f32 or NULL; dx (M, d) bf16 or f32
+ * or NULL; dw (V, d) f32 or bf16 or NULL (f32 accumulates the chunks in
+ * f32; bf16 rounds after each chunk). dx = dw = NULL: forward only (the
+ * logits are still stored per chunk, but not turned into dz). With
+ * accumulate = 1 the gradients are added to dx's and dw's contents, else
+ * they overwrite them. All on one device; outputs apart from the inputs,
+ * from each other and from the workspace, which is
+ * coda_lm_loss_workspace_size bytes, 256-byte aligned. M, d, V >= 1; on
+ * CUDA d is a multiple of 8 (x's and w's rows are whole 16-byte vectors).
+ *
+ * Targets: a target outside [0, V) that is not ignore_index makes its row's
+ * loss and its dz (so dx's row, and all of dw) NaN; the GPU cannot refuse
+ * it without waiting for the stream. NaN or infinite logits follow the
+ * epilogue rule (section 5): a NaN anywhere in a row that is not ignored
+ * gives that row NaN loss and gradients, never a masked value.
+ * ------------------------------------------------------------------------- */
+
+typedef enum coda_lm_reduction {
+    CODA_LM_MEAN = 0,   /* total and gradients over the rows not ignored */
+    CODA_LM_SUM = 1
+} coda_lm_reduction_t;
+
+typedef struct coda_lm_loss_opts {
+    int32_t ignore_index;     /* rows with this target count for nothing (-100)  */
+    float label_smoothing;    /* eps, 0 <= eps <= 1                              */
+    float z_loss;             /* weight of lse^2, >= 0                           */
+    float softcap;            /* 0: none; > 0: logits = softcap tanh(z/softcap)  */
+    float grad_scale;         /* the gradients are of grad_scale * total         */
+    coda_lm_reduction_t reduction;
+    int accumulate;           /* 1: add into dx and dw                           */
+    int64_t chunk_rows;       /* rows per chunk; 0: coda_lm_loss_opts_init's     */
+} coda_lm_loss_opts_t;
+
+/* The defaults: ignore_index -100, no smoothing, z-loss or softcap,
+ * grad_scale 1, CODA_LM_MEAN, overwrite, chunk_rows 0 (chosen so that a
+ * chunk's logits take at most 1 GiB, a multiple of 256 rows). */
+CODA_API void coda_lm_loss_opts_init(coda_lm_loss_opts_t *opts);
+
+/* Bytes of workspace coda_lm_loss needs for M rows, vocabulary V and these
+ * options (NULL: the defaults) on `device`. */
+CODA_API coda_status_t coda_lm_loss_workspace_size(coda_context_t *ctx, coda_device_t device, int64_t m,
+                                                   int64_t vocab, const coda_lm_loss_opts_t *opts,
+                                                   size_t *bytes);
+
+CODA_API coda_status_t coda_lm_loss(coda_context_t *ctx, const coda_tensor_t *x, const coda_tensor_t *w,
+                                    const coda_tensor_t *targets, const coda_lm_loss_opts_t *opts,
+                                    coda_tensor_t *loss, coda_tensor_t *total, coda_tensor_t *dx,
+                                    coda_tensor_t *dw, void *workspace, size_t workspace_bytes,
+                                    void *stream);
+
 /* Text of a built-in epilogue program of the layer, by name, or NULL. */
 CODA_API const char *coda_builtin_program(const char *name);
 /* NULL-terminated list of built-in program names. */

@@ -1,0 +1,371 @@
+/* lm_loss.c - coda_lm_loss: the LM head and the cross-entropy loss, forward
+ * and backward in one call, with a bounded chunk of the logits alive
+ * (coda.h section 10; docs/lm_loss.md).
+ *
+ * Per chunk of C rows (x_c (C, d), targets_c, loss_c):
+ *
+ *   logits GEMM   z = x_c w^T (C, V), epilogue lm_logits: optional softcap,
+ *                 z stored in bf16 in the workspace, and the online
+ *                 log-sum-exp partials (C, T, 3) of the stored values
+ *   rows step     lse from the partials, loss_c, and dz over z in place
+ *                 (core/lm_steps.h: the CPU's loops or CUDA's kernel)
+ *   dgrad GEMM    dx_c = dz w             (C, d)   NN, K = V
+ *   wgrad GEMM    dw  += dz^T x_c         (V, d)   TN, K = C
+ *
+ * so the logits cost one store and one read-modify-write pass beside the
+ * three GEMMs, and the memory is one chunk (C, V) bf16 plus its partials.
+ * The mean's divisor (the rows not ignored) is counted on the device before
+ * the first chunk, so nothing waits for the host.
+ *
+ * Every argument is checked before the first kernel: a call that fails has
+ * written nothing. */
+#include "core/context.h"
+#include "core/lm_steps.h"
+#include "layer/block.h"   /* coda__bind, coda__bind_scalar */
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#define FN "coda_lm_loss"
+#define CHUNK_BYTES ((int64_t)1 << 30) /* default: a chunk's logits take at most 1 GiB */
+#define CHUNK_ALIGN 256                /* default chunk_rows is a multiple of this    */
+#define MIN_TILE_N 128                 /* the narrowest tile either backend chooses   */
+
+/* ---- the epilogue programs of the logits GEMM ---- */
+
+static const char prog_logits[] =
+    "program lm_logits\n"
+    "in  t    row i32         # (C) targets (the pick is not used)\n"
+    "out z    tile bf16       # (C, V) logits\n"
+    "out part lse             # (C, T, 3) log-sum-exp partials of the stored z\n"
+    "a  = acc\n"
+    "zr = round_bf16 a\n"
+    "store z zr\n"
+    "tv = load t\n"
+    "lse part zr tv\n";
+
+static const char prog_logits_capped[] =
+    "program lm_logits_capped\n"
+    "in  t    row i32         # (C) targets (the pick is not used)\n"
+    "in  cap  scalar          # softcap\n"
+    "in  icap scalar          # 1 / softcap\n"
+    "out z    tile bf16       # (C, V) softcap tanh(acc / softcap)\n"
+    "out part lse             # (C, T, 3) log-sum-exp partials of the stored z\n"
+    "a  = acc\n"
+    "ic = load icap\n"
+    "u  = mul a ic\n"
+    "th = tanh u\n"
+    "c  = load cap\n"
+    "y  = mul th c\n"
+    "zr = round_bf16 y\n"
+    "store z zr\n"
+    "tv = load t\n"
+    "lse part zr tv\n";
+
+/* ---- options ---- */
+
+void coda_lm_loss_opts_init(coda_lm_loss_opts_t *o) {
+    if (!o) return;
+    memset(o, 0, sizeof *o);
+    o->ignore_index = -100;
+    o->grad_scale = 1.0f;
+    o->reduction = CODA_LM_MEAN;
+}
+
+static coda_status_t check_opts(const char *fn, const coda_lm_loss_opts_t *o) {
+    if (!(o->label_smoothing >= 0.0f && o->label_smoothing <= 1.0f))
+        return coda__fail(CODA_ERR_INVALID_ARG, "%s: label_smoothing %g is outside [0, 1]", fn,
+                          (double)o->label_smoothing);
+    if (!(o->z_loss >= 0.0f) || !isfinite(o->z_loss))
+        return coda__fail(CODA_ERR_INVALID_ARG, "%s: z_loss %g must be finite and >= 0", fn, (double)o->z_loss);
+    if (!(o->softcap >= 0.0f) || !isfinite(o->softcap) || (o->softcap > 0.0f && !isfinite(1.0f / o->softcap)))
+        return coda__fail(CODA_ERR_INVALID_ARG, "%s: softcap %g must be 0 (none) or finite and > 0", fn,
+                          (double)o->softcap);
+    if (!isfinite(o->grad_scale))
+        return coda__fail(CODA_ERR_INVALID_ARG, "%s: grad_scale %g is not finite", fn, (double)o->grad_scale);
+    if (o->reduction != CODA_LM_MEAN && o->reduction != CODA_LM_SUM)
+        return coda__fail(CODA_ERR_INVALID_ARG, "%s: reduction %d is not CODA_LM_MEAN (0) or CODA_LM_SUM (1)", fn,
+                          (int)o->reduction);
+    if (o->accumulate != 0 && o->accumulate != 1)
+        return coda__fail(CODA_ERR_INVALID_ARG, "%s: accumulate is %d, not 0 or 1", fn, o->accumulate);
+    if (o->chunk_rows < 0)
+        return coda__fail(CODA_ERR_INVALID_ARG, "%s: chunk_rows %lld is negative", fn, (long long)o->chunk_rows);
+    return CODA_OK;
+}
+
+/* Rows per chunk for m rows of vocabulary V. */
+static int64_t chunk_rows(const coda_lm_loss_opts_t *o, int64_t m, int64_t vp) {
+    int64_t c = o->chunk_rows;
+    if (c == 0) {
+        c = CHUNK_BYTES / (vp * 2) / CHUNK_ALIGN * CHUNK_ALIGN;
+        if (c < CHUNK_ALIGN) c = CHUNK_ALIGN;
+    }
+    return c < m ? c : m;
+}
+
+/* ---- the workspace: the chunk's logits, its partials, the count ---- */
+
+typedef struct {
+    int64_t rows, vp, nt;   /* chunk rows, padded row length, partial tiles (most) */
+    size_t logits_at, part_at, count_at, used;
+} ws_layout_t;
+
+static size_t up256(size_t b) { return (b + 255) / 256 * 256; }
+
+static ws_layout_t ws_layout(const coda_lm_loss_opts_t *o, int64_t m, int64_t V) {
+    ws_layout_t L;
+    L.vp = (V + 7) / 8 * 8; /* 16-byte rows for the GEMMs' copy engine */
+    L.rows = chunk_rows(o, m, L.vp);
+    L.nt = coda__cdiv(V, MIN_TILE_N);
+    L.logits_at = 0;
+    L.part_at = up256((size_t)L.rows * (size_t)L.vp * 2);
+    L.count_at = L.part_at + up256((size_t)L.rows * (size_t)L.nt * 3 * 4);
+    L.used = L.count_at + 256;
+    return L;
+}
+
+coda_status_t coda_lm_loss_workspace_size(coda_context_t *ctx, coda_device_t device, int64_t m, int64_t vocab,
+                                          const coda_lm_loss_opts_t *opts, size_t *bytes) {
+    static const char fn[] = "coda_lm_loss_workspace_size";
+    if (!ctx || !bytes) return coda__fail(CODA_ERR_INVALID_ARG, "%s: NULL argument", fn);
+    if (device != CODA_DEVICE_CPU && device != CODA_DEVICE_CUDA)
+        return coda__fail(CODA_ERR_INVALID_ARG, "%s: device %d is neither CPU (0) nor CUDA (1)", fn, (int)device);
+    if (m < 1 || vocab < 1 || m >= ((int64_t)1 << 31) || vocab >= ((int64_t)1 << 29))
+        return coda__fail(CODA_ERR_SHAPE, "%s: m %lld and vocab %lld must be >= 1 and below 2^31 and 2^29", fn,
+                          (long long)m, (long long)vocab);
+    coda_lm_loss_opts_t def;
+    coda_lm_loss_opts_init(&def);
+    const coda_lm_loss_opts_t *o = opts ? opts : &def;
+    CODA_TRY(check_opts(fn, o));
+    *bytes = ws_layout(o, m, vocab).used;
+    return CODA_OK;
+}
+
+/* ---- argument checks ---- */
+
+/* A 2-D (rows, cols) tensor of one of the dtypes, rows contiguous. */
+static coda_status_t check_mat(const coda_tensor_t *t, const char *name, int64_t rows, int64_t cols,
+                               const coda_dtype_t *dts, int n_dt) {
+    char what[64];
+    snprintf(what, sizeof what, FN ": %s", name);
+    CODA_TRY(coda__check_tensor(t, what));
+    CODA_TRY(coda__check_dtype(t, what, dts, n_dt));
+    if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols)
+        return coda__fail(CODA_ERR_SHAPE, "%s must be (%lld, %lld), got %d dims (%lld, %lld)", what,
+                          (long long)rows, (long long)cols, t->ndim, (long long)t->shape[0],
+                          (long long)(t->ndim > 1 ? t->shape[1] : 0));
+    if (t->stride[1] != (int64_t)coda_dtype_size(t->dtype))
+        return coda__fail(CODA_ERR_STRIDE, "%s: rows must be contiguous (column stride %lld bytes)", what,
+                          (long long)t->stride[1]);
+    if (t->device == CODA_DEVICE_CUDA && ((uintptr_t)t->data % 16 != 0 || t->stride[0] % 16 != 0))
+        return coda__fail(CODA_ERR_STRIDE, "%s: base %p and row stride %lld bytes must be multiples of 16 on the GPU",
+                          what, t->data, (long long)t->stride[0]);
+    return CODA_OK;
+}
+
+/* A vector of n elements of dtype dt: (n), or (n, 1). */
+static coda_status_t check_vec(const coda_tensor_t *t, const char *name, int64_t n, coda_dtype_t dt) {
+    char what[64];
+    snprintf(what, sizeof what, FN ": %s", name);
+    CODA_TRY(coda__check_tensor(t, what));
+    CODA_TRY(coda__check_dtype(t, what, &dt, 1));
+    if (!(t->ndim == 1 || (t->ndim == 2 && t->shape[1] == 1)) || t->shape[0] != n)
+        return coda__fail(CODA_ERR_SHAPE, "%s must be (%lld) or (%lld, 1), got %d dims (%lld, ...)", what,
+                          (long long)n, (long long)n, t->ndim, (long long)t->shape[0]);
+    return CODA_OK;
+}
+
+typedef struct { const coda_tensor_t *t; const char *name; } named_t;
+
+/* ---- a view of rows [r0, r0 + n) ---- */
+
+static coda_tensor_t rows_of(const coda_tensor_t *t, int64_t r0, int64_t n) {
+    coda_tensor_t v = *t;
+    v.data = (char *)t->data + r0 * t->stride[0];
+    v.shape[0] = n;
+    return v;
+}
+
+static coda_tensor_t ws_tensor(const coda_tensor_t *like, void *p, coda_dtype_t dt, int ndim, const int64_t *shape,
+                               const int64_t *stride) {
+    coda_tensor_t t;
+    memset(&t, 0, sizeof t);
+    t.data = p;
+    t.dtype = dt;
+    t.device = like->device;
+    t.device_index = like->device_index;
+    t.ndim = ndim;
+    for (int i = 0; i < ndim; i++) {
+        t.shape[i] = shape[i];
+        t.stride[i] = stride[i];
+    }
+    return t;
+}
+
+/* ---- the steps on the call's device ---- */
+
+#ifndef CODA_WITH_CUDA
+static coda_status_t no_cuda(void) {
+    return coda__fail(CODA_ERR_DEVICE, FN ": CUDA tensors, but this build has no CUDA backend");
+}
+#endif
+
+static coda_status_t step_count(coda_context_t *ctx, const coda_tensor_t *targets, int32_t ignore,
+                                coda_tensor_t *count, void *stream) {
+    if (targets->device == CODA_DEVICE_CPU) {
+        coda__cpu_lm_count(targets, ignore, count);
+        return CODA_OK;
+    }
+#ifdef CODA_WITH_CUDA
+    return coda__cuda_lm_count(ctx, targets, ignore, count, stream);
+#else
+    return no_cuda();
+#endif
+}
+
+static coda_status_t step_rows(coda_context_t *ctx, const coda__lm_params_t *p, coda_tensor_t *logits,
+                               const coda_tensor_t *part, const coda_tensor_t *targets, const coda_tensor_t *count,
+                               coda_tensor_t *loss, void *stream) {
+    if (logits->device == CODA_DEVICE_CPU) {
+        coda__cpu_lm_rows(p, logits, part, targets, count, loss);
+        return CODA_OK;
+    }
+#ifdef CODA_WITH_CUDA
+    return coda__cuda_lm_rows(ctx, p, logits, part, targets, count, loss, stream);
+#else
+    return no_cuda();
+#endif
+}
+
+static coda_status_t step_total(coda_context_t *ctx, const coda_tensor_t *loss, const coda_tensor_t *count, int mean,
+                                coda_tensor_t *total, void *stream) {
+    if (loss->device == CODA_DEVICE_CPU) {
+        coda__cpu_lm_total(loss, count, mean, total);
+        return CODA_OK;
+    }
+#ifdef CODA_WITH_CUDA
+    return coda__cuda_lm_total(ctx, loss, count, mean, total, stream);
+#else
+    return no_cuda();
+#endif
+}
+
+/* ---- the call ---- */
+
+coda_status_t coda_lm_loss(coda_context_t *ctx, const coda_tensor_t *x, const coda_tensor_t *w,
+                           const coda_tensor_t *targets, const coda_lm_loss_opts_t *opts, coda_tensor_t *loss,
+                           coda_tensor_t *total, coda_tensor_t *dx, coda_tensor_t *dw, void *ws, size_t ws_bytes,
+                           void *stream) {
+    if (!ctx) return coda__fail(CODA_ERR_INVALID_ARG, FN ": ctx is NULL");
+    if (!x || !w || !targets || !loss)
+        return coda__fail(CODA_ERR_INVALID_ARG, FN ": %s is NULL",
+                          !x ? "x" : !w ? "w" : !targets ? "targets" : "loss");
+    coda_lm_loss_opts_t def;
+    coda_lm_loss_opts_init(&def);
+    const coda_lm_loss_opts_t *o = opts ? opts : &def;
+    CODA_TRY(check_opts(FN, o));
+
+    const coda_dtype_t bf16 = CODA_BF16, grad_dts[2] = {CODA_BF16, CODA_F32};
+    CODA_TRY(coda__check_tensor(x, FN ": x"));
+    if (x->ndim != 2) return coda__fail(CODA_ERR_SHAPE, FN ": x must be 2-D (M, d), got %d dims", x->ndim);
+    CODA_TRY(coda__check_tensor(w, FN ": w"));
+    if (w->ndim != 2) return coda__fail(CODA_ERR_SHAPE, FN ": w must be 2-D (V, d), got %d dims", w->ndim);
+    int64_t M = x->shape[0], d = x->shape[1], V = w->shape[0];
+    if (M < 1 || d < 1 || V < 1)
+        return coda__fail(CODA_ERR_SHAPE, FN ": M %lld, d %lld and V %lld must be >= 1", (long long)M, (long long)d,
+                          (long long)V);
+    if (M >= ((int64_t)1 << 31) || V >= ((int64_t)1 << 29))
+        return coda__fail(CODA_ERR_SHAPE, FN ": M %lld and V %lld must be below 2^31 and 2^29", (long long)M,
+                          (long long)V);
+    CODA_TRY(check_mat(x, "x", M, d, &bf16, 1));
+    CODA_TRY(check_mat(w, "w", V, d, &bf16, 1));
+    CODA_TRY(check_vec(targets, "targets", M, CODA_I32));
+    CODA_TRY(check_vec(loss, "loss", M, CODA_F32));
+    if (total) CODA_TRY(check_vec(total, "total", 1, CODA_F32));
+    if (dx) CODA_TRY(check_mat(dx, "dx", M, d, grad_dts, 2));
+    if (dw) CODA_TRY(check_mat(dw, "dw", V, d, grad_dts, 2));
+
+    const coda_tensor_t *all[] = {x, w, targets, loss, total, dx, dw};
+    const char *all_names[] = {"x", "w", "targets", "loss", "total", "dx", "dw"};
+    for (int i = 1; i < 7; i++)
+        if (all[i] && (all[i]->device != x->device || all[i]->device_index != x->device_index))
+            return coda__fail(CODA_ERR_DEVICE, FN ": %s is on another device than x", all_names[i]);
+    if (x->device == CODA_DEVICE_CUDA && d % 8 != 0)
+        return coda__fail(CODA_ERR_SHAPE, FN ": d = %lld must be a multiple of 8 on the GPU", (long long)d);
+
+    /* The workspace, as a tensor for the overlap and device checks. */
+    ws_layout_t L = ws_layout(o, M, V);
+    if (ws_bytes < L.used)
+        return coda__fail(CODA_ERR_SHAPE, FN ": workspace of %zu bytes, this call needs %zu "
+                          "(coda_lm_loss_workspace_size)", ws_bytes, L.used);
+    if (!ws) return coda__fail(CODA_ERR_INVALID_ARG, FN ": workspace is NULL");
+    if ((uintptr_t)ws % 256 != 0)
+        return coda__fail(CODA_ERR_STRIDE, FN ": workspace %p is not 256-byte aligned", ws);
+    int64_t ws_shape[1] = {(int64_t)(L.used / 4)}, ws_stride[1] = {4};
+    coda_tensor_t wst = ws_tensor(x, ws, CODA_F32, 1, ws_shape, ws_stride);
+
+    named_t out[] = {{loss, "loss"}, {total, "total"}, {dx, "dx"}, {dw, "dw"}, {&wst, "the workspace"}};
+    named_t in[] = {{x, "x"}, {w, "w"}, {targets, "targets"}};
+    for (int i = 0; i < 5; i++) {
+        if (!out[i].t) continue;
+        for (int j = 0; j < i; j++)
+            if (out[j].t && coda__tensors_overlap(out[i].t, out[j].t))
+                return coda__fail(CODA_ERR_OVERLAP, FN ": %s overlaps %s", out[i].name, out[j].name);
+        for (int j = 0; j < 3; j++)
+            if (coda__tensors_overlap(out[i].t, in[j].t))
+                return coda__fail(CODA_ERR_OVERLAP, FN ": %s overlaps %s", out[i].name, in[j].name);
+    }
+#ifdef CODA_WITH_CUDA
+    if (x->device == CODA_DEVICE_CUDA) {
+        const coda_tensor_t *ts[8] = {x, w, targets, loss, total, dx, dw, &wst};
+        const char *names[8] = {"x", "w", "targets", "loss", "total", "dx", "dw", "workspace"};
+        CODA_TRY(coda__cuda_check_pointers(ctx, x->device_index, ts, names, 8));
+    }
+#endif
+
+    /* The program and the tilings, before anything runs. */
+    coda_program_t *prog = NULL;
+    CODA_TRY(coda_program_parse(o->softcap > 0.0f ? prog_logits_capped : prog_logits, &prog));
+    coda_status_t st = CODA_OK;
+    coda_tiling_t tl;
+    st = coda_choose_program_tiling(ctx, x->device, CODA_LAYOUT_NT, L.rows, V, d, prog, &tl);
+    if (st == CODA_OK && (tl.tile_n < MIN_TILE_N || tl.tile_m < 1))
+        st = coda__fail(CODA_ERR_INTERNAL, FN ": the backend chose tiling %dx%d (the workspace assumes tile_n >= %d)",
+                        tl.tile_m, tl.tile_n, MIN_TILE_N);
+    if (st != CODA_OK) {
+        coda_program_free(prog);
+        return st;
+    }
+    int64_t nt = coda__cdiv(V, tl.tile_n);
+
+    coda__lm_params_t p = {V, o->ignore_index, o->label_smoothing, o->z_loss, o->softcap, o->grad_scale,
+                           o->reduction == CODA_LM_MEAN, dx != NULL || dw != NULL};
+    int64_t one[1] = {1}, four[1] = {4};
+    coda_tensor_t count = ws_tensor(x, (char *)ws + L.count_at, CODA_I32, 1, one, four);
+    if (p.mean) st = step_count(ctx, targets, o->ignore_index, &count, stream);
+
+    for (int64_t r0 = 0; st == CODA_OK && r0 < M; r0 += L.rows) {
+        int64_t c = M - r0 < L.rows ? M - r0 : L.rows;
+        coda_tensor_t xc = rows_of(x, r0, c), tc = rows_of(targets, r0, c), lc = rows_of(loss, r0, c);
+        int64_t zs[2] = {c, V}, zst[2] = {L.vp * 2, 2};
+        coda_tensor_t z = ws_tensor(x, (char *)ws + L.logits_at, CODA_BF16, 2, zs, zst);
+        int64_t ps[3] = {c, nt, 3}, pst[3] = {nt * 12, 12, 4};
+        coda_tensor_t part = ws_tensor(x, (char *)ws + L.part_at, CODA_F32, 3, ps, pst);
+
+        coda_binding_t b[5] = {coda__bind("t", &tc), coda__bind("z", &z), coda__bind("part", &part),
+                               coda__bind_scalar("cap", o->softcap),
+                               coda__bind_scalar("icap", o->softcap > 0.0f ? 1.0f / o->softcap : 0.0f)};
+        st = coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &xc, w, prog, b, o->softcap > 0.0f ? 5 : 3, &tl, stream);
+        if (st == CODA_OK) st = step_rows(ctx, &p, &z, &part, &tc, &count, &lc, stream);
+        if (st == CODA_OK && dx) {
+            coda_tensor_t dxc = rows_of(dx, r0, c);
+            st = coda_gemm(ctx, CODA_LAYOUT_NN, &z, w, &dxc, 1.0f, o->accumulate ? 1.0f : 0.0f, stream);
+        }
+        if (st == CODA_OK && dw)
+            st = coda_gemm(ctx, CODA_LAYOUT_TN, &z, &xc, dw, 1.0f, (r0 > 0 || o->accumulate) ? 1.0f : 0.0f, stream);
+    }
+    if (st == CODA_OK && total) st = step_total(ctx, loss, &count, p.mean, total, stream);
+    coda_program_free(prog);
+    return st;
+}
