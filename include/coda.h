@@ -782,10 +782,10 @@ typedef struct coda_lm_loss_opts {
  * chunk's logits take at most 1 GiB, a multiple of 256 rows). */
 CODA_API void coda_lm_loss_opts_init(coda_lm_loss_opts_t *opts);
 
-/* Bytes of workspace coda_lm_loss needs for M rows, vocabulary V and these
- * options (NULL: the defaults) on `device`. */
+/* Bytes of workspace coda_lm_loss needs for M rows, hidden size d,
+ * vocabulary V and these options (NULL: the defaults) on `device`. */
 CODA_API coda_status_t coda_lm_loss_workspace_size(coda_context_t *ctx, coda_device_t device, int64_t m,
-                                                   int64_t vocab, const coda_lm_loss_opts_t *opts,
+                                                   int64_t d, int64_t vocab, const coda_lm_loss_opts_t *opts,
                                                    size_t *bytes);
 
 CODA_API coda_status_t coda_lm_loss(coda_context_t *ctx, const coda_tensor_t *x, const coda_tensor_t *w,

@@ -95,6 +95,17 @@ int main(void) {
     FIELD(coda_llama_weights_t, wlm);
     struct_end();
 
+    STRUCT(coda_lm_loss_opts_t);
+    FIELD(coda_lm_loss_opts_t, ignore_index);
+    FIELD(coda_lm_loss_opts_t, label_smoothing);
+    FIELD(coda_lm_loss_opts_t, z_loss);
+    FIELD(coda_lm_loss_opts_t, softcap);
+    FIELD(coda_lm_loss_opts_t, grad_scale);
+    FIELD(coda_lm_loss_opts_t, reduction);
+    FIELD(coda_lm_loss_opts_t, accumulate);
+    FIELD(coda_lm_loss_opts_t, chunk_rows);
+    struct_end();
+
     STRUCT(coda__ref_weights_t);
     FIELD(coda__ref_weights_t, wq);
     FIELD(coda__ref_weights_t, wk);
@@ -158,6 +169,8 @@ int main(void) {
     CONST(CODA_SPACE_HALF);
     CONST(CODA_SPACE_FULL);
     CONST(CODA_SPACE_DOUBLE);
+    CONST(CODA_LM_MEAN);
+    CONST(CODA_LM_SUM);
     CONST(CODA__REF_F64);
     CONST(CODA__REF_BF16);
     printf("}}\n");

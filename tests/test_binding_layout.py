@@ -39,6 +39,7 @@ MIRRORS = {
     "coda_context_options_t": coda.ContextOptions,
     "coda_llama_config_t": coda.LlamaConfig,
     "coda_llama_weights_t": coda.LlamaWeights,
+    "coda_lm_loss_opts_t": coda.LMLossOptions,
     "coda__ref_weights_t": reference.RefWeights,
     "coda__ref_layer_t": reference.RefLayer,
 }
@@ -54,6 +55,7 @@ CONSTANTS = {
     "CODA_LAYOUT_TN": coda.LAYOUTS["tn"],
     "CODA_REDUCE_SUM": coda.REDUCE["sum"], "CODA_REDUCE_MAX": coda.REDUCE["max"],
     "CODA_REDUCE_SUMSQ": coda.REDUCE["sumsq"],
+    "CODA_LM_MEAN": coda.LM_MEAN, "CODA_LM_SUM": coda.LM_SUM,
     "CODA__REF_F64": reference.F64, "CODA__REF_BF16": reference.BF16,
 }
 # coda.SPACES maps value -> name, coda.ARG_KINDS lists the kinds by value

@@ -157,7 +157,7 @@ static coda_status_t run(coda_context_t *ctx, const problem_t *p, const coda_lm_
     coda_tensor_t total = on_dev(coda_tensor_1d(TOT, CODA_F32, 1));
     coda_tensor_t dx = on_dev(mat(DX, out->dx_dt, p->m, p->d)), dw = on_dev(mat(DW, out->dw_dt, p->v, p->d));
     size_t bytes;
-    coda_status_t st = coda_lm_loss_workspace_size(ctx, dev, p->m, p->v, o, &bytes);
+    coda_status_t st = coda_lm_loss_workspace_size(ctx, dev, p->m, p->d, p->v, o, &bytes);
     if (st == CODA_OK) {
         void *host_ws = calloc(1, bytes), *ws = dev_put(host_ws, bytes);
         st = coda_lm_loss(ctx, &x, &w, &t, o, &loss, &total, grads ? &dx : NULL, grads ? &dw : NULL, ws, bytes,
@@ -398,7 +398,7 @@ static void test_bad_input(coda_context_t *ctx) {
     coda_lm_loss_opts_t o;
     coda_lm_loss_opts_init(&o);
     size_t bytes;
-    REQUIRE_OK(coda_lm_loss_workspace_size(ctx, CODA_DEVICE_CPU, m, V, &o, &bytes));
+    REQUIRE_OK(coda_lm_loss_workspace_size(ctx, CODA_DEVICE_CPU, m, d, V, &o, &bytes));
     char *ws = aligned_alloc(256, bytes + 512);
 
 #define BAD(want, ...) CHECK_STATUS(coda_lm_loss(ctx, __VA_ARGS__, NULL), want)
@@ -441,18 +441,18 @@ static void test_bad_input(coda_context_t *ctx) {
         coda_status_t st = coda_lm_loss(ctx, &x, &w, &t, &bad_opts[i].o, &lt, &tt, &dxt, &dwt, ws, bytes, NULL);
         CHECK(st == CODA_ERR_INVALID_ARG, "%s: %s", bad_opts[i].name, coda_status_name(st));
         size_t b2;
-        st = coda_lm_loss_workspace_size(ctx, CODA_DEVICE_CPU, m, V, &bad_opts[i].o, &b2);
+        st = coda_lm_loss_workspace_size(ctx, CODA_DEVICE_CPU, m, d, V, &bad_opts[i].o, &b2);
         CHECK(st == CODA_ERR_INVALID_ARG, "workspace_size, %s: %s", bad_opts[i].name, coda_status_name(st));
     }
 #undef BAD
     CHECK(all_nan(loss, m) && isnan(total) && all_nan(dx, m * d) && all_nan(dw, V * d),
           "a refused call wrote an output");
     size_t b3;
-    CHECK_STATUS(coda_lm_loss_workspace_size(ctx, CODA_DEVICE_CPU, 0, V, NULL, &b3), CODA_ERR_SHAPE);
-    CHECK_STATUS(coda_lm_loss_workspace_size(NULL, CODA_DEVICE_CPU, m, V, NULL, &b3), CODA_ERR_INVALID_ARG);
-    CHECK_STATUS(coda_lm_loss_workspace_size(ctx, (coda_device_t)5, m, V, NULL, &b3), CODA_ERR_INVALID_ARG);
+    CHECK_STATUS(coda_lm_loss_workspace_size(ctx, CODA_DEVICE_CPU, 0, d, V, NULL, &b3), CODA_ERR_SHAPE);
+    CHECK_STATUS(coda_lm_loss_workspace_size(NULL, CODA_DEVICE_CPU, m, d, V, NULL, &b3), CODA_ERR_INVALID_ARG);
+    CHECK_STATUS(coda_lm_loss_workspace_size(ctx, (coda_device_t)5, m, d, V, NULL, &b3), CODA_ERR_INVALID_ARG);
     /* the default chunk: a 128256-token vocabulary's chunk holds 4096 rows */
-    CHECK_OK(coda_lm_loss_workspace_size(ctx, CODA_DEVICE_CUDA, 16384, 128256, NULL, &b3));
+    CHECK_OK(coda_lm_loss_workspace_size(ctx, CODA_DEVICE_CUDA, 16384, 2048, 128256, NULL, &b3));
     CHECK(b3 >= (size_t)4096 * 128256 * 2 && b3 < ((size_t)1 << 30) + ((size_t)64 << 20),
           "default workspace at M 16384, V 128256: %zu bytes", b3);
     coda_lm_loss_opts_init(NULL); /* harmless */

@@ -30,7 +30,7 @@ __all__ = [
     "Error", "Context", "Program", "LlamaConfig", "Llama", "describe_tensor", "gemm",
     "gemm_epilogue", "choose_tiling", "finish_reduce", "finish_rstd", "finish_lse",
     "builtin_program", "builtin_program_names", "PackedWeights", "pack_weights", "unpack_grads",
-    "Block", "lib",
+    "Block", "LMLossOptions", "lm_loss_options", "lm_loss_workspace_size", "lm_loss", "lib",
 ]
 
 # ---------------------------------------------------------------------------
@@ -226,6 +226,57 @@ class LlamaWeights(ctypes.Structure):
     _fields_ = [(n, Tensor) for n in _WEIGHT_NAMES]
 
 
+LM_MEAN, LM_SUM = 0, 1
+LM_REDUCTIONS = {"mean": LM_MEAN, "sum": LM_SUM}
+
+
+class LMLossOptions(ctypes.Structure):
+    """coda_lm_loss_opts_t (coda.h section 10). LMLossOptions(**fields)
+    starts from coda_lm_loss_opts_init's defaults (ignore_index -100, no
+    smoothing, z-loss or softcap, grad_scale 1, reduction "mean", overwrite,
+    chunk_rows 0: the library's choice) and sets the fields given.
+    reduction takes "mean" / "sum" (or the enum value), accumulate a bool;
+    every value is checked for its C type on assignment (an unknown field
+    name raises AttributeError instead of becoming a Python attribute C
+    never sees)."""
+    _fields_ = [("ignore_index", ctypes.c_int32), ("label_smoothing", ctypes.c_float),
+                ("z_loss", ctypes.c_float), ("softcap", ctypes.c_float), ("grad_scale", ctypes.c_float),
+                ("reduction", ctypes.c_int), ("accumulate", ctypes.c_int), ("chunk_rows", ctypes.c_int64)]
+
+    def __init__(self, **fields):
+        super().__init__()
+        lib.coda_lm_loss_opts_init(ctypes.byref(self))
+        for k, v in fields.items():
+            setattr(self, k, v)
+
+    def __setattr__(self, name, value):
+        what = "LMLossOptions." + name
+        if name == "ignore_index":
+            value = _int(value, what, 32)
+        elif name in ("label_smoothing", "z_loss", "softcap", "grad_scale"):
+            value = _float(value, what)
+        elif name == "reduction":
+            if isinstance(value, str):
+                if value not in LM_REDUCTIONS:
+                    raise ValueError("coda: %s must be \"mean\" or \"sum\" (got %r; \"none\": the per-token "
+                                     "losses are always returned, but coda_lm_loss has no per-row gradient "
+                                     "weights)" % (what, value))
+                value = LM_REDUCTIONS[value]
+            else:
+                value = _int(value, what, _C_INT_BITS)  # an enum value; C checks which
+        elif name == "accumulate":
+            value = int(value) if isinstance(value, bool) else _int(value, what, _C_INT_BITS)
+        elif name == "chunk_rows":
+            value = _int(value, what)
+        else:
+            raise AttributeError("coda: LMLossOptions has no field %r (fields: %s)"
+                                 % (name, ", ".join(f for f, _ in self._fields_)))
+        super().__setattr__(name, value)
+
+    def __repr__(self):
+        return "LMLossOptions(%s)" % ", ".join("%s=%r" % (f, getattr(self, f)) for f, _ in self._fields_)
+
+
 class BlockActs(ctypes.Structure):
     """coda_block_acts_t: what a block's forward saves for its backward."""
     _fields_ = [(n, Tensor) for n in ("r1", "qkv", "h", "r2", "z")]
@@ -289,6 +340,13 @@ _sig("coda_block_backward_post", _VP, _P(LlamaWeights), _P(Tensor), _P(BlockActs
      _P(Tensor), _P(LlamaWeights), _VP, ctypes.c_size_t, _VP)
 _sig("coda_block_backward_pre", _VP, _P(LlamaWeights), _P(Tensor), _P(Tensor), _P(BlockActs), _P(Tensor),
      _P(Tensor), _P(Tensor), _P(LlamaWeights), _VP, ctypes.c_size_t, _VP)
+lib.coda_lm_loss_opts_init.restype = None
+lib.coda_lm_loss_opts_init.argtypes = [_P(LMLossOptions)]
+_sig("coda_lm_loss_workspace_size", _VP, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+     _P(LMLossOptions),
+     _P(ctypes.c_size_t))
+_sig("coda_lm_loss", _VP, _P(Tensor), _P(Tensor), _P(Tensor), _P(LMLossOptions), _P(Tensor), _P(Tensor),
+     _P(Tensor), _P(Tensor), _VP, ctypes.c_size_t, _VP)
 lib.coda_builtin_program.restype = ctypes.c_char_p
 lib.coda_builtin_program.argtypes = [ctypes.c_char_p]
 lib.coda_builtin_program_names.restype = _P(ctypes.c_char_p)
@@ -916,3 +974,108 @@ class Block:
 
     def __del__(self):
         self.close()
+
+
+# ---------------------------------------------------------------------------
+# The LM head and the cross-entropy loss (coda.h section 10)
+# ---------------------------------------------------------------------------
+
+def lm_loss_options(opts=None, **fields):
+    """An LMLossOptions: a copy of opts (None: coda_lm_loss_opts_init's
+    defaults) with the given fields set (ignore_index, label_smoothing,
+    z_loss, softcap, grad_scale, reduction "mean"/"sum", accumulate,
+    chunk_rows)."""
+    if opts is None:
+        return LMLossOptions(**fields)
+    if not isinstance(opts, LMLossOptions):
+        raise TypeError("coda: opts must be a coda.LMLossOptions or None, got %s" % type(opts).__name__)
+    o = LMLossOptions.from_buffer_copy(opts)
+    for k, v in fields.items():
+        setattr(o, k, v)
+    return o
+
+
+def lm_loss_workspace_size(ctx, device, m, d, vocab, opts=None, **fields):
+    """Bytes of workspace coda_lm_loss needs for m rows, hidden size d and
+    vocabulary `vocab` with these options, on device "cpu" or "cuda"."""
+    device = _device(device)
+    o = lm_loss_options(opts, **fields)
+    n = ctypes.c_size_t()
+    _check(lib.coda_lm_loss_workspace_size(ctx.handle, DEVICE_CUDA if device.type == "cuda" else DEVICE_CPU,
+                                           _int(m, "m"), _int(d, "d"), _int(vocab, "vocab"), ctypes.byref(o),
+                                           ctypes.byref(n)))
+    return n.value
+
+
+def _lm_targets(targets, device, ignore_index):
+    """Cross-entropy targets as the (M) int32 tensor coda_lm_loss reads,
+    without reading them on the host (no stream sync): int32 passes as it
+    is; other integer dtypes are converted on `device`, a value outside
+    int32 (which the conversion would wrap to another, valid-looking class)
+    first replaced by a negative value that is not ignore_index, so that,
+    like any target outside [0, V), it gives its row NaN. Floats and bools
+    -> TypeError (a class index is an integer)."""
+    if not isinstance(targets, torch.Tensor):
+        raise TypeError("coda: targets must be a torch.Tensor, got %s" % type(targets).__name__)
+    if targets.dtype == torch.bool or targets.is_floating_point() or targets.is_complex():
+        raise TypeError("coda: targets must be an integer tensor (class indices), got %s" % targets.dtype)
+    t = targets.to(device)
+    if t.dtype != torch.int32:
+        info = torch.iinfo(t.dtype)
+        if info.max > 2 ** 31 - 1 or info.min < -2 ** 31:
+            bad = t > 2 ** 31 - 1
+            if info.min < 0:
+                bad = bad | (t < -2 ** 31)
+            t = t.masked_fill(bad, -2 if ignore_index == -1 else -1)
+        t = t.to(torch.int32)
+    return t.contiguous()
+
+
+def _workspace(nbytes, device):
+    """(buffer, 256-byte aligned pointer) of nbytes on device. torch's CUDA
+    allocator gives 512-byte aligned blocks; its CPU one 64: then 256 more
+    bytes are taken and the pointer moved."""
+    buf = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
+    if buf.data_ptr() % 256:
+        buf = torch.empty(nbytes + 256, dtype=torch.uint8, device=device)
+    return buf, ctypes.c_void_p(buf.data_ptr() + (-buf.data_ptr()) % 256)
+
+
+def lm_loss(ctx, x, w, targets, loss=None, total=None, dx=None, dw=None, opts=None, workspace=None, **fields):
+    """coda_lm_loss: the LM head (logits = x w^T, softcapped if asked) and
+    the cross-entropy loss, forward and, for the outputs dx and dw given,
+    backward, in one call, the rows in chunks so that the (M, V) logits
+    never exist at once (coda.h section 10, docs/lm_loss.md).
+
+    x (M, d) bf16; w (V, d) bf16; targets (M) integers (int32 as it is,
+    other integer dtypes converted on x's device without a sync; see
+    _lm_targets). Options: opts (an LMLossOptions) and/or its fields as
+    keywords. Outputs, written in place: loss (M) f32, each row's loss
+    (allocated when None); total (1) f32; dx (M, d) bf16 or f32; dw (V, d)
+    f32 or bf16: the gradients of grad_scale * total (added to their
+    contents with accumulate=True). workspace: a uint8 tensor on x's
+    device of at least lm_loss_workspace_size bytes, 256-byte aligned
+    (None: one is allocated for the call). Runs on the current CUDA
+    stream. -> (loss, total, dx, dw)."""
+    o = lm_loss_options(opts, **fields)
+    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor):
+        raise TypeError("coda: lm_loss: x and w must be torch.Tensors, got %s and %s"
+                        % (type(x).__name__, type(w).__name__))
+    device = _device(x.device, "x's device")
+    m = x.shape[0] if x.dim() > 0 else 0
+    targets = _lm_targets(targets, device, o.ignore_index)
+    if loss is None:
+        loss = torch.empty(m, dtype=torch.float32, device=device)
+    if workspace is None:
+        n = lm_loss_workspace_size(ctx, device, m, x.shape[1] if x.dim() > 1 else 0,
+                                   w.shape[0] if w.dim() > 0 else 0, o)
+        buf, ws = _workspace(n, device)
+    else:
+        if not isinstance(workspace, torch.Tensor):
+            raise TypeError("coda: lm_loss: workspace must be a torch.Tensor or None, got %s"
+                            % type(workspace).__name__)
+        buf, ws, n = workspace, ctypes.c_void_p(workspace.data_ptr()), workspace.numel() * workspace.element_size()
+    _check(lib.coda_lm_loss(ctx.handle, _opt(x), _opt(w), _opt(targets), ctypes.byref(o), _opt(loss), _opt(total),
+                            _opt(dx), _opt(dw), ws, n, _stream(x, w, loss)))
+    del buf  # held until the call is queued (torch's allocator orders its reuse on the stream)
+    return loss, total, dx, dw

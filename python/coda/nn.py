@@ -17,6 +17,12 @@ weights has the same shapes and would give wrong results.
 One forward per backward: the layer keeps the activations of its last
 forward inside the C handle, so a backward after a second forward on the same
 layer raises instead of returning wrong gradients.
+
+For training models: LlamaBlock (the split block of coda.ops around any
+attention), RMSNorm, LMHeadLoss (the LM head and the cross-entropy loss,
+forward and backward in one coda_lm_loss call, chunked so that the (M, V)
+logits never exist at once; coda.ops.lm_loss) and LlamaModel, which chains
+them.
 """
 import torch
 
@@ -254,20 +260,116 @@ class RMSNorm(torch.nn.Module):
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float()).to(x.dtype)
 
 
-class LMHeadLoss(torch.nn.Module):
-    """The LM head and the cross-entropy loss as one module: logits = x W^T
-    (bf16 GEMM, f32 softmax), loss = mean over targets != ignore_index.
-    (coda's fused LM head is issue 21; this one is PyTorch's.)"""
+def lm_loss_torch(x, w, targets, ignore_index=-100, label_smoothing=0.0, z_loss=0.0, softcap=None, reduction="mean"):
+    """coda_lm_loss's formula in plain PyTorch, unfused: logits = x w^T in
+    bf16 (the (M, V) matrix in memory), softcap and the softmax in f32,
+    torch's cross_entropy (its label smoothing), plus z_loss lse^2 on the
+    rows not ignored; "mean" divides by their number (all ignored: NaN).
+    -> (loss 0-dim f32, per-token losses (M) f32). LMHeadLoss's fallback,
+    and the eager peer of bench/bench_lm_loss.py."""
+    if reduction not in _ops.LM_REDUCTIONS:
+        raise ValueError("coda.nn.lm_loss_torch: reduction must be 'mean' or 'sum', got %r" % (reduction,))
+    t = targets.reshape(-1)
+    z = torch.nn.functional.linear(x.reshape(-1, x.shape[-1]).to(torch.bfloat16), w.to(torch.bfloat16)).float()
+    if softcap:
+        z = softcap * torch.tanh(z / softcap)
+    per = torch.nn.functional.cross_entropy(z, t, ignore_index=ignore_index, label_smoothing=label_smoothing,
+                                            reduction="none")
+    keep = t != ignore_index
+    if z_loss:
+        per = per + z_loss * torch.logsumexp(z, -1).pow(2) * keep
+    total = per.sum()
+    return (total / keep.sum() if reduction == "mean" else total), per.detach()
 
-    def __init__(self, d, vocab, ignore_index=-100, device="cpu", dtype=torch.float32):
+
+class LMHeadLoss(torch.nn.Module):
+    """The LM head and the cross-entropy loss as one module, run by
+    coda_lm_loss (coda.h section 10, through the coda::lm_loss operator of
+    coda.ops): logits = x W^T (bf16 GEMM), softcapped if asked, the
+    cross-entropy of the rows whose target is not ignore_index, with label
+    smoothing and z-loss, their mean or sum. The loss and both gradients
+    come from one call, the rows in chunks, so the (M, V) logits never
+    exist at once; the backward only scales the gradients.
+
+        head = coda.nn.LMHeadLoss(d, vocab)          # weight (vocab, d) in `dtype`
+        loss = head(x, targets)                      # x (..., d), targets (...) -> 0-dim f32
+        loss, per_token = head(x, targets, return_per_token=True)
+
+    Options: ignore_index (-100); label_smoothing (0, as torch's
+    cross_entropy); z_loss (0: the weight of lse^2 added to each row's
+    loss); softcap (None; c: logits = c tanh(z / c), Gemma-2's); reduction
+    "mean" (over the rows not ignored; all ignored: NaN, as torch) or "sum"
+    ("none" raises ValueError: the gradients are made in the forward call
+    with one scale, and a per-token gradient weight has no place there; the
+    per-token losses come back with return_per_token=True, not
+    differentiable); chunk_rows (None: the library's choice, a chunk's bf16
+    logits at most 1 GiB; fewer rows, less memory, more time); accum_dtype
+    (None: the weight's dtype, so f32 master weights get their gradient
+    summed over the chunks in f32; torch.float32 does that for bf16 weights
+    too, then rounds once to bf16; torch.bfloat16 rounds after each chunk).
+
+    x of any float dtype is rounded to bf16 for the GEMMs (x.grad is in
+    x's dtype); a target outside [0, vocab) other than ignore_index gives
+    NaN loss and gradients, not an error.
+
+    Fallback: where coda cannot take the call (a device other than cpu and
+    cuda; on CUDA, d not a multiple of 8) the module computes the same
+    formula in plain PyTorch (lm_loss_torch: bf16 logits, f32 softmax,
+    unfused, the whole (M, V) logits in memory) when fallback=True (the
+    default), and raises ValueError when fallback=False."""
+
+    def __init__(self, d, vocab, ignore_index=-100, device="cpu", dtype=torch.float32, label_smoothing=0.0,
+                 z_loss=0.0, softcap=None, reduction="mean", chunk_rows=None, accum_dtype=None, fallback=True):
         super().__init__()
-        self.ignore_index = ignore_index
+        if reduction not in _ops.LM_REDUCTIONS:
+            raise ValueError(_ops._LM_NONE % (reduction,))
+        if accum_dtype not in (None, torch.float32, torch.bfloat16):
+            raise ValueError("coda.nn.LMHeadLoss: accum_dtype must be None, torch.float32 or torch.bfloat16, "
+                             "got %r" % (accum_dtype,))
+        # checked for their C types here; kept as plain Python numbers for forward
+        # (torch.compile does not trace ctypes)
+        o = coda.lm_loss_options(ignore_index=ignore_index, label_smoothing=label_smoothing, z_loss=z_loss,
+                                 softcap=0.0 if softcap is None else softcap, reduction=reduction,
+                                 chunk_rows=0 if chunk_rows is None else chunk_rows)
+        if not 0.0 <= o.label_smoothing <= 1.0:
+            raise ValueError("coda.nn.LMHeadLoss: label_smoothing %r is outside [0, 1]" % (label_smoothing,))
+        if not (o.z_loss >= 0.0 and math.isfinite(o.z_loss)):
+            raise ValueError("coda.nn.LMHeadLoss: z_loss %r must be finite and >= 0" % (z_loss,))
+        if softcap is not None and not (o.softcap > 0.0 and math.isfinite(o.softcap)):
+            raise ValueError("coda.nn.LMHeadLoss: softcap %r must be None or finite and > 0" % (softcap,))
+        if chunk_rows is not None and o.chunk_rows < 1:
+            raise ValueError("coda.nn.LMHeadLoss: chunk_rows %r must be None or >= 1" % (chunk_rows,))
+        self.ignore_index, self.reduction = int(ignore_index), reduction
+        self.label_smoothing, self.z_loss = float(label_smoothing), float(z_loss)
+        self.softcap = None if softcap is None else float(softcap)
+        self.chunk_rows, self.accum_dtype, self.fallback = chunk_rows, accum_dtype, fallback
         self.weight = torch.nn.Parameter(torch.randn(vocab, d, device=device, dtype=dtype) / math.sqrt(d))
 
-    def forward(self, x, targets):
-        logits = torch.nn.functional.linear(x.to(torch.bfloat16), self.weight.to(torch.bfloat16))
-        return torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                                                 ignore_index=self.ignore_index)
+    def extra_repr(self):
+        return ("d=%d, vocab=%d, ignore_index=%d, label_smoothing=%g, z_loss=%g, softcap=%s, reduction=%r, "
+                "chunk_rows=%s, accum_dtype=%s" % (self.weight.shape[1], self.weight.shape[0], self.ignore_index,
+                                                   self.label_smoothing, self.z_loss, self.softcap, self.reduction,
+                                                   self.chunk_rows, self.accum_dtype))
+
+    def coda_can_run(self, x):
+        """Whether coda_lm_loss takes x on its device (else the fallback)."""
+        dev = x.device.type
+        return dev == "cpu" or (dev == "cuda" and x.shape[-1] % 8 == 0)
+
+    def forward(self, x, targets, return_per_token=False):
+        if self.coda_can_run(x):
+            loss, per = _ops.lm_loss(x, self.weight, targets, ignore_index=self.ignore_index,
+                                     label_smoothing=self.label_smoothing, z_loss=self.z_loss, softcap=self.softcap,
+                                     reduction=self.reduction, chunk_rows=self.chunk_rows,
+                                     accum_dtype=self.accum_dtype)
+        elif self.fallback:
+            loss, per = lm_loss_torch(x, self.weight, targets, ignore_index=self.ignore_index,
+                                      label_smoothing=self.label_smoothing, z_loss=self.z_loss, softcap=self.softcap,
+                                      reduction=self.reduction)
+        else:
+            raise ValueError("coda.nn.LMHeadLoss: coda_lm_loss cannot take x %s on %s (cpu, or cuda with d a "
+                             "multiple of 8) and fallback=False" % (tuple(x.shape), x.device))
+        return (loss, per) if return_per_token else loss
 
 
 class LlamaModel(torch.nn.Module):

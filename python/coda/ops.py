@@ -9,6 +9,8 @@ checkpointing:
     coda::block_pre(x, pos, g1, wqkv, xg?, r1?, cfg) -> (r1, qkv)
     coda::block_post(x, o, g2, wo, wgu, wd, g_next?, cfg) -> (y, h, r2, z, y_g, r_next)
     coda::block_pre_backward(...), coda::block_post_backward(...)  (their gradients)
+    coda::lm_loss(x, w, targets, ignore_index, label_smoothing, z_loss, softcap,
+                  reduction, chunk_rows, grad_x, grad_w, dw_f32) -> (total, loss, dx, dw)
 
 cfg is the list [d, n_heads, n_kv_heads, head_dim, ffn] with eps and
 rope_theta as floats; the C block for a configuration and device is made
@@ -25,7 +27,20 @@ epilogue, and the next block_pre takes them as xg and r1 instead of running
 the RMSNorm prologue. Both are non-differentiable: the next block's
 backward takes the norm's whole gradient (through its x = y and its g1)
 from its own saved x and r1. Without g_next, y_g and r_next are empty.
+
+The LM head and the loss (lm_loss(x, w, targets, ...) -> (loss, per-token
+losses)): coda_lm_loss makes the loss and both gradients in one call, as
+Liger-Kernel's fused linear cross-entropy does, so coda::lm_loss returns dx
+and dw (empty where grad_x / grad_w is False) beside the loss and keeps them
+for the backward, which only multiplies them by grad_output. That skips the
+multiply when grad_output is exactly 1, which it finds out by reading the
+value (one stream sync on CUDA, as Liger's check); under torch.compile,
+export or CUDA graph capture it cannot read it and always multiplies.
+Only reductions "mean" and "sum": a per-token gradient weight does not fit
+a call that makes the gradients before the backward. The per-token losses
+are returned too, not differentiable.
 """
+import numbers
 from typing import List, Optional, Tuple
 
 import torch
@@ -36,15 +51,21 @@ _blocks = {}
 _ctx = None
 
 
+def context():
+    """The coda.Context the operators share (made on first use)."""
+    global _ctx
+    if _ctx is None:
+        _ctx = coda.Context()
+    return _ctx
+
+
 def blocks(cfg_list, eps, theta, device):
     """The coda.Block for a configuration on a device (made on first use)."""
-    global _ctx
     dev = torch.device(device)
     key = (tuple(cfg_list), float(eps), float(theta), dev.type)
     b = _blocks.get(key)
     if b is None:
-        if _ctx is None:
-            _ctx = coda.Context()
+        context()
         d, nh, nkv, hd, ffn = cfg_list
         cfg = coda.LlamaConfig(d=d, n_heads=nh, n_kv_heads=nkv, head_dim=hd, ffn=ffn, vocab=0, eps=eps,
                                rope_theta=theta)
@@ -223,3 +244,200 @@ else:
         """-> y, or (y, y_g, r_next) with g_next."""
         y, yg, rn = _Post.apply(x, o, g2, wo, wgu, wd, g_next, tuple(cfg), float(eps), float(theta))
         return y if g_next is None else (y, yg, rn)
+
+
+# ---------------------------------------------------------------------------
+# The LM head and the cross-entropy loss (coda.h section 10): coda::lm_loss
+# ---------------------------------------------------------------------------
+
+LM_REDUCTIONS = ("mean", "sum")
+_LM_NONE = ("coda.ops.lm_loss: reduction %r is not supported: coda_lm_loss computes the gradients in the "
+            "forward call, scaled by one number (the mean's or the sum's), and a per-token gradient weight "
+            "(what reduction='none' followed by any weighted sum needs) has no place in it. Use 'mean' or "
+            "'sum'; the per-token losses are returned as well (not differentiable)")
+
+
+def _lm_dtypes(x_dtype, dw_f32):
+    """(dx's dtype, dw's dtype) as coda_lm_loss writes them: dx in f32 for
+    f32 x, else bf16; dw in f32 (the chunks accumulated in f32) or bf16."""
+    return (torch.float32 if x_dtype == torch.float32 else torch.bfloat16,
+            torch.float32 if dw_f32 else torch.bfloat16)
+
+
+def _lm(x, w, targets, ignore_index, label_smoothing, z_loss, softcap, reduction, chunk_rows, grad_x, grad_w,
+        dw_f32):
+    """coda_lm_loss on fresh outputs -> (total (), loss (M), dx (M, d) or
+    (0), dw (V, d) or (0)). x and w of another dtype than bf16 are rounded
+    to bf16 for the GEMMs (a copy for the call)."""
+    if reduction not in LM_REDUCTIONS:
+        raise ValueError(_LM_NONE % (reduction,))
+    if x.dim() != 2 or w.dim() != 2:
+        raise ValueError("coda.ops.lm_loss: x must be (M, d) and w (V, d), got %s and %s"
+                         % (tuple(x.shape), tuple(w.shape)))
+    m, d, dev = x.shape[0], x.shape[1], x.device
+    dxt, dwt = _lm_dtypes(x.dtype, dw_f32)
+    total = torch.empty(1, dtype=torch.float32, device=dev)
+    dx = torch.empty(m, d, dtype=dxt, device=dev) if grad_x else None
+    dw = torch.empty(w.shape[0], w.shape[1], dtype=dwt, device=dev) if grad_w else None
+    loss, total, dx, dw = coda.lm_loss(context(), x.to(torch.bfloat16).contiguous(), w.to(torch.bfloat16).contiguous(),
+                                       targets.reshape(-1), total=total, dx=dx, dw=dw, ignore_index=ignore_index,
+                                       label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap,
+                                       reduction=reduction, chunk_rows=chunk_rows)
+    return (total.view(()), loss, dx if grad_x else x.new_empty(0, dtype=dxt),
+            dw if grad_w else w.new_empty(0, dtype=dwt))
+
+
+def _value_readable(g):
+    """Whether g's value may be read on the host here: not while torch.compile
+    or export traces (fake or functional tensors), not during CUDA graph
+    capture, not on the meta device."""
+    if g.device.type == "meta" or type(g) not in (torch.Tensor, torch.nn.Parameter):
+        return False  # fake, functional and other tensor subclasses: traced
+    comp = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    if comp is not None and comp():
+        return False
+    keys, mode = getattr(torch._C, "_TorchDispatchModeKey", None), getattr(torch._C, "_get_dispatch_mode", None)
+    if keys is not None and mode is not None:  # AOTAutograd / make_fx tracing the backward
+        for k in ("FAKE", "PROXY", "FUNCTIONAL"):
+            if hasattr(keys, k) and mode(getattr(keys, k)) is not None:
+                return False
+    if getattr(torch._C, "_is_functional_tensor", None) is not None and torch._C._is_functional_tensor(g):
+        return False
+    capturing = getattr(torch.cuda, "is_current_stream_capturing", None)
+    if g.is_cuda and capturing is not None and capturing():
+        return False
+    return True
+
+
+def _times(t, g):
+    """t * g, with g (0-dim f32) unrounded: a bf16 t is multiplied in f32
+    (eagerly in slices of rows, so the f32 copy stays small; the compiler
+    fuses the cast into the multiply)."""
+    if t.dtype == torch.float32:
+        return t * g
+    if not _value_readable(g):
+        return (t.float() * g).to(t.dtype)
+    out = torch.empty_like(t)
+    step = max(1, (1 << 24) // max(1, t.shape[-1]))
+    for r in range(0, t.shape[0], step):
+        out[r:r + step] = t[r:r + step].float() * g
+    return out
+
+
+def _lm_grad(g, t, needed, computed, name, dtype):
+    """The gradient for input `name` from grad_output g and the gradient t
+    of the forward call: None if not needed; t itself when g is exactly 1
+    (read on the host, as Liger-Kernel does: one stream sync on CUDA,
+    eager only; traced or captured, it always multiplies); else t * g."""
+    if not needed or g is None:
+        return None
+    if not computed:
+        raise RuntimeError("coda::lm_loss: a gradient for %s is needed, but the forward call was made with "
+                           "grad_%s=False (coda.ops.lm_loss sets it when %s requires grad)" % (name, name, name))
+    if not (_value_readable(g) and g.numel() == 1 and bool(g == 1)):
+        t = _times(t, g.to(torch.float32))
+    return t.to(dtype)
+
+
+if HAVE_CUSTOM_OPS:
+    @torch.library.custom_op("coda::lm_loss", mutates_args=())
+    def lm_loss_op(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, ignore_index: int,
+                   label_smoothing: float, z_loss: float, softcap: float, reduction: str, chunk_rows: int,
+                   grad_x: bool, grad_w: bool, dw_f32: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                      torch.Tensor]:
+        return _lm(x, w, targets, ignore_index, label_smoothing, z_loss, softcap, reduction, chunk_rows, grad_x,
+                   grad_w, dw_f32)
+
+    @lm_loss_op.register_fake
+    def _(x, w, targets, ignore_index, label_smoothing, z_loss, softcap, reduction, chunk_rows, grad_x, grad_w,
+          dw_f32):
+        if reduction not in LM_REDUCTIONS:
+            raise ValueError(_LM_NONE % (reduction,))
+        m, d = x.shape[0], x.shape[1]
+        dxt, dwt = _lm_dtypes(x.dtype, dw_f32)
+        return (x.new_empty((), dtype=torch.float32), x.new_empty(m, dtype=torch.float32),
+                x.new_empty(m, d, dtype=dxt) if grad_x else x.new_empty(0, dtype=dxt),
+                x.new_empty(w.shape[0], w.shape[1], dtype=dwt) if grad_w else x.new_empty(0, dtype=dwt))
+
+    def _lm_setup(ctx, inputs, output):
+        x, w = inputs[0], inputs[1]
+        ctx.computed, ctx.dtypes = (inputs[9], inputs[10]), (x.dtype, w.dtype)
+        total, loss, dx, dw = output
+        ctx.save_for_backward(dx, dw)
+        ctx.mark_non_differentiable(loss, dx, dw)
+
+    def _lm_backward(ctx, dtotal, dloss, ddx, ddw):
+        dx, dw = ctx.saved_tensors
+        return ((_lm_grad(dtotal, dx, ctx.needs_input_grad[0], ctx.computed[0], "x", ctx.dtypes[0]),
+                 _lm_grad(dtotal, dw, ctx.needs_input_grad[1], ctx.computed[1], "w", ctx.dtypes[1]))
+                + (None,) * 10)
+
+    torch.library.register_autograd("coda::lm_loss", _lm_backward, setup_context=_lm_setup)
+
+    def _lm_call(*args):
+        return lm_loss_op(*args)[:2]
+
+else:
+    class _LMLoss(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w, targets, ignore_index, label_smoothing, z_loss, softcap, reduction, chunk_rows,
+                    grad_x, grad_w, dw_f32):
+            total, loss, dx, dw = _lm(x, w, targets, ignore_index, label_smoothing, z_loss, softcap, reduction,
+                                      chunk_rows, grad_x, grad_w, dw_f32)
+            ctx.computed, ctx.dtypes = (grad_x, grad_w), (x.dtype, w.dtype)
+            ctx.save_for_backward(dx, dw)
+            ctx.mark_non_differentiable(loss)
+            return total, loss
+
+        @staticmethod
+        def backward(ctx, dtotal, dloss):
+            dx, dw = ctx.saved_tensors
+            return ((_lm_grad(dtotal, dx, ctx.needs_input_grad[0], ctx.computed[0], "x", ctx.dtypes[0]),
+                     _lm_grad(dtotal, dw, ctx.needs_input_grad[1], ctx.computed[1], "w", ctx.dtypes[1]))
+                    + (None,) * 10)
+
+    def _lm_call(*args):
+        return _LMLoss.apply(*args)
+
+
+def lm_loss(x, w, targets, ignore_index=-100, label_smoothing=0.0, z_loss=0.0, softcap=None, reduction="mean",
+            chunk_rows=None, accum_dtype=None):
+    """The LM head and the cross-entropy loss through coda_lm_loss ->
+    (loss: 0-dim f32, the mean or sum over the rows not ignored;
+    per-token losses (M) f32, 0 on ignored rows, not differentiable).
+
+    x (..., d) (rows of hidden states; bf16, or another float dtype,
+    rounded to bf16), w (V, d), targets (...) integers, one per row of x.
+    logits = x w^T, softcap tanh(. / softcap) if softcap; per row
+    loss = lse - (1 - eps) z_t - (eps / V) sum_j z_j + z_loss lse^2
+    (eps = label_smoothing, as torch's cross_entropy; coda.h section 10).
+    A target outside [0, V) other than ignore_index gives NaN (no error:
+    the GPU cannot refuse it without a sync). reduction: "mean" or "sum"
+    ("none" raises: the gradients are made in the forward call with one
+    scale). chunk_rows: rows per chunk of logits (None: the library's
+    choice, at most 1 GiB of bf16 logits). accum_dtype: dw's dtype in the
+    call, torch.float32 (the chunks summed in f32) or torch.bfloat16
+    (rounded after each chunk); None: w's dtype (f32 for other dtypes).
+
+    The gradients for x and w (those that require grad, when grad mode is
+    on) are computed in the same call and kept until the backward, which
+    multiplies them by grad_output unless it is exactly 1."""
+    if reduction not in LM_REDUCTIONS:
+        raise ValueError(_LM_NONE % (reduction,))
+    if accum_dtype not in (None, torch.float32, torch.bfloat16):
+        raise ValueError("coda.ops.lm_loss: accum_dtype must be None, torch.float32 or torch.bfloat16, got %r"
+                         % (accum_dtype,))
+    acc = accum_dtype or (w.dtype if w.dtype in (torch.float32, torch.bfloat16) else torch.float32)
+    nums = {"label_smoothing": label_smoothing, "z_loss": z_loss, "softcap": 0.0 if softcap is None else softcap}
+    for k, v in nums.items():
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise TypeError("coda.ops.lm_loss: %s must be a number, got %s" % (k, type(v).__name__))
+    ints = {"ignore_index": ignore_index, "chunk_rows": 0 if chunk_rows is None else chunk_rows}
+    for k, v in ints.items():
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            raise TypeError("coda.ops.lm_loss: %s must be an int, got %s" % (k, type(v).__name__))
+    grad = torch.is_grad_enabled()
+    x2 = x.reshape(-1, x.shape[-1])
+    return _lm_call(x2, w, targets.reshape(-1), int(ints["ignore_index"]), float(nums["label_smoothing"]),
+                    float(nums["z_loss"]), float(nums["softcap"]), reduction, int(ints["chunk_rows"]),
+                    grad and x.requires_grad, grad and w.requires_grad, acc == torch.float32)

@@ -108,37 +108,49 @@ static int64_t chunk_rows(const coda_lm_loss_opts_t *o, int64_t m, int64_t vp) {
 
 typedef struct {
     int64_t rows, vp, nt;   /* chunk rows, padded row length, partial tiles (most) */
-    size_t logits_at, part_at, count_at, used;
+    int64_t rows8;          /* rows of the logits buffer: chunk rows rounded up to 8 */
+    size_t logits_at, part_at, count_at, wtail_at, xtail_at, used;
 } ws_layout_t;
 
 static size_t up256(size_t b) { return (b + 255) / 256 * 256; }
 
-static ws_layout_t ws_layout(const coda_lm_loss_opts_t *o, int64_t m, int64_t V) {
+/* The CUDA GEMM contracts over multiples of 8 (coda.h section 4): the
+ * dgrad's contraction is V and the wgrad's the chunk's rows, so on CUDA a
+ * contraction with a tail of r < 8 runs as a GEMM over the multiple of 8
+ * below it plus one of K = 8 over zero-padded copies (wtail: the last r rows
+ * of w; xtail: the last r rows of x; the logits buffer's padding columns and
+ * rows are zeros). Chunks other than the last have a multiple of 8 rows. */
+static ws_layout_t ws_layout(const coda_lm_loss_opts_t *o, int64_t m, int64_t V, int64_t d) {
     ws_layout_t L;
     L.vp = (V + 7) / 8 * 8; /* 16-byte rows for the GEMMs' copy engine */
     L.rows = chunk_rows(o, m, L.vp);
+    if (L.rows < m) L.rows = (L.rows + 7) / 8 * 8;
+    L.rows8 = (L.rows + 7) / 8 * 8;
     L.nt = coda__cdiv(V, MIN_TILE_N);
     L.logits_at = 0;
-    L.part_at = up256((size_t)L.rows * (size_t)L.vp * 2);
+    L.part_at = up256((size_t)L.rows8 * (size_t)L.vp * 2);
     L.count_at = L.part_at + up256((size_t)L.rows * (size_t)L.nt * 3 * 4);
-    L.used = L.count_at + 256;
+    L.wtail_at = L.count_at + 256;
+    L.xtail_at = L.wtail_at + up256((size_t)8 * (size_t)d * 2);
+    L.used = L.xtail_at + up256((size_t)8 * (size_t)d * 2);
     return L;
 }
 
-coda_status_t coda_lm_loss_workspace_size(coda_context_t *ctx, coda_device_t device, int64_t m, int64_t vocab,
-                                          const coda_lm_loss_opts_t *opts, size_t *bytes) {
+coda_status_t coda_lm_loss_workspace_size(coda_context_t *ctx, coda_device_t device, int64_t m, int64_t d,
+                                          int64_t vocab, const coda_lm_loss_opts_t *opts, size_t *bytes) {
     static const char fn[] = "coda_lm_loss_workspace_size";
     if (!ctx || !bytes) return coda__fail(CODA_ERR_INVALID_ARG, "%s: NULL argument", fn);
     if (device != CODA_DEVICE_CPU && device != CODA_DEVICE_CUDA)
         return coda__fail(CODA_ERR_INVALID_ARG, "%s: device %d is neither CPU (0) nor CUDA (1)", fn, (int)device);
-    if (m < 1 || vocab < 1 || m >= ((int64_t)1 << 31) || vocab >= ((int64_t)1 << 29))
-        return coda__fail(CODA_ERR_SHAPE, "%s: m %lld and vocab %lld must be >= 1 and below 2^31 and 2^29", fn,
-                          (long long)m, (long long)vocab);
+    if (m < 1 || d < 1 || vocab < 1 || m >= ((int64_t)1 << 31) || d >= ((int64_t)1 << 31) ||
+        vocab >= ((int64_t)1 << 29))
+        return coda__fail(CODA_ERR_SHAPE, "%s: m %lld, d %lld and vocab %lld must be >= 1 and below 2^31, 2^31 "
+                          "and 2^29", fn, (long long)m, (long long)d, (long long)vocab);
     coda_lm_loss_opts_t def;
     coda_lm_loss_opts_init(&def);
     const coda_lm_loss_opts_t *o = opts ? opts : &def;
     CODA_TRY(check_opts(fn, o));
-    *bytes = ws_layout(o, m, vocab).used;
+    *bytes = ws_layout(o, m, vocab, d).used;
     return CODA_OK;
 }
 
@@ -251,6 +263,70 @@ static coda_status_t step_total(coda_context_t *ctx, const coda_tensor_t *loss, 
 #endif
 }
 
+/* ---- the GEMMs with dz, and the CUDA contraction tails ---- */
+
+static coda_status_t zero_bytes(coda_context_t *ctx, const coda_tensor_t *like, void *dst, size_t pitch,
+                                size_t width, int64_t rows, void *stream) {
+#ifdef CODA_WITH_CUDA
+    return coda__cuda_zero_2d(ctx, like->device_index, dst, pitch, width, (size_t)rows, stream, FN);
+#else
+    return no_cuda();
+#endif
+}
+
+static coda_status_t copy_rows(coda_context_t *ctx, const coda_tensor_t *like, void *dst, size_t dpitch,
+                               const void *src, size_t spitch, size_t width, int64_t rows, void *stream) {
+#ifdef CODA_WITH_CUDA
+    return coda__cuda_copy_2d(ctx, like->device_index, dst, dpitch, 0, src, spitch, 0, width, (size_t)rows, stream,
+                              FN);
+#else
+    return no_cuda();
+#endif
+}
+
+/* Columns [c0, c0 + n) of a 2-D tensor. */
+static coda_tensor_t cols_of(const coda_tensor_t *t, int64_t c0, int64_t n) {
+    coda_tensor_t v = *t;
+    v.data = (char *)t->data + c0 * t->stride[1];
+    v.shape[1] = n;
+    return v;
+}
+
+/* dx_c (+)= dz w. wtail (CUDA, V % 8 != 0): the last V % 8 columns of dz
+ * (and the zero padding after them) against w's last rows, zero padded. */
+static coda_status_t dgrad(coda_context_t *ctx, const coda_tensor_t *z, const coda_tensor_t *w,
+                           const coda_tensor_t *wtail, coda_tensor_t *dxc, float beta, void *stream) {
+    int64_t V = z->shape[1], v8 = wtail ? V / 8 * 8 : V;
+    if (v8 > 0) {
+        coda_tensor_t zv = cols_of(z, 0, v8), wv = rows_of(w, 0, v8);
+        CODA_TRY(coda_gemm(ctx, CODA_LAYOUT_NN, &zv, &wv, dxc, 1.0f, beta, stream));
+        beta = 1.0f;
+    }
+    if (!wtail) return CODA_OK;
+    coda_tensor_t zt = cols_of(z, v8, 8);
+    return coda_gemm(ctx, CODA_LAYOUT_NN, &zt, wtail, dxc, 1.0f, beta, stream);
+}
+
+/* dw (+)= dz^T x_c. xtail (CUDA): a chunk of c rows with c % 8 != 0 runs
+ * its last c % 8 rows as K = 8 against a zero-padded copy of x's rows, the
+ * logits buffer's rows after them zeroed first (earlier chunks wrote them). */
+static coda_status_t wgrad(coda_context_t *ctx, const coda_tensor_t *z, int64_t vp, const coda_tensor_t *xc,
+                           const coda_tensor_t *xtail, coda_tensor_t *dw, float beta, void *stream) {
+    int64_t c = z->shape[0], c8 = xtail ? c / 8 * 8 : c, d = xc->shape[1];
+    if (c8 > 0) {
+        coda_tensor_t zv = rows_of(z, 0, c8), xv = rows_of(xc, 0, c8);
+        CODA_TRY(coda_gemm(ctx, CODA_LAYOUT_TN, &zv, &xv, dw, 1.0f, beta, stream));
+        beta = 1.0f;
+    }
+    if (c8 == c) return CODA_OK;
+    CODA_TRY(zero_bytes(ctx, xc, coda__at2(z, c, 0), (size_t)z->stride[0], (size_t)vp * 2, c8 + 8 - c, stream));
+    CODA_TRY(zero_bytes(ctx, xc, xtail->data, (size_t)xtail->stride[0], (size_t)d * 2, 8, stream));
+    CODA_TRY(copy_rows(ctx, xc, xtail->data, (size_t)xtail->stride[0], coda__at2(xc, c8, 0), (size_t)xc->stride[0],
+                       (size_t)d * 2, c - c8, stream));
+    coda_tensor_t zt = rows_of(z, c8, 8);
+    return coda_gemm(ctx, CODA_LAYOUT_TN, &zt, xtail, dw, 1.0f, beta, stream);
+}
+
 /* ---- the call ---- */
 
 coda_status_t coda_lm_loss(coda_context_t *ctx, const coda_tensor_t *x, const coda_tensor_t *w,
@@ -295,7 +371,7 @@ coda_status_t coda_lm_loss(coda_context_t *ctx, const coda_tensor_t *x, const co
         return coda__fail(CODA_ERR_SHAPE, FN ": d = %lld must be a multiple of 8 on the GPU", (long long)d);
 
     /* The workspace, as a tensor for the overlap and device checks. */
-    ws_layout_t L = ws_layout(o, M, V);
+    ws_layout_t L = ws_layout(o, M, V, d);
     if (ws_bytes < L.used)
         return coda__fail(CODA_ERR_SHAPE, FN ": workspace of %zu bytes, this call needs %zu "
                           "(coda_lm_loss_workspace_size)", ws_bytes, L.used);
@@ -345,6 +421,29 @@ coda_status_t coda_lm_loss(coda_context_t *ctx, const coda_tensor_t *x, const co
     coda_tensor_t count = ws_tensor(x, (char *)ws + L.count_at, CODA_I32, 1, one, four);
     if (p.mean) st = step_count(ctx, targets, o->ignore_index, &count, stream);
 
+    /* CUDA: contraction tails (ws_layout's comment). The logits buffer's
+     * padding columns stay zero (the epilogue and the rows step write only
+     * columns < V); wtail holds w's last V % 8 rows and zero rows. */
+    int cuda = x->device == CODA_DEVICE_CUDA;
+    coda_tensor_t wtail_t, xtail_t;
+    const coda_tensor_t *wtail = NULL, *xtail = NULL;
+    int64_t ts8[2] = {8, d}, tst[2] = {d * 2, 2};
+    if (cuda) {
+        xtail_t = ws_tensor(x, (char *)ws + L.xtail_at, CODA_BF16, 2, ts8, tst);
+        xtail = &xtail_t;
+    }
+    if (st == CODA_OK && cuda && V % 8 && dx) {
+        int64_t v8 = V / 8 * 8;
+        wtail_t = ws_tensor(x, (char *)ws + L.wtail_at, CODA_BF16, 2, ts8, tst);
+        wtail = &wtail_t;
+        st = zero_bytes(ctx, x, (char *)ws + L.logits_at + v8 * 2, (size_t)L.vp * 2, 16, L.rows8, stream);
+        if (st == CODA_OK) st = zero_bytes(ctx, x, wtail_t.data, (size_t)d * 2, (size_t)d * 2, 8, stream);
+        if (st == CODA_OK)
+            st = copy_rows(ctx, x, wtail_t.data, (size_t)d * 2, coda__at2(w, v8, 0), (size_t)w->stride[0],
+                           (size_t)d * 2, V - v8, stream);
+    }
+
+    int dw_started = o->accumulate;
     for (int64_t r0 = 0; st == CODA_OK && r0 < M; r0 += L.rows) {
         int64_t c = M - r0 < L.rows ? M - r0 : L.rows;
         coda_tensor_t xc = rows_of(x, r0, c), tc = rows_of(targets, r0, c), lc = rows_of(loss, r0, c);
@@ -360,10 +459,12 @@ coda_status_t coda_lm_loss(coda_context_t *ctx, const coda_tensor_t *x, const co
         if (st == CODA_OK) st = step_rows(ctx, &p, &z, &part, &tc, &count, &lc, stream);
         if (st == CODA_OK && dx) {
             coda_tensor_t dxc = rows_of(dx, r0, c);
-            st = coda_gemm(ctx, CODA_LAYOUT_NN, &z, w, &dxc, 1.0f, o->accumulate ? 1.0f : 0.0f, stream);
+            st = dgrad(ctx, &z, w, wtail, &dxc, o->accumulate ? 1.0f : 0.0f, stream);
         }
-        if (st == CODA_OK && dw)
-            st = coda_gemm(ctx, CODA_LAYOUT_TN, &z, &xc, dw, 1.0f, (r0 > 0 || o->accumulate) ? 1.0f : 0.0f, stream);
+        if (st == CODA_OK && dw) {
+            st = wgrad(ctx, &z, L.vp, &xc, cuda ? xtail : NULL, dw, dw_started ? 1.0f : 0.0f, stream);
+            dw_started = 1;
+        }
     }
     if (st == CODA_OK && total) st = step_total(ctx, loss, &count, p.mean, total, stream);
     coda_program_free(prog);

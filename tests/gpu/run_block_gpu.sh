@@ -9,6 +9,8 @@
 #                                        CPU attention) vs the reference layer
 #   4. tests/test_block_torch.py         coda.nn.LlamaBlock on CUDA vs float64
 #                                        autograd, custom ops, torch.compile
+#   5. tests/test_lm_loss_torch.py       coda.nn.LMHeadLoss / coda::lm_loss on CUDA vs
+#                                        float64, CUDA graph, opcheck, torch.compile
 set -u
 OUT=${OUT:-gpu-logs}
 mkdir -p "$OUT"
@@ -28,3 +30,7 @@ echo "== test_block_torch.py (CUDA)"
 CODA_TEST_DEVICE=cuda PYTHONUNBUFFERED=1 CODA_ORACLE_LIB=$PWD/build/tests/liboracle.so \
   timeout 300 python3 tests/test_block_torch.py > "$OUT/block-torch.log" 2>&1; echo "rc=$?"
 grep -E "FAIL|custom ops|compile|opcheck|LlamaModel" "$OUT/block-torch.log" | head -12; tail -1 "$OUT/block-torch.log"
+echo "== test_lm_loss_torch.py (CUDA)"
+CODA_TEST_DEVICE=cuda PYTHONUNBUFFERED=1 CODA_ORACLE_LIB=$PWD/build/tests/liboracle.so \
+  timeout 300 python3 tests/test_lm_loss_torch.py > "$OUT/lm-loss-torch.log" 2>&1; echo "rc=$?"
+grep -E "FAIL|compile|opcheck|graph" "$OUT/lm-loss-torch.log" | head -12; tail -1 "$OUT/lm-loss-torch.log"

@@ -47,7 +47,7 @@ static void test_gpu_refusals(coda_context_t *ctx) {
     coda_tensor_t x = on_dev(mat(p.x, CODA_BF16, p.m, p.d)), w = on_dev(mat(p.w, CODA_BF16, p.v, p.d));
     coda_tensor_t t = on_dev(coda_tensor_1d(p.t, CODA_I32, p.m)), lt = on_dev(coda_tensor_1d(loss, CODA_F32, p.m));
     size_t bytes;
-    REQUIRE_OK(coda_lm_loss_workspace_size(ctx, CODA_DEVICE_CUDA, p.m, p.v, &o, &bytes));
+    REQUIRE_OK(coda_lm_loss_workspace_size(ctx, CODA_DEVICE_CUDA, p.m, p.d, p.v, &o, &bytes));
     void *ws;
     CUDA_OK(cudaMalloc(&ws, bytes));
     CHECK_STATUS(coda_lm_loss(ctx, &x, &w, &t, &o, &lt, NULL, NULL, NULL, ws, bytes, NULL), CODA_ERR_DEVICE);
