@@ -60,6 +60,27 @@ static coda_tensor_t cuda1(coda_dtype_t dt, int64_t n) {
         CHECK(pool_same(), "%s: refused but changed memory", #call);                              \
     } while (0)
 
+/* lm_steps.cuh (coda_lm_loss's steps) compiles too, with every entry point. */
+static void compile_lm_kernels(void) {
+    const char *src = coda__cuda_source("lm_steps.cuh");
+    CHECK(src != NULL, "lm_steps.cuh is embedded");
+    if (!src) return;
+    char *cubin = NULL;
+    size_t size = 0;
+    coda_status_t s = coda__nvrtc_compile(src, coda__cuda_lm_steps_opts, CODA_CUDA_LM_STEPS_NOPTS, &cubin, &size);
+    CHECK(s == CODA_OK, "lm_steps.cuh compiles for sm_90a: %s", coda_last_error());
+    int found = 0;
+    for (int i = 0; s == CODA_OK && coda__cuda_lm_steps_entries[i]; i++) {
+        const char *e = coda__cuda_lm_steps_entries[i];
+        int in = memmem(cubin, size, e, strlen(e)) != NULL;
+        CHECK(in, "entry point %s is in the cubin", e);
+        found += in;
+    }
+    CHECK(found == 3, "3 entry points, %d found", found);
+    printf("lm_steps.cuh: %s, %zu bytes, %d entry points\n", s == CODA_OK ? "ok" : "FAILED", size, found);
+    free(cubin);
+}
+
 static void compile_kernels(void) {
     const char *src = coda__cuda_source("layer_steps.cuh");
     CHECK(src != NULL, "layer_steps.cuh is embedded");
@@ -328,6 +349,7 @@ static void check_targets(coda_context_t *ctx) {
 
 int main(void) {
     compile_kernels();
+    compile_lm_kernels();
     coda_context_t *ctx;
     REQUIRE_OK(coda_context_create(NULL, &ctx));
     norm_prologue(ctx);

@@ -109,24 +109,25 @@ static coda_status_t check_pointers(coda_context_t *ctx, const coda_tensor_t *co
 
 /* ---- launch ---- */
 
-/* Fetch kernel `entry` (compiled on first use), then on `stream`: set the
- * u32 at `preset` (if not 0) to 0xffffffff, and launch `blocks` blocks (0:
- * no launch) of THREADS threads. The kernel is fetched first, so that once
- * the preset is written only the launch itself can still fail. */
-static coda_status_t launch(coda_context_t *ctx, int device_index, const char *entry, int64_t blocks,
-                            void **args, CUdeviceptr preset, void *stream) {
+/* Fetch kernel `entry` of `source` (compiled on first use with opts;
+ * found again by a quick key made of key0 and the entry's name), then on
+ * `stream`: set the u32 at `preset` (if not 0) to 0xffffffff, and launch
+ * `blocks` blocks (0: no launch; at most MAX_BLOCKS, the kernels loop) of
+ * `threads` threads. The kernel is fetched first, so that once the preset
+ * is written only the launch itself can still fail. */
+coda_status_t coda__cuda_steps_launch(coda_context_t *ctx, int device_index, const char *source,
+                                      const char *const *opts, int nopts, uint64_t key0, const char *entry,
+                                      int64_t blocks, int threads, void **args, CUdeviceptr preset, void *stream) {
     coda_cuda_device_t *d;
     CODA_TRY(coda__cuda_device(ctx, device_index, &d));
     struct coda_cuda *cu = ctx->cuda;
-    const char *src = coda__cuda_source("layer_steps.cuh");
-    if (!src) return coda__fail(CODA_ERR_INTERNAL, "layer_steps.cuh is not embedded");
+    const char *src = coda__cuda_source(source);
+    if (!src) return coda__fail(CODA_ERR_INTERNAL, "%s is not embedded", source);
     CODA_CU(cu, cu->cu.CtxPushCurrent(d->pctx), "cuCtxPushCurrent");
     /* quick key: a constant per entry point, so later calls skip hashing the source */
-    uint64_t quick[2] = {0xc0da57e95ull, coda__hash(CODA_HASH_SEED0, entry, strlen(entry))};
+    uint64_t quick[2] = {key0, coda__hash(CODA_HASH_SEED0, entry, strlen(entry))};
     CUfunction fn = coda__cuda_kernel_find(d, quick);
-    coda_status_t s = fn ? CODA_OK
-                         : coda__cuda_kernel(ctx, d, src, coda__cuda_steps_opts, CODA_CUDA_STEPS_NOPTS, entry,
-                                             quick, &fn);
+    coda_status_t s = fn ? CODA_OK : coda__cuda_kernel(ctx, d, src, opts, nopts, entry, quick, &fn);
     if (s == CODA_OK && preset) {
         CUresult r = cu->cu.MemsetD32Async(preset, 0xffffffffu, 1, (CUstream)stream);
         if (r != CUDA_SUCCESS) s = coda__cu_fail(cu, r, "cuMemsetD32Async");
@@ -136,7 +137,7 @@ static coda_status_t launch(coda_context_t *ctx, int device_index, const char *e
         memset(&lc, 0, sizeof lc);
         lc.gridDimX = (unsigned)(blocks < MAX_BLOCKS ? blocks : MAX_BLOCKS);
         lc.gridDimY = lc.gridDimZ = 1;
-        lc.blockDimX = THREADS;
+        lc.blockDimX = (unsigned)threads;
         lc.blockDimY = lc.blockDimZ = 1;
         lc.hStream = (CUstream)stream;
         CUresult r = cu->cu.LaunchKernelEx(&lc, fn, args, NULL);
@@ -145,6 +146,13 @@ static coda_status_t launch(coda_context_t *ctx, int device_index, const char *e
     CUcontext prev;
     cu->cu.CtxPopCurrent(&prev);
     return s;
+}
+
+static coda_status_t launch(coda_context_t *ctx, int device_index, const char *entry, int64_t blocks,
+                            void **args, CUdeviceptr preset, void *stream) {
+    return coda__cuda_steps_launch(ctx, device_index, "layer_steps.cuh", coda__cuda_steps_opts,
+                                   CODA_CUDA_STEPS_NOPTS, 0xc0da57e95ull, entry, blocks, THREADS, args, preset,
+                                   stream);
 }
 
 /* Warps per row for a row of `len` elements: a warp (8 rows a block) up to

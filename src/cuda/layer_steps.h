@@ -25,6 +25,10 @@
 #include "core/context.h"
 
 #ifdef CODA_WITH_CUDA
+#include <cuda.h>
+#endif
+
+#ifdef CODA_WITH_CUDA
 
 /* coda__cuda_norm_prologue, coda__cuda_rope_backward and coda__cuda_convert_vec
  * are declared in core/context.h (the interface the layer calls). */
@@ -37,10 +41,24 @@
 coda_status_t coda__cuda_check_targets(coda_context_t *ctx, const coda_tensor_t *targets, int64_t vocab,
                                        int32_t ignore_index, coda_tensor_t *bad, void *stream);
 
+/* Launch `entry` of the embedded kernel source `source` (layer_steps.cuh,
+ * lm_steps.cuh), compiled on first use with opts and cached under a quick
+ * key (key0, the entry's name): `blocks` (capped at 2^16; the kernels loop
+ * over rows) of `threads`; preset (not 0): a u32 set to 0xffffffff on the
+ * stream first. */
+coda_status_t coda__cuda_steps_launch(coda_context_t *ctx, int device_index, const char *source,
+                                      const char *const *opts, int nopts, uint64_t key0, const char *entry,
+                                      int64_t blocks, int threads, void **args, CUdeviceptr preset, void *stream);
+
 /* The NVRTC options layer_steps.cuh is compiled with (tests compile the
  * same text with the same options). */
 #define CODA_CUDA_STEPS_NOPTS 3
 extern const char *const coda__cuda_steps_opts[CODA_CUDA_STEPS_NOPTS];
+/* The same for lm_steps.cuh (src/cuda/lm_steps.c: coda_lm_loss's steps,
+ * declared in core/lm_steps.h). */
+#define CODA_CUDA_LM_STEPS_NOPTS 2
+extern const char *const coda__cuda_lm_steps_opts[CODA_CUDA_LM_STEPS_NOPTS];
+extern const char *const coda__cuda_lm_steps_entries[];
 /* Its kernels' entry points, NULL-terminated. */
 extern const char *const coda__cuda_steps_entries[];
 

@@ -1,0 +1,167 @@
+/* lm_steps.cuh - coda_lm_loss's memory-bound steps on the GPU (src/cuda/lm_steps.c
+ * launches them; what each computes: src/core/lm_steps.h; the CPU's loops,
+ * the reference: src/layer/lm_loss_cpu.c):
+ *
+ *   coda_lm_count_kernel   count[0] = rows whose target is not ignore_index
+ *   coda_lm_rows_kernel    per row of a chunk: lse from the epilogue's
+ *                          partials, the loss, dz over the bf16 logits in place
+ *   coda_lm_total_kernel   total[0] = sum of the losses (/ count for the mean)
+ *
+ * The rows kernel is the one that matters: one block per row, one read and
+ * one write of the row's V bf16 values as 16-byte vectors (the logits
+ * buffer is the workspace's: 256-byte aligned base, rows a multiple of 16
+ * bytes), a row's columns from V on never written. exp is the fast
+ * ex2.approx (as the generated epilogues' exp), within rounding of the
+ * CPU's expf for the arguments here (z - lse <= 0).
+ *
+ * Sums (the lse's partials, sum_j z_j, the losses) go in one fixed order per
+ * launch shape: thread k takes elements k, k + T, ... in increasing order,
+ * then a butterfly within each warp and the warps' sums in increasing order.
+ * No atomics: bitwise reproducible run to run. NaN by IEEE arithmetic, and
+ * max.NaN for the maxima (a NaN partial is never dropped). */
+
+#define CODA_LM_THREADS 512
+#define CODA_LM_WARPS (CODA_LM_THREADS / 32)
+
+typedef unsigned short coda_lm_bf16_t;
+
+static __device__ __forceinline__ float lm_bf(unsigned short h) { return __int_as_float((int)((unsigned)h << 16)); }
+static __device__ __forceinline__ unsigned short lm_to_bf(float f) {
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+static __device__ __forceinline__ unsigned lm_to_bf2(float lo, float hi) {
+    unsigned u;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(u) : "f"(hi), "f"(lo));
+    return u;
+}
+static __device__ __forceinline__ float lm_max(float a, float b) {
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+static __device__ __forceinline__ float lm_exp(float x) { return exp2f(x * 1.4426950408889634f); }
+
+/* Block-wide sum or max (op 0 / 1) of v, the same value returned to every
+ * thread; `red` is CODA_LM_WARPS floats of shared memory. */
+static __device__ __forceinline__ float lm_block_reduce(float v, int op, float *red) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float u = __shfl_xor_sync(0xffffffffu, v, o);
+        v = op ? lm_max(v, u) : v + u;
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads(); /* red may still be read by the last reduction */
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float r = red[0];
+    for (int w = 1; w < (int)(blockDim.x >> 5); w++) r = op ? lm_max(r, red[w]) : r + red[w];
+    return r;
+}
+
+extern "C" __global__ void __launch_bounds__(CODA_LM_THREADS)
+coda_lm_count_kernel(const int *targets, long long ts, long long m, int ignore, int *count) {
+    /* one block; an integer count is exact in any order */
+    __shared__ int ired[CODA_LM_WARPS];
+    int n = 0;
+    for (long long i = threadIdx.x; i < m; i += blockDim.x) n += targets[i * ts] != ignore;
+    for (int o = 16; o > 0; o >>= 1) n += __shfl_xor_sync(0xffffffffu, n, o);
+    if ((threadIdx.x & 31) == 0) ired[threadIdx.x >> 5] = n;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int s = 0;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++) s += ired[w];
+        *count = s;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(CODA_LM_THREADS)
+coda_lm_total_kernel(const float *loss, long long ls, long long m, const int *count, int mean, float *total) {
+    __shared__ float red[CODA_LM_WARPS];
+    float s = 0.0f;
+    for (long long i = threadIdx.x; i < m; i += blockDim.x) s += loss[i * ls];
+    s = lm_block_reduce(s, 0, red);
+    if (threadIdx.x == 0) *total = mean ? s / (float)*count : s;
+}
+
+/* z (rows, V) bf16, row stride zs elements (a multiple of 8), base 16-byte
+ * aligned; part (rows, T, 3) f32 with element strides p0, p1, p2; targets
+ * and loss with element strides ts, ls. */
+extern "C" __global__ void __launch_bounds__(CODA_LM_THREADS)
+coda_lm_rows_kernel(coda_lm_bf16_t *z, long long zs, const float *part, long long p0, long long p1, long long p2,
+                    long long T, const int *targets, long long ts, const int *count, float *loss, long long ls,
+                    long long rows, long long V, int ignore, float eps, float zc, float cap, float gscale,
+                    int mean, int want) {
+    __shared__ float red[CODA_LM_WARPS];
+    const long long nvec = V / 8, tail0 = nvec * 8;
+    const float s = mean ? gscale / (float)*count : gscale;
+    for (long long i = blockIdx.x; i < rows; i += gridDim.x) {
+        coda_lm_bf16_t *zr = z + i * zs;
+        uint4 *zv = (uint4 *)zr;
+        const int t = targets[i * ts];
+        if (t == ignore) {
+            if (threadIdx.x == 0) loss[i * ls] = 0.0f;
+            if (want) {
+                for (long long v = threadIdx.x; v < nvec; v += blockDim.x) zv[v] = make_uint4(0, 0, 0, 0);
+                for (long long j = tail0 + threadIdx.x; j < V; j += blockDim.x) zr[j] = 0;
+            }
+            continue;
+        }
+        /* lse from the partials: the max, then sum l_t exp(m_t - max) */
+        const float *pr = part + i * p0;
+        float mx = __int_as_float(0xff800000); /* -inf */
+        for (long long k = threadIdx.x; k < T; k += blockDim.x) mx = lm_max(mx, pr[k * p1]);
+        mx = lm_block_reduce(mx, 1, red);
+        float l = 0.0f;
+        for (long long k = threadIdx.x; k < T; k += blockDim.x) {
+            float mt = pr[k * p1], lt = pr[k * p1 + p2];
+            l += lt * (mt == mx ? 1.0f : lm_exp(mt - mx));
+        }
+        l = lm_block_reduce(l, 0, red);
+        const float lse = mx + logf(l);
+        const int in_range = t >= 0 && (long long)t < V;
+        const float zt = in_range ? lm_bf(zr[t]) : __int_as_float(0x7fc00000);
+        __syncthreads(); /* every thread has read z_t before any dz is written */
+
+        const float a = s * (1.0f + 2.0f * zc * lse), hit = s * (1.0f - eps), base = s * eps / (float)V;
+        const float icap = cap > 0.0f ? 1.0f / cap : 0.0f, nan = __int_as_float(0x7fc00000);
+        float sum = 0.0f;
+        for (long long v = threadIdx.x; v < nvec; v += blockDim.x) {
+            uint4 q = zv[v];
+            unsigned w[4] = {q.x, q.y, q.z, q.w};
+            const long long j0 = v * 8;
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float z0 = lm_bf((unsigned short)(w[e] & 0xffffu)), z1 = lm_bf((unsigned short)(w[e] >> 16));
+                sum += z0;
+                sum += z1;
+                float g0 = a * lm_exp(z0 - lse) - (j0 + 2 * e == t ? hit : 0.0f) - base;
+                float g1 = a * lm_exp(z1 - lse) - (j0 + 2 * e + 1 == t ? hit : 0.0f) - base;
+                if (cap > 0.0f) {
+                    float u0 = z0 * icap, u1 = z1 * icap;
+                    g0 *= 1.0f - u0 * u0;
+                    g1 *= 1.0f - u1 * u1;
+                }
+                w[e] = in_range ? lm_to_bf2(g0, g1) : lm_to_bf2(nan, nan);
+            }
+            if (want) zv[v] = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+        for (long long j = tail0 + threadIdx.x; j < V; j += blockDim.x) {
+            float zj = lm_bf(zr[j]);
+            sum += zj;
+            float g = a * lm_exp(zj - lse) - (j == t ? hit : 0.0f) - base;
+            if (cap > 0.0f) {
+                float u = zj * icap;
+                g *= 1.0f - u * u;
+            }
+            if (want) zr[j] = lm_to_bf(in_range ? g : nan);
+        }
+        float lv = lse - (1.0f - eps) * zt + zc * lse * lse;
+        if (eps > 0.0f) {
+            sum = lm_block_reduce(sum, 0, red);
+            lv -= eps / (float)V * sum;
+        }
+        if (threadIdx.x == 0) loss[i * ls] = lv;
+        __syncthreads(); /* red is reused by the next row */
+    }
+}

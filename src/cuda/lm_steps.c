@@ -1,0 +1,70 @@
+/* lm_steps.c - coda_lm_loss's memory-bound steps on CUDA tensors: the count
+ * of rows not ignored, the rows step (lse, loss, dz in place) and the total
+ * (core/lm_steps.h says what each computes; kernels/lm_steps.cuh how).
+ *
+ * lm_loss.c has checked every argument, so these only marshal and launch
+ * (through layer_steps.c's launcher: compiled once by NVRTC, cached). */
+#ifdef CODA_WITH_CUDA
+
+#include "core/lm_steps.h"
+#include "cuda/layer_steps.h"
+
+#define THREADS 512            /* CODA_LM_THREADS in the kernels */
+#define KEY0 0xc0da1a55e5ull   /* lm_steps.cuh's quick keys */
+
+/* Default FMA contraction (unlike layer_steps.cuh, nothing here is compared
+ * with the CPU bit for bit: the GEMMs before it are not). */
+const char *const coda__cuda_lm_steps_opts[CODA_CUDA_LM_STEPS_NOPTS] = {"--gpu-architecture=sm_90a",
+                                                                      "-default-device"};
+const char *const coda__cuda_lm_steps_entries[] = {"coda_lm_count_kernel", "coda_lm_rows_kernel",
+                                                   "coda_lm_total_kernel", NULL};
+
+static coda_status_t launch(coda_context_t *ctx, const coda_tensor_t *like, const char *entry, int64_t blocks,
+                            void **args, void *stream) {
+    return coda__cuda_steps_launch(ctx, like->device_index, "lm_steps.cuh", coda__cuda_lm_steps_opts,
+                                   CODA_CUDA_LM_STEPS_NOPTS, KEY0, entry, blocks, THREADS,
+                                   args, 0, stream);
+}
+
+static long long es(const coda_tensor_t *t, int dim) {
+    return (long long)(t->stride[dim] / (int64_t)coda_dtype_size(t->dtype));
+}
+
+coda_status_t coda__cuda_lm_count(coda_context_t *ctx, const coda_tensor_t *targets, int32_t ignore_index,
+                                  coda_tensor_t *count, void *stream) {
+    void *pt = targets->data; // (M) i32
+    void *pc = count->data;   // (1) i32
+    long long ts = es(targets, 0), m = targets->shape[0];
+    int ig = ignore_index;
+    void *args[] = {&pt, &ts, &m, &ig, &pc};
+    return launch(ctx, targets, "coda_lm_count_kernel", 1, args, stream);
+}
+
+coda_status_t coda__cuda_lm_rows(coda_context_t *ctx, const coda__lm_params_t *p, coda_tensor_t *logits,
+                                 const coda_tensor_t *partials, const coda_tensor_t *targets,
+                                 const coda_tensor_t *count, coda_tensor_t *loss, void *stream) {
+    void *pz = logits->data;    // (C, V) bf16, dz in place
+    void *pp = partials->data;  // (C, T, 3) f32
+    void *pt = targets->data;   // (C) i32
+    void *pc = count->data;     // (1) i32
+    void *pl = loss->data;      // (C) f32
+    long long zs = es(logits, 0), p0 = es(partials, 0), p1 = es(partials, 1), p2 = es(partials, 2);
+    long long T = partials->shape[1], ts = es(targets, 0), ls = es(loss, 0), rows = logits->shape[0], V = p->vocab;
+    int ig = p->ignore_index, mean = p->mean, want = p->want_grad;
+    float eps = p->smoothing, zc = p->z_loss, cap = p->softcap, gs = p->grad_scale;
+    void *args[] = {&pz, &zs, &pp, &p0, &p1, &p2, &T, &pt, &ts, &pc, &pl, &ls, &rows, &V,
+                    &ig, &eps, &zc, &cap, &gs, &mean, &want};
+    return launch(ctx, logits, "coda_lm_rows_kernel", rows, args, stream);
+}
+
+coda_status_t coda__cuda_lm_total(coda_context_t *ctx, const coda_tensor_t *loss, const coda_tensor_t *count,
+                                  int mean, coda_tensor_t *total, void *stream) {
+    void *pl = loss->data;   // (M) f32
+    void *pc = count->data;  // (1) i32
+    void *po = total->data;  // (1) f32
+    long long ls = es(loss, 0), m = loss->shape[0];
+    void *args[] = {&pl, &ls, &m, &pc, &mean, &po};
+    return launch(ctx, loss, "coda_lm_total_kernel", 1, args, stream);
+}
+
+#endif /* CODA_WITH_CUDA */
