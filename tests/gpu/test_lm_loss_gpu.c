@@ -2,6 +2,7 @@
  * CUDA tensors (the same float64 reference and the same 2x-bf16 rule), plus
  * shapes only the GPU runs in reasonable time and the GPU's own refusals.
  * Needs an sm_90a GPU. */
+#pragma GCC diagnostic ignored "-Wunused-function" /* test_bad_input: the CPU's */
 #include "gpu/cuda_check.h"
 #define LM_TEST_CUDA 1
 #include "../test_lm_loss.c"
