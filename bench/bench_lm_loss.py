@@ -80,11 +80,13 @@ def eager_loss(x, w, t):
     return F.cross_entropy(F.linear(x, w).float(), t)
 
 
-def default_chunk(m, v):
+def default_chunk(m, d, v):
     """coda_lm_loss_opts_init's chunk (coda.h section 10): a chunk's bf16
-    logits at most 1 GiB, a multiple of 256 rows, at most M."""
+    logits at most max(1 GiB, twice w's bytes), a multiple of 256 rows, at
+    most M."""
     vp = (v + 7) // 8 * 8
-    return min(m, max(256, (1 << 30) // (vp * 2) // 256 * 256))
+    cap = max(1 << 30, 2 * vp * d * 2)
+    return min(m, max(256, cap // (vp * 2) // 256 * 256))
 
 
 def sync(dev):
@@ -122,7 +124,7 @@ def bench_shape(name, shape, reps, warmup, liger_cls, chunks, compiled, dev):
         dz.t() @ x
         return None
 
-    dc = default_chunk(M, V)
+    dc = default_chunk(M, d, V)
     variants = [("floor", floor), ("eager", step(eager_loss))]
     if compiled is not None:
         variants.append(("torch.compile", step(compiled)))

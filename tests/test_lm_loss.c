@@ -455,6 +455,10 @@ static void test_bad_input(coda_context_t *ctx) {
     CHECK_OK(coda_lm_loss_workspace_size(ctx, CODA_DEVICE_CUDA, 16384, 2048, 128256, NULL, &b3));
     CHECK(b3 >= (size_t)4096 * 128256 * 2 && b3 < ((size_t)1 << 30) + ((size_t)64 << 20),
           "default workspace at M 16384, V 128256: %zu bytes", b3);
+    /* twice w's bytes when that is more than 1 GiB: 8192 rows at d = 4096 */
+    CHECK_OK(coda_lm_loss_workspace_size(ctx, CODA_DEVICE_CUDA, 16384, 4096, 128256, NULL, &b3));
+    CHECK(b3 >= (size_t)8192 * 128256 * 2 && b3 < ((size_t)2 << 30) + ((size_t)128 << 20),
+          "default workspace at M 16384, d 4096, V 128256: %zu bytes", b3);
     coda_lm_loss_opts_init(NULL); /* harmless */
     free(ws);
     free_problem(&p);

@@ -303,7 +303,7 @@ class LMHeadLoss(torch.nn.Module):
     with one scale, and a per-token gradient weight has no place there; the
     per-token losses come back with return_per_token=True, not
     differentiable); chunk_rows (None: the library's choice, a chunk's bf16
-    logits at most 1 GiB; fewer rows, less memory, more time); accum_dtype
+    logits at most max(1 GiB, 2x w's bytes); fewer rows, less memory, more time); accum_dtype
     (None: the weight's dtype, so f32 master weights get their gradient
     summed over the chunks in f32; torch.float32 does that for bf16 weights
     too, then rounds once to bf16; torch.bfloat16 rounds after each chunk).

@@ -415,7 +415,7 @@ def lm_loss(x, w, targets, ignore_index=-100, label_smoothing=0.0, z_loss=0.0, s
     the GPU cannot refuse it without a sync). reduction: "mean" or "sum"
     ("none" raises: the gradients are made in the forward call with one
     scale). chunk_rows: rows per chunk of logits (None: the library's
-    choice, at most 1 GiB of bf16 logits). accum_dtype: dw's dtype in the
+    choice, at most max(1 GiB, twice w's bytes) of bf16 logits). accum_dtype: dw's dtype in the
     call, torch.float32 (the chunks summed in f32) or torch.bfloat16
     (rounded after each chunk); None: w's dtype (f32 for other dtypes).
 

@@ -59,6 +59,7 @@ void coda_context_free(coda_context_t *ctx) {
 #ifdef CODA_WITH_CUDA
     coda__cuda_free(ctx->cuda);
 #endif
+    for (int i = 0; i < 2; i++) coda_program_free(atomic_load(&ctx->lm_programs[i]));
     free(ctx);
 }
 

@@ -6,6 +6,8 @@
 #define CODA_CONTEXT_H
 
 #include "core/internal.h"
+
+#include <stdatomic.h>
 #include "program/ir.h"
 
 struct coda_cuda; /* CUDA backend state, owned by src/cuda; NULL until first use */
@@ -49,6 +51,10 @@ struct coda_context {
     char cache_dir[1024];     /* compiled-module cache directory */
     coda__tuning_t tuning;    /* read once at creation (above) */
     struct coda_cuda *cuda;
+    /* coda_lm_loss's epilogue programs (plain, softcapped), parsed on first
+     * use and kept with their generated code, so that a call does not
+     * regenerate and rehash its kernel's source; freed with the context. */
+    _Atomic(coda_program_t *) lm_programs[2];
 };
 
 /* ---- CPU backend (src/cpu). Arguments are already validated. ---- */

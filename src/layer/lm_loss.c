@@ -24,11 +24,13 @@
 #include "layer/block.h"   /* coda__bind, coda__bind_scalar */
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
 #define FN "coda_lm_loss"
-#define CHUNK_BYTES ((int64_t)1 << 30) /* default: a chunk's logits take at most 1 GiB */
+#define CHUNK_BYTES ((int64_t)1 << 30) /* default: a chunk's logits take at most 1 GiB, */
+#define CHUNK_PER_W 2                  /* or twice w's bytes if that is more            */
 #define CHUNK_ALIGN 256                /* default chunk_rows is a multiple of this    */
 #define MIN_TILE_N 128                 /* the narrowest tile either backend chooses   */
 
@@ -63,6 +65,20 @@ static const char prog_logits_capped[] =
     "tv = load t\n"
     "lse part zr tv\n";
 
+/* The context's copy of program `capped` (0 / 1), parsed on first use; a
+ * thread that loses the race to store its copy frees it. */
+static coda_status_t lm_program(coda_context_t *ctx, int capped, const coda_program_t **out) {
+    coda_program_t *p = atomic_load(&ctx->lm_programs[capped]);
+    if (!p) {
+        coda_program_t *made = NULL;
+        CODA_TRY(coda_program_parse(capped ? prog_logits_capped : prog_logits, &made));
+        if (atomic_compare_exchange_strong(&ctx->lm_programs[capped], &p, made)) p = made;
+        else coda_program_free(made);
+    }
+    *out = p;
+    return CODA_OK;
+}
+
 /* ---- options ---- */
 
 void coda_lm_loss_opts_init(coda_lm_loss_opts_t *o) {
@@ -94,11 +110,17 @@ static coda_status_t check_opts(const char *fn, const coda_lm_loss_opts_t *o) {
     return CODA_OK;
 }
 
-/* Rows per chunk for m rows of vocabulary V. */
-static int64_t chunk_rows(const coda_lm_loss_opts_t *o, int64_t m, int64_t vp) {
+/* Rows per chunk for m rows of vocabulary V (padded: vp) and hidden size d.
+ * The default bounds a chunk's logits by the larger of 1 GiB and twice w's
+ * own bytes: the wgrad GEMM contracts over the chunk's rows and rereads dw
+ * once a chunk, so a larger head wants a longer chunk, and memory then
+ * stays in proportion to the weight the call holds anyway. */
+static int64_t chunk_rows(const coda_lm_loss_opts_t *o, int64_t m, int64_t vp, int64_t d) {
     int64_t c = o->chunk_rows;
     if (c == 0) {
-        c = CHUNK_BYTES / (vp * 2) / CHUNK_ALIGN * CHUNK_ALIGN;
+        int64_t cap = CHUNK_PER_W * vp * d * 2;
+        if (cap < CHUNK_BYTES) cap = CHUNK_BYTES;
+        c = cap / (vp * 2) / CHUNK_ALIGN * CHUNK_ALIGN;
         if (c < CHUNK_ALIGN) c = CHUNK_ALIGN;
     }
     return c < m ? c : m;
@@ -123,7 +145,7 @@ static size_t up256(size_t b) { return (b + 255) / 256 * 256; }
 static ws_layout_t ws_layout(const coda_lm_loss_opts_t *o, int64_t m, int64_t V, int64_t d) {
     ws_layout_t L;
     L.vp = (V + 7) / 8 * 8; /* 16-byte rows for the GEMMs' copy engine */
-    L.rows = chunk_rows(o, m, L.vp);
+    L.rows = chunk_rows(o, m, L.vp, d);
     if (L.rows < m) L.rows = (L.rows + 7) / 8 * 8;
     L.rows8 = (L.rows + 7) / 8 * 8;
     L.nt = coda__cdiv(V, MIN_TILE_N);
@@ -354,6 +376,8 @@ coda_status_t coda_lm_loss(coda_context_t *ctx, const coda_tensor_t *x, const co
     if (M >= ((int64_t)1 << 31) || V >= ((int64_t)1 << 29))
         return coda__fail(CODA_ERR_SHAPE, FN ": M %lld and V %lld must be below 2^31 and 2^29", (long long)M,
                           (long long)V);
+    if (x->device == CODA_DEVICE_CUDA && d % 8 != 0)
+        return coda__fail(CODA_ERR_SHAPE, FN ": d = %lld must be a multiple of 8 on the GPU", (long long)d);
     CODA_TRY(check_mat(x, "x", M, d, &bf16, 1));
     CODA_TRY(check_mat(w, "w", V, d, &bf16, 1));
     CODA_TRY(check_vec(targets, "targets", M, CODA_I32));
@@ -367,8 +391,6 @@ coda_status_t coda_lm_loss(coda_context_t *ctx, const coda_tensor_t *x, const co
     for (int i = 1; i < 7; i++)
         if (all[i] && (all[i]->device != x->device || all[i]->device_index != x->device_index))
             return coda__fail(CODA_ERR_DEVICE, FN ": %s is on another device than x", all_names[i]);
-    if (x->device == CODA_DEVICE_CUDA && d % 8 != 0)
-        return coda__fail(CODA_ERR_SHAPE, FN ": d = %lld must be a multiple of 8 on the GPU", (long long)d);
 
     /* The workspace, as a tensor for the overlap and device checks. */
     ws_layout_t L = ws_layout(o, M, V, d);
@@ -401,18 +423,14 @@ coda_status_t coda_lm_loss(coda_context_t *ctx, const coda_tensor_t *x, const co
 #endif
 
     /* The program and the tilings, before anything runs. */
-    coda_program_t *prog = NULL;
-    CODA_TRY(coda_program_parse(o->softcap > 0.0f ? prog_logits_capped : prog_logits, &prog));
-    coda_status_t st = CODA_OK;
+    const coda_program_t *prog;
+    CODA_TRY(lm_program(ctx, o->softcap > 0.0f, &prog));
     coda_tiling_t tl;
-    st = coda_choose_program_tiling(ctx, x->device, CODA_LAYOUT_NT, L.rows, V, d, prog, &tl);
-    if (st == CODA_OK && (tl.tile_n < MIN_TILE_N || tl.tile_m < 1))
-        st = coda__fail(CODA_ERR_INTERNAL, FN ": the backend chose tiling %dx%d (the workspace assumes tile_n >= %d)",
-                        tl.tile_m, tl.tile_n, MIN_TILE_N);
-    if (st != CODA_OK) {
-        coda_program_free(prog);
-        return st;
-    }
+    CODA_TRY(coda_choose_program_tiling(ctx, x->device, CODA_LAYOUT_NT, L.rows, V, d, prog, &tl));
+    if (tl.tile_n < MIN_TILE_N || tl.tile_m < 1)
+        return coda__fail(CODA_ERR_INTERNAL, FN ": the backend chose tiling %dx%d (the workspace assumes tile_n >= %d)",
+                          tl.tile_m, tl.tile_n, MIN_TILE_N);
+    coda_status_t st = CODA_OK;
     int64_t nt = coda__cdiv(V, tl.tile_n);
 
     coda__lm_params_t p = {V, o->ignore_index, o->label_smoothing, o->z_loss, o->softcap, o->grad_scale,
@@ -467,6 +485,5 @@ coda_status_t coda_lm_loss(coda_context_t *ctx, const coda_tensor_t *x, const co
         }
     }
     if (st == CODA_OK && total) st = step_total(ctx, loss, &count, p.mean, total, stream);
-    coda_program_free(prog);
     return st;
 }
