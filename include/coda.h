@@ -27,6 +27,8 @@
  *   7. finishing steps          coda_finish_* (combine tile partials)
  *   8. the LLaMA layer          built-in programs, forward and backward
  *   9. the block, split         around any attention, caller-owned activations
+ *  10. LM head + cross-entropy  coda_lm_loss, forward and backward in one call
+ *  11. attention                coda_attention_*, causal grouped-query
  */
 #ifndef CODA_H
 #define CODA_H
@@ -795,6 +797,70 @@ CODA_API coda_status_t coda_lm_loss(coda_context_t *ctx, const coda_tensor_t *x,
                                     coda_tensor_t *loss, coda_tensor_t *total, coda_tensor_t *dx,
                                     coda_tensor_t *dw, void *workspace, size_t workspace_bytes,
                                     void *stream);
+
+/* ---------------------------------------------------------------------------
+ * 11. Causal grouped-query attention, forward and backward
+ *     (src/api/attention.c; CUDA: src/cuda/attention.c, kernels/attention.cuh;
+ *     CPU: src/layer/attention.c; docs/attention.md)
+ *
+ * The attention between the block's halves (section 9), on the block's own
+ * layout: M = batch * seq rows, row r is position r % seq of sequence
+ * r / seq; qkv (M, nq + 2 nkv) holds q | k | v column blocks, head h in
+ * columns h * head_dim .. of its block (nq = n_heads head_dim, nkv =
+ * n_kv_heads head_dim); query head h reads kv head h / (n_heads /
+ * n_kv_heads). Token i attends to tokens j <= i of its own sequence:
+ *     s_ij  = q_i . k_j / sqrt(head_dim)
+ *     o_i   = sum_j softmax_j(s_ij) v_j,   lse_i = log sum_j exp s_ij
+ * per head. The backward takes o (as stored) and lse from the forward and
+ * do = dL/do, and writes dqkv = dL/dqkv in the same column blocks (every
+ * element written, nothing accumulated):
+ *     P = exp(s - lse), dP_ij = do_i . v_j, D_i = do_i . o_i,
+ *     dS = P (dP - D), dq = dS k / sqrt(hd), dk = dS^T q / sqrt(hd), dv = P^T do.
+ * The columns of q and k may be permuted within each head alike (coda's
+ * RoPE order): q . k does not change.
+ *
+ * Tensors: qkv (M, nq + 2 nkv) bf16; o (M, nq) bf16; lse (M, n_heads) f32;
+ * do_ (M, nq) bf16; dqkv (M, nq + 2 nkv) f32. Row strides are free (views
+ * of wider buffers work); all on one device; outputs apart from the inputs
+ * and from each other.
+ *
+ * CPU: f32 arithmetic, exact softmax (not tiled), any head_dim >= 1, the
+ * context's threads with a fixed partition (results do not depend on the
+ * thread count); the oracle the CUDA kernels are tested against.
+ * CUDA: head_dim 64 or 128; every tensor's base 16-byte aligned and its
+ * row stride a multiple of 16 bytes. bf16 tensor-core products with f32
+ * accumulation and an online softmax (FlashAttention-2's algorithm, tiles
+ * of 64 keys, causal tiles past the diagonal skipped); the probabilities
+ * are rounded to bf16 for their product with v (as FlashAttention does).
+ * No atomics: dq and dk/dv come from separate kernels, each output row
+ * owned by one warp, so results are bitwise the same run to run. The
+ * backward needs coda_attention_workspace_size bytes of device workspace
+ * (D, M x n_heads f32), 256-byte aligned; the forward needs none.
+ *
+ * NaN: a NaN in a q, k or v that row i attends to gives NaN in o_i (and in
+ * the gradients that depend on it); keys after i are never read into row
+ * i's result, whatever they hold.
+ * ------------------------------------------------------------------------- */
+
+typedef struct coda_attention_shape {
+    int64_t batch, seq;              /* M = batch * seq rows                */
+    int64_t n_heads, n_kv_heads;     /* n_kv_heads divides n_heads (GQA)    */
+    int64_t head_dim;
+} coda_attention_shape_t;
+
+/* Bytes of workspace coda_attention_backward needs on `device` (0 on the CPU). */
+CODA_API coda_status_t coda_attention_workspace_size(coda_context_t *ctx, coda_device_t device,
+                                                     const coda_attention_shape_t *shape, size_t *bytes);
+
+CODA_API coda_status_t coda_attention_forward(coda_context_t *ctx, const coda_attention_shape_t *shape,
+                                              const coda_tensor_t *qkv, coda_tensor_t *o, coda_tensor_t *lse,
+                                              void *stream);
+
+CODA_API coda_status_t coda_attention_backward(coda_context_t *ctx, const coda_attention_shape_t *shape,
+                                               const coda_tensor_t *qkv, const coda_tensor_t *o,
+                                               const coda_tensor_t *lse, const coda_tensor_t *do_,
+                                               coda_tensor_t *dqkv, void *workspace, size_t workspace_bytes,
+                                               void *stream);
 
 /* Text of a built-in epilogue program of the layer, by name, or NULL. */
 CODA_API const char *coda_builtin_program(const char *name);

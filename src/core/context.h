@@ -132,6 +132,14 @@ coda_status_t coda__cuda_rope_backward(coda_context_t *ctx, const coda_tensor_t 
                                        const coda_tensor_t *pos, const coda_tensor_t *freq, coda_tensor_t *dz,
                                        coda_tensor_t *s_out, void *stream);
 
+/* Attention on CUDA tensors (src/cuda/attention.c, kernels/attention.cuh),
+ * checked by src/api/attention.c. Forward: do_ = o = NULL, out = the
+ * forward's o (M, nq) bf16, lse written. Backward: o, lse the forward's,
+ * do_ (M, nq) bf16, out = dqkv (M, nqkv) f32, ws the workspace. */
+coda_status_t coda__cuda_attention(coda_context_t *ctx, const coda_attention_shape_t *shape,
+                                   const coda_tensor_t *qkv, const coda_tensor_t *o, const coda_tensor_t *lse,
+                                   const coda_tensor_t *do_, coda_tensor_t *out, void *ws, void *stream);
+
 /* out = in, element by element: in (n) f32, out (n) f32 (the same bits) or
  * bf16 (rounded to nearest even; NaN stays NaN). Each may be 1-D (n) or a
  * column view (n, 1) with any row stride (an element stride). */

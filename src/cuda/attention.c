@@ -1,0 +1,152 @@
+/* attention.c - causal grouped-query attention on CUDA tensors: marshals
+ * the arguments of kernels/attention.cuh and launches its kernels
+ * (src/api/attention.c has checked every argument but the pointers).
+ *
+ * The source is compiled by NVRTC once per head dimension (-DCODA_ATTN_HD)
+ * and cached like every other kernel; each launch finds its function again
+ * by a constant quick key (the entry's name and the head dimension). */
+#ifdef CODA_WITH_CUDA
+
+#include "core/context.h"
+#include "cuda/backend.h"
+
+#include <math.h>
+#include <string.h>
+
+#define KEY0 0xc0daa77e0ull
+#define KV_TILE 64
+#define FWD_ROWS 128 /* the kernels' FWD_ROWS, BWD_ROWS, BWD_QTILE */
+#define BWD_ROWS 64
+#define MAX_GRID 65535
+
+/* The kernels' argument block (attention.cuh's coda_attn_args_t). */
+typedef struct {
+    const void *qkv, *o, *dout;
+    float *lse, *dsum;
+    void *out;
+    long long ld_qkv, ld_o, ld_do, ld_lse, ld_out;
+    int seq, n_heads, n_kv_heads;
+    float scale;
+} attn_args_t;
+
+static long long es(const coda_tensor_t *t) {
+    return t ? (long long)(t->stride[0] / (int64_t)coda_dtype_size(t->dtype)) : 0;
+}
+
+/* Dynamic shared memory of each kernel, bytes (the layouts of attention.cuh). */
+static int smem_fwd(int hd) { return (FWD_ROWS + 4 * KV_TILE) * hd * 2; }
+static int smem_dq(int hd) { return (2 * BWD_ROWS + 4 * KV_TILE) * hd * 2; }
+static int smem_dkdv(int hd) {
+    int qt = hd == 128 ? 32 : 64;
+    return (2 * BWD_ROWS + 4 * qt) * hd * 2 + 4 * qt * (int)sizeof(float);
+}
+
+typedef struct {
+    coda_context_t *ctx;
+    coda_cuda_device_t *dev;
+    const char *src;
+    const char *opts[3];
+    int hd;
+    void *stream;
+} launcher_t;
+
+/* Launch `entry` on a (gx, gy, gz) grid of `threads` with `smem` bytes of
+ * dynamic shared memory. The caller has the device's context current. */
+static coda_status_t launch(launcher_t *L, const char *entry, unsigned gx, unsigned gy, unsigned gz,
+                            int threads, int smem, void **args) {
+    struct coda_cuda *cu = L->ctx->cuda;
+    uint64_t quick[2] = {KEY0 + (uint64_t)L->hd, coda__hash(CODA_HASH_SEED0, entry, strlen(entry))};
+    CUfunction fn = coda__cuda_kernel_find(L->dev, quick);
+    if (!fn) CODA_TRY(coda__cuda_kernel(L->ctx, L->dev, L->src, L->opts, 3, entry, quick, &fn));
+    if (smem > 48 * 1024) {
+        CUresult r = cu->cu.FuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem);
+        if (r != CUDA_SUCCESS) return coda__cu_fail(cu, r, "cuFuncSetAttribute (attention shared memory)");
+    }
+    CUlaunchConfig lc;
+    memset(&lc, 0, sizeof lc);
+    lc.gridDimX = gx;
+    lc.gridDimY = gy;
+    lc.gridDimZ = gz;
+    lc.blockDimX = (unsigned)threads;
+    lc.blockDimY = lc.blockDimZ = 1;
+    lc.sharedMemBytes = (unsigned)smem;
+    lc.hStream = (CUstream)L->stream;
+    CUresult r = cu->cu.LaunchKernelEx(&lc, fn, args, NULL);
+    return r == CUDA_SUCCESS ? CODA_OK : coda__cu_fail(cu, r, entry);
+}
+
+static coda_status_t run(launcher_t *L, const coda_attention_shape_t *s, attn_args_t *a, int backward) {
+    const unsigned heads = (unsigned)s->n_heads, kv_heads = (unsigned)s->n_kv_heads, batch = (unsigned)s->batch;
+    void *args[] = {a};
+    if (!backward)
+        return launch(L, "coda_attn_fwd_kernel", heads, batch, (unsigned)coda__cdiv(s->seq, FWD_ROWS),
+                      FWD_ROWS / 16 * 32, smem_fwd(L->hd), args);
+    long long rows = s->batch * s->seq;
+    int64_t warps = rows * s->n_heads, blocks = coda__cdiv(warps, 8);
+    void *pargs[] = {a, &rows};
+    CODA_TRY(launch(L, "coda_attn_bwd_prep_kernel", (unsigned)(blocks < MAX_GRID ? blocks : MAX_GRID), 1, 1, 256,
+                    0, pargs));
+    unsigned tiles = (unsigned)coda__cdiv(s->seq, BWD_ROWS);
+    CODA_TRY(launch(L, "coda_attn_bwd_dq_kernel", heads, batch, tiles, BWD_ROWS / 16 * 32, smem_dq(L->hd), args));
+    return launch(L, "coda_attn_bwd_dkdv_kernel", kv_heads, batch, tiles, BWD_ROWS / 16 * 32, smem_dkdv(L->hd),
+                  args);
+}
+
+coda_status_t coda__cuda_attention(coda_context_t *ctx, const coda_attention_shape_t *shape,
+                                   const coda_tensor_t *qkv, const coda_tensor_t *o, const coda_tensor_t *lse,
+                                   const coda_tensor_t *do_, coda_tensor_t *out, void *ws, void *stream) {
+    static const char fn[] = "coda_attention";
+    const int backward = do_ != NULL;
+    if (shape->batch > MAX_GRID || coda__cdiv(shape->seq, BWD_ROWS) > MAX_GRID)
+        return coda__fail(CODA_ERR_UNSUPPORTED, "%s: batch = %lld, seq = %lld: the CUDA kernels take at most "
+                          "%d sequences of at most %d tokens", fn, (long long)shape->batch,
+                          (long long)shape->seq, MAX_GRID, MAX_GRID * BWD_ROWS);
+    {   /* every pointer device memory of qkv's device */
+        coda_tensor_t wt = coda_tensor_1d(ws, CODA_F32, shape->batch * shape->seq * shape->n_heads);
+        wt.device = qkv->device;
+        wt.device_index = qkv->device_index;
+        const coda_tensor_t *ts[] = {qkv, o, lse, do_, out, ws ? &wt : NULL};
+        const char *names[] = {"qkv", "o", "lse", "do_", backward ? "dqkv" : "o", "workspace"};
+        CODA_TRY(coda__cuda_check_pointers(ctx, qkv->device_index, ts, names, 6));
+    }
+    if (shape->batch * shape->seq == 0) return CODA_OK;
+
+    launcher_t L;
+    memset(&L, 0, sizeof L);
+    L.ctx = ctx;
+    L.hd = (int)shape->head_dim;
+    L.stream = stream;
+    CODA_TRY(coda__cuda_device(ctx, qkv->device_index, &L.dev));
+    L.src = coda__cuda_source("attention.cuh");
+    if (!L.src) return coda__fail(CODA_ERR_INTERNAL, "attention.cuh is not embedded");
+    L.opts[0] = "--gpu-architecture=sm_90a";
+    L.opts[1] = "-default-device";
+    L.opts[2] = L.hd == 64 ? "-DCODA_ATTN_HD=64" : "-DCODA_ATTN_HD=128";
+
+    attn_args_t a;
+    memset(&a, 0, sizeof a);
+    a.qkv = qkv->data;                      // (M, nq + 2 nkv) bf16
+    a.o = o ? o->data : NULL;               // (M, nq) bf16 (backward)
+    a.dout = do_ ? do_->data : NULL;        // (M, nq) bf16 (backward)
+    a.lse = (float *)lse->data;             // (M, n_heads) f32
+    a.dsum = (float *)ws;                   // (M, n_heads) f32 D (backward)
+    a.out = out->data;                      // forward: o (M, nq) bf16; backward: dqkv (M, nqkv) f32
+    a.ld_qkv = es(qkv);
+    a.ld_o = backward ? es(o) : es(out);
+    a.ld_do = es(do_);
+    a.ld_lse = es(lse);
+    a.ld_out = es(out);
+    a.seq = (int)shape->seq;
+    a.n_heads = (int)shape->n_heads;
+    a.n_kv_heads = (int)shape->n_kv_heads;
+    a.scale = (float)(1.0 / sqrt((double)shape->head_dim));
+
+    struct coda_cuda *cu = ctx->cuda;
+    CODA_CU(cu, cu->cu.CtxPushCurrent(L.dev->pctx), "cuCtxPushCurrent");
+    coda_status_t s = run(&L, shape, &a, backward);
+    CUcontext prev;
+    cu->cu.CtxPopCurrent(&prev);
+    return s;
+}
+
+#endif
