@@ -1,0 +1,27 @@
+#!/bin/bash
+# run_attention_gpu.sh - coda_attention on an sm_90a GPU (logs under $OUT):
+#   1. build/tests/gpu/test_attention_gpu   forward and backward vs float64 on odd shapes
+#      (the 2x-bf16 rule), determinism, padded views, NaN, refusals; with
+#      "bench" also the LLaMA-3 shapes (batch 2 x 8192), ms and TFLOP/s
+#   2. compute-sanitizer memcheck and racecheck on it
+#   3. bench/bench_attention.py (with "bench", when present) against SDPA's
+#      flash and cuDNN backends
+set -u
+OUT=${OUT:-gpu-logs}
+mkdir -p "$OUT"
+export CODA_CACHE_DIR=${CODA_CACHE_DIR:-/tmp/coda-cache}
+make -j16 lib build/tests/gpu/test_attention_gpu > "$OUT/build-attn.log" 2>&1 || { tail -30 "$OUT/build-attn.log"; exit 1; }
+echo "== test_attention_gpu ${1:-}"
+timeout 300 build/tests/gpu/test_attention_gpu ${1:-} > "$OUT/attn.log" 2>&1; echo "rc=$?"
+grep -E "FAIL|FATAL|bench" "$OUT/attn.log" | head -40; tail -1 "$OUT/attn.log"
+CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+for tool in memcheck racecheck; do
+  echo "== $tool test_attention_gpu"
+  timeout 240 $CS --tool $tool build/tests/gpu/test_attention_gpu > "$OUT/attn-$tool.log" 2>&1; echo "rc=$?"
+  grep -E "SUMMARY" "$OUT/attn-$tool.log" | head -2; tail -1 "$OUT/attn-$tool.log"
+done
+if [ "${1:-}" = "bench" ] && [ -f bench/bench_attention.py ]; then
+  echo "== bench_attention.py"
+  timeout 300 python3 bench/bench_attention.py --json "$OUT/attention.json" > "$OUT/bench-attn.log" 2>&1; echo "rc=$?"
+  tail -30 "$OUT/bench-attn.log"
+fi
