@@ -827,8 +827,8 @@ CODA_API coda_status_t coda_lm_loss(coda_context_t *ctx, const coda_tensor_t *x,
  * CPU: f32 arithmetic, exact softmax (not tiled), any head_dim >= 1, the
  * context's threads with a fixed partition (results do not depend on the
  * thread count); the oracle the CUDA kernels are tested against.
- * CUDA: head_dim 64 or 128; every tensor's base 16-byte aligned and its
- * row stride a multiple of 16 bytes. bf16 tensor-core products with f32
+ * CUDA: head_dim 64 or 128; unit column strides; qkv, o and do_ with base
+ * and row stride 16-byte aligned, dqkv 8-byte, lse 4-byte. bf16 tensor-core products with f32
  * accumulation and an online softmax (FlashAttention-2's algorithm, tiles
  * of 64 keys, causal tiles past the diagonal skipped); the probabilities
  * are rounded to bf16 for their product with v (as FlashAttention does).

@@ -37,9 +37,11 @@ static coda_status_t check_shape(const char *fn, const coda_attention_shape_t *s
 }
 
 /* A (rows, cols) matrix of dtype dt on the device of `like` (NULL: any);
- * on CUDA with a 16-byte aligned base and row stride and unit columns. */
+ * on CUDA with unit columns and a base and row stride aligned to `align`
+ * bytes (what the kernels load and store it by: 16-byte cp.async for the
+ * bf16 matrices, 8-byte pairs for dqkv, single elements for lse). */
 static coda_status_t check_mat(const char *fn, const coda_tensor_t *t, const char *name, int64_t rows,
-                               int64_t cols, coda_dtype_t dt, const coda_tensor_t *like) {
+                               int64_t cols, coda_dtype_t dt, const coda_tensor_t *like, int align) {
     if (!t) return coda__fail(CODA_ERR_INVALID_ARG, "%s: %s is NULL", fn, name);
     char what[96];
     snprintf(what, sizeof what, "%s: %s", fn, name);
@@ -57,9 +59,9 @@ static coda_status_t check_mat(const char *fn, const coda_tensor_t *t, const cha
         size_t es = coda_dtype_size(dt);
         if (t->stride[1] != (int64_t)es)
             return coda__fail(CODA_ERR_STRIDE, "%s: %s's columns must be contiguous on CUDA", fn, name);
-        if ((uintptr_t)t->data % 16 != 0 || t->stride[0] % 16 != 0)
-            return coda__fail(CODA_ERR_STRIDE, "%s: %s: the CUDA kernels need a 16-byte aligned base and row "
-                              "stride (got %p, %lld bytes)", fn, name, t->data, (long long)t->stride[0]);
+        if ((uintptr_t)t->data % (uintptr_t)align != 0 || t->stride[0] % align != 0)
+            return coda__fail(CODA_ERR_STRIDE, "%s: %s: the CUDA kernels need a %d-byte aligned base and row "
+                              "stride (got %p, %lld bytes)", fn, name, align, t->data, (long long)t->stride[0]);
     }
     return CODA_OK;
 }
@@ -114,10 +116,10 @@ coda_status_t coda_attention_forward(coda_context_t *ctx, const coda_attention_s
     CODA_TRY(check_shape(fn, shape, qkv->device, &cfg));
     const int64_t m = shape->batch * shape->seq, nq = shape->n_heads * shape->head_dim;
     const int64_t w = nq + 2 * shape->n_kv_heads * shape->head_dim;
-    CODA_TRY(check_mat(fn, qkv, "qkv", m, w, CODA_BF16, NULL));
+    CODA_TRY(check_mat(fn, qkv, "qkv", m, w, CODA_BF16, NULL, 16));
     CODA_TRY(check_backend(fn, qkv->device));
-    CODA_TRY(check_mat(fn, o, "o", m, nq, CODA_BF16, qkv));
-    CODA_TRY(check_mat(fn, lse, "lse", m, shape->n_heads, CODA_F32, qkv));
+    CODA_TRY(check_mat(fn, o, "o", m, nq, CODA_BF16, qkv, 16));
+    CODA_TRY(check_mat(fn, lse, "lse", m, shape->n_heads, CODA_F32, qkv, 4));
     {
         const coda_tensor_t *outs[] = {o, lse}, *ins[] = {qkv};
         const char *on[] = {"o", "lse"}, *in[] = {"qkv"};
@@ -146,12 +148,12 @@ coda_status_t coda_attention_backward(coda_context_t *ctx, const coda_attention_
     CODA_TRY(check_shape(fn, shape, qkv->device, &cfg));
     const int64_t m = shape->batch * shape->seq, nq = shape->n_heads * shape->head_dim;
     const int64_t w = nq + 2 * shape->n_kv_heads * shape->head_dim;
-    CODA_TRY(check_mat(fn, qkv, "qkv", m, w, CODA_BF16, NULL));
+    CODA_TRY(check_mat(fn, qkv, "qkv", m, w, CODA_BF16, NULL, 16));
     CODA_TRY(check_backend(fn, qkv->device));
-    CODA_TRY(check_mat(fn, o, "o", m, nq, CODA_BF16, qkv));
-    CODA_TRY(check_mat(fn, lse, "lse", m, shape->n_heads, CODA_F32, qkv));
-    CODA_TRY(check_mat(fn, do_, "do_", m, nq, CODA_BF16, qkv));
-    CODA_TRY(check_mat(fn, dqkv, "dqkv", m, w, CODA_F32, qkv));
+    CODA_TRY(check_mat(fn, o, "o", m, nq, CODA_BF16, qkv, 16));
+    CODA_TRY(check_mat(fn, lse, "lse", m, shape->n_heads, CODA_F32, qkv, 4));
+    CODA_TRY(check_mat(fn, do_, "do_", m, nq, CODA_BF16, qkv, 16));
+    CODA_TRY(check_mat(fn, dqkv, "dqkv", m, w, CODA_F32, qkv, 8));
     {
         const coda_tensor_t *outs[] = {dqkv}, *ins[] = {qkv, o, lse, do_};
         const char *on[] = {"dqkv"}, *in[] = {"qkv", "o", "lse", "do_"};

@@ -350,7 +350,7 @@ static void test_refusals(coda_context_t *ctx) {
     lie.device = CODA_DEVICE_CUDA; /* host memory claimed to be the GPU's */
     CHECK_STATUS(coda_attention_forward(ctx, &sh, &tq, &to, &lie, NULL), CODA_ERR_DEVICE);
     free(hostl.data);
-    coda_tensor_t wrong = dmat(o, CODA_F32, m, nq / 2, nq / 2);
+    coda_tensor_t wrong = dmat(q, CODA_F32, m, nq, nq); /* f32 where bf16 is due */
     CHECK_STATUS(coda_attention_forward(ctx, &sh, &tq, &wrong, &tl, NULL), CODA_ERR_DTYPE);
     float *g = dev(4 * (size_t)(m * w));
     coda_tensor_t tg = dmat(g, CODA_F32, m, w, w);
