@@ -838,8 +838,12 @@ CODA_API coda_status_t coda_lm_loss(coda_context_t *ctx, const coda_tensor_t *x,
  * (D, M x n_heads f32), 256-byte aligned; the forward needs none.
  *
  * NaN: a NaN in a q, k or v that row i attends to gives NaN in o_i (and in
- * the gradients that depend on it); keys after i are never read into row
- * i's result, whatever they hold.
+ * the gradients that depend on it), never a masked or finite value. Keys
+ * of other sequences, and on the CPU every key after i, never reach row i.
+ * On CUDA a non-finite k or v at position j may also make NaN of the rows
+ * i < j of its own 64-key tile (64 floor(j / 64) <= i < j: probability 0
+ * times NaN inside the tile's matrix products, as in FlashAttention);
+ * earlier tiles stay clean.
  * ------------------------------------------------------------------------- */
 
 typedef struct coda_attention_shape {

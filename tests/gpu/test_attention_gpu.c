@@ -290,8 +290,10 @@ static void test_shapes(coda_context_t *ctx) {
     }
 }
 
-/* NaN in key j0 of sequence 0 (kv head 0): rows >= j0 of the group's heads
- * get NaN o, rows before j0 stay finite (a future key never leaks in). */
+/* NaN in key j0 of sequence 0 and in value j1 of sequence 1 (kv head 0):
+ * rows >= j of the group's heads get NaN o; rows of an earlier 64-key tile
+ * stay finite, and so does the other sequence, all of it (rows between the
+ * tile's start and j may be NaN: 0 * NaN in the tile's products; coda.h). */
 static void test_nan(coda_context_t *ctx) {
     shape_t s = {2, 150, 4, 2, 64};
     prob_t p;
@@ -303,23 +305,27 @@ static void test_nan(coda_context_t *ctx) {
     p.dout = h_alloc(2 * (size_t)(p.m * p.nq));
     rng_fill_bf16(&r, p.qkv, p.m * p.w, 1.0f);
     rng_fill_bf16(&r, p.dout, p.m * p.nq, 1.0f);
-    const int64_t j0 = 70;
-    p.qkv[j0 * p.w + p.nq + 5] = 0x7fc0; /* k of row j0, kv head 0 */
+    const int64_t j[2] = {70, 100};
+    p.qkv[j[0] * p.w + p.nq + 5] = 0x7fc0;                   /* k of row j0, sequence 0 */
+    p.qkv[(s.seq + j[1]) * p.w + p.nq + p.nk + 9] = 0x7fc0;  /* v of row j1, sequence 1 */
     run_t g;
     CHECK_OK(run(ctx, &p, 0, &g));
-    int bad = 0;
+    int wrong = 0, leaked = 0;
     for (int64_t i = 0; i < p.m; i++)
         for (int64_t h = 0; h < s.nh; h++) {
-            int want_nan = i < s.seq && i >= j0 && h / (s.nh / s.nkv) == 0;
-            int any = 0;
-            for (int64_t c = 0; c < s.hd; c++) any |= isnan(h_bf2f(g.o[i * p.nq + h * s.hd + c]));
-            bad += any != want_nan;
+            const int64_t b = i / s.seq, pos = i % s.seq;
+            const int in_group = h / (s.nh / s.nkv) == 0;
+            int any = 0, anyq = 0;
+            for (int64_t c = 0; c < s.hd; c++) {
+                any |= isnan(h_bf2f(g.o[i * p.nq + h * s.hd + c]));
+                anyq |= isnan(g.dqkv[i * p.w + h * s.hd + c]);
+            }
+            if (in_group && pos >= j[b]) wrong += !any;                      /* must be NaN */
+            if (!in_group || pos < j[b] / 64 * 64) leaked += any || anyq;    /* must be finite */
         }
-    CHECK(bad == 0, "NaN in a key: %d (row, head) outputs with the wrong NaN-ness", bad);
-    int dq_ok = 1;
-    for (int64_t i = 0; i < j0; i++)
-        for (int64_t c = 0; c < p.nq; c++) dq_ok &= !isnan(g.dqkv[i * p.w + c]);
-    CHECK(dq_ok, "NaN in a future key leaked into an earlier row's dq");
+    CHECK(wrong == 0, "NaN in a key or value: %d (row, head) outputs that attend to it are not NaN", wrong);
+    CHECK(leaked == 0, "NaN leaked into %d (row, head) outputs of earlier tiles, other heads or sequences",
+          leaked);
     unrun(&g);
     free(p.qkv), free(p.dout);
 }
