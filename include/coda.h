@@ -587,9 +587,11 @@ CODA_API coda_status_t coda_llama_unpack_gate_up(const coda_llama_config_t *cfg,
 /* A layer instance: configuration, batch shape, device, and the activations
  * the forward pass saves for the backward pass. On CUDA (device 0 of the
  * context) d, n_heads * head_dim, (n_heads + 2 n_kv_heads) * head_dim, ffn
- * and vocab must be multiples of 8 (each is some GEMM's contraction);
- * attention runs on the CPU there (the rest of the block, section 9, on the
- * GPU), and the forward checks the targets on a host copy. */
+ * and vocab must be multiples of 8 (each is some GEMM's contraction).
+ * Attention is coda_attention_* (section 11): on the GPU for head_dim 64 or
+ * 128, so that the whole layer runs on the device; for other head_dims on
+ * the CPU, on host copies. The forward checks the targets on a host copy
+ * (it waits for the stream there). */
 typedef struct coda_llama coda_llama_t;
 
 CODA_API coda_status_t coda_llama_create(coda_context_t *ctx, const coda_llama_config_t *cfg,

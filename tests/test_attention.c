@@ -283,6 +283,77 @@ static void strided(void) {
     free(qkv); free(qc); free(o); free(oc); free(lse);
 }
 
+/* The public calls (coda.h section 11) on CPU tensors: the same bits as the
+ * internal ones, no workspace needed, and their own refusals. */
+static void public_api(void) {
+    shape_t s = mk(2, 11, 4, 2, 6);
+    coda_attention_shape_t sh = {2, 11, 4, 2, 6};
+    coda_context_t *ctx;
+    REQUIRE_OK(coda_context_create(NULL, &ctx));
+    uint16_t *qkv = h_alloc(2 * (size_t)(s.m * s.w)), *dout = h_alloc(2 * (size_t)(s.m * s.nq));
+    uint16_t *o1 = h_alloc(2 * (size_t)(s.m * s.nq)), *o2 = h_alloc(2 * (size_t)(s.m * s.nq));
+    float *l1 = h_alloc(4 * (size_t)(s.m * 4)), *l2 = h_alloc(4 * (size_t)(s.m * 4));
+    float *g1 = h_alloc(4 * (size_t)(s.m * s.w)), *g2 = h_alloc(4 * (size_t)(s.m * s.w));
+    h_rng r = rng_new(9);
+    rng_fill_bf16(&r, qkv, s.m * s.w, 1.5f);
+    rng_fill_bf16(&r, dout, s.m * s.nq, 1.0f);
+    coda_tensor_t tq = coda_tensor_2d(qkv, CODA_BF16, s.m, s.w), tdo = coda_tensor_2d(dout, CODA_BF16, s.m, s.nq);
+    coda_tensor_t to1 = coda_tensor_2d(o1, CODA_BF16, s.m, s.nq), to2 = coda_tensor_2d(o2, CODA_BF16, s.m, s.nq);
+    coda_tensor_t tl1 = coda_tensor_2d(l1, CODA_F32, s.m, 4), tl2 = coda_tensor_2d(l2, CODA_F32, s.m, 4);
+    coda_tensor_t tg1 = coda_tensor_2d(g1, CODA_F32, s.m, s.w), tg2 = coda_tensor_2d(g2, CODA_F32, s.m, s.w);
+    size_t bytes = 1;
+    CHECK_OK(coda_attention_workspace_size(ctx, CODA_DEVICE_CPU, &sh, &bytes));
+    CHECK(bytes == 0, "the CPU needs no workspace, got %zu bytes", bytes);
+    CHECK_OK(coda_attention_forward(ctx, &sh, &tq, &to1, &tl1, NULL));
+    CHECK_OK(coda_attention_backward(ctx, &sh, &tq, &to1, &tl1, &tdo, &tg1, NULL, 0, NULL));
+    CHECK_OK(coda__attention_forward(&s.cfg, 2, 11, &tq, &to2, &tl2, 3));
+    CHECK_OK(coda__attention_backward(&s.cfg, 2, 11, &tq, &to2, &tl2, &tdo, &tg2, 3));
+    CHECK(!memcmp(o1, o2, 2 * (size_t)(s.m * s.nq)) && !memcmp(l1, l2, 4 * (size_t)(s.m * 4)) &&
+              !memcmp(g1, g2, 4 * (size_t)(s.m * s.w)),
+          "coda_attention_* and the CPU attention differ");
+
+    poison_bf16(o1, s.m * s.nq);
+    coda_attention_shape_t bad = sh;
+    CHECK_STATUS(coda_attention_forward(NULL, &sh, &tq, &to1, &tl1, NULL), CODA_ERR_INVALID_ARG);
+    CHECK_STATUS(coda_attention_forward(ctx, NULL, &tq, &to1, &tl1, NULL), CODA_ERR_INVALID_ARG);
+    CHECK_STATUS(coda_attention_forward(ctx, &sh, NULL, &to1, &tl1, NULL), CODA_ERR_INVALID_ARG);
+    CHECK_STATUS(coda_attention_forward(ctx, &sh, &tq, NULL, &tl1, NULL), CODA_ERR_INVALID_ARG);
+    bad.n_kv_heads = 3;
+    CHECK_STATUS(coda_attention_forward(ctx, &bad, &tq, &to1, &tl1, NULL), CODA_ERR_SHAPE);
+    bad = sh;
+    bad.seq = 10;
+    CHECK_STATUS(coda_attention_forward(ctx, &bad, &tq, &to1, &tl1, NULL), CODA_ERR_SHAPE);
+    bad = sh;
+    bad.head_dim = 5;
+    CHECK_STATUS(coda_attention_forward(ctx, &bad, &tq, &to1, &tl1, NULL), CODA_ERR_SHAPE);
+    coda_tensor_t t = tq;
+    t.device = CODA_DEVICE_CUDA;
+#ifndef CODA_WITH_CUDA
+    CHECK_STATUS(coda_attention_forward(ctx, &sh, &t, &to1, &tl1, NULL), CODA_ERR_UNSUPPORTED);
+#endif
+    t = to1;
+    t.device = CODA_DEVICE_CUDA;
+    CHECK_STATUS(coda_attention_forward(ctx, &sh, &tq, &t, &tl1, NULL), CODA_ERR_DEVICE);
+    t = tl1;
+    t.dtype = CODA_BF16;
+    t.stride[0] = 8, t.stride[1] = 2;
+    CHECK_STATUS(coda_attention_forward(ctx, &sh, &tq, &to1, &t, NULL), CODA_ERR_DTYPE);
+    t = to1;
+    t.data = qkv;
+    CHECK_STATUS(coda_attention_forward(ctx, &sh, &tq, &t, &tl1, NULL), CODA_ERR_OVERLAP);
+    CHECK_STATUS(coda_attention_backward(ctx, &sh, &tq, &to2, &tl2, &tdo, &tg1, g2, 4 * (size_t)s.m, NULL),
+                 CODA_OK); /* a workspace the CPU does not need is ignored */
+    t = tg1;
+    t.data = dout;
+    t.shape[0] = 1;
+    CHECK_STATUS(coda_attention_backward(ctx, &sh, &tq, &to2, &tl2, &tdo, &t, NULL, 0, NULL), CODA_ERR_SHAPE);
+    int untouched = 1;
+    for (int64_t i = 0; i < s.m * s.nq; i++) untouched &= o1[i] == 0x7fc1;
+    CHECK(untouched, "a refused coda_attention_forward wrote o");
+    coda_context_free(ctx);
+    free(qkv), free(dout), free(o1), free(o2), free(l1), free(l2), free(g1), free(g2);
+}
+
 int main(void) {
     run_case(mk(2, 7, 4, 2, 6), 1);   /* GQA, odd seq */
     run_case(mk(3, 5, 3, 3, 4), 2);   /* plain multi-head */
@@ -292,5 +363,6 @@ int main(void) {
     run_case(mk(1, 33, 2, 1, 64), 6); /* LLaMA-like head_dim, longer sequence */
     bad_args();
     strided();
+    public_api();
     TEST_MAIN_END();
 }

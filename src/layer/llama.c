@@ -2,12 +2,13 @@
  * final norm, LM head and cross-entropy), forward and backward, with its
  * activations kept in the handle.
  *
- * It is the split block of block.c around coda's own attention (the CPU
- * one of attention.c, until there is a GPU kernel), with the LM head after
- * it (docs/layer.md; M tokens):
+ * It is the split block of block.c around coda's own attention
+ * (coda_attention_*: the CUDA kernels on a CUDA layer with head_dim 64 or
+ * 128, else the CPU's attention.c, on host copies for a CUDA layer), with
+ * the LM head after it (docs/layer.md; M tokens):
  *   forward
  *     block pre    x -> r1, qkv                           (coda_block_forward_pre)
- *     attention    o, alse                                (host, attention.c)
+ *     attention    o, alse                                (coda_attention_forward)
  *     block post   x, o -> h, r2, z, y; with a loss also y gf, rf (the
  *                  final norm's first half, in the down projection's epilogue)
  *     LM head      lmhead_lse(yg Wlm^T; rf, targets)       -> lse, loss
@@ -15,7 +16,7 @@
  *     LM head      lmhead_bwd(yg Wlm^T)                    dl (M, V), sf
  *                  rmsnorm_bwd(dl Wlm; dres dy, x y, gf)   dY, b; dWlm = dl^T b
  *     block post   dY -> do, dh; dWo, dg2, dWgu, dWd       (coda_block_backward_post)
- *     attention    do -> dqkv (f32)                        (host)
+ *     attention    do -> dqkv (f32)                        (coda_attention_backward)
  *     block pre    dqkv, dh -> dx; dg1, dWqkv             (coda_block_backward_pre)
  *
  * On CUDA the block's calls need a multiple of 8 tokens (the weight
@@ -26,7 +27,6 @@
  * block on mp rows and hands the caller its M. */
 #include "layer/block.h"
 #include "core/context.h"
-#include "layer/attention.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -55,10 +55,14 @@ struct coda_llama {
     int n_bufs;
     void *ws;                   /* the block's workspace                           */
     size_t ws_bytes;
+    int dev_attn;               /* attention on the layer's device (else host copies) */
+    coda_attention_shape_t ash; /* batch, seq, heads                               */
+    void *aws;                  /* coda_attention_backward's workspace             */
+    size_t aws_bytes;
 
-    /* Buffers the host steps (attention) touch come in pairs: .d on the
-     * layer's device, .h its host shadow (the same memory on a CPU layer).
-     * Device buffers have mp rows. */
+    /* Buffers attention touches come in pairs: .d on the layer's device,
+     * .h its host shadow for attention on the host (the same memory on a
+     * CPU layer or with dev_attn). Device buffers have mp rows. */
 
     /* Saved by the forward pass for the backward pass. */
     coda_tensor_t x;            /* (mp, d) bf16   copy of the layer input          */
@@ -66,7 +70,7 @@ struct coda_llama {
     coda_block_acts_t acts;     /* r1, qkv, h, r2, z                              */
     pair_t qkv;                 /* (mp, nqkv) bf16 acts.qkv and its host shadow    */
     pair_t o;                   /* (mp, nq) bf16  attention output                 */
-    coda_tensor_t alse;         /* (m, n_heads) f32 attention lse (host)           */
+    coda_tensor_t alse;         /* (m, n_heads) f32 attention lse (where attention runs) */
     coda_tensor_t y;            /* (mp, d) bf16   layer output                     */
     coda_tensor_t yg;           /* (mp, d) bf16   y * gf (LM head)                 */
     coda_tensor_t rf;           /* (mp) f32       rstd of y (LM head)              */
@@ -124,7 +128,7 @@ static coda_status_t alloc_tensor(coda_llama_t *L, coda_tensor_t *t, int host, c
  * buffer on a CPU layer, where mp = m). */
 static coda_status_t alloc_pair(coda_llama_t *L, pair_t *p, coda_dtype_t dt, int64_t cols) {
     CODA_TRY(alloc_tensor(L, &p->d, 0, dt, 2, L->mp, cols, 0));
-    if (L->device == CODA_DEVICE_CPU) {
+    if (L->device == CODA_DEVICE_CPU || L->dev_attn) {
         p->h = p->d;
         return CODA_OK;
     }
@@ -142,12 +146,15 @@ static coda_tensor_t rows_m(const coda_llama_t *L, const coda_tensor_t *t) {
     v.shape[0] = L->m;
     return v;
 }
-/* Shadow <-> device, the first m rows (nothing on a CPU layer). */
+/* Shadow <-> device, the first m rows (nothing where attention runs on
+ * the layer's device). */
 static coda_status_t down(coda_llama_t *L, pair_t *p, void *stream) {
+    if (L->device == CODA_DEVICE_CPU || L->dev_attn) return CODA_OK;
     coda_tensor_t d = rows_m(L, &p->d);
     return coda__llama_mem_copy(L->mem, &d, &p->h, stream);
 }
 static coda_status_t up(coda_llama_t *L, pair_t *p, void *stream) {
+    if (L->device == CODA_DEVICE_CPU || L->dev_attn) return CODA_OK;
     coda_tensor_t d = rows_m(L, &p->d);
     return coda__llama_mem_copy(L->mem, &p->h, &d, stream);
 }
@@ -167,6 +174,7 @@ void coda_llama_free(coda_llama_t *L) {
         else coda__llama_mem_free(L->mem, L->bufs[i].p);
     }
     coda__llama_mem_free(L->mem, L->ws);
+    coda__llama_mem_free(L->mem, L->aws);
     coda__llama_mem_close(L->mem);
     coda_block_free(L->block);
     free(L);
@@ -178,6 +186,12 @@ static coda_status_t create(coda_llama_t *L) {
     const coda_block_t *B = L->block;
     CODA_TRY(coda_block_workspace_size(B, CODA_BLOCK_ANY, mp, &L->ws_bytes));
     CODA_TRY(coda__llama_mem_alloc(L->mem, L->ws_bytes, &L->ws));
+    L->ash = (coda_attention_shape_t){L->batch, L->seq, cfg->n_heads, cfg->n_kv_heads, cfg->head_dim};
+    L->dev_attn = L->device == CODA_DEVICE_CUDA && (cfg->head_dim == 64 || cfg->head_dim == 128);
+    if (L->dev_attn) {
+        CODA_TRY(coda_attention_workspace_size(L->ctx, L->device, &L->ash, &L->aws_bytes));
+        CODA_TRY(coda__llama_mem_alloc(L->mem, L->aws_bytes, &L->aws));
+    }
 
     ALLOC2(L->x, CODA_BF16, mp, d);
     ALLOC1(L->pos, CODA_F32, mp);
@@ -188,7 +202,8 @@ static coda_status_t create(coda_llama_t *L) {
     ALLOC1(L->acts.r2, CODA_F32, mp);
     ALLOC2(L->acts.z, CODA_BF16, mp, 2 * I);
     PAIR(L->o, CODA_BF16, B->nq);
-    HOST2(L->alse, CODA_F32, m, cfg->n_heads);
+    if (L->dev_attn) ALLOC2(L->alse, CODA_F32, m, cfg->n_heads);
+    else HOST2(L->alse, CODA_F32, m, cfg->n_heads);
     ALLOC2(L->y, CODA_BF16, mp, d);
     ALLOC2(L->dY, CODA_BF16, mp, d);
     ALLOC2(L->dh, CODA_BF16, mp, d);
@@ -365,9 +380,13 @@ coda_status_t coda_llama_forward(coda_llama_t *L, const coda_llama_weights_t *w,
     coda_tensor_t xm = rows_m(L, &L->x);
     CODA_TRY(coda__llama_mem_copy(L->mem, x, &xm, stream));
     CODA_TRY(coda_block_forward_pre(L->block, w, &L->x, NULL, &L->pos, &L->acts, L->ws, L->ws_bytes, stream));
-    /* Attention on the CPU (GPU kernel goes here). */
+    /* Attention where it runs (the CPU's on host copies of a CUDA layer
+     * whose head_dim the kernels do not take). */
     CODA_TRY(down(L, &L->qkv, stream));
-    CODA_TRY(coda__attention_forward(cfg, L->batch, L->seq, &L->qkv.h, &L->o.h, &L->alse, L->ctx->cpu_threads));
+    {
+        coda_tensor_t q = rows_m(L, L->dev_attn ? &L->qkv.d : &L->qkv.h), o = rows_m(L, L->dev_attn ? &L->o.d : &L->o.h);
+        CODA_TRY(coda_attention_forward(L->ctx, &L->ash, &q, &o, &L->alse, stream));
+    }
     CODA_TRY(up(L, &L->o, stream));
     CODA_TRY(coda_block_forward_post(L->block, w, &L->x, &L->o.d, &L->acts, &L->y, with_loss ? &w->gf : NULL,
                                      with_loss ? &L->yg : NULL, with_loss ? &L->rf : NULL, L->ws, L->ws_bytes,
@@ -455,11 +474,15 @@ coda_status_t coda_llama_backward(coda_llama_t *L, const coda_llama_weights_t *w
     }
     CODA_TRY(coda_block_backward_post(L->block, w, &L->o.d, &L->acts, &L->dY, &L->do_.d, &L->dh, grads, L->ws,
                                       L->ws_bytes, stream));
-    /* Attention backward on the CPU (GPU kernel goes here); qkv, o and the
-     * attention lse are the forward's host copies. */
+    /* Attention backward where the forward ran (on the host: qkv, o and the
+     * attention lse are the forward's host copies). */
     CODA_TRY(down(L, &L->do_, stream));
-    CODA_TRY(coda__attention_backward(cfg, L->batch, L->seq, &L->qkv.h, &L->o.h, &L->alse, &L->do_.h, &L->dqkv.h,
-                                      L->ctx->cpu_threads));
+    {
+        const int dv = L->dev_attn;
+        coda_tensor_t q = rows_m(L, dv ? &L->qkv.d : &L->qkv.h), o = rows_m(L, dv ? &L->o.d : &L->o.h);
+        coda_tensor_t g = rows_m(L, dv ? &L->do_.d : &L->do_.h), dq = rows_m(L, dv ? &L->dqkv.d : &L->dqkv.h);
+        CODA_TRY(coda_attention_backward(L->ctx, &L->ash, &q, &o, &L->alse, &g, &dq, L->aws, L->aws_bytes, stream));
+    }
     CODA_TRY(up(L, &L->dqkv, stream));
     /* dx last: into the caller's tensor, or through a buffer of mp rows */
     coda_tensor_t *dxo = L->mp > m ? &L->dx : dx;

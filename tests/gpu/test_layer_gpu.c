@@ -1,6 +1,7 @@
-/* test_layer_gpu.c - the LLaMA layer on CUDA (its GEMMs, epilogue programs and
- * finishing steps on the GPU; attention and the other non-GEMM steps on the
- * CPU through host copies) against the plain reference layer: y, loss, dx and
+/* test_layer_gpu.c - the LLaMA layer on CUDA (its GEMMs, epilogue programs,
+ * finishing steps and, for head_dim 64 and 128, attention on the GPU; for
+ * other head_dims attention on the CPU through host copies) against the
+ * plain reference layer: y, loss, dx and
  * every weight gradient within 2 x (bf16 unfused error) + 1e-6 of float64.
  * Also the CPU layer on the same data, for comparison. Needs an sm_90a GPU. */
 #include "harness.h"
@@ -59,6 +60,16 @@ int main(void) {
                                 .vocab = 1000, .eps = 1e-5f, .rope_theta = 500000.0f};
     o.seed = 5; o.use_dy = 1; o.loss_scale = 1.0f / 128;
     run_case(ctx, "demo shape", demo, 2, 64, o);
+
+    /* head_dim 64 and 128: the whole layer on the GPU (coda_attention's kernels) */
+    coda_llama_config_t h64 = {.d = 256, .n_heads = 4, .n_kv_heads = 2, .head_dim = 64, .ffn = 344,
+                               .vocab = 520, .eps = 1e-5f, .rope_theta = 500000.0f};
+    o.seed = 7; o.use_dy = 1; o.loss_scale = 1.0f / 154;
+    run_case(ctx, "head_dim 64, attention on the GPU", h64, 2, 77, o);
+    coda_llama_config_t h128 = h64;
+    h128.n_heads = 2; h128.n_kv_heads = 1; h128.head_dim = 128;
+    o.seed = 8; o.use_dy = 0; o.loss_scale = 1.0f / 131;
+    run_case(ctx, "head_dim 128 (MQA), attention on the GPU, M = 131", h128, 1, 131, o);
 
     /* a non-blocking stream (as PyTorch side streams are): the layer's copies
      * and fills must be ordered on it, not on the default stream */
