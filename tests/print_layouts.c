@@ -106,6 +106,14 @@ int main(void) {
     FIELD(coda_lm_loss_opts_t, chunk_rows);
     struct_end();
 
+    STRUCT(coda_attention_shape_t);
+    FIELD(coda_attention_shape_t, batch);
+    FIELD(coda_attention_shape_t, seq);
+    FIELD(coda_attention_shape_t, n_heads);
+    FIELD(coda_attention_shape_t, n_kv_heads);
+    FIELD(coda_attention_shape_t, head_dim);
+    struct_end();
+
     STRUCT(coda__ref_weights_t);
     FIELD(coda__ref_weights_t, wq);
     FIELD(coda__ref_weights_t, wk);

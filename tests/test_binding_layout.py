@@ -40,6 +40,7 @@ MIRRORS = {
     "coda_llama_config_t": coda.LlamaConfig,
     "coda_llama_weights_t": coda.LlamaWeights,
     "coda_lm_loss_opts_t": coda.LMLossOptions,
+    "coda_attention_shape_t": coda.AttentionShape,
     "coda__ref_weights_t": reference.RefWeights,
     "coda__ref_layer_t": reference.RefLayer,
 }

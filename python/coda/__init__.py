@@ -30,7 +30,8 @@ __all__ = [
     "Error", "Context", "Program", "LlamaConfig", "Llama", "describe_tensor", "gemm",
     "gemm_epilogue", "choose_tiling", "finish_reduce", "finish_rstd", "finish_lse",
     "builtin_program", "builtin_program_names", "PackedWeights", "pack_weights", "unpack_grads",
-    "Block", "LMLossOptions", "lm_loss_options", "lm_loss_workspace_size", "lm_loss", "lib",
+    "Block", "LMLossOptions", "lm_loss_options", "lm_loss_workspace_size", "lm_loss", "AttentionShape",
+    "attention_workspace_size", "attention_forward", "attention_backward", "lib",
 ]
 
 # ---------------------------------------------------------------------------
@@ -277,6 +278,31 @@ class LMLossOptions(ctypes.Structure):
         return "LMLossOptions(%s)" % ", ".join("%s=%r" % (f, getattr(self, f)) for f, _ in self._fields_)
 
 
+class AttentionShape(ctypes.Structure):
+    """coda_attention_shape_t (coda.h section 11): AttentionShape(batch,
+    seq, n_heads, n_kv_heads, head_dim). Every field is checked for int64_t
+    on assignment (a bool or a non-integer: TypeError; out of range:
+    ValueError); the values themselves (>= 1, n_kv_heads dividing n_heads,
+    head_dim even on the CPU, 64 or 128 on CUDA) are C's to check."""
+    _fields_ = [("batch", ctypes.c_int64), ("seq", ctypes.c_int64), ("n_heads", ctypes.c_int64),
+                ("n_kv_heads", ctypes.c_int64), ("head_dim", ctypes.c_int64)]
+
+    def __init__(self, batch, seq, n_heads, n_kv_heads, head_dim):
+        super().__init__(batch, seq, n_heads, n_kv_heads, head_dim)
+
+    def __setattr__(self, name, value):
+        if name not in _ATTN_FIELDS:
+            raise AttributeError("coda: AttentionShape has no field %r (fields: %s)"
+                                 % (name, ", ".join(_ATTN_FIELDS)))
+        super().__setattr__(name, _int(value, name))
+
+    def __repr__(self):
+        return "AttentionShape(%s)" % ", ".join("%s=%d" % (f, getattr(self, f)) for f in _ATTN_FIELDS)
+
+
+_ATTN_FIELDS = ("batch", "seq", "n_heads", "n_kv_heads", "head_dim")
+
+
 class BlockActs(ctypes.Structure):
     """coda_block_acts_t: what a block's forward saves for its backward."""
     _fields_ = [(n, Tensor) for n in ("r1", "qkv", "h", "r2", "z")]
@@ -347,6 +373,10 @@ _sig("coda_lm_loss_workspace_size", _VP, ctypes.c_int, ctypes.c_int64, ctypes.c_
      _P(ctypes.c_size_t))
 _sig("coda_lm_loss", _VP, _P(Tensor), _P(Tensor), _P(Tensor), _P(LMLossOptions), _P(Tensor), _P(Tensor),
      _P(Tensor), _P(Tensor), _VP, ctypes.c_size_t, _VP)
+_sig("coda_attention_workspace_size", _VP, ctypes.c_int, _P(AttentionShape), _P(ctypes.c_size_t))
+_sig("coda_attention_forward", _VP, _P(AttentionShape), _P(Tensor), _P(Tensor), _P(Tensor), _VP)
+_sig("coda_attention_backward", _VP, _P(AttentionShape), _P(Tensor), _P(Tensor), _P(Tensor), _P(Tensor),
+     _P(Tensor), _VP, ctypes.c_size_t, _VP)
 lib.coda_builtin_program.restype = ctypes.c_char_p
 lib.coda_builtin_program.argtypes = [ctypes.c_char_p]
 lib.coda_builtin_program_names.restype = _P(ctypes.c_char_p)
@@ -1079,3 +1109,106 @@ def lm_loss(ctx, x, w, targets, loss=None, total=None, dx=None, dw=None, opts=No
                             _opt(dx), _opt(dw), ws, n, _stream(x, w, loss)))
     del buf  # held until the call is queued (torch's allocator orders its reuse on the stream)
     return loss, total, dx, dw
+
+
+# ---------------------------------------------------------------------------
+# Causal grouped-query attention (coda.h section 11)
+# ---------------------------------------------------------------------------
+
+def _attn_shape(batch, seq, n_heads, n_kv_heads, head_dim):
+    return AttentionShape(batch, seq, n_heads, n_kv_heads, head_dim)
+
+
+def _attn_stream(stream, *tensors):
+    """The stream argument of an attention call as a void *: None -> the
+    current torch stream of the first CUDA tensor (NULL on the CPU); a
+    torch.cuda.Stream (or anything with .cuda_stream), a ctypes.c_void_p
+    or an int (a cudaStream_t's value) as given."""
+    if stream is None:
+        return _stream(*tensors)
+    if hasattr(stream, "cuda_stream"):
+        return ctypes.c_void_p(stream.cuda_stream)
+    if isinstance(stream, ctypes.c_void_p):
+        return stream
+    return ctypes.c_void_p(_int(stream, "stream") or None)
+
+
+def _attn_out(t, rows, cols, dtype, like):
+    """An output given (returned as it is, C checks it) or, for None, a new
+    (rows, cols) tensor of dtype on like's device."""
+    if t is not None:
+        return t
+    if not isinstance(like, torch.Tensor):
+        raise TypeError("coda: qkv must be a torch.Tensor, got %s" % type(like).__name__)
+    return torch.empty(max(rows, 0), max(cols, 0), dtype=dtype, device=like.device)
+
+
+def attention_workspace_size(ctx, device, batch, seq, n_heads, n_kv_heads, head_dim):
+    """Bytes of workspace coda_attention_backward needs for this shape on
+    device "cpu" (0) or "cuda" (batch * seq * n_heads f32, rounded up to
+    256 bytes). The shape is checked as the calls check it (coda.Error)."""
+    device = _device(device)
+    shape = _attn_shape(batch, seq, n_heads, n_kv_heads, head_dim)
+    n = ctypes.c_size_t()
+    _check(lib.coda_attention_workspace_size(ctx.handle, DEVICE_CUDA if device.type == "cuda" else DEVICE_CPU,
+                                             ctypes.byref(shape), ctypes.byref(n)))
+    return n.value
+
+
+def attention_forward(ctx, qkv, o, lse, batch, seq, n_heads, n_kv_heads, head_dim, stream=None):
+    """coda_attention_forward: causal grouped-query attention over the
+    block's layout (coda.h section 11). M = batch * seq rows (row r is
+    position r % seq of sequence r // seq); qkv (M, nq + 2 nkv) bf16 holds
+    q | k | v (nq = n_heads head_dim, nkv = n_kv_heads head_dim); query
+    head h reads kv head h // (n_heads // n_kv_heads). Outputs, written in
+    place: o (M, nq) bf16 and lse (M, n_heads) f32, the log-sum-exp of each
+    row's scaled scores (None: allocated). Row strides are free (views of
+    wider buffers work); on CUDA head_dim is 64 or 128 and every base and
+    row stride 16-byte aligned. stream: None runs on the current torch
+    stream of qkv's device. -> (o, lse). Refusals: coda.Error (dtype,
+    shape, stride, overlap, device), nothing written."""
+    shape = _attn_shape(batch, seq, n_heads, n_kv_heads, head_dim)
+    m, nq = shape.batch * shape.seq, shape.n_heads * shape.head_dim
+    o = _attn_out(o, m, nq, torch.bfloat16, qkv)
+    lse = _attn_out(lse, m, shape.n_heads, torch.float32, qkv)
+    _check(lib.coda_attention_forward(ctx.handle, ctypes.byref(shape), _opt(qkv), _opt(o), _opt(lse),
+                                      _attn_stream(stream, qkv, o, lse)))
+    return o, lse
+
+
+def attention_backward(ctx, qkv, o, lse, do, dqkv, batch, seq, n_heads, n_kv_heads, head_dim, workspace=None,
+                       stream=None):
+    """coda_attention_backward: dqkv (M, nq + 2 nkv) f32 = dL/dqkv (every
+    element written, in qkv's column blocks) from the forward's qkv, its o
+    (as stored) and lse, and do = dL/do (M, nq) bf16 (coda.h section 11).
+    dqkv None: allocated. workspace: a tensor on qkv's device of at least
+    attention_workspace_size bytes, 256-byte aligned (None: one is
+    allocated from torch for the call; the CPU needs none). stream as in
+    attention_forward. -> dqkv."""
+    shape = _attn_shape(batch, seq, n_heads, n_kv_heads, head_dim)
+    m = shape.batch * shape.seq
+    width = (shape.n_heads + 2 * shape.n_kv_heads) * shape.head_dim
+    dqkv = _attn_out(dqkv, m, width, torch.float32, qkv)
+    if not isinstance(qkv, torch.Tensor):
+        raise TypeError("coda: qkv must be a torch.Tensor, got %s" % type(qkv).__name__)
+    device = _device(qkv.device, "qkv's device")
+    buf = None
+    if workspace is None:
+        n = attention_workspace_size(ctx, device, shape.batch, shape.seq, shape.n_heads, shape.n_kv_heads,
+                                     shape.head_dim)
+        ws = None
+        if n:
+            buf, ws = _workspace(n, device)
+    else:
+        if not isinstance(workspace, torch.Tensor):
+            raise TypeError("coda: attention_backward: workspace must be a torch.Tensor or None, got %s"
+                            % type(workspace).__name__)
+        if workspace.device != qkv.device:
+            # C cannot tell a host pointer from a device one
+            raise ValueError("coda: attention_backward: workspace is on %s, qkv on %s"
+                             % (workspace.device, qkv.device))
+        buf, ws, n = workspace, ctypes.c_void_p(workspace.data_ptr()), workspace.numel() * workspace.element_size()
+    _check(lib.coda_attention_backward(ctx.handle, ctypes.byref(shape), _opt(qkv), _opt(o), _opt(lse), _opt(do),
+                                       _opt(dqkv), ws, n, _attn_stream(stream, qkv, dqkv)))
+    del buf  # held until the call is queued (torch's allocator orders its reuse on the stream)
+    return dqkv
