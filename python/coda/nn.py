@@ -109,6 +109,7 @@ class LlamaLayer(torch.nn.Module):
 
 import math
 
+import coda.attention_ops as _attn_ops
 import coda.ops as _ops
 
 _BLOCK_PARAMS = ("g1", "wqkv", "wo", "g2", "wgu", "wd")
@@ -139,9 +140,40 @@ def causal_attention(qkv, batch, seq, n_heads, n_kv_heads, head_dim):
     return o.transpose(1, 2).reshape(batch * seq, nq)
 
 
+def coda_attention(qkv, batch, seq, n_heads, n_kv_heads, head_dim):
+    """causal_attention's contract, computed by coda (coda.h section 11,
+    through the coda::attention operator of coda.attention_ops): causal
+    grouped-query attention over qkv (M, nqkv) bf16 in the block's layout
+    -> o (M, nq) bf16; differentiable in qkv. On the CPU coda's f32 oracle
+    (any even head_dim); on CUDA coda's kernels (head_dim 64 or 128, else
+    coda.Error CODA_ERR_UNSUPPORTED). LlamaBlock(attention="coda")."""
+    return _attn_ops.attention(qkv, batch, seq, n_heads, n_kv_heads, head_dim)[0]
+
+
+ATTENTIONS = {"sdpa": causal_attention, "coda": coda_attention}
+
+
+def _attention(attention):
+    """LlamaBlock's attention argument as a function: None or "sdpa" ->
+    causal_attention (torch SDPA), "coda" -> coda_attention, a callable as
+    it is; anything else -> ValueError / TypeError."""
+    if attention is None:
+        return causal_attention
+    if isinstance(attention, str):
+        if attention not in ATTENTIONS:
+            raise ValueError("coda.nn: attention=%r: a function, or one of %s" % (attention, sorted(ATTENTIONS)))
+        return ATTENTIONS[attention]
+    if not callable(attention):
+        raise TypeError("coda.nn: attention must be None, a name (%s) or a function (qkv, batch, seq, n_heads, "
+                        "n_kv_heads, head_dim) -> o, got %s" % (sorted(ATTENTIONS), type(attention).__name__))
+    return attention
+
+
 class LlamaBlock(torch.nn.Module):
     """One pre-norm LLaMA block (attention + SwiGLU FFN), run by coda around
-    an attention of PyTorch's (causal_attention: SDPA by default).
+    an attention: attention=None or "sdpa" (causal_attention, torch's SDPA:
+    the default), "coda" (coda_attention, coda's own kernels) or any
+    function (qkv, batch, seq, n_heads, n_kv_heads, head_dim) -> o.
 
         blk = coda.nn.LlamaBlock(cfg)                 # random init, or
         blk = coda.nn.LlamaBlock.from_state_dict(cfg, sd, "model.layers.0.")
@@ -161,7 +193,7 @@ class LlamaBlock(torch.nn.Module):
         self._cfg_list = [self.cfg.d, self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.head_dim, self.cfg.ffn]
         # plain Python numbers for forward (torch.compile does not trace ctypes fields)
         self._eps, self._theta = float(self.cfg.eps), float(self.cfg.rope_theta)
-        self.attention = attention or causal_attention
+        self.attention = _attention(attention)
         shapes = coda._weight_shapes(self.cfg)
         for n in _BLOCK_PARAMS:
             shape = shapes[n]
@@ -376,6 +408,8 @@ class LlamaModel(torch.nn.Module):
     """A LLaMA model: embedding, n_layers coda LlamaBlocks, final RMSNorm,
     LM head + loss. forward(tokens (batch, seq) int64, targets or None) ->
     loss (targets given) or the final hidden states (batch, seq, d).
+    attention: each block's (LlamaBlock's argument: None / "sdpa", "coda"
+    or a function).
     fuse_norms: each block's down projection also gives the next block's
     x g1 and rstd (its epilogue's row sums), so the blocks after the first
     run no RMSNorm prologue; the result differs from fuse_norms=False only
