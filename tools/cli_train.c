@@ -2,21 +2,27 @@
  * file, written against the public API a C user has:
  *
  *   embedding      x = E[token] (bf16), here
- *   each block     coda_block_forward_pre, coda's CPU attention,
+ *   each block     coda_block_forward_pre, coda_attention_forward,
  *                  coda_block_forward_post (the last one with the final
  *                  norm's first half, g_next = gf: its epilogue gives y gf
  *                  and rstd(y) for the LM head)
  *   LM head        lmhead_lse, coda_finish_lse (the loss); backward:
  *                  lmhead_bwd, rmsnorm_bwd (dY, dgf), dWlm = dl^T b
- *   each block     coda_block_backward_post, attention backward,
+ *   each block     coda_block_backward_post, coda_attention_backward,
  *                  coda_block_backward_pre, in reverse
  *   AdamW          on f32 master weights, bf16 copies for the GEMMs
  *
- * It runs on the CPU backend: coda's attention is a CPU function until
- * there is a GPU kernel (issue 22), and a CUDA run would copy every layer's
- * q, k, v to the host and back. Prints the loss and tokens per second. */
+ * On a GPU (--device cuda, or auto where there is one and head_dim is 64
+ * or 128, what the attention kernels take) every step above but the
+ * embedding gather and AdamW runs on the device: the host gathers the
+ * batch's embedding rows and keeps the f32 master weights and the AdamW
+ * state, uploads the bf16 weights after each update and downloads the
+ * gradients, the losses and dL/dx0 (small, for the byte-level models this
+ * command trains). On the CPU backend the same calls run on host tensors.
+ * Prints the loss and tokens per second. */
 #include "cli.h"
-#include "layer/attention.h"
+#include "core/internal.h"
+#include "layer/llama.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -32,11 +38,14 @@
 const char coda_cli_train_usage[] =
     "usage: coda train [--data FILE] [--steps N] [--layers L] [--d D] [--heads H]\n"
     "                  [--kv-heads K] [--ffn I] [--batch B] [--seq S] [--lr X]\n"
-    "                  [--seed N] [--every N]\n"
+    "                  [--seed N] [--every N] [--device auto|cpu|cuda]\n"
     "  Train a byte-level LLaMA (vocabulary 256) on FILE with the split block\n"
-    "  (coda.h section 9) on the CPU backend, coda's CPU attention between its\n"
-    "  halves, the LM head and loss as epilogue programs, AdamW; print the loss\n"
-    "  and tokens per second every N steps.\n"
+    "  (coda.h section 9), coda's attention (section 11) between its halves,\n"
+    "  the LM head and loss as epilogue programs, AdamW on the host; print the\n"
+    "  loss and tokens per second every N steps.\n"
+    "  --device     cuda: all but the embedding gather and AdamW on the GPU\n"
+    "               (head_dim 64 or 128); auto (default): cuda where there is\n"
+    "               a GPU and head_dim allows, else cpu\n"
     "  --data FILE  text to train on (default /usr/share/common-licenses/GPL-3)\n"
     "  --steps N    1..1000000 (default 100)     --every N  1..1000000 (default 10)\n"
     "  --layers L   1..16 (default 2)            --d D      8..4096 (default 64)\n"
@@ -92,11 +101,15 @@ static void pool_free(pool_t *pl) {
     free(pl->p);
 }
 
-/* A parameter: f32 master, its bf16 copy, gradient (f32) and AdamW moments. */
+/* A parameter: f32 master, its bf16 copy, gradient (f32) and AdamW moments
+ * on the host; db and dg the bf16 copy and the gradient where the model runs
+ * (on the CPU backend the same memory as b and g). */
 typedef struct {
     int64_t rows, cols; /* cols 0: a vector */
     float *w, *g, *m, *v;
     uint16_t *b;
+    void *db, *dg;
+    coda_device_t dev;
 } param_t;
 
 static int param_new(pool_t *pl, param_t *p, int64_t rows, int64_t cols, rng_t *r, float scale, float one) {
@@ -111,12 +124,16 @@ static int param_new(pool_t *pl, param_t *p, int64_t rows, int64_t cols, rng_t *
     }
     return 1;
 }
-static coda_tensor_t bf(const param_t *p) {
-    return p->cols ? coda_tensor_2d(p->b, CODA_BF16, p->rows, p->cols) : coda_tensor_1d(p->b, CODA_BF16, p->rows);
+static coda_tensor_t ptensor(const param_t *p, void *data, coda_dtype_t dt, coda_device_t dev) {
+    coda_tensor_t t = p->cols ? coda_tensor_2d(data, dt, p->rows, p->cols) : coda_tensor_1d(data, dt, p->rows);
+    t.device = dev;
+    return t;
 }
-static coda_tensor_t grad(const param_t *p) {
-    return p->cols ? coda_tensor_2d(p->g, CODA_F32, p->rows, p->cols) : coda_tensor_1d(p->g, CODA_F32, p->rows);
-}
+/* The bf16 weight and the gradient where the model runs, and on the host. */
+static coda_tensor_t bf(const param_t *p) { return ptensor(p, p->db, CODA_BF16, p->dev); }
+static coda_tensor_t grad(const param_t *p) { return ptensor(p, p->dg, CODA_F32, p->dev); }
+static coda_tensor_t bf_host(const param_t *p) { return ptensor(p, p->b, CODA_BF16, CODA_DEVICE_CPU); }
+static coda_tensor_t grad_host(const param_t *p) { return ptensor(p, p->g, CODA_F32, CODA_DEVICE_CPU); }
 static void adamw(param_t *p, float lr, int t) {
     const float b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = p->cols ? 0.01f : 0.0f;
     float c1 = 1.0f - powf(b1, (float)t), c2 = 1.0f - powf(b2, (float)t);
@@ -133,8 +150,50 @@ static void adamw(param_t *p, float lr, int t) {
 static coda_tensor_t t2(pool_t *pl, coda_dtype_t dt, int64_t r, int64_t c) {
     return coda_tensor_2d(pool_alloc(pl, (size_t)(r * c) * coda_dtype_size(dt)), dt, r, c);
 }
-static coda_tensor_t t1(pool_t *pl, coda_dtype_t dt, int64_t n) {
-    return coda_tensor_1d(pool_alloc(pl, (size_t)n * coda_dtype_size(dt)), dt, n);
+
+/* Memory where the model runs: the device's (through the layer's memory
+ * handle, as coda_llama does), zeroed, freed together. */
+#define MAX_DEV_BUFS 512
+typedef struct {
+    coda__llama_mem_t *mem;
+    coda_device_t dev;
+    void *p[MAX_DEV_BUFS];
+    int n, failed;
+} dpool_t;
+static void *dev_alloc(dpool_t *dp, size_t bytes) {
+    void *p = NULL;
+    if (dp->n == MAX_DEV_BUFS || coda__llama_mem_alloc(dp->mem, bytes ? bytes : 1, &p) != CODA_OK) {
+        dp->failed = 1;
+        return NULL;
+    }
+    dp->p[dp->n++] = p;
+    return p;
+}
+static coda_tensor_t dev_tensor(dpool_t *dp, coda_dtype_t dt, int ndim, int64_t r, int64_t c, int64_t k) {
+    int64_t n = r * (ndim > 1 ? c : 1) * (ndim > 2 ? k : 1);
+    void *p = dev_alloc(dp, (size_t)n * coda_dtype_size(dt));
+    coda_tensor_t t = ndim == 1 ? coda_tensor_1d(p, dt, r) : ndim == 2 ? coda_tensor_2d(p, dt, r, c)
+                                                                      : coda_tensor_3d(p, dt, r, c, k);
+    t.device = dp->dev;
+    if (p && ndim < 3 && coda__llama_mem_zero(dp->mem, &t, NULL) != CODA_OK) dp->failed = 1;
+    return t;
+}
+static coda_tensor_t d2(dpool_t *dp, coda_dtype_t dt, int64_t r, int64_t c) { return dev_tensor(dp, dt, 2, r, c, 0); }
+static coda_tensor_t d1(dpool_t *dp, coda_dtype_t dt, int64_t n) { return dev_tensor(dp, dt, 1, n, 0, 0); }
+static void dpool_free(dpool_t *dp) {
+    for (int i = 0; i < dp->n; i++) coda__llama_mem_free(dp->mem, dp->p[i]);
+    coda__llama_mem_close(dp->mem);
+}
+/* A parameter's copies where the model runs (the host's own on the CPU). */
+static int param_place(dpool_t *dp, param_t *p) {
+    size_t n = (size_t)p->rows * (size_t)(p->cols ? p->cols : 1);
+    p->dev = dp->dev;
+    if (dp->dev == CODA_DEVICE_CPU) {
+        p->db = p->b, p->dg = p->g;
+        return 1;
+    }
+    p->db = dev_alloc(dp, n * 2), p->dg = dev_alloc(dp, n * 4);
+    return p->db && p->dg;
 }
 
 static coda_binding_t bt(const char *name, const coda_tensor_t *t) {
@@ -159,12 +218,6 @@ static coda_binding_t bs(const char *name, float v) {
         }                                                                            \
     } while (0)
 
-/* Threads for coda's CPU attention: the online CPUs, at most 64. */
-static int threads(void) {
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n < 1 ? 1 : n > 64 ? 64 : (int)n;
-}
-
 static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -172,14 +225,13 @@ static double now(void) {
 }
 
 /* The partials' tensor program argument `name` needs for this GEMM. */
-static coda_tensor_t partials(pool_t *pl, const coda_program_t *p, const char *name, int64_t m, int64_t n,
+static coda_tensor_t partials(dpool_t *dp, const coda_program_t *p, const char *name, int64_t m, int64_t n,
                               const coda_tiling_t *tl) {
     int nd = 0;
     int64_t sh[3] = {0, 0, 0};
     coda_dtype_t dt = CODA_F32;
     coda_program_arg_shape(p, coda_program_find_arg(p, name), m, n, tl, &nd, sh, &dt);
-    if (nd == 3) return coda_tensor_3d(pool_alloc(pl, (size_t)(sh[0] * sh[1] * sh[2]) * 4), dt, sh[0], sh[1], sh[2]);
-    return t2(pl, dt, sh[0], sh[1]);
+    return dev_tensor(dp, dt, nd == 3 ? 3 : 2, sh[0], sh[1], sh[2]);
 }
 
 int coda_cli_train(int argc, char **argv) {
@@ -187,6 +239,7 @@ int coda_cli_train(int argc, char **argv) {
     long long steps = 100, layers = 2, d = 64, heads = 4, kv = 2, ffn = 176, batch = 4, seq = 64, seed = 1,
               every = 10;
     double lr = 3e-3;
+    const char *device_name = "auto";
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -194,7 +247,8 @@ int coda_cli_train(int argc, char **argv) {
             return 0;
         }
         static const char *const known[] = {"--data", "--steps", "--every", "--layers", "--d", "--heads",
-                                             "--kv-heads", "--ffn", "--batch", "--seq", "--seed", "--lr"};
+                                             "--kv-heads", "--ffn", "--batch", "--seq", "--seed", "--lr",
+                                             "--device"};
         int is_known = 0;
         for (size_t k = 0; k < sizeof known / sizeof known[0]; k++) is_known |= !strcmp(a, known[k]);
         if (!is_known) return usage_error("unknown option '%s'", a);
@@ -202,6 +256,7 @@ int coda_cli_train(int argc, char **argv) {
         const char *v = argv[++i];
         int ok = 1;
         if (!strcmp(a, "--data")) data_path = v;
+        else if (!strcmp(a, "--device")) ok = !strcmp(v, "auto") || !strcmp(v, "cpu") || !strcmp(v, "cuda"), device_name = v;
         else if (!strcmp(a, "--steps")) ok = coda_cli_parse_int(v, 1, 1000000, &steps);
         else if (!strcmp(a, "--every")) ok = coda_cli_parse_int(v, 1, 1000000, &every);
         else if (!strcmp(a, "--layers")) ok = coda_cli_parse_int(v, 1, MAX_LAYERS, &layers);
@@ -238,6 +293,7 @@ int coda_cli_train(int argc, char **argv) {
 
     int rc = 1;
     pool_t pl = {0};
+    dpool_t dp = {0};
     coda_context_t *ctx = NULL;
     coda_block_t *blk = NULL;
     coda_program_t *p_lse = NULL, *p_bwd = NULL, *p_rms = NULL;
@@ -246,7 +302,20 @@ int coda_cli_train(int argc, char **argv) {
     const int64_t M = batch * seq, nq = heads * (d / heads), nqkv = nq + 2 * kv * (d / heads), L = layers;
     rng_t r = {(uint64_t)seed * 0x9E3779B97F4A7C15ull + 7};
     TRY(coda_context_create(NULL, &ctx));
-    TRY(coda_block_create(ctx, &cfg, CODA_DEVICE_CPU, &blk));
+    const int hd_gpu = d / heads == 64 || d / heads == 128;
+    coda_device_t dev = CODA_DEVICE_CPU;
+    if (!strcmp(device_name, "cuda")) {
+        if (!hd_gpu) {
+            fprintf(stderr, "coda train: --device cuda needs head_dim = d / heads of 64 or 128 (got %lld)\n", d / heads);
+            goto out;
+        }
+        dev = CODA_DEVICE_CUDA;
+    } else if (!strcmp(device_name, "auto") && hd_gpu && coda_context_has_cuda(ctx)) {
+        dev = CODA_DEVICE_CUDA;
+    }
+    TRY(coda__llama_mem_open(ctx, dev, 0, &dp.mem));
+    dp.dev = dev;
+    TRY(coda_block_create(ctx, &cfg, dev, &blk));
     TRY(coda_program_parse(coda_builtin_program("lmhead_lse"), &p_lse));
     TRY(coda_program_parse(coda_builtin_program("lmhead_bwd"), &p_bwd));
     TRY(coda_program_parse(coda_builtin_program("rmsnorm_bwd"), &p_rms));
@@ -255,48 +324,70 @@ int coda_cli_train(int argc, char **argv) {
     param_t E, gf, wlm, P[MAX_LAYERS][6];
     int okp = param_new(&pl, &E, VOCAB, d, &r, 1.0f, 0.0f) && param_new(&pl, &gf, d, 0, &r, 0.0f, 1.0f) &&
               param_new(&pl, &wlm, VOCAB, d, &r, 1.0f / sqrtf((float)d), 0.0f);
+    okp = okp && param_place(&dp, &E) && param_place(&dp, &gf) && param_place(&dp, &wlm);
     for (int64_t l = 0; okp && l < L; l++) {
         const int64_t rows[6] = {d, nqkv, d, d, 2 * ffn, d}, cols[6] = {0, d, nq, 0, d, ffn};
         for (int k = 0; okp && k < 6; k++)
             okp = param_new(&pl, &P[l][k], rows[k], cols[k], &r, cols[k] ? 1.0f / sqrtf((float)cols[k]) : 0.0f,
-                            cols[k] ? 0.0f : 1.0f);
+                            cols[k] ? 0.0f : 1.0f) && param_place(&dp, &P[l][k]);
     }
     if (!okp) {
         fprintf(stderr, "coda train: out of memory\n");
         goto out;
     }
 
-    /* activations (each block's saved tensors) and scratch */
-    size_t ws_bytes;
-    TRY(coda_block_workspace_size(blk, CODA_BLOCK_ANY, M, &ws_bytes));
-    void *ws = pool_alloc(&pl, ws_bytes);
-    coda_tensor_t X[MAX_LAYERS + 1], O[MAX_LAYERS], ALSE[MAX_LAYERS], pos = t1(&pl, CODA_F32, M);
-    coda_block_acts_t A[MAX_LAYERS];
-    for (int64_t l = 0; l <= L; l++) X[l] = t2(&pl, CODA_BF16, M, d);
-    for (int64_t l = 0; l < L; l++) {
-        O[l] = t2(&pl, CODA_BF16, M, nq), ALSE[l] = t2(&pl, CODA_F32, M, heads);
-        A[l].r1 = t1(&pl, CODA_F32, M), A[l].qkv = t2(&pl, CODA_BF16, M, nqkv), A[l].h = t2(&pl, CODA_BF16, M, d);
-        A[l].r2 = t1(&pl, CODA_F32, M), A[l].z = t2(&pl, CODA_BF16, M, 2 * ffn);
-    }
-    coda_tensor_t yg = t2(&pl, CODA_BF16, M, d), rf = t1(&pl, CODA_F32, M), tg = t1(&pl, CODA_I32, M);
-    coda_tensor_t lse = t1(&pl, CODA_F32, M), loss = t1(&pl, CODA_F32, M), dl = t2(&pl, CODA_BF16, M, VOCAB);
-    coda_tensor_t svec = t1(&pl, CODA_F32, M), zeros = t2(&pl, CODA_BF16, M, d), b = t2(&pl, CODA_BF16, M, d);
-    coda_tensor_t dY = t2(&pl, CODA_BF16, M, d), dX = t2(&pl, CODA_BF16, M, d), dh = t2(&pl, CODA_BF16, M, d);
-    coda_tensor_t dO = t2(&pl, CODA_BF16, M, nq), dqkv = t2(&pl, CODA_F32, M, nqkv);
-    coda_tiling_t tl_lm, tl_dg;
-    TRY(coda_choose_program_tiling(ctx, CODA_DEVICE_CPU, CODA_LAYOUT_NT, M, VOCAB, d, p_bwd, &tl_lm));
-    TRY(coda_choose_program_tiling(ctx, CODA_DEVICE_CPU, CODA_LAYOUT_NN, M, d, VOCAB, p_rms, &tl_dg));
-    coda_tensor_t lsep = partials(&pl, p_lse, "part", M, VOCAB, &tl_lm), sp = partials(&pl, p_bwd, "s", M, VOCAB, &tl_lm);
-    coda_tensor_t dgp = partials(&pl, p_rms, "dg", M, d, &tl_dg), gfv = t1(&pl, CODA_F32, d);
+    /* the host's side of a step: the batch's embedding rows, tokens,
+     * targets, losses and dL/dx0 */
+    coda_tensor_t hx0 = t2(&pl, CODA_BF16, M, d), htg = coda_tensor_1d(pool_alloc(&pl, (size_t)M * 4), CODA_I32, M);
+    coda_tensor_t hloss = coda_tensor_1d(pool_alloc(&pl, (size_t)M * 4), CODA_F32, M), hdx = t2(&pl, CODA_BF16, M, d);
+    coda_tensor_t hpos = coda_tensor_1d(pool_alloc(&pl, (size_t)M * 4), CODA_F32, M);
     int32_t *tok = pool_alloc(&pl, (size_t)M * 4);
-    if (!ws || !tok || !dqkv.data || !lsep.data || !dgp.data) {
-        fprintf(stderr, "coda train: out of memory\n");
+    /* activations (each block's saved tensors) and scratch, where the model runs */
+    size_t ws_bytes, aws_bytes;
+    coda_attention_shape_t ash = {batch, seq, heads, kv, d / heads};
+    TRY(coda_block_workspace_size(blk, CODA_BLOCK_ANY, M, &ws_bytes));
+    TRY(coda_attention_workspace_size(ctx, dev, &ash, &aws_bytes));
+    void *ws = dev_alloc(&dp, ws_bytes), *aws = aws_bytes ? dev_alloc(&dp, aws_bytes) : NULL;
+    coda_tensor_t X[MAX_LAYERS + 1], O[MAX_LAYERS], ALSE[MAX_LAYERS], pos = d1(&dp, CODA_F32, M);
+    coda_block_acts_t A[MAX_LAYERS];
+    for (int64_t l = 0; l <= L; l++) X[l] = d2(&dp, CODA_BF16, M, d);
+    for (int64_t l = 0; l < L; l++) {
+        O[l] = d2(&dp, CODA_BF16, M, nq), ALSE[l] = d2(&dp, CODA_F32, M, heads);
+        A[l].r1 = d1(&dp, CODA_F32, M), A[l].qkv = d2(&dp, CODA_BF16, M, nqkv), A[l].h = d2(&dp, CODA_BF16, M, d);
+        A[l].r2 = d1(&dp, CODA_F32, M), A[l].z = d2(&dp, CODA_BF16, M, 2 * ffn);
+    }
+    coda_tensor_t yg = d2(&dp, CODA_BF16, M, d), rf = d1(&dp, CODA_F32, M), tg = d1(&dp, CODA_I32, M);
+    coda_tensor_t lse = d1(&dp, CODA_F32, M), loss = d1(&dp, CODA_F32, M), dl = d2(&dp, CODA_BF16, M, VOCAB);
+    coda_tensor_t svec = d1(&dp, CODA_F32, M), zeros = d2(&dp, CODA_BF16, M, d), b = d2(&dp, CODA_BF16, M, d);
+    coda_tensor_t dY = d2(&dp, CODA_BF16, M, d), dX = d2(&dp, CODA_BF16, M, d), dh = d2(&dp, CODA_BF16, M, d);
+    coda_tensor_t dO = d2(&dp, CODA_BF16, M, nq), dqkv = d2(&dp, CODA_F32, M, nqkv);
+    coda_tiling_t tl_lm, tl_dg;
+    TRY(coda_choose_program_tiling(ctx, dev, CODA_LAYOUT_NT, M, VOCAB, d, p_bwd, &tl_lm));
+    TRY(coda_choose_program_tiling(ctx, dev, CODA_LAYOUT_NN, M, d, VOCAB, p_rms, &tl_dg));
+    coda_tensor_t lsep = partials(&dp, p_lse, "part", M, VOCAB, &tl_lm), sp = partials(&dp, p_bwd, "s", M, VOCAB, &tl_lm);
+    coda_tensor_t dgp = partials(&dp, p_rms, "dg", M, d, &tl_dg), gfv = d1(&dp, CODA_F32, d);
+    if (dp.failed || !ws || (aws_bytes && !aws) || !tok || !hx0.data || !htg.data || !hloss.data || !hdx.data ||
+        !hpos.data) {
+        fprintf(stderr, "coda train: out of memory: %s\n", coda_last_error());
         goto out;
     }
-    for (int64_t i = 0; i < M; i++) ((float *)pos.data)[i] = (float)(i % seq);
+    for (int64_t i = 0; i < M; i++) ((float *)hpos.data)[i] = (float)(i % seq);
+    TRY(coda__llama_mem_copy(dp.mem, &hpos, &pos, NULL));
+
+    /* every parameter: the host's bf16 copy where the model runs */
+    param_t *all[3 + 6 * MAX_LAYERS];
+    int n_all = 0;
+    all[n_all++] = &E, all[n_all++] = &gf, all[n_all++] = &wlm;
+    for (int64_t l = 0; l < L; l++)
+        for (int k = 0; k < 6; k++) all[n_all++] = &P[l][k];
+    for (int i = 0; i < n_all; i++) {
+        coda_tensor_t h = bf_host(all[i]), t = bf(all[i]);
+        TRY(coda__llama_mem_copy(dp.mem, &h, &t, NULL));
+    }
 
     printf("coda train: %s (%zu bytes), %lld blocks, d %lld, heads %lld/%lld x %lld, ffn %lld, %lld x %lld bytes "
-           "a step, CPU backend\n", data_path, n_text, (long long)L, d, heads, kv, d / heads, ffn, batch, seq);
+           "a step, %s\n", data_path, n_text, (long long)L, d, heads, kv, d / heads, ffn, batch, seq,
+           dev == CODA_DEVICE_CUDA ? "GPU (CUDA backend)" : "CPU backend");
     double t0 = now(), first = 0, last = 0, acc = 0;
     int64_t window = steps < 20 ? (steps + 1) / 2 : 10;
     for (int64_t step = 1; step <= steps; step++) {
@@ -306,10 +397,12 @@ int coda_cli_train(int argc, char **argv) {
             for (int64_t j = 0; j < seq; j++) {
                 int32_t c = text[at + (size_t)j];
                 tok[bi * seq + j] = c;
-                ((int32_t *)tg.data)[bi * seq + j] = text[at + (size_t)j + 1];
-                memcpy((uint16_t *)X[0].data + (bi * seq + j) * d, E.b + (size_t)c * (size_t)d, (size_t)d * 2);
+                ((int32_t *)htg.data)[bi * seq + j] = text[at + (size_t)j + 1];
+                memcpy((uint16_t *)hx0.data + (bi * seq + j) * d, E.b + (size_t)c * (size_t)d, (size_t)d * 2);
             }
         }
+        TRY(coda__llama_mem_copy(dp.mem, &hx0, &X[0], NULL));
+        TRY(coda__llama_mem_copy(dp.mem, &htg, &tg, NULL));
         /* forward */
         coda_llama_weights_t W[MAX_LAYERS], G[MAX_LAYERS];
         for (int64_t l = 0; l < L; l++) {
@@ -323,7 +416,7 @@ int coda_cli_train(int argc, char **argv) {
         for (int64_t l = 0; l < L; l++) {
             int lastl = l == L - 1;
             TRY(coda_block_forward_pre(blk, &W[l], &X[l], NULL, &pos, &A[l], ws, ws_bytes, NULL));
-            TRY(coda__attention_forward(&cfg, batch, seq, &A[l].qkv, &O[l], &ALSE[l], threads()));
+            TRY(coda_attention_forward(ctx, &ash, &A[l].qkv, &O[l], &ALSE[l], NULL));
             TRY(coda_block_forward_post(blk, &W[l], &X[l], &O[l], &A[l], &X[l + 1], lastl ? &gfb : NULL,
                                         lastl ? &yg : NULL, lastl ? &rf : NULL, ws, ws_bytes, NULL));
         }
@@ -332,8 +425,9 @@ int coda_cli_train(int argc, char **argv) {
             TRY(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &yg, &wlmb, p_lse, b3, 3, &tl_lm, NULL));
             TRY(coda_finish_lse(ctx, &lsep, &tg, -100, &lse, &loss, NULL));
         }
+        TRY(coda__llama_mem_copy(dp.mem, &loss, &hloss, NULL));
         double mean = 0;
-        for (int64_t i = 0; i < M; i++) mean += ((float *)loss.data)[i];
+        for (int64_t i = 0; i < M; i++) mean += ((float *)hloss.data)[i];
         mean /= (double)M;
         if (step <= window) first += mean / (double)window;
         if (step > steps - window) last += mean / (double)window;
@@ -348,26 +442,33 @@ int coda_cli_train(int argc, char **argv) {
                                    bs("invd", 1.0f / (float)d), bt("dx", &dY), bt("b", &b), bt("dg", &dgp)};
             TRY(coda_gemm_epilogue(ctx, CODA_LAYOUT_NN, &dl, &wlmb, p_rms, b9, 9, &tl_dg, NULL));
             TRY(coda_finish_reduce(ctx, CODA_REDUCE_SUM, &dgp, &gfv, NULL));
-            memcpy(gf.g, gfv.data, (size_t)d * 4);
-            coda_tensor_t gw = grad(&wlm);
+            coda_tensor_t gg = grad(&gf), gw = grad(&wlm);
+            TRY(coda__llama_mem_copy(dp.mem, &gfv, &gg, NULL));
             TRY(coda_gemm(ctx, CODA_LAYOUT_TN, &dl, &b, &gw, 1.0f, 0.0f, NULL));
         }
         for (int64_t l = L - 1; l >= 0; l--) {
             TRY(coda_block_backward_post(blk, &W[l], &O[l], &A[l], &dY, &dO, &dh, &G[l], ws, ws_bytes, NULL));
-            TRY(coda__attention_backward(&cfg, batch, seq, &A[l].qkv, &O[l], &ALSE[l], &dO, &dqkv,
-                                         threads()));
+            TRY(coda_attention_backward(ctx, &ash, &A[l].qkv, &O[l], &ALSE[l], &dO, &dqkv, aws, aws_bytes, NULL));
             TRY(coda_block_backward_pre(blk, &W[l], &X[l], &pos, &A[l], &dqkv, &dh, &dX, &G[l], ws, ws_bytes, NULL));
             coda_tensor_t t = dY;
             dY = dX, dX = t;
+        }
+        /* the gradients to the host (nothing to copy on the CPU backend) */
+        TRY(coda__llama_mem_copy(dp.mem, &dY, &hdx, NULL));
+        for (int i = 1; i < n_all; i++) {
+            coda_tensor_t t = grad(all[i]), h = grad_host(all[i]);
+            TRY(coda__llama_mem_copy(dp.mem, &t, &h, NULL));
         }
         /* the embedding's gradient: each token's row of dL/dx0 */
         memset(E.g, 0, (size_t)VOCAB * (size_t)d * 4);
         for (int64_t i = 0; i < M; i++)
             for (int64_t j = 0; j < d; j++)
-                E.g[(size_t)tok[i] * (size_t)d + (size_t)j] += coda__bf16_to_f32(((uint16_t *)dY.data)[i * d + j]);
-        adamw(&E, (float)lr, (int)step), adamw(&gf, (float)lr, (int)step), adamw(&wlm, (float)lr, (int)step);
-        for (int64_t l = 0; l < L; l++)
-            for (int k = 0; k < 6; k++) adamw(&P[l][k], (float)lr, (int)step);
+                E.g[(size_t)tok[i] * (size_t)d + (size_t)j] += coda__bf16_to_f32(((uint16_t *)hdx.data)[i * d + j]);
+        for (int i = 0; i < n_all; i++) {
+            adamw(all[i], (float)lr, (int)step);
+            coda_tensor_t h = bf_host(all[i]), t = bf(all[i]);
+            TRY(coda__llama_mem_copy(dp.mem, &h, &t, NULL));
+        }
         if (step % every == 0 || step == steps) {
             double dt = now() - t0;
             printf("step %6lld  loss %.4f  (mean of the last %lld: %.4f)  %.0f tokens/s\n", (long long)step, mean,
@@ -382,6 +483,7 @@ int coda_cli_train(int argc, char **argv) {
 out:
     coda_program_free(p_lse), coda_program_free(p_bwd), coda_program_free(p_rms);
     coda_block_free(blk);
+    if (dp.mem) dpool_free(&dp);
     coda_context_free(ctx);
     pool_free(&pl);
     return rc;
