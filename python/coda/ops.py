@@ -309,34 +309,36 @@ def _value_readable(g):
     return True
 
 
-def _times(t, g):
-    """t * g, with g (0-dim f32) unrounded: a bf16 t is multiplied in f32
-    (eagerly in slices of rows, so the f32 copy stays small; the compiler
-    fuses the cast into the multiply)."""
-    if t.dtype == torch.float32:
-        return t * g
+def _scaled(t, g):
+    """t * g with g (0-dim) taken as f32, unrounded, on t's device: the
+    value of g is never read on the host, so the backward never waits for
+    the stream. Eagerly in place and, for a bf16 t, in slices of rows (t is
+    the forward's gradient, which nothing else holds, and the f32 copy of a
+    slice stays small: no second (V, d) buffer at the peak); traced, out of
+    place (the compiler fuses the cast into the multiply). In place means a
+    second backward through the same graph (retain_graph) is refused by
+    autograd's saved-tensor version check, never silently wrong."""
+    g = g.to(torch.float32)
     if not _value_readable(g):
-        return (t.float() * g).to(t.dtype)
-    out = torch.empty_like(t)
+        return t * g if t.dtype == torch.float32 else (t.float() * g).to(t.dtype)
+    if t.dtype == torch.float32:
+        return t.mul_(g)
     step = max(1, (1 << 24) // max(1, t.shape[-1]))
     for r in range(0, t.shape[0], step):
-        out[r:r + step] = t[r:r + step].float() * g
-    return out
+        t[r:r + step] = t[r:r + step].float() * g
+    return t
 
 
 def _lm_grad(g, t, needed, computed, name, dtype):
     """The gradient for input `name` from grad_output g and the gradient t
-    of the forward call: None if not needed; t itself when g is exactly 1
-    (read on the host, as Liger-Kernel does: one stream sync on CUDA,
-    eager only; traced or captured, it always multiplies); else t * g."""
+    of the forward call: None if not needed, else t * g (on the device; no
+    host read of g, so no stream sync)."""
     if not needed or g is None:
         return None
     if not computed:
         raise RuntimeError("coda::lm_loss: a gradient for %s is needed, but the forward call was made with "
                            "grad_%s=False (coda.ops.lm_loss sets it when %s requires grad)" % (name, name, name))
-    if not (_value_readable(g) and g.numel() == 1 and bool(g == 1)):
-        t = _times(t, g.to(torch.float32))
-    return t.to(dtype)
+    return _scaled(t, g).to(dtype)
 
 
 if HAVE_CUSTOM_OPS:
