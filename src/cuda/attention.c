@@ -46,7 +46,7 @@ typedef struct {
     coda_cuda_device_t *dev;
     const char *src;
     const char *opts[3];
-    int hd;
+    int hd, fwd_mt;
     void *stream;
 } launcher_t;
 
@@ -80,7 +80,7 @@ static coda_status_t run(launcher_t *L, const coda_attention_shape_t *s, attn_ar
     void *args[] = {a};
     if (!backward)
         return launch(L, "coda_attn_fwd_kernel", heads, batch, (unsigned)coda__cdiv(s->seq, FWD_ROWS),
-                      FWD_ROWS / 16 * 32, smem_fwd(L->hd), args);
+                      FWD_ROWS / (16 * L->fwd_mt) * 32, smem_fwd(L->hd), args);
     long long rows = s->batch * s->seq;
     int64_t warps = rows * s->n_heads, blocks = coda__cdiv(warps, 8);
     void *pargs[] = {a, &rows};
@@ -122,6 +122,7 @@ coda_status_t coda__cuda_attention(coda_context_t *ctx, const coda_attention_sha
     L.opts[0] = "--gpu-architecture=sm_90a";
     L.opts[1] = "-default-device";
     L.opts[2] = L.hd == 64 ? "-DCODA_ATTN_HD=64" : "-DCODA_ATTN_HD=128";
+    L.fwd_mt = L.hd == 128 ? 2 : 1; /* attention.cuh's FWD_MT */
 
     attn_args_t a;
     memset(&a, 0, sizeof a);

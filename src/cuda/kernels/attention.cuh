@@ -39,7 +39,11 @@
 #define HD_CHUNKS (HD / 8)       /* 16-byte chunks in a row of HD bf16   */
 #define KV_TILE 64               /* keys per tile                        */
 #define FWD_ROWS 128             /* query rows of a forward block        */
-#define FWD_WARPS (FWD_ROWS / 16)
+/* m-tiles (16 rows) a forward warp owns: 2 at HD 128 (each K and V
+ * fragment feeds two products: 233 against 199 TFLOP/s at the 8B shape on
+ * the H200), 1 at HD 64 (189 against 184: there the registers bind) */
+#define FWD_MT (HD == 128 ? 2 : 1)
+#define FWD_WARPS (FWD_ROWS / (16 * FWD_MT))
 #define BWD_ROWS 64              /* rows a backward block owns           */
 #define BWD_WARPS (BWD_ROWS / 16)
 #define BWD_QTILE (HD == 128 ? 32 : 64) /* queries per dk/dv step        */
@@ -161,6 +165,50 @@ static __device__ __forceinline__ void frag_b_kn(u32 tile, int k0, int np, u32 *
         }                                                                      \
     } while (0)
 
+/* The same with MT m-tiles a warp (rows a_row0 + 16 mt): each B fragment
+ * loaded from shared memory feeds MT products, halving (MT = 2) the shared
+ * memory traffic per product. s[MT][NT][4]; p[MT][NT][4], acc[MT][HD/8][4]. */
+#define MMA_NT_MT(s, MT, NT, ta, a_row0, tb)                                   \
+    do {                                                                       \
+        _Pragma("unroll") for (int m_ = 0; m_ < (MT); m_++)                    \
+            _Pragma("unroll") for (int i_ = 0; i_ < (NT) * 4; i_++)            \
+                (s)[m_][i_ / 4][i_ % 4] = 0.f;                                 \
+        _Pragma("unroll") for (int kk_ = 0; kk_ < HD / 16; kk_++) {            \
+            u32 a_[MT][4];                                                     \
+            _Pragma("unroll") for (int m_ = 0; m_ < (MT); m_++)                \
+                frag_a((ta), (a_row0) + 16 * m_, kk_, a_[m_]);                 \
+            _Pragma("unroll") for (int np_ = 0; np_ < (NT) / 2; np_++) {       \
+                u32 b_[4];                                                     \
+                frag_b_nk((tb), np_ * 16, kk_, b_);                            \
+                _Pragma("unroll") for (int m_ = 0; m_ < (MT); m_++) {          \
+                    mma((s)[m_][2 * np_], a_[m_], b_[0], b_[1]);               \
+                    mma((s)[m_][2 * np_ + 1], a_[m_], b_[2], b_[3]);           \
+                }                                                              \
+            }                                                                  \
+        }                                                                      \
+    } while (0)
+
+#define MMA_PV_MT(acc, p, MT, NT, tb)                                          \
+    do {                                                                       \
+        _Pragma("unroll") for (int kk_ = 0; kk_ < (NT) / 2; kk_++) {           \
+            u32 a_[MT][4];                                                     \
+            _Pragma("unroll") for (int m_ = 0; m_ < (MT); m_++) {              \
+                a_[m_][0] = pack_bf2((p)[m_][2 * kk_][0], (p)[m_][2 * kk_][1]);         \
+                a_[m_][1] = pack_bf2((p)[m_][2 * kk_][2], (p)[m_][2 * kk_][3]);         \
+                a_[m_][2] = pack_bf2((p)[m_][2 * kk_ + 1][0], (p)[m_][2 * kk_ + 1][1]); \
+                a_[m_][3] = pack_bf2((p)[m_][2 * kk_ + 1][2], (p)[m_][2 * kk_ + 1][3]); \
+            }                                                                  \
+            _Pragma("unroll") for (int np_ = 0; np_ < HD / 16; np_++) {        \
+                u32 b_[4];                                                     \
+                frag_b_kn((tb), kk_ * 16, np_, b_);                            \
+                _Pragma("unroll") for (int m_ = 0; m_ < (MT); m_++) {          \
+                    mma((acc)[m_][2 * np_], a_[m_], b_[0], b_[1]);             \
+                    mma((acc)[m_][2 * np_ + 1], a_[m_], b_[2], b_[3]);         \
+                }                                                              \
+            }                                                                  \
+        }                                                                      \
+    } while (0)
+
 /* The problem, as every kernel takes it. Element strides. */
 typedef struct {
     const u16 *qkv;  /* (M, nq + 2 nkv) bf16, row stride ld_qkv */
@@ -193,17 +241,23 @@ coda_attn_fwd_kernel(coda_attn_args_t p) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int qend = min(q0 + FWD_ROWS, seq);
     const int n_kv = (qend + KV_TILE - 1) / KV_TILE; /* causal: keys < qend */
+    const int w0 = q0 + warp * 16 * FWD_MT;          /* this warp's first row */
 
     load_tile(sq, qb, p.ld_qkv, q0, FWD_ROWS, seq);
     load_tile(sk[0], kb, p.ld_qkv, 0, KV_TILE, seq);
     load_tile(sv[0], vb, p.ld_qkv, 0, KV_TILE, seq);
     cp_commit();
 
-    float acc[HD / 8][4];
-    for (int i = 0; i < HD / 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-    float mrow[2] = {NEG_INF, NEG_INF}, lrow[2] = {0.f, 0.f};
+    /* per m-tile mt and half r: the thread's row w0 + 16 mt + 8 r + lane / 4 */
+    float acc[FWD_MT][HD / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < FWD_MT; mt++)
+#pragma unroll
+        for (int i = 0; i < HD / 8; i++) acc[mt][i][0] = acc[mt][i][1] = acc[mt][i][2] = acc[mt][i][3] = 0.f;
+    float mrow[FWD_MT][2], lrow[FWD_MT][2];
+#pragma unroll
+    for (int mt = 0; mt < FWD_MT; mt++) mrow[mt][0] = mrow[mt][1] = NEG_INF, lrow[mt][0] = lrow[mt][1] = 0.f;
     const float sl2 = p.scale * LOG2E;
-    const int qr = q0 + warp * 16 + (lane >> 2); /* this thread's rows: qr, qr + 8 */
 
     for (int j = 0; j < n_kv; j++) {
         const int buf = j & 1;
@@ -216,76 +270,80 @@ coda_attn_fwd_kernel(coda_attn_args_t p) {
         __syncthreads();
 
         const int k0 = j * KV_TILE;
-        if (k0 > q0 + warp * 16 + 15) { /* every key of the tile is past this warp's rows */
+        if (k0 > w0 + 16 * FWD_MT - 1) { /* every key of the tile is past this warp's rows */
             __syncthreads();
             continue;
         }
-        float s[KV_TILE / 8][4];
-        MMA_NT(s, KV_TILE / 8, sq, warp * 16, sk[buf]);
-        const int need_mask = k0 + KV_TILE > q0 + warp * 16 || k0 + KV_TILE > seq;
-        float mx[2] = {NEG_INF, NEG_INF};
+        float s[FWD_MT][KV_TILE / 8][4];
+        MMA_NT_MT(s, FWD_MT, KV_TILE / 8, sq, warp * 16 * FWD_MT, sk[buf]);
+        const int need_mask = k0 + KV_TILE > w0 || k0 + KV_TILE > seq;
 #pragma unroll
-        for (int t = 0; t < KV_TILE / 8; t++)
+        for (int mt = 0; mt < FWD_MT; mt++) {
+            const int qr = w0 + 16 * mt + (lane >> 2);
+            float mx[2] = {NEG_INF, NEG_INF};
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int kc = k0 + t * 8 + (lane & 3) * 2 + (e & 1), row = qr + (e >> 1) * 8;
-                float v = s[t][e] * sl2;
-                if (need_mask && (kc > row || kc >= seq)) v = NEG_INF;
-                s[t][e] = v;
-                mx[e >> 1] = fmaxf(mx[e >> 1], v);
+            for (int t = 0; t < KV_TILE / 8; t++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int kc = k0 + t * 8 + (lane & 3) * 2 + (e & 1), row = qr + (e >> 1) * 8;
+                    float v = s[mt][t][e] * sl2;
+                    if (need_mask && (kc > row || kc >= seq)) v = NEG_INF;
+                    s[mt][t][e] = v;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], v);
+                }
+            float alpha[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+                const float mnew = fmaxf(mrow[mt][r], mx[r]);
+                const float base = mnew == NEG_INF ? 0.f : mnew;
+                alpha[r] = exp2f(mrow[mt][r] - base);
+                mrow[mt][r] = mnew;
+                mx[r] = base;
             }
-        float alpha[2];
+            float ls[2] = {0.f, 0.f};
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            const float mnew = fmaxf(mrow[r], mx[r]);
-            const float base = mnew == NEG_INF ? 0.f : mnew;
-            alpha[r] = exp2f(mrow[r] - base);
-            mrow[r] = mnew;
-            mx[r] = base;
-        }
-        float ls[2] = {0.f, 0.f};
+            for (int t = 0; t < KV_TILE / 8; t++)
 #pragma unroll
-        for (int t = 0; t < KV_TILE / 8; t++)
+                for (int e = 0; e < 4; e++) {
+                    const float pe = exp2f(s[mt][t][e] - mx[e >> 1]);
+                    s[mt][t][e] = pe;
+                    ls[e >> 1] += pe;
+                }
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float pe = exp2f(s[t][e] - mx[e >> 1]);
-                s[t][e] = pe;
-                ls[e >> 1] += pe;
+            for (int r = 0; r < 2; r++) lrow[mt][r] = lrow[mt][r] * alpha[r] + ls[r];
+#pragma unroll
+            for (int i = 0; i < HD / 8; i++) {
+                acc[mt][i][0] *= alpha[0];
+                acc[mt][i][1] *= alpha[0];
+                acc[mt][i][2] *= alpha[1];
+                acc[mt][i][3] *= alpha[1];
             }
-#pragma unroll
-        for (int r = 0; r < 2; r++) lrow[r] = lrow[r] * alpha[r] + ls[r];
-#pragma unroll
-        for (int i = 0; i < HD / 8; i++) {
-            acc[i][0] *= alpha[0];
-            acc[i][1] *= alpha[0];
-            acc[i][2] *= alpha[1];
-            acc[i][3] *= alpha[1];
         }
-        MMA_PV(acc, s, KV_TILE / 8, sv[buf]);
+        MMA_PV_MT(acc, s, FWD_MT, KV_TILE / 8, sv[buf]);
         __syncthreads(); /* the buffer is refilled next iteration */
     }
     cp_wait(0);
 
     /* finish: the quad's row sums, o = acc / l, lse */
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 1);
-        lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 2);
-    }
     u16 *ob = (u16 *)p.out + r0 * p.ld_o + h * HD;
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int row = qr + r * 8;
-        if (row >= seq) continue;
-        const float inv = 1.f / lrow[r];
-        u32 *orow = (u32 *)(ob + (long long)row * p.ld_o);
+    for (int mt = 0; mt < FWD_MT; mt++)
 #pragma unroll
-        for (int i = 0; i < HD / 8; i++)
-            orow[(i * 8 + (lane & 3) * 2) / 2] = pack_bf2(acc[i][2 * r] * inv, acc[i][2 * r + 1] * inv);
-        if ((lane & 3) == 0) p.lse[(r0 + row) * p.ld_lse + h] = mrow[r] * LN2 + logf(lrow[r]);
-    }
+        for (int r = 0; r < 2; r++) {
+            float l = lrow[mt][r];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const int row = w0 + 16 * mt + 8 * r + (lane >> 2);
+            if (row >= seq) continue;
+            const float inv = 1.f / l;
+            u32 *orow = (u32 *)(ob + (long long)row * p.ld_o);
+#pragma unroll
+            for (int i = 0; i < HD / 8; i++)
+                orow[(i * 8 + (lane & 3) * 2) / 2] = pack_bf2(acc[mt][i][2 * r] * inv, acc[mt][i][2 * r + 1] * inv);
+            if ((lane & 3) == 0) p.lse[(r0 + row) * p.ld_lse + h] = mrow[mt][r] * LN2 + logf(l);
+        }
 }
 
 /* ---- backward ---- */
