@@ -18,9 +18,10 @@ dqkv from the binding (f32):
 
 Also: views of wider buffers, results independent of the CPU thread count
 and the same run to run, nothing written by a refused call, NaN (a NaN or
-inf in a key a row attends to gives that row NaN; one in a later key,
-within the same 64-key tile or not, leaves the row's o, lse and dq as
-they were), bad input (coda.Error, TypeError, ValueError as the binding's
+inf in a key a row attends to gives that row NaN; one in a later key
+leaves the row's o, lse and dq as they were: on the CPU always, on CUDA
+for rows of earlier 64-key tiles, rows of the key's own tile being as
+they were or NaN, coda.h's rule), bad input (coda.Error, TypeError, ValueError as the binding's
 rules say), LlamaBlock/LlamaModel with attention="coda", and with torch
 >= 2.4 torch.library.opcheck, the fake implementations on the meta device
 and torch.compile(fullgraph=True). CODA_TEST_DEVICE=cuda runs coda on the
@@ -191,16 +192,29 @@ def layout_and_determinism(ctx):
           % ("" if CUDA else ", 1 and 3 CPU threads"))
 
 
+def tile_start(j):
+    """The first row that a bad key at position j may touch (coda.h section
+    11): j on the CPU; on CUDA the start of j's 64-key tile."""
+    return 64 * (j // 64) if CUDA else j
+
+
+def same_or_nan(a, b):
+    """Each element of a equal to b's, or NaN."""
+    return bool(((a == b) | torch.isnan(a)).all())
+
+
 def nan_cases(ctx):
-    """NaN and inf: a bad value in a key or value row i attends to gives
-    o_i and lse_i NaN in that kv group's heads (dq_i too); one in a later
-    key leaves row i's o, lse and dq bit for bit as without it, whether it
-    is in row i's 64-key tile or a later one; other sequences and kv groups
-    are untouched."""
+    """NaN and inf (coda.h section 11's rule): a bad value in a key or value
+    row i attends to gives o_i and lse_i NaN in that kv group's heads (dq_i
+    too); one in a later key leaves row i's o, lse and dq bit for bit as
+    without it on the CPU, and on CUDA where row i is in an earlier 64-key
+    tile (in the key's own tile: as without it, or NaN); other sequences
+    and kv groups are untouched."""
     B, S, H, KV, D = 2, 70, 4, 2, 64
     qkv, do = make(B, S, H, KV, D, seed=5)
     nq, nkv, g = H * D, KV * D, H // KV
     clean = coda_raw(ctx, qkv, do, B, S, H, KV, D)
+    tile_nan = False  # whether a NaN reached a row before the bad key in its tile (CUDA may; the CPU never)
     kvh = 1  # the poisoned kv head; query heads 2, 3 read it
     heads = list(range(kvh * g, (kvh + 1) * g))
     qcols = torch.cat([torch.arange(h * D, (h + 1) * D) for h in heads])
@@ -212,10 +226,17 @@ def nan_cases(ctx):
         bad[j, col0 + kvh * D + 3] = val  # sequence 0, position j
         o, lse, dq = coda_raw(ctx, bad, do, B, S, H, KV, D)
         name = "%s at position %d" % (what, j)
-        before, after = slice(0, j), slice(j, S)
+        lo = tile_start(j)
+        before, tile, after = slice(0, lo), slice(lo, j), slice(j, S)
         check(torch.equal(o[before], clean[0][before]) and torch.equal(lse[before], clean[1][before]),
-              "%s: rows before it changed (o or lse)" % name)
-        check(torch.equal(dq[before, :nq], clean[2][before, :nq]), "%s: dq of the rows before it changed" % name)
+              "%s: rows before %s changed (o or lse)" % (name, "its 64-key tile" if CUDA else "it"))
+        check(torch.equal(dq[before, :nq], clean[2][before, :nq]),
+              "%s: dq of the rows before %s changed" % (name, "its tile" if CUDA else "it"))
+        # CUDA: the earlier rows of the key's own tile are as without it, or NaN (0 x NaN in the tile's products)
+        check(same_or_nan(o[tile], clean[0][tile]) and same_or_nan(lse[tile], clean[1][tile])
+              and same_or_nan(dq[tile, :nq], clean[2][tile, :nq]),
+              "%s: rows %d..%d of its tile neither as before nor NaN" % (name, lo, j - 1))
+        tile_nan |= bool(torch.isnan(o[tile]).any())
         check(torch.equal(o[S:], clean[0][S:]) and torch.equal(lse[S:], clean[1][S:])
               and torch.equal(dq[S:], clean[2][S:]), "%s: the other sequence changed" % name)
         check(torch.equal(o[:, others], clean[0][:, others]) and torch.equal(lse[:, :kvh * g], clean[1][:, :kvh * g]),
@@ -252,13 +273,21 @@ def nan_cases(ctx):
     bad = qkv.clone()
     bad[30, nq + 5] = float("nan")
     og = coda_op(bad, do, B, S, H, KV, D)
-    check(torch.equal(og[0][:30], clean[0][:30]) and bool(torch.isnan(og[0][30:S, :g * D]).all()),
+    lo = tile_start(30)
+    check(torch.equal(og[0][:lo], clean[0][:lo]) and same_or_nan(og[0][lo:30], clean[0][lo:30])
+          and bool(torch.isnan(og[0][30:S, :g * D]).all()),
           "through the op: NaN in a key: rows before it changed, or rows after not NaN")
-    # torch's own float64 attention agrees on where the NaNs are
-    t = torch_attention(bad, B, S, H, KV, D, torch.float64)[0]
-    check(torch.equal(torch.isnan(t), torch.isnan(og[0])), "NaN pattern differs from torch float64's")
-    print("\nNaN / inf in k, v (same tile and a later one) and q: NaN where attended, earlier rows, other "
-          "sequences and kv groups bit for bit unchanged; torch float64's NaN pattern")
+    # torch's own float64 attention: NaN where it has NaN; elsewhere NaN only in the key's tile (CUDA)
+    t = torch.isnan(torch_attention(bad, B, S, H, KV, D, torch.float64)[0])
+    c = torch.isnan(og[0])
+    extra = c & ~t
+    extra[lo:30] = False
+    check(bool((c | ~t).all()) and not bool(extra.any()), "NaN pattern differs from torch float64's")
+    if not CUDA:
+        check(not tile_nan, "CPU: a NaN reached a row before the bad key")
+    print("\nNaN / inf in k, v (same tile and a later one) and q: NaN where attended; earlier rows (CUDA: of "
+          "earlier tiles; %s), other sequences and kv groups bit for bit unchanged; torch float64's NaN pattern"
+          % ("NaN reached earlier rows of the key's own tile" if tile_nan else "no NaN in earlier rows at all"))
 
 
 def raises(what, fn, exc, name=None):

@@ -1163,8 +1163,9 @@ def attention_forward(ctx, qkv, o, lse, batch, seq, n_heads, n_kv_heads, head_di
     head h reads kv head h // (n_heads // n_kv_heads). Outputs, written in
     place: o (M, nq) bf16 and lse (M, n_heads) f32, the log-sum-exp of each
     row's scaled scores (None: allocated). Row strides are free (views of
-    wider buffers work); on CUDA head_dim is 64 or 128 and every base and
-    row stride 16-byte aligned. stream: None runs on the current torch
+    wider buffers work); on CUDA head_dim is 64 or 128, columns contiguous,
+    and base and row stride 16-byte aligned for qkv, o and do, 8 for dqkv,
+    4 for lse. stream: None runs on the current torch
     stream of qkv's device. -> (o, lse). Refusals: coda.Error (dtype,
     shape, stride, overlap, device), nothing written."""
     shape = _attn_shape(batch, seq, n_heads, n_kv_heads, head_dim)

@@ -29,7 +29,7 @@ D_i = do_i . o_i - dlse_i inside coda_attention_backward, which computes D
 itself. A loss that uses lse raises in backward (lse does not require grad).
 
 Inputs coda cannot read as they are (columns not contiguous; on CUDA a
-base or row stride not 16-byte aligned) are copied first; a wrong dtype,
+base or row stride not aligned as coda.h asks) are copied first; a wrong dtype,
 shape or head_dim is refused by the C call: coda.Error (CODA_ERR_DTYPE,
 CODA_ERR_SHAPE, CODA_ERR_UNSUPPORTED), also from the fake implementation
 for what it can see (dims, shapes, dtypes). The backward's workspace is a
@@ -53,15 +53,16 @@ def _ints(batch, seq, n_heads, n_kv_heads, head_dim):
                                               (n_kv_heads, "n_kv_heads"), (head_dim, "head_dim")))
 
 
-def _ready(t):
-    """t as coda reads it: contiguous columns and, on CUDA, a 16-byte
-    aligned base and row stride; else a contiguous copy."""
+def _ready(t, align=16):
+    """t as coda reads it: contiguous columns and, on CUDA, base and row
+    stride `align`-byte aligned (coda.h section 11: qkv, o and do 16, lse
+    4); else a contiguous copy."""
     if not isinstance(t, torch.Tensor) or t.dim() != 2:
         return t  # the C call says what is wrong
     es = t.element_size()
     ok = t.stride(1) == 1 or t.shape[1] <= 1
     if ok and t.is_cuda:
-        ok = t.data_ptr() % 16 == 0 and (t.stride(0) * es) % 16 == 0
+        ok = t.data_ptr() % align == 0 and (t.stride(0) * es) % align == 0
     if ok:
         return t
     return t.clone(memory_format=torch.contiguous_format) if t.is_contiguous() else t.contiguous()
@@ -75,7 +76,7 @@ def _fwd(qkv, batch, seq, n_heads, n_kv_heads, head_dim):
 def _bwd(qkv, o, lse, do, batch, seq, n_heads, n_kv_heads, head_dim):
     if isinstance(do, torch.Tensor) and do.dtype != BF and do.is_floating_point():
         do = do.to(BF)
-    return coda.attention_backward(_ops.context(), _ready(qkv), _ready(o), _ready(lse), _ready(do), None, batch,
+    return coda.attention_backward(_ops.context(), _ready(qkv), _ready(o), _ready(lse, 4), _ready(do), None, batch,
                                    seq, n_heads, n_kv_heads, head_dim)
 
 
