@@ -310,23 +310,16 @@ def _value_readable(g):
 
 
 def _scaled(t, g):
-    """t * g with g (0-dim) taken as f32, unrounded, on t's device: the
-    value of g is never read on the host, so the backward never waits for
-    the stream. Eagerly in place and, for a bf16 t, in slices of rows (t is
-    the forward's gradient, which nothing else holds, and the f32 copy of a
-    slice stays small: no second (V, d) buffer at the peak); traced, out of
-    place (the compiler fuses the cast into the multiply). In place means a
-    second backward through the same graph (retain_graph) is refused by
-    autograd's saved-tensor version check, never silently wrong."""
-    g = g.to(torch.float32)
-    if not _value_readable(g):
-        return t * g if t.dtype == torch.float32 else (t.float() * g).to(t.dtype)
-    if t.dtype == torch.float32:
-        return t.mul_(g)
-    step = max(1, (1 << 24) // max(1, t.shape[-1]))
-    for r in range(0, t.shape[0], step):
-        t[r:r + step] = t[r:r + step].float() * g
-    return t
+    """t * g on t's device, g (0-dim) rounded to t's dtype first (exact for
+    1 and powers of two; for a bf16 t the product is taken in f32 and
+    rounded once, as PyTorch's bf16 ops do): one elementwise kernel, the
+    value of g never read on the host, so the backward never waits for the
+    stream. Eagerly in place (t is the forward's gradient, which nothing
+    else holds: no second (V, d) buffer at the peak; a second backward
+    through the same graph is refused by autograd's saved-tensor version
+    check, never silently wrong); traced, out of place, the same bits."""
+    g = g.to(t.dtype)
+    return t.mul_(g) if _value_readable(g) else t * g
 
 
 def _lm_grad(g, t, needed, computed, name, dtype):
