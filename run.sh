@@ -3,7 +3,8 @@
 #
 #   ./run.sh demo    build, then a small LLaMA layer forward + backward through
 #                    the epilogue programs, checked against the unfused
-#                    reference (on the GPU if there is one, else the CPU backend)
+#                    reference (on the GPU if there is one, else the CPU
+#                    backend), and 60 training steps of a small model
 #   ./run.sh test    build, then every test: C unit tests, the PyTorch autograd
 #                    cross-checks, the C tests again under ASan + UBSan, and
 #                    60 s of fuzzing the program parser; a line per stage, the
@@ -39,6 +40,9 @@ demo)
     make -j"$jobs" all
     ./build/coda info
     ./build/coda demo
+    # a small byte-level model trained for 60 steps: on the GPU where there
+    # is one (head_dim 64), else on the CPU backend
+    ./build/coda train --d 256 --heads 4 --kv-heads 2 --ffn 688 --layers 2 --steps 60 --every 20
     ;;
 test)
     setup

@@ -8,7 +8,8 @@
 #   5. build/tests/gpu/test_nan_gpu   NaN semantics of every primitive class vs the CPU
 #   6. build/tests/gpu/test_steps_gpu the layer's non-GEMM steps vs the CPU, then
 #                                     compute-sanitizer (4 tools) on its small form
-#   7. tests/gpu/run_epilogue_gpu.sh bench   fused vs plain vs cuBLAS; vs eager, compile, Liger
+#   7. tests/gpu/run_attention_gpu.sh attention vs float64, sanitizers, the PyTorch op
+#   8. tests/gpu/run_epilogue_gpu.sh bench   fused vs plain vs cuBLAS; vs eager, compile, Liger
 # Steps 1 and 4 take a few minutes each; pass "tests" to skip the benchmarks.
 set -u
 OUT=${OUT:-gpu-logs}
@@ -33,4 +34,5 @@ for tool in memcheck racecheck initcheck synccheck; do
   timeout 300 $CS --tool $tool build/tests/gpu/test_steps_gpu small > "$OUT/steps-$tool.log" 2>&1
   echo "rc=$?"; grep -E "SUMMARY|FAIL|FATAL" "$OUT/steps-$tool.log" | head -6; tail -1 "$OUT/steps-$tool.log"
 done
+bash tests/gpu/run_attention_gpu.sh 2>&1 | tail -30
 if [ "${1:-}" != "tests" ]; then bash tests/gpu/run_epilogue_gpu.sh bench 2>&1 | tail -60; fi

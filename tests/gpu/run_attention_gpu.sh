@@ -4,8 +4,10 @@
 #      (the 2x-bf16 rule), determinism, padded views, NaN, refusals; with
 #      "bench" also the LLaMA-3 shapes (batch 2 x 8192), ms and TFLOP/s
 #   2. compute-sanitizer memcheck and racecheck on it
-#   3. bench/bench_attention.py (with "bench", when present) against SDPA's
-#      flash and cuDNN backends
+#   3. tests/test_attention_torch.py on CUDA (coda::attention, CUDA graphs,
+#      torch.compile)
+#   4. bench/bench_attention.py (with "bench") against SDPA's flash and
+#      cuDNN backends, seq sweep at the 8B shape
 set -u
 OUT=${OUT:-gpu-logs}
 mkdir -p "$OUT"
@@ -20,8 +22,12 @@ for tool in memcheck racecheck; do
   timeout 240 $CS --tool $tool build/tests/gpu/test_attention_gpu > "$OUT/attn-$tool.log" 2>&1; echo "rc=$?"
   grep -E "SUMMARY" "$OUT/attn-$tool.log" | head -2; tail -1 "$OUT/attn-$tool.log"
 done
-if [ "${1:-}" = "bench" ] && [ -f bench/bench_attention.py ]; then
+echo "== test_attention_torch.py (CUDA)"
+CODA_TEST_DEVICE=cuda PYTHONUNBUFFERED=1 CODA_ORACLE_LIB=$PWD/build/tests/liboracle.so \
+  timeout 300 python3 tests/test_attention_torch.py > "$OUT/attn-torch.log" 2>&1; echo "rc=$?"
+grep -E "FAIL|graph|compile" "$OUT/attn-torch.log" | head -12; tail -1 "$OUT/attn-torch.log"
+if [ "${1:-}" = "bench" ]; then
   echo "== bench_attention.py"
-  timeout 300 python3 bench/bench_attention.py --json "$OUT/attention.json" > "$OUT/bench-attn.log" 2>&1; echo "rc=$?"
-  tail -30 "$OUT/bench-attn.log"
+  timeout 300 python3 bench/bench_attention.py --sweep --json "$OUT/attention.json" > "$OUT/bench-attn.log" 2>&1
+  echo "rc=$?"; grep -A32 "^| shape" "$OUT/bench-attn.log"
 fi
