@@ -10,7 +10,7 @@ Liger-Kernel, in one process, the same attention (SDPA) everywhere.
   liger          PyTorch blocks with Liger's RMSNorm / RoPE / SwiGLU kernels,
                  Liger's fused linear cross-entropy head
   coda           coda.nn.LlamaModel (coda blocks around SDPA); its LM head is
-                 PyTorch's (coda's fused head is issue 21)
+                 coda.nn.LMHeadLoss (coda_lm_loss: logits in bf16 chunks)
 
 bf16 parameters for all; the median of --reps steps after two warm-ups,
 CUDA events; peak = torch.cuda.max_memory_allocated during one step minus
