@@ -122,6 +122,7 @@ t "train: steps 0" 2 err-only "bad value '0' for --steps" train --steps 0
 t "train: odd head_dim" 2 err-only "head_dim = d / heads must be a whole even number" train --d 60 --heads 4
 t "train: kv-heads not dividing heads" 2 err-only "kv-heads must divide heads" train --heads 4 --kv-heads 3
 t "train: lr not a number" 2 err-only "bad value 'x' for --lr" train --lr x
+t "train: unknown device" 2 err-only "bad value 'tpu' for --device" train --device tpu
 t "demo: batch 0" 2 err-only "--batch takes an integer in 1..4096, not '0'" demo --batch 0
 t "demo: seq too big" 2 err-only "--seq takes an integer in 1..4096, not '5000'" demo --seq 5000
 t "demo: seed not a number" 2 err-only "--seed takes an integer" demo --seed x1
@@ -227,6 +228,8 @@ fi
 head -c 20000 "$PROGRAMS/../../README.md" > "$T/corpus.txt"
 t "train: the loss falls" 0 out "loss " train --data "$T/corpus.txt" --steps 40 --every 20 --d 32 --heads 2 --kv-heads 1 --ffn 64 --seq 32
 also out "tokens/s" "train: tokens per second"
+t "train: --device cpu" 0 out "CPU backend" train --device cpu --data "$T/corpus.txt" --steps 4 --every 2 --d 32 --heads 2 --kv-heads 1 --ffn 64 --seq 32
+t "train: cuda with an odd head_dim" 1 err "needs head_dim = d / heads of 64 or 128" train --device cuda --data "$T/corpus.txt" --steps 1
 t "train: missing data file" 1 err "cannot open" train --data "$T/nosuch.txt"
 printf 'tiny' > "$T/tiny.txt"
 t "train: data shorter than a window" 1 err "fewer than --seq + 2" train --data "$T/tiny.txt"
