@@ -4,6 +4,7 @@
  *
  *   coda_attn_fwd_kernel      o, lse from qkv: one block per (128 query rows,
  *                             head, sequence), online softmax over 64-key tiles
+ *                             (the longest rows first: grid z reversed)
  *   coda_attn_bwd_prep_kernel D[r][h] = do_r . o_r over the head (f32)
  *   coda_attn_bwd_dq_kernel   dq: one block per (64 query rows, head, seq)
  *   coda_attn_bwd_dkdv_kernel dk, dv: one block per (64 key rows, kv head,
@@ -14,7 +15,8 @@
  * operands staged in shared memory by cp.async (double-buffered) and read
  * with ldmatrix from an XOR-swizzled layout (16-byte chunk c of row r sits
  * at chunk c ^ (r & 7): the eight rows an ldmatrix reads hit eight different
- * bank groups). Each warp owns 16 rows of its block's output, so nothing is
+ * bank groups). Each warp owns 16 rows (32 in the forward at HD 128) of its
+ * block's output, so nothing is
  * reduced across warps and nothing is accumulated with atomics: dq and
  * dk/dv are separate kernels (dq's recomputes P: 7 matrix products where a
  * fused backward with atomics does 5) and every result is bitwise the same
