@@ -334,6 +334,14 @@ def _lm_grad(g, t, needed, computed, name, dtype):
     return _scaled(t, g).to(dtype)
 
 
+def _lm_backward_common(ctx, dtotal):
+    """Both paths' backward: the forward's saved gradients times dtotal."""
+    dx, dw = ctx.saved_tensors
+    return ((_lm_grad(dtotal, dx, ctx.needs_input_grad[0], ctx.computed[0], "x", ctx.dtypes[0]),
+             _lm_grad(dtotal, dw, ctx.needs_input_grad[1], ctx.computed[1], "w", ctx.dtypes[1]))
+            + (None,) * 10)
+
+
 if HAVE_CUSTOM_OPS:
     @torch.library.custom_op("coda::lm_loss", mutates_args=())
     def lm_loss_op(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, ignore_index: int,
@@ -362,10 +370,7 @@ if HAVE_CUSTOM_OPS:
         ctx.mark_non_differentiable(loss, dx, dw)
 
     def _lm_backward(ctx, dtotal, dloss, ddx, ddw):
-        dx, dw = ctx.saved_tensors
-        return ((_lm_grad(dtotal, dx, ctx.needs_input_grad[0], ctx.computed[0], "x", ctx.dtypes[0]),
-                 _lm_grad(dtotal, dw, ctx.needs_input_grad[1], ctx.computed[1], "w", ctx.dtypes[1]))
-                + (None,) * 10)
+        return _lm_backward_common(ctx, dtotal)
 
     torch.library.register_autograd("coda::lm_loss", _lm_backward, setup_context=_lm_setup)
 
@@ -388,10 +393,7 @@ class _LMLoss(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dtotal, dloss):
-        dx, dw = ctx.saved_tensors
-        return ((_lm_grad(dtotal, dx, ctx.needs_input_grad[0], ctx.computed[0], "x", ctx.dtypes[0]),
-                 _lm_grad(dtotal, dw, ctx.needs_input_grad[1], ctx.computed[1], "w", ctx.dtypes[1]))
-                + (None,) * 10)
+        return _lm_backward_common(ctx, dtotal)
 
 
 def _lm_call(*args):

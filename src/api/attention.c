@@ -92,6 +92,23 @@ static coda_status_t check_backend(const char *fn, coda_device_t dev) {
     return coda__fail(CODA_ERR_UNSUPPORTED, "%s: CUDA tensors, but this build has no CUDA backend", fn);
 }
 
+/* What both calls check first: ctx, the shape (as a layer configuration in
+ * *cfg), qkv, the backend for its device, and o and lse (the forward's
+ * outputs, the backward's inputs). */
+static coda_status_t check_common(const char *fn, coda_context_t *ctx, const coda_attention_shape_t *shape,
+                                  const coda_tensor_t *qkv, const coda_tensor_t *o, const coda_tensor_t *lse,
+                                  coda_llama_config_t *cfg) {
+    if (!ctx) return coda__fail(CODA_ERR_INVALID_ARG, "%s: ctx is NULL", fn);
+    if (!qkv) return coda__fail(CODA_ERR_INVALID_ARG, "%s: qkv is NULL", fn);
+    CODA_TRY(check_shape(fn, shape, qkv->device, cfg));
+    const int64_t m = shape->batch * shape->seq, nq = shape->n_heads * shape->head_dim;
+    const int64_t w = nq + 2 * shape->n_kv_heads * shape->head_dim;
+    CODA_TRY(check_mat(fn, qkv, "qkv", m, w, CODA_BF16, NULL, 16));
+    CODA_TRY(check_backend(fn, qkv->device));
+    CODA_TRY(check_mat(fn, o, "o", m, nq, CODA_BF16, qkv, 16));
+    return check_mat(fn, lse, "lse", m, shape->n_heads, CODA_F32, qkv, 4);
+}
+
 coda_status_t coda_attention_workspace_size(coda_context_t *ctx, coda_device_t device,
                                             const coda_attention_shape_t *shape, size_t *bytes) {
     static const char fn[] = "coda_attention_workspace_size";
@@ -110,16 +127,8 @@ coda_status_t coda_attention_forward(coda_context_t *ctx, const coda_attention_s
                                      const coda_tensor_t *qkv, coda_tensor_t *o, coda_tensor_t *lse,
                                      void *stream) {
     static const char fn[] = "coda_attention_forward";
-    if (!ctx) return coda__fail(CODA_ERR_INVALID_ARG, "%s: ctx is NULL", fn);
-    if (!qkv) return coda__fail(CODA_ERR_INVALID_ARG, "%s: qkv is NULL", fn);
     coda_llama_config_t cfg;
-    CODA_TRY(check_shape(fn, shape, qkv->device, &cfg));
-    const int64_t m = shape->batch * shape->seq, nq = shape->n_heads * shape->head_dim;
-    const int64_t w = nq + 2 * shape->n_kv_heads * shape->head_dim;
-    CODA_TRY(check_mat(fn, qkv, "qkv", m, w, CODA_BF16, NULL, 16));
-    CODA_TRY(check_backend(fn, qkv->device));
-    CODA_TRY(check_mat(fn, o, "o", m, nq, CODA_BF16, qkv, 16));
-    CODA_TRY(check_mat(fn, lse, "lse", m, shape->n_heads, CODA_F32, qkv, 4));
+    CODA_TRY(check_common(fn, ctx, shape, qkv, o, lse, &cfg));
     {
         const coda_tensor_t *outs[] = {o, lse}, *ins[] = {qkv};
         const char *on[] = {"o", "lse"}, *in[] = {"qkv"};
@@ -142,18 +151,11 @@ coda_status_t coda_attention_backward(coda_context_t *ctx, const coda_attention_
                                       coda_tensor_t *dqkv, void *workspace, size_t workspace_bytes,
                                       void *stream) {
     static const char fn[] = "coda_attention_backward";
-    if (!ctx) return coda__fail(CODA_ERR_INVALID_ARG, "%s: ctx is NULL", fn);
-    if (!qkv) return coda__fail(CODA_ERR_INVALID_ARG, "%s: qkv is NULL", fn);
     coda_llama_config_t cfg;
-    CODA_TRY(check_shape(fn, shape, qkv->device, &cfg));
-    const int64_t m = shape->batch * shape->seq, nq = shape->n_heads * shape->head_dim;
-    const int64_t w = nq + 2 * shape->n_kv_heads * shape->head_dim;
-    CODA_TRY(check_mat(fn, qkv, "qkv", m, w, CODA_BF16, NULL, 16));
-    CODA_TRY(check_backend(fn, qkv->device));
-    CODA_TRY(check_mat(fn, o, "o", m, nq, CODA_BF16, qkv, 16));
-    CODA_TRY(check_mat(fn, lse, "lse", m, shape->n_heads, CODA_F32, qkv, 4));
+    CODA_TRY(check_common(fn, ctx, shape, qkv, o, lse, &cfg));
+    const int64_t m = shape->batch * shape->seq, nq = cfg.n_heads * cfg.head_dim;
     CODA_TRY(check_mat(fn, do_, "do_", m, nq, CODA_BF16, qkv, 16));
-    CODA_TRY(check_mat(fn, dqkv, "dqkv", m, w, CODA_F32, qkv, 8));
+    CODA_TRY(check_mat(fn, dqkv, "dqkv", m, qkv->shape[1], CODA_F32, qkv, 8));
     {
         const coda_tensor_t *outs[] = {dqkv}, *ins[] = {qkv, o, lse, do_};
         const char *on[] = {"dqkv"}, *in[] = {"qkv", "o", "lse", "do_"};
