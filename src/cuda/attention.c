@@ -33,9 +33,6 @@ static long long es(const coda_tensor_t *t) {
     return t ? (long long)(t->stride[0] / (int64_t)coda_dtype_size(t->dtype)) : 0;
 }
 
-/* Threads of a forward block: 16 rows (32 at hd 128, attention.cuh's FWD_MT) a warp. */
-static int fwd_threads(int hd) { return FWD_ROWS / (16 * (hd == 128 ? 2 : 1)) * 32; }
-
 /* Dynamic shared memory of each kernel, bytes (the layouts of attention.cuh). */
 static int smem_fwd(int hd) { return (FWD_ROWS + 4 * KV_TILE) * hd * 2; }
 static int smem_dq(int hd) { return (2 * BWD_ROWS + 4 * KV_TILE) * hd * 2; }
@@ -49,7 +46,7 @@ typedef struct {
     coda_cuda_device_t *dev;
     const char *src;
     const char *opts[3];
-    int hd;
+    int hd, fwd_mt;
     void *stream;
 } launcher_t;
 
@@ -60,12 +57,10 @@ static coda_status_t launch(launcher_t *L, const char *entry, unsigned gx, unsig
     struct coda_cuda *cu = L->ctx->cuda;
     uint64_t quick[2] = {KEY0 + (uint64_t)L->hd, coda__hash(CODA_HASH_SEED0, entry, strlen(entry))};
     CUfunction fn = coda__cuda_kernel_find(L->dev, quick);
-    if (!fn) { /* first use: compiled (or loaded from the disk cache); its shared-memory limit set once */
-        CODA_TRY(coda__cuda_kernel(L->ctx, L->dev, L->src, L->opts, 3, entry, quick, &fn));
-        if (smem > 48 * 1024) {
-            CUresult r = cu->cu.FuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem);
-            if (r != CUDA_SUCCESS) return coda__cu_fail(cu, r, "cuFuncSetAttribute (attention shared memory)");
-        }
+    if (!fn) CODA_TRY(coda__cuda_kernel(L->ctx, L->dev, L->src, L->opts, 3, entry, quick, &fn));
+    if (smem > 48 * 1024) {
+        CUresult r = cu->cu.FuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem);
+        if (r != CUDA_SUCCESS) return coda__cu_fail(cu, r, "cuFuncSetAttribute (attention shared memory)");
     }
     CUlaunchConfig lc;
     memset(&lc, 0, sizeof lc);
@@ -85,7 +80,7 @@ static coda_status_t run(launcher_t *L, const coda_attention_shape_t *s, attn_ar
     void *args[] = {a};
     if (!backward)
         return launch(L, "coda_attn_fwd_kernel", heads, batch, (unsigned)coda__cdiv(s->seq, FWD_ROWS),
-                      fwd_threads(L->hd), smem_fwd(L->hd), args);
+                      FWD_ROWS / (16 * L->fwd_mt) * 32, smem_fwd(L->hd), args);
     long long rows = s->batch * s->seq;
     int64_t warps = rows * s->n_heads, blocks = coda__cdiv(warps, 8);
     void *pargs[] = {a, &rows};
@@ -127,6 +122,7 @@ coda_status_t coda__cuda_attention(coda_context_t *ctx, const coda_attention_sha
     L.opts[0] = "--gpu-architecture=sm_90a";
     L.opts[1] = "-default-device";
     L.opts[2] = L.hd == 64 ? "-DCODA_ATTN_HD=64" : "-DCODA_ATTN_HD=128";
+    L.fwd_mt = L.hd == 128 ? 2 : 1; /* attention.cuh's FWD_MT */
 
     attn_args_t a;
     memset(&a, 0, sizeof a);

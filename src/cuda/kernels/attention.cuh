@@ -113,21 +113,6 @@ static __device__ __forceinline__ void load_tile(u32 dst, const u16 *base, long 
     }
 }
 
-/* The key-tile loop's pipeline step: tile j + 1's keys and values (if
- * any) into the buffers tile j - 1 used, then wait for tile j's (the
- * group committed one step earlier, or before the loop for j = 0). */
-static __device__ __forceinline__ void next_kv_tile(const u32 *sk, const u32 *sv, const u16 *kb, const u16 *vb,
-                                                    long long ld, int j, int n_kv, int seq) {
-    if (j + 1 < n_kv) {
-        const int nb = (j + 1) & 1;
-        load_tile(sk[nb], kb, ld, (j + 1) * KV_TILE, KV_TILE, seq);
-        load_tile(sv[nb], vb, ld, (j + 1) * KV_TILE, KV_TILE, seq);
-    }
-    cp_commit();
-    cp_wait(1);
-    __syncthreads();
-}
-
 /* A fragment (16x16, rows row0.., columns 16 kk..) of a row-major tile. */
 static __device__ __forceinline__ void frag_a(u32 tile, int row0, int kk, u32 *a) {
     int lane = threadIdx.x & 31;
@@ -146,14 +131,45 @@ static __device__ __forceinline__ void frag_b_kn(u32 tile, int k0, int np, u32 *
     ldsm_x4_t(tile + swz(k0 + (lane & 7) + (((lane >> 3) & 1) << 3), np * 2 + (lane >> 4)), b);
 }
 
-/* s (MT x 16 x 8 NT f32: MT m-tiles of NT n-tiles) = A rows [a_row0 + 16 mt,
- * +16) . B rows [0, 8 NT)^T over the HD columns of both tiles (ta, tb); and
- * acc (MT x 16 x HD f32) += P (MT x 16 x 8 NT, as bf16 A fragments from
- * registers) . B rows [0, 8 NT) of tile tb (k = tile row, n = column). With
- * MT = 2 each B fragment loaded from shared memory feeds two products,
- * halving the shared-memory traffic per product. s[MT][NT][4], p[MT][NT][4],
- * acc[MT][HD/8][4]; MMA_NT and MMA_PV are the one-m-tile forms on s[NT][4]
- * and acc[HD/8][4]. */
+/* s (16 x 8 NT f32, NT n-tiles) = A rows [a_row0, +16) . B rows [0, 8 NT)^T
+ * over the HD columns of both tiles. */
+#define MMA_NT(s, NT, ta, a_row0, tb)                                          \
+    do {                                                                       \
+        for (int i_ = 0; i_ < (NT) * 4; i_++) (s)[i_ / 4][i_ % 4] = 0.f;       \
+        _Pragma("unroll") for (int kk_ = 0; kk_ < HD / 16; kk_++) {            \
+            u32 a_[4];                                                         \
+            frag_a((ta), (a_row0), kk_, a_);                                   \
+            _Pragma("unroll") for (int np_ = 0; np_ < (NT) / 2; np_++) {       \
+                u32 b_[4];                                                     \
+                frag_b_nk((tb), np_ * 16, kk_, b_);                            \
+                mma((s)[2 * np_], a_, b_[0], b_[1]);                           \
+                mma((s)[2 * np_ + 1], a_, b_[2], b_[3]);                       \
+            }                                                                  \
+        }                                                                      \
+    } while (0)
+
+/* acc (16 x HD f32) += P (16 x 8 NT, as bf16 A fragments from registers) .
+ * B rows [0, 8 NT) of tile tb (k = tile row, n = column). */
+#define MMA_PV(acc, p, NT, tb)                                                 \
+    do {                                                                       \
+        _Pragma("unroll") for (int kk_ = 0; kk_ < (NT) / 2; kk_++) {           \
+            u32 a_[4];                                                         \
+            a_[0] = pack_bf2((p)[2 * kk_][0], (p)[2 * kk_][1]);                \
+            a_[1] = pack_bf2((p)[2 * kk_][2], (p)[2 * kk_][3]);                \
+            a_[2] = pack_bf2((p)[2 * kk_ + 1][0], (p)[2 * kk_ + 1][1]);        \
+            a_[3] = pack_bf2((p)[2 * kk_ + 1][2], (p)[2 * kk_ + 1][3]);        \
+            _Pragma("unroll") for (int np_ = 0; np_ < HD / 16; np_++) {        \
+                u32 b_[4];                                                     \
+                frag_b_kn((tb), kk_ * 16, np_, b_);                            \
+                mma((acc)[2 * np_], a_, b_[0], b_[1]);                         \
+                mma((acc)[2 * np_ + 1], a_, b_[2], b_[3]);                     \
+            }                                                                  \
+        }                                                                      \
+    } while (0)
+
+/* The same with MT m-tiles a warp (rows a_row0 + 16 mt): each B fragment
+ * loaded from shared memory feeds MT products, halving (MT = 2) the shared
+ * memory traffic per product. s[MT][NT][4]; p[MT][NT][4], acc[MT][HD/8][4]. */
 #define MMA_NT_MT(s, MT, NT, ta, a_row0, tb)                                   \
     do {                                                                       \
         _Pragma("unroll") for (int m_ = 0; m_ < (MT); m_++)                    \
@@ -194,9 +210,6 @@ static __device__ __forceinline__ void frag_b_kn(u32 tile, int k0, int np, u32 *
             }                                                                  \
         }                                                                      \
     } while (0)
-
-#define MMA_NT(s, NT, ta, a_row0, tb) MMA_NT_MT(((float(*)[NT][4])(s)), 1, NT, ta, a_row0, tb)
-#define MMA_PV(acc, p, NT, tb) MMA_PV_MT(((float(*)[HD / 8][4])(acc)), ((float(*)[NT][4])(p)), 1, NT, tb)
 
 /* The problem, as every kernel takes it. Element strides. */
 typedef struct {
@@ -250,7 +263,13 @@ coda_attn_fwd_kernel(coda_attn_args_t p) {
 
     for (int j = 0; j < n_kv; j++) {
         const int buf = j & 1;
-        next_kv_tile(sk, sv, kb, vb, p.ld_qkv, j, n_kv, seq);
+        if (j + 1 < n_kv) {
+            load_tile(sk[buf ^ 1], kb, p.ld_qkv, (j + 1) * KV_TILE, KV_TILE, seq);
+            load_tile(sv[buf ^ 1], vb, p.ld_qkv, (j + 1) * KV_TILE, KV_TILE, seq);
+        }
+        cp_commit();
+        cp_wait(1);
+        __syncthreads();
 
         const int k0 = j * KV_TILE;
         if (k0 > w0 + 16 * FWD_MT - 1) { /* every key of the tile is past this warp's rows */
@@ -410,7 +429,13 @@ coda_attn_bwd_dq_kernel(coda_attn_args_t p) {
 
     for (int j = 0; j < n_kv; j++) {
         const int buf = j & 1;
-        next_kv_tile(sk, sv, kb, vb, p.ld_qkv, j, n_kv, seq);
+        if (j + 1 < n_kv) {
+            load_tile(sk[buf ^ 1], kb, p.ld_qkv, (j + 1) * KV_TILE, KV_TILE, seq);
+            load_tile(sv[buf ^ 1], vb, p.ld_qkv, (j + 1) * KV_TILE, KV_TILE, seq);
+        }
+        cp_commit();
+        cp_wait(1);
+        __syncthreads();
 
         const int k0 = j * KV_TILE;
         if (k0 > q0 + warp * 16 + 15) {
