@@ -184,12 +184,11 @@ static void dpool_free(dpool_t *dp) {
     for (int i = 0; i < dp->n; i++) coda__llama_mem_free(dp->mem, dp->p[i]);
     coda__llama_mem_close(dp->mem);
 }
-/* A parameter's copies where the model runs (the host's own on the CPU,
- * and for the embedding, which only the host reads). */
-static int param_place(dpool_t *dp, param_t *p, int host_only) {
+/* A parameter's copies where the model runs (the host's own on the CPU). */
+static int param_place(dpool_t *dp, param_t *p) {
     size_t n = (size_t)p->rows * (size_t)(p->cols ? p->cols : 1);
-    p->dev = host_only ? CODA_DEVICE_CPU : dp->dev;
-    if (p->dev == CODA_DEVICE_CPU) {
+    p->dev = dp->dev;
+    if (dp->dev == CODA_DEVICE_CPU) {
         p->db = p->b, p->dg = p->g;
         return 1;
     }
@@ -325,12 +324,12 @@ int coda_cli_train(int argc, char **argv) {
     param_t E, gf, wlm, P[MAX_LAYERS][6];
     int okp = param_new(&pl, &E, VOCAB, d, &r, 1.0f, 0.0f) && param_new(&pl, &gf, d, 0, &r, 0.0f, 1.0f) &&
               param_new(&pl, &wlm, VOCAB, d, &r, 1.0f / sqrtf((float)d), 0.0f);
-    okp = okp && param_place(&dp, &E, 1) && param_place(&dp, &gf, 0) && param_place(&dp, &wlm, 0);
+    okp = okp && param_place(&dp, &E) && param_place(&dp, &gf) && param_place(&dp, &wlm);
     for (int64_t l = 0; okp && l < L; l++) {
         const int64_t rows[6] = {d, nqkv, d, d, 2 * ffn, d}, cols[6] = {0, d, nq, 0, d, ffn};
         for (int k = 0; okp && k < 6; k++)
             okp = param_new(&pl, &P[l][k], rows[k], cols[k], &r, cols[k] ? 1.0f / sqrtf((float)cols[k]) : 0.0f,
-                            cols[k] ? 0.0f : 1.0f) && param_place(&dp, &P[l][k], 0);
+                            cols[k] ? 0.0f : 1.0f) && param_place(&dp, &P[l][k]);
     }
     if (!okp) {
         fprintf(stderr, "coda train: out of memory\n");
@@ -375,8 +374,7 @@ int coda_cli_train(int argc, char **argv) {
     for (int64_t i = 0; i < M; i++) ((float *)hpos.data)[i] = (float)(i % seq);
     TRY(coda__llama_mem_copy(dp.mem, &hpos, &pos, NULL));
 
-    /* every parameter: the host's bf16 copy where the model runs (a copy of
-     * a CPU tensor onto itself does nothing: the embedding, the CPU backend) */
+    /* every parameter: the host's bf16 copy where the model runs */
     param_t *all[3 + 6 * MAX_LAYERS];
     int n_all = 0;
     all[n_all++] = &E, all[n_all++] = &gf, all[n_all++] = &wlm;
@@ -457,7 +455,7 @@ int coda_cli_train(int argc, char **argv) {
         }
         /* the gradients to the host (nothing to copy on the CPU backend) */
         TRY(coda__llama_mem_copy(dp.mem, &dY, &hdx, NULL));
-        for (int i = 0; i < n_all; i++) {
+        for (int i = 1; i < n_all; i++) {
             coda_tensor_t t = grad(all[i]), h = grad_host(all[i]);
             TRY(coda__llama_mem_copy(dp.mem, &t, &h, NULL));
         }

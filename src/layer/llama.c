@@ -100,10 +100,6 @@ struct coda_llama {
 
 /* ---- buffers ---- */
 
-/* Whether attention runs on host copies: a CUDA layer whose head_dim the
- * kernels do not take. */
-static int host_attn(const coda_llama_t *L) { return L->device == CODA_DEVICE_CUDA && !L->dev_attn; }
-
 /* A zeroed buffer on the layer's device (host = 0) or on the host (host = 1). */
 static coda_status_t alloc_tensor(coda_llama_t *L, coda_tensor_t *t, int host, coda_dtype_t dt, int ndim,
                                   int64_t d0, int64_t d1, int64_t d2) {
@@ -132,7 +128,7 @@ static coda_status_t alloc_tensor(coda_llama_t *L, coda_tensor_t *t, int host, c
  * buffer on a CPU layer, where mp = m). */
 static coda_status_t alloc_pair(coda_llama_t *L, pair_t *p, coda_dtype_t dt, int64_t cols) {
     CODA_TRY(alloc_tensor(L, &p->d, 0, dt, 2, L->mp, cols, 0));
-    if (!host_attn(L)) {
+    if (L->device == CODA_DEVICE_CPU || L->dev_attn) {
         p->h = p->d;
         return CODA_OK;
     }
@@ -150,17 +146,15 @@ static coda_tensor_t rows_m(const coda_llama_t *L, const coda_tensor_t *t) {
     v.shape[0] = L->m;
     return v;
 }
-/* The first m rows of the side of a pair that attention reads and writes. */
-static coda_tensor_t attn_side(const coda_llama_t *L, const pair_t *p) { return rows_m(L, host_attn(L) ? &p->h : &p->d); }
 /* Shadow <-> device, the first m rows (nothing where attention runs on
  * the layer's device). */
 static coda_status_t down(coda_llama_t *L, pair_t *p, void *stream) {
-    if (!host_attn(L)) return CODA_OK;
+    if (L->device == CODA_DEVICE_CPU || L->dev_attn) return CODA_OK;
     coda_tensor_t d = rows_m(L, &p->d);
     return coda__llama_mem_copy(L->mem, &d, &p->h, stream);
 }
 static coda_status_t up(coda_llama_t *L, pair_t *p, void *stream) {
-    if (!host_attn(L)) return CODA_OK;
+    if (L->device == CODA_DEVICE_CPU || L->dev_attn) return CODA_OK;
     coda_tensor_t d = rows_m(L, &p->d);
     return coda__llama_mem_copy(L->mem, &p->h, &d, stream);
 }
@@ -390,7 +384,7 @@ coda_status_t coda_llama_forward(coda_llama_t *L, const coda_llama_weights_t *w,
      * whose head_dim the kernels do not take). */
     CODA_TRY(down(L, &L->qkv, stream));
     {
-        coda_tensor_t q = attn_side(L, &L->qkv), o = attn_side(L, &L->o);
+        coda_tensor_t q = rows_m(L, L->dev_attn ? &L->qkv.d : &L->qkv.h), o = rows_m(L, L->dev_attn ? &L->o.d : &L->o.h);
         CODA_TRY(coda_attention_forward(L->ctx, &L->ash, &q, &o, &L->alse, stream));
     }
     CODA_TRY(up(L, &L->o, stream));
@@ -484,8 +478,9 @@ coda_status_t coda_llama_backward(coda_llama_t *L, const coda_llama_weights_t *w
      * attention lse are the forward's host copies). */
     CODA_TRY(down(L, &L->do_, stream));
     {
-        coda_tensor_t q = attn_side(L, &L->qkv), o = attn_side(L, &L->o);
-        coda_tensor_t g = attn_side(L, &L->do_), dq = attn_side(L, &L->dqkv);
+        const int dv = L->dev_attn;
+        coda_tensor_t q = rows_m(L, dv ? &L->qkv.d : &L->qkv.h), o = rows_m(L, dv ? &L->o.d : &L->o.h);
+        coda_tensor_t g = rows_m(L, dv ? &L->do_.d : &L->do_.h), dq = rows_m(L, dv ? &L->dqkv.d : &L->dqkv.h);
         CODA_TRY(coda_attention_backward(L->ctx, &L->ash, &q, &o, &L->alse, &g, &dq, L->aws, L->aws_bytes, stream));
     }
     CODA_TRY(up(L, &L->dqkv, stream));
