@@ -27,6 +27,7 @@ void coda__tuning_from_env(coda__tuning_t *t) {
     if (c >= '0' && c <= '3') t->l2_promotion = c - '0';
     t->no_ring = getenv("CODA_DEBUG_NO_RING") != NULL;
     t->log_launch = getenv("CODA_DEBUG_LAUNCH") != NULL;
+    t->attn_mma = getenv("CODA_DEBUG_ATTN_MMA") != NULL;
     v = getenv("CODA_DEBUG_OPTS");
     if (v && strlen(v) < sizeof t->extra_opts) snprintf(t->extra_opts, sizeof t->extra_opts, "%s", v);
 }

@@ -1,23 +1,36 @@
 /* attention.c - causal grouped-query attention on CUDA tensors: marshals
- * the arguments of kernels/attention.cuh and launches its kernels
+ * the arguments of the attention kernels and launches them
  * (src/api/attention.c has checked every argument but the pointers).
  *
- * The source is compiled by NVRTC once per head dimension (-DCODA_ATTN_HD)
- * and cached like every other kernel; each launch finds its function again
- * by a constant quick key (the entry's name and the head dimension). */
+ *   forward    kernels/attention_wgmma.cuh: wgmma + TMA, warp-specialised
+ *              (kernels/attention.cuh's mma.sync forward under the tuning
+ *              switch CODA_DEBUG_ATTN_MMA, for A/B runs and its tests)
+ *   backward   kernels/attention.cuh: D, dq, dk/dv (mma.sync)
+ *
+ * One source (the GEMM's PTX prelude and wgmma wrappers, then both
+ * attention files) is compiled by NVRTC once per head dimension
+ * (-DCODA_ATTN_HD) and cached like every other kernel; each launch finds
+ * its function again by a constant quick key (the entry's name and the
+ * head dimension), so the source is only put together on a miss. */
 #ifdef CODA_WITH_CUDA
 
 #include "core/context.h"
 #include "cuda/backend.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define KEY0 0xc0daa77e0ull
 #define KV_TILE 64
-#define FWD_ROWS 128 /* the kernels' FWD_ROWS, BWD_ROWS, BWD_QTILE */
+#define FWD_ROWS 128 /* the kernels' FWD_ROWS (= AW_BM), BWD_ROWS, BWD_QTILE */
 #define BWD_ROWS 64
 #define MAX_GRID 65535
+
+static const char *const attn_files[] = {"gemm_prelude.cuh", "gemm_wgmma.cuh", "attention.cuh",
+                                         "attention_wgmma.cuh"};
+#define N_ATTN_FILES (sizeof attn_files / sizeof attn_files[0])
+#define N_OPTS 5
 
 /* The kernels' argument block (attention.cuh's coda_attn_args_t). */
 typedef struct {
@@ -33,8 +46,13 @@ static long long es(const coda_tensor_t *t) {
     return t ? (long long)(t->stride[0] / (int64_t)coda_dtype_size(t->dtype)) : 0;
 }
 
-/* Dynamic shared memory of each kernel, bytes (the layouts of attention.cuh). */
+/* Dynamic shared memory of each kernel, bytes (the layouts of attention.cuh
+ * and attention_wgmma.cuh: q, 2 stages of k and v tiles of 128 rows, seven
+ * mbarriers, 1024 bytes of slack to align the swizzled tiles). */
+static int smem_fwd_wgmma(int hd) { return 5 * (hd / 64) * 128 * 128 + 8 * 7 + 1024; }
 static int smem_fwd(int hd) { return (FWD_ROWS + 4 * KV_TILE) * hd * 2; }
+/* threads of the mma.sync forward: a warp per 16 rows, 32 at HD 128 (its FWD_MT) */
+static int fwd_threads(int hd) { return FWD_ROWS / (hd == 128 ? 32 : 16) * 32; }
 static int smem_dq(int hd) { return (2 * BWD_ROWS + 4 * KV_TILE) * hd * 2; }
 static int smem_dkdv(int hd) {
     int qt = hd == 128 ? 32 : 64;
@@ -44,9 +62,8 @@ static int smem_dkdv(int hd) {
 typedef struct {
     coda_context_t *ctx;
     coda_cuda_device_t *dev;
-    const char *src;
-    const char *opts[3];
-    int hd, fwd_mt;
+    const char *opts[N_OPTS];
+    int hd;
     void *stream;
 } launcher_t;
 
@@ -57,10 +74,12 @@ static coda_status_t launch(launcher_t *L, const char *entry, unsigned gx, unsig
     struct coda_cuda *cu = L->ctx->cuda;
     uint64_t quick[2] = {KEY0 + (uint64_t)L->hd, coda__hash(CODA_HASH_SEED0, entry, strlen(entry))};
     CUfunction fn = coda__cuda_kernel_find(L->dev, quick);
-    if (!fn) CODA_TRY(coda__cuda_kernel(L->ctx, L->dev, L->src, L->opts, 3, entry, quick, &fn));
-    if (smem > 48 * 1024) {
-        CUresult r = cu->cu.FuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem);
-        if (r != CUDA_SUCCESS) return coda__cu_fail(cu, r, "cuFuncSetAttribute (attention shared memory)");
+    if (!fn) { /* first use: compile (or load from the cache), which also raises the smem limit */
+        char *src;
+        CODA_TRY(coda__cuda_join_sources(attn_files, N_ATTN_FILES, NULL, "CUDA attention", &src));
+        coda_status_t st = coda__cuda_kernel(L->ctx, L->dev, src, L->opts, N_OPTS, entry, quick, &fn);
+        free(src);
+        CODA_TRY(st);
     }
     CUlaunchConfig lc;
     memset(&lc, 0, sizeof lc);
@@ -75,12 +94,37 @@ static coda_status_t launch(launcher_t *L, const char *entry, unsigned gx, unsig
     return r == CUDA_SUCCESS ? CODA_OK : coda__cu_fail(cu, r, entry);
 }
 
-static coda_status_t run(launcher_t *L, const coda_attention_shape_t *s, attn_args_t *a, int backward) {
+/* The TMA map of qkv for the wgmma forward: (column, position, sequence),
+ * boxes of 64 columns (128 bytes, swizzled) x 128 positions; positions
+ * past a sequence's end read as zeros. */
+static coda_status_t qkv_map(coda_context_t *ctx, CUtensorMap *map, const coda_tensor_t *qkv,
+                             const coda_attention_shape_t *s) {
+    cuuint64_t dims[3] = {(cuuint64_t)qkv->shape[1], (cuuint64_t)s->seq, (cuuint64_t)s->batch};
+    cuuint64_t strides[2] = {(cuuint64_t)qkv->stride[0], (cuuint64_t)(qkv->stride[0] * s->seq)};
+    cuuint32_t box[3] = {64, FWD_ROWS, 1}, estr[3] = {1, 1, 1};
+    struct coda_cuda *cu = ctx->cuda;
+    CODA_CU(cu,
+            cu->cu.TensorMapEncodeTiled(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, qkv->data, dims, strides, box,
+                                        estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+            "cuTensorMapEncodeTiled(qkv)");
+    return CODA_OK;
+}
+
+static coda_status_t run(launcher_t *L, const coda_attention_shape_t *s, const coda_tensor_t *qkv,
+                         attn_args_t *a, int backward) {
     const unsigned heads = (unsigned)s->n_heads, kv_heads = (unsigned)s->n_kv_heads, batch = (unsigned)s->batch;
     void *args[] = {a};
+    if (!backward && !L->ctx->tuning.attn_mma) {
+        CUtensorMap map;
+        CODA_TRY(qkv_map(L->ctx, &map, qkv, s));
+        void *wargs[] = {&map, a};
+        return launch(L, "coda_attn_fwd_wgmma_kernel", heads, batch, (unsigned)coda__cdiv(s->seq, FWD_ROWS), 384,
+                      smem_fwd_wgmma(L->hd), wargs);
+    }
     if (!backward)
         return launch(L, "coda_attn_fwd_kernel", heads, batch, (unsigned)coda__cdiv(s->seq, FWD_ROWS),
-                      FWD_ROWS / (16 * L->fwd_mt) * 32, smem_fwd(L->hd), args);
+                      fwd_threads(L->hd), smem_fwd(L->hd), args);
     long long rows = s->batch * s->seq;
     int64_t warps = rows * s->n_heads, blocks = coda__cdiv(warps, 8);
     void *pargs[] = {a, &rows};
@@ -117,12 +161,11 @@ coda_status_t coda__cuda_attention(coda_context_t *ctx, const coda_attention_sha
     L.hd = (int)shape->head_dim;
     L.stream = stream;
     CODA_TRY(coda__cuda_device(ctx, qkv->device_index, &L.dev));
-    L.src = coda__cuda_source("attention.cuh");
-    if (!L.src) return coda__fail(CODA_ERR_INTERNAL, "attention.cuh is not embedded");
     L.opts[0] = "--gpu-architecture=sm_90a";
     L.opts[1] = "-default-device";
     L.opts[2] = L.hd == 64 ? "-DCODA_ATTN_HD=64" : "-DCODA_ATTN_HD=128";
-    L.fwd_mt = L.hd == 128 ? 2 : 1; /* attention.cuh's FWD_MT */
+    L.opts[3] = "-DCODA_TA=0"; /* gemm_wgmma.cuh's transpose bits: q, k K-major */
+    L.opts[4] = "-DCODA_TB=0";
 
     attn_args_t a;
     memset(&a, 0, sizeof a);
@@ -144,7 +187,7 @@ coda_status_t coda__cuda_attention(coda_context_t *ctx, const coda_attention_sha
 
     struct coda_cuda *cu = ctx->cuda;
     CODA_CU(cu, cu->cu.CtxPushCurrent(L.dev->pctx), "cuCtxPushCurrent");
-    coda_status_t s = run(&L, shape, &a, backward);
+    coda_status_t s = run(&L, shape, qkv, &a, backward);
     CUcontext prev;
     cu->cu.CtxPopCurrent(&prev);
     return s;

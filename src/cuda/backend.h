@@ -143,6 +143,12 @@ CUfunction coda__cuda_kernel_find(coda_cuda_device_t *d, const uint64_t quick[2]
 
 /* Embedded kernel source by file name (build/gen/kernels.c), or NULL. */
 const char *coda__cuda_source(const char *name);
+/* The embedded files[0..n) joined by newlines into one source in *out
+ * (malloc'd; the caller frees it), a NULL name standing for `fill` (the
+ * GEMM's epilogue). Fails (naming `what`, *out NULL) when one is not
+ * embedded or memory runs out. */
+coda_status_t coda__cuda_join_sources(const char *const *files, size_t n, const char *fill, const char *what,
+                                      char **out);
 
 /* ---- gemm.c: the GEMM mainloop with a spliced-in epilogue (docs/gpu.md) ---- */
 

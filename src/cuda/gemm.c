@@ -44,31 +44,9 @@ static const char *const kernel_files[] = {"probes.cuh", "gemm_prelude.cuh", "ge
 #define N_KERNEL_FILES (sizeof kernel_files / sizeof kernel_files[0])
 
 char *coda__cuda_gemm_source(const char *epilogue_src) {
-    const char *parts[N_KERNEL_FILES];
-    size_t len = 1;
-    for (size_t i = 0; i < N_KERNEL_FILES; i++) {
-        parts[i] = kernel_files[i] ? coda__cuda_source(kernel_files[i]) : epilogue_src;
-        if (!parts[i]) {
-            coda__fail(CODA_ERR_INTERNAL, "CUDA GEMM: kernel source %s is not embedded",
-                       kernel_files[i] ? kernel_files[i] : "(epilogue)");
-            return NULL;
-        }
-        len += strlen(parts[i]) + 1;
-    }
-    char *src = malloc(len);
-    if (!src) {
-        coda__fail(CODA_ERR_NO_MEMORY, "CUDA GEMM: out of memory");
-        return NULL;
-    }
-    size_t off = 0;
-    for (size_t i = 0; i < N_KERNEL_FILES; i++) {
-        size_t n = strlen(parts[i]);
-        memcpy(src + off, parts[i], n);
-        off += n;
-        src[off++] = '\n';
-    }
-    src[off] = 0;
-    return src;
+    char *src;
+    return coda__cuda_join_sources(kernel_files, N_KERNEL_FILES, epilogue_src, "CUDA GEMM", &src) == CODA_OK ? src
+                                                                                                          : NULL;
 }
 
 size_t coda__cuda_gemm_smem(const coda_cuda_gemm_cfg_t *cfg) {

@@ -21,6 +21,34 @@ const char *coda__cuda_source(const char *name) {
     return NULL;
 }
 
+coda_status_t coda__cuda_join_sources(const char *const *files, size_t n, const char *fill, const char *what,
+                                      char **out) {
+    const char *parts[16];
+    size_t len = 1;
+    *out = NULL;
+    if (n > sizeof parts / sizeof parts[0])
+        return coda__fail(CODA_ERR_INTERNAL, "%s: %zu kernel sources, at most 16", what, n);
+    for (size_t i = 0; i < n; i++) {
+        parts[i] = files[i] ? coda__cuda_source(files[i]) : fill;
+        if (!parts[i])
+            return coda__fail(CODA_ERR_INTERNAL, "%s: kernel source %s is not embedded", what,
+                              files[i] ? files[i] : "(epilogue)");
+        len += strlen(parts[i]) + 1;
+    }
+    char *src = malloc(len);
+    if (!src) return coda__fail(CODA_ERR_NO_MEMORY, "%s: out of memory", what);
+    size_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t k = strlen(parts[i]);
+        memcpy(src + off, parts[i], k);
+        off += k;
+        src[off++] = '\n';
+    }
+    src[off] = 0;
+    *out = src;
+    return CODA_OK;
+}
+
 void coda__nvrtc_key(const char *src, const char *const *opts, int n_opts, uint64_t key[2]) {
     int major = 0, minor = 0;
     nvrtcVersion(&major, &minor);

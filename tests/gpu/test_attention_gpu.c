@@ -8,11 +8,25 @@
  * the same bf16 inputs. Also: the CPU oracle's error beside it; bitwise
  * determinism run to run; views with padded row strides give the same
  * bits and leave the padding alone; NaN in a key reaches exactly the rows
- * that attend to it; refused calls return the documented status and write
+ * that attend to it; each with both forward kernels (wgmma, mma.sync); refused calls return the documented status and write
  * nothing. With "bench": the LLaMA-3 shapes (batch 2 x 8192), ms and
  * TFLOP/s counting the causal half. Needs an sm_90a GPU. */
 #include "harness.h"
 #include "gpu/cuda_check.h"
+#include "tuning.h"
+
+/* The forward under test: 0 the wgmma kernel (attention_wgmma.cuh, the
+ * default), 1 the mma.sync one (attention.cuh, CODA_DEBUG_ATTN_MMA). Each
+ * pass of main runs every test with one of them. */
+static int use_mma;
+static void tune_attn(coda_context_t *ctx, int mma) {
+    coda__tuning_t t = coda__get_tuning(ctx);
+    t.attn_mma = mma;
+    tune_set(ctx, &t);
+    use_mma = mma;
+}
+/* Keys per forward tile: a NaN v at j may reach rows of its own tile (coda.h). */
+static int fwd_tile(void) { return use_mma ? 64 : 128; }
 
 typedef struct {
     int64_t batch, seq, nh, nkv, hd;
@@ -258,6 +272,7 @@ static void test_shapes(coda_context_t *ctx) {
     static const shape_t shapes[] = {
         {1, 1, 1, 1, 64},   {2, 77, 4, 2, 64},  {1, 64, 2, 1, 128}, {3, 129, 6, 3, 128},
         {1, 300, 4, 4, 64}, {2, 191, 8, 2, 128}, {1, 520, 2, 1, 128}, {1, 257, 4, 1, 64},
+        {1, 1100, 2, 1, 128}, /* 9 key tiles of 128: the stage ring wraps four times */
     };
     static const char *names[5] = {"o", "lse", "dq", "dk", "dv"};
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
@@ -291,11 +306,12 @@ static void test_shapes(coda_context_t *ctx) {
 }
 
 /* NaN in key j0 of sequence 0 and in value j1 of sequence 1 (kv head 0):
- * rows >= j of the group's heads get NaN o; rows of an earlier 64-key tile
- * stay finite, and so does the other sequence, all of it (rows between the
- * tile's start and j may be NaN: 0 * NaN in the tile's products; coda.h). */
+ * rows >= j of the group's heads get NaN o; rows of an earlier key tile of
+ * the forward stay finite, and so does the other sequence, all of it (rows
+ * between the tile's start and j may be NaN: 0 * NaN in the tile's
+ * products; coda.h). */
 static void test_nan(coda_context_t *ctx) {
-    shape_t s = {2, 150, 4, 2, 64};
+    shape_t s = {2, 300, 4, 2, 64};
     prob_t p;
     memset(&p, 0, sizeof p);
     p.s = s;
@@ -305,7 +321,7 @@ static void test_nan(coda_context_t *ctx) {
     p.dout = h_alloc(2 * (size_t)(p.m * p.nq));
     rng_fill_bf16(&r, p.qkv, p.m * p.w, 1.0f);
     rng_fill_bf16(&r, p.dout, p.m * p.nq, 1.0f);
-    const int64_t j[2] = {70, 100};
+    const int64_t j[2] = {170, 230};
     p.qkv[j[0] * p.w + p.nq + 5] = 0x7fc0;                   /* k of row j0, sequence 0 */
     p.qkv[(s.seq + j[1]) * p.w + p.nq + p.nk + 9] = 0x7fc0;  /* v of row j1, sequence 1 */
     run_t g;
@@ -321,7 +337,7 @@ static void test_nan(coda_context_t *ctx) {
                 anyq |= isnan(g.dqkv[i * p.w + h * s.hd + c]);
             }
             if (in_group && pos >= j[b]) wrong += !any;                      /* must be NaN */
-            if (!in_group || pos < j[b] / 64 * 64) leaked += any || anyq;    /* must be finite */
+            if (!in_group || pos < j[b] / fwd_tile() * fwd_tile()) leaked += any || anyq; /* finite */
         }
     CHECK(wrong == 0, "NaN in a key or value: %d (row, head) outputs that attend to it are not NaN", wrong);
     CHECK(leaked == 0, "NaN leaked into %d (row, head) outputs of earlier tiles, other heads or sequences",
@@ -442,9 +458,13 @@ int main(int argc, char **argv) {
     coda_context_t *ctx;
     REQUIRE_OK(coda_context_create(NULL, &ctx));
     test_refusals(ctx);
-    test_shapes(ctx);
-    test_nan(ctx);
-    if (argc > 1 && !strcmp(argv[1], "bench")) bench(ctx);
+    for (int mma = 0; mma < 2; mma++) {
+        tune_attn(ctx, mma);
+        printf("== forward: %s\n", mma ? "mma.sync (CODA_DEBUG_ATTN_MMA)" : "wgmma");
+        test_shapes(ctx);
+        test_nan(ctx);
+        if (argc > 1 && !strcmp(argv[1], "bench")) bench(ctx);
+    }
     coda_context_free(ctx);
     TEST_MAIN_END();
 }

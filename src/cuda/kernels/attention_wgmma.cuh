@@ -1,0 +1,251 @@
+/* attention_wgmma.cuh - the causal GQA forward on Hopper's warpgroup MMA
+ * (wgmma) with TMA loads: coda_attn_fwd_wgmma_kernel, the forward that
+ * src/cuda/attention.c launches (coda_attn_fwd_kernel in attention.cuh,
+ * mma.sync, stays as the CODA_DEBUG_ATTN_MMA alternative).
+ *
+ * Compiled after gemm_prelude.cuh (TMA, mbarrier, descriptors),
+ * gemm_wgmma.cuh (the wgmma wrappers, CODA_TA = CODA_TB = 0) and
+ * attention.cuh (HD, coda_attn_args_t, constants).
+ *
+ * One block per (128 query rows, head, sequence), 384 threads:
+ *   warpgroup 0      the producer: one thread issues the TMA loads of the
+ *                    block's q and, through a ring of AW_STAGES stages, each
+ *                    128-key tile's k and v (3-D tensor map over (column,
+ *                    position, sequence): rows past the sequence's end come
+ *                    in as zeros, nothing of the next sequence is read)
+ *   warpgroups 1, 2  consumers, 64 query rows each:
+ *                    S = q k^T   wgmma m64n128k16, q and k K-major in shared
+ *                                memory (128-byte swizzle)
+ *                    online softmax on S in registers (base 2, as attention.cuh)
+ *                    o += P v    wgmma m64nHDk16, P from registers (the S
+ *                                accumulator's layout is the A fragment's),
+ *                                v N-major in shared memory
+ *                    with the next tile's S issued before this tile's P v,
+ *                    so the softmax of one overlaps the product of the other
+ *                    (FlashAttention-3's intra-warpgroup overlap).
+ * Only the last key tile of a block (the diagonal, and the sequence's end)
+ * is masked; tiles past it are never loaded.
+ *
+ * Shared memory (1024-byte aligned for the swizzle; the host adds the slack):
+ *   q       HD / 64 chunks of 128 rows x 128 bytes (warpgroup c's rows at
+ *           + 8 KiB c in each)
+ *   k[s]    HD / 64 chunks of 128 rows x 128 bytes, per stage
+ *   v[s]    the same
+ *   barriers q full, k full[s], v full[s], stage empty[s] */
+
+#define AW_BM 128                    /* query rows of a block            */
+#define AW_BN 128                    /* keys per tile                    */
+#define AW_STAGES 2
+#define AW_CHUNK (128 * 128)         /* bytes of one 64-column chunk of a tile */
+#define AW_TILE_BYTES (HD / 64 * AW_CHUNK)
+#define AW_BAR_OFF ((1 + 2 * AW_STAGES) * AW_TILE_BYTES)
+#define AW_SMEM (AW_BAR_OFF + 8 * (1 + 3 * AW_STAGES)) /* + 1024 of slack on the host */
+
+/* 3-D TMA tile load (column, position, sequence), completing on `bar`. */
+static __device__ __forceinline__ void aw_tma_load3(u32 dst, const coda_tmap *map, int col, int pos, int b,
+                                                    u32 bar) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(dst),
+                 "l"((u64)map), "r"(col), "r"(pos), "r"(b), "r"(bar)
+                 : "memory");
+}
+
+/* One 128-key tile (HD columns) from column col0 into the tile at dst. */
+static __device__ __forceinline__ void aw_load_tile(u32 dst, const coda_tmap *map, int col0, int pos, int b,
+                                                    u32 bar) {
+#pragma unroll
+    for (int c = 0; c < HD / 64; c++) aw_tma_load3(dst + c * AW_CHUNK, map, col0 + 64 * c, pos, b, bar);
+}
+
+/* One key tile of the online softmax for the thread's rows row0 and row0 + 8
+ * (s: the S accumulator, m64n128 layout): mask (when `mask`), the running
+ * max m (base 2, scaled), the row sums l; s becomes the probabilities and
+ * alpha the factor by which the rows' o must be rescaled. */
+static __device__ __forceinline__ void aw_softmax(float *s, int k0, int row0, int seq, int mask, float sl2,
+                                                  float *m, float *l, float *alpha) {
+    const int lane = threadIdx.x & 31;
+    float mx[2] = {NEG_INF, NEG_INF};
+    if (mask) {
+#pragma unroll
+        for (int i = 0; i < AW_BN / 2; i++) {
+            const int kc = k0 + (i >> 2) * 8 + (lane & 3) * 2 + (i & 1), row = row0 + (i & 2) * 4;
+            if (kc > row || kc >= seq) s[i] = NEG_INF;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < AW_BN / 2; i++) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+    float base[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float mnew = fmaxf(m[r], mx[r] * sl2);
+        base[r] = mnew == NEG_INF ? 0.f : mnew;
+        alpha[r] = exp2f(m[r] - base[r]);
+        m[r] = mnew;
+    }
+    float ls[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < AW_BN / 2; i++) {
+        const int r = (i >> 1) & 1;
+        s[i] = exp2f(fmaf(s[i], sl2, -base[r]));
+        ls[r] += s[i];
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + ls[r];
+}
+
+/* P (the probabilities, m64n128 accumulator layout) as bf16 A fragments,
+ * one per 16 keys. */
+static __device__ __forceinline__ void aw_pack_p(const float *s, u32 (*pa)[4]) {
+#pragma unroll
+    for (int kk = 0; kk < AW_BN / 16; kk++) {
+        pa[kk][0] = pack_bf2(s[8 * kk + 0], s[8 * kk + 1]);
+        pa[kk][1] = pack_bf2(s[8 * kk + 2], s[8 * kk + 3]);
+        pa[kk][2] = pack_bf2(s[8 * kk + 4], s[8 * kk + 5]);
+        pa[kk][3] = pack_bf2(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+}
+
+/* S = q k^T for the warpgroup's 64 rows (q at qa) and the 128 keys at kb. */
+static __device__ __forceinline__ void aw_issue_s(float *s, u32 qa, u32 kb) {
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++)
+        coda_wgmma_n128(s, coda_desc(qa + (kk >> 2) * AW_CHUNK + (kk & 3) * 32, 16, 1024),
+                        coda_desc(kb + (kk >> 2) * AW_CHUNK + (kk & 3) * 32, 16, 1024), kk > 0);
+    coda_wgmma_commit();
+}
+
+/* o += P v for the 128 keys of the tile at vb (k16 step kk: 16 key rows,
+ * 2 KiB further; the HD / 64 column chunks AW_CHUNK apart). */
+static __device__ __forceinline__ void aw_issue_pv(float *o, u32 (*pa)[4], u32 vb) {
+#pragma unroll
+    for (int kk = 0; kk < AW_BN / 16; kk++) {
+#if HD == 128
+        coda_wgmma_rs_n128(o, pa[kk], coda_desc(vb + kk * 2048, AW_CHUNK, 1024));
+#else
+        coda_wgmma_rs_n64(o, pa[kk], coda_desc(vb + kk * 2048, AW_CHUNK, 1024));
+#endif
+    }
+    coda_wgmma_commit();
+}
+
+#define AW_FENCE(v, n)                                                          \
+    do {                                                                        \
+        _Pragma("unroll") for (int i_ = 0; i_ < (n); i_++) coda_fence_reg((v)[i_]); \
+    } while (0)
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+coda_attn_fwd_wgmma_kernel(const __grid_constant__ coda_tmap tmap, coda_attn_args_t p) {
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const u32 base = (coda_smem_addr(smem) + 1023u) & ~1023u;
+    const u32 sq = base, sk = base + AW_TILE_BYTES, sv = sk + AW_STAGES * AW_TILE_BYTES;
+    const u32 bars = base + AW_BAR_OFF;
+#define BAR_Q (bars)
+#define BAR_K(s) (bars + 8 + 8 * (s))
+#define BAR_V(s) (bars + 8 + 8 * AW_STAGES + 8 * (s))
+#define BAR_E(s) (bars + 8 + 16 * AW_STAGES + 8 * (s))
+    const int seq = p.seq, h = blockIdx.x, b = blockIdx.y;
+    const int tile = (int)gridDim.z - 1 - (int)blockIdx.z; /* the longest rows first */
+    const int q0 = tile * AW_BM, n_kv = tile + 1;           /* causal: keys < q0 + AW_BM */
+    const int kvh = h / (p.n_heads / p.n_kv_heads);
+    const int col_k = p.n_heads * HD + kvh * HD, col_v = col_k + p.n_kv_heads * HD;
+    const int wg = threadIdx.x / 128;
+
+    if (threadIdx.x == 0) {
+        coda_mbar_init(BAR_Q, 1);
+        for (int s = 0; s < AW_STAGES; s++) {
+            coda_mbar_init(BAR_K(s), 1);
+            coda_mbar_init(BAR_V(s), 1);
+            coda_mbar_init(BAR_E(s), 8); /* the consumers' 8 warps */
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) { /* producer */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+        if (threadIdx.x == 0) {
+            coda_prefetch_tmap(&tmap);
+            coda_mbar_expect_tx(BAR_Q, AW_TILE_BYTES);
+            aw_load_tile(sq, &tmap, h * HD, q0, b, BAR_Q);
+            for (int j = 0; j < n_kv; j++) {
+                const int s = j % AW_STAGES;
+                if (j >= AW_STAGES) coda_mbar_wait(BAR_E(s), (u32)((j / AW_STAGES) - 1) & 1u);
+                coda_mbar_expect_tx(BAR_K(s), AW_TILE_BYTES);
+                aw_load_tile(sk + s * AW_TILE_BYTES, &tmap, col_k, j * AW_BN, b, BAR_K(s));
+                coda_mbar_expect_tx(BAR_V(s), AW_TILE_BYTES);
+                aw_load_tile(sv + s * AW_TILE_BYTES, &tmap, col_v, j * AW_BN, b, BAR_V(s));
+            }
+        }
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    const int c = wg - 1, tid = threadIdx.x % 128, lane = tid & 31;
+    const int row0 = q0 + 64 * c + 16 * (tid >> 5) + (lane >> 2); /* and row0 + 8 */
+    const u32 qa = sq + c * 8192;
+    const float sl2 = p.scale * LOG2E;
+    float o[HD / 2], s[AW_BN / 2], m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f}, alpha[2];
+    u32 pa[AW_BN / 16][4];
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
+
+    coda_mbar_wait(BAR_Q, 0);
+    coda_mbar_wait(BAR_K(0), 0);
+    coda_wgmma_fence();
+    aw_issue_s(s, qa, sk);
+    coda_wgmma_wait(0);
+    AW_FENCE(s, AW_BN / 2);
+    aw_softmax(s, 0, row0, seq, n_kv == 1, sl2, m, l, alpha);
+    aw_pack_p(s, pa);
+
+    for (int j = 1; j < n_kv; j++) {
+        const int s_now = j % AW_STAGES, s_prev = (j - 1) % AW_STAGES;
+        coda_mbar_wait(BAR_K(s_now), (u32)(j / AW_STAGES) & 1u);
+        coda_wgmma_fence();
+        aw_issue_s(s, qa, sk + s_now * AW_TILE_BYTES);
+        coda_mbar_wait(BAR_V(s_prev), (u32)((j - 1) / AW_STAGES) & 1u);
+        aw_issue_pv(o, pa, sv + s_prev * AW_TILE_BYTES);
+        coda_wgmma_wait(1); /* S done, P v of the previous tile in flight */
+        AW_FENCE(s, AW_BN / 2);
+        aw_softmax(s, j * AW_BN, row0, seq, j == n_kv - 1, sl2, m, l, alpha);
+        coda_wgmma_wait(0);
+        AW_FENCE(o, HD / 2);
+        __syncwarp();
+        if (lane == 0) coda_mbar_arrive(BAR_E(s_prev));
+#pragma unroll
+        for (int i = 0; i < HD / 2; i++) o[i] *= alpha[(i >> 1) & 1];
+        aw_pack_p(s, pa);
+    }
+    {
+        const int s_last = (n_kv - 1) % AW_STAGES;
+        coda_mbar_wait(BAR_V(s_last), (u32)((n_kv - 1) / AW_STAGES) & 1u);
+        coda_wgmma_fence();
+        aw_issue_pv(o, pa, sv + s_last * AW_TILE_BYTES);
+        coda_wgmma_wait(0);
+        AW_FENCE(o, HD / 2);
+    }
+
+    /* finish: the quad's row sums, o = acc / l, lse (natural log) */
+    const long long r0 = (long long)b * seq;
+    u16 *ob = (u16 *)p.out + r0 * p.ld_o + h * HD;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float lr = l[r];
+        lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+        lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+        const int row = row0 + 8 * r;
+        if (row >= seq) continue;
+        const float inv = 1.f / lr;
+        u32 *orow = (u32 *)(ob + (long long)row * p.ld_o);
+#pragma unroll
+        for (int t = 0; t < HD / 8; t++)
+            orow[4 * t + (lane & 3)] = pack_bf2(o[4 * t + 2 * r] * inv, o[4 * t + 2 * r + 1] * inv);
+        if ((lane & 3) == 0) p.lse[(r0 + row) * p.ld_lse + h] = m[r] * LN2 + logf(lr);
+    }
+#undef BAR_Q
+#undef BAR_K
+#undef BAR_V
+#undef BAR_E
+}
