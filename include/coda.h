@@ -802,7 +802,8 @@ CODA_API coda_status_t coda_lm_loss(coda_context_t *ctx, const coda_tensor_t *x,
 
 /* ---------------------------------------------------------------------------
  * 11. Causal grouped-query attention, forward and backward
- *     (src/api/attention.c; CUDA: src/cuda/attention.c, kernels/attention.cuh;
+ *     (src/api/attention.c; CUDA: src/cuda/attention.c, kernels/attention.cuh,
+ *     kernels/attention_wgmma.cuh;
  *     CPU: src/layer/attention.c; docs/attention.md)
  *
  * The attention between the block's halves (section 9), on the block's own
@@ -831,9 +832,11 @@ CODA_API coda_status_t coda_lm_loss(coda_context_t *ctx, const coda_tensor_t *x,
  * thread count); the oracle the CUDA kernels are tested against.
  * CUDA: head_dim 64 or 128; unit column strides; qkv, o and do_ with base
  * and row stride 16-byte aligned, dqkv 8-byte, lse 4-byte. bf16 tensor-core products with f32
- * accumulation and an online softmax (FlashAttention-2's algorithm, tiles
- * of 64 keys, causal tiles past the diagonal skipped); the probabilities
- * are rounded to bf16 for their product with v (as FlashAttention does).
+ * accumulation and an online softmax (FlashAttention's algorithm; the
+ * forward on warpgroup MMAs with tiles of 128 keys, the backward on
+ * warp MMAs with tiles of 64; causal tiles past the diagonal skipped); the
+ * probabilities are rounded to bf16 for their product with v (as
+ * FlashAttention does).
  * No atomics: dq and dk/dv come from separate kernels, each output row
  * owned by one warp, so results are bitwise the same run to run. The
  * backward needs coda_attention_workspace_size bytes of device workspace
@@ -843,9 +846,9 @@ CODA_API coda_status_t coda_lm_loss(coda_context_t *ctx, const coda_tensor_t *x,
  * the gradients that depend on it), never a masked or finite value. Keys
  * of other sequences, and on the CPU every key after i, never reach row i.
  * On CUDA a non-finite k or v at position j may also make NaN of the rows
- * i < j of its own 64-key tile (64 floor(j / 64) <= i < j: probability 0
- * times NaN inside the tile's matrix products, as in FlashAttention);
- * earlier tiles stay clean.
+ * i < j of its own 128-key forward tile (128 floor(j / 128) <= i < j:
+ * probability 0 times NaN inside the tile's matrix products, as in
+ * FlashAttention), and so of their gradients; earlier tiles stay clean.
  * ------------------------------------------------------------------------- */
 
 typedef struct coda_attention_shape {
