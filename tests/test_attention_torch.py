@@ -20,7 +20,7 @@ Also: views of wider buffers, results independent of the CPU thread count
 and the same run to run, nothing written by a refused call, NaN (a NaN or
 inf in a key a row attends to gives that row NaN; one in a later key
 leaves the row's o, lse and dq as they were: on the CPU always, on CUDA
-for rows of earlier 64-key tiles, rows of the key's own tile being as
+for rows of earlier 128-key forward tiles, rows of the key's own tile being as
 they were or NaN, coda.h's rule), bad input (coda.Error, TypeError, ValueError as the binding's
 rules say), LlamaBlock/LlamaModel with attention="coda", and with torch
 >= 2.4 torch.library.opcheck, the fake implementations on the meta device
@@ -194,8 +194,8 @@ def layout_and_determinism(ctx):
 
 def tile_start(j):
     """The first row that a bad key at position j may touch (coda.h section
-    11): j on the CPU; on CUDA the start of j's 64-key tile."""
-    return 64 * (j // 64) if CUDA else j
+    11): j on the CPU; on CUDA the start of j's 128-key forward tile."""
+    return 128 * (j // 128) if CUDA else j
 
 
 def same_or_nan(a, b):
@@ -207,10 +207,10 @@ def nan_cases(ctx):
     """NaN and inf (coda.h section 11's rule): a bad value in a key or value
     row i attends to gives o_i and lse_i NaN in that kv group's heads (dq_i
     too); one in a later key leaves row i's o, lse and dq bit for bit as
-    without it on the CPU, and on CUDA where row i is in an earlier 64-key
+    without it on the CPU, and on CUDA where row i is in an earlier 128-key
     tile (in the key's own tile: as without it, or NaN); other sequences
     and kv groups are untouched."""
-    B, S, H, KV, D = 2, 70, 4, 2, 64
+    B, S, H, KV, D = 2, 200, 4, 2, 64
     qkv, do = make(B, S, H, KV, D, seed=5)
     nq, nkv, g = H * D, KV * D, H // KV
     clean = coda_raw(ctx, qkv, do, B, S, H, KV, D)
@@ -220,7 +220,7 @@ def nan_cases(ctx):
     qcols = torch.cat([torch.arange(h * D, (h + 1) * D) for h in heads])
     others = torch.tensor([c for c in range(nq) if c not in set(qcols.tolist())])
     for what, j, col0, val in (("NaN in k", 40, nq, float("nan")), ("NaN in v", 40, nq + nkv, float("nan")),
-                               ("NaN in k", 65, nq, float("nan")), ("NaN in v", 66, nq + nkv, float("nan")),
+                               ("NaN in k", 130, nq, float("nan")), ("NaN in v", 141, nq + nkv, float("nan")),
                                ("+inf in k", 50, nq, float("inf")), ("-inf in v", 10, nq + nkv, float("-inf"))):
         bad = qkv.clone()
         bad[j, col0 + kvh * D + 3] = val  # sequence 0, position j
@@ -229,7 +229,7 @@ def nan_cases(ctx):
         lo = tile_start(j)
         before, tile, after = slice(0, lo), slice(lo, j), slice(j, S)
         check(torch.equal(o[before], clean[0][before]) and torch.equal(lse[before], clean[1][before]),
-              "%s: rows before %s changed (o or lse)" % (name, "its 64-key tile" if CUDA else "it"))
+              "%s: rows before %s changed (o or lse)" % (name, "its 128-key tile" if CUDA else "it"))
         check(torch.equal(dq[before, :nq], clean[2][before, :nq]),
               "%s: dq of the rows before %s changed" % (name, "its tile" if CUDA else "it"))
         # CUDA: the earlier rows of the key's own tile are as without it, or NaN (0 x NaN in the tile's products)
