@@ -834,13 +834,14 @@ CODA_API coda_status_t coda_lm_loss(coda_context_t *ctx, const coda_tensor_t *x,
  * and row stride 16-byte aligned, dqkv 8-byte, lse 4-byte. bf16 tensor-core products with f32
  * accumulation and an online softmax (FlashAttention's algorithm; the
  * forward on warpgroup MMAs with tiles of 128 keys, the backward on
- * warp MMAs with tiles of 64; causal tiles past the diagonal skipped); the
- * probabilities are rounded to bf16 for their product with v (as
- * FlashAttention does).
+ * warpgroup MMAs with tiles of 64 queries (dk, dv) and 64 keys (dq); causal
+ * tiles past the diagonal skipped); the probabilities are rounded to bf16
+ * for their products (as FlashAttention does).
  * No atomics: dq and dk/dv come from separate kernels, each output row
- * owned by one warp, so results are bitwise the same run to run. The
+ * owned by one warpgroup, so results are bitwise the same run to run. The
  * backward needs coda_attention_workspace_size bytes of device workspace
- * (D, M x n_heads f32), 256-byte aligned; the forward needs none.
+ * (the rows' D = do . o and lse, 2 x batch x n_heads x seq rounded up to
+ * 128, f32), 256-byte aligned; the forward needs none.
  *
  * NaN: a NaN in a q, k or v that row i attends to gives NaN in o_i (and in
  * the gradients that depend on it), never a masked or finite value. Keys

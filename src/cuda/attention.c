@@ -5,7 +5,10 @@
  *   forward    kernels/attention_wgmma.cuh: wgmma + TMA, warp-specialised
  *              (kernels/attention.cuh's mma.sync forward under the tuning
  *              switch CODA_DEBUG_ATTN_MMA, for A/B runs and its tests)
- *   backward   kernels/attention.cuh: D, dq, dk/dv (mma.sync)
+ *   backward   kernels/attention.cuh's prep kernel (D and lse log2(e) into
+ *              the workspace), then kernels/attention_bwd_wgmma.cuh: dk/dv
+ *              and dq on wgmma + TMA (attention.cuh's mma.sync dq and
+ *              dk/dv under CODA_DEBUG_ATTN_MMA)
  *
  * One source (the GEMM's PTX prelude and wgmma wrappers, then both
  * attention files) is compiled by NVRTC once per head dimension
@@ -28,7 +31,7 @@
 #define MAX_GRID 65535
 
 static const char *const attn_files[] = {"gemm_prelude.cuh", "gemm_wgmma.cuh", "attention.cuh",
-                                         "attention_wgmma.cuh"};
+                                         "attention_wgmma.cuh", "attention_bwd_wgmma.cuh"};
 #define N_ATTN_FILES (sizeof attn_files / sizeof attn_files[0])
 #define N_OPTS 5
 
@@ -53,6 +56,12 @@ static int smem_fwd_wgmma(int hd) { return 5 * (hd / 64) * 128 * 128 + 8 * 7 + 1
 static int smem_fwd(int hd) { return (FWD_ROWS + 4 * KV_TILE) * hd * 2; }
 /* threads of the mma.sync forward: a warp per 16 rows, 32 at HD 128 (its FWD_MT) */
 static int fwd_threads(int hd) { return FWD_ROWS / (hd == 128 ? 32 : 16) * 32; }
+/* The wgmma backward (attention_bwd_wgmma.cuh's AB_SMEM_DKDV, AB_SMEM_DQ):
+ * two 128-row operands, 2 stages of two 64-row tiles, dk/dv's 2 stages of
+ * 128 statistics, five mbarriers, the slack. */
+static int smem_bwd_wgmma(int hd, int dkdv) {
+    return 2 * (hd / 64) * 128 * 128 + 2 * 2 * (hd / 64) * 64 * 128 + (dkdv ? 2 * 512 : 0) + 8 * 5 + 1024;
+}
 static int smem_dq(int hd) { return (2 * BWD_ROWS + 4 * KV_TILE) * hd * 2; }
 static int smem_dkdv(int hd) {
     int qt = hd == 128 ? 32 : 64;
@@ -94,30 +103,48 @@ static coda_status_t launch(launcher_t *L, const char *entry, unsigned gx, unsig
     return r == CUDA_SUCCESS ? CODA_OK : coda__cu_fail(cu, r, entry);
 }
 
-/* The TMA map of qkv for the wgmma forward: (column, position, sequence),
- * boxes of 64 columns (128 bytes, swizzled) x 128 positions; positions
- * past a sequence's end read as zeros. */
-static coda_status_t qkv_map(coda_context_t *ctx, CUtensorMap *map, const coda_tensor_t *qkv,
-                             const coda_attention_shape_t *s) {
-    cuuint64_t dims[3] = {(cuuint64_t)qkv->shape[1], (cuuint64_t)s->seq, (cuuint64_t)s->batch};
-    cuuint64_t strides[2] = {(cuuint64_t)qkv->stride[0], (cuuint64_t)(qkv->stride[0] * s->seq)};
-    cuuint32_t box[3] = {64, FWD_ROWS, 1}, estr[3] = {1, 1, 1};
+/* A TMA map of a (batch x seq, cols) bf16 matrix (qkv, or do) as (column,
+ * position, sequence), boxes of 64 columns (128 bytes, swizzled) x `rows`
+ * positions; positions past a sequence's end read as zeros. */
+static coda_status_t seq_map(coda_context_t *ctx, CUtensorMap *map, const coda_tensor_t *t,
+                             const coda_attention_shape_t *s, int rows, const char *what) {
+    cuuint64_t dims[3] = {(cuuint64_t)t->shape[1], (cuuint64_t)s->seq, (cuuint64_t)s->batch};
+    cuuint64_t strides[2] = {(cuuint64_t)t->stride[0], (cuuint64_t)(t->stride[0] * s->seq)};
+    cuuint32_t box[3] = {64, (cuuint32_t)rows, 1}, estr[3] = {1, 1, 1};
     struct coda_cuda *cu = ctx->cuda;
     CODA_CU(cu,
-            cu->cu.TensorMapEncodeTiled(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, qkv->data, dims, strides, box,
+            cu->cu.TensorMapEncodeTiled(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, t->data, dims, strides, box,
                                         estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
-            "cuTensorMapEncodeTiled(qkv)");
+            what);
     return CODA_OK;
 }
 
+/* The wgmma backward: dk/dv (128 key rows a block, 64-query tiles), then dq
+ * (128 query rows a block, 64-key tiles). */
+static coda_status_t run_bwd_wgmma(launcher_t *L, const coda_attention_shape_t *s, const coda_tensor_t *qkv,
+                                   const coda_tensor_t *do_, attn_args_t *a) {
+    CUtensorMap qkv128, qkv64, do128, do64;
+    CODA_TRY(seq_map(L->ctx, &qkv128, qkv, s, 128, "cuTensorMapEncodeTiled(qkv, 128 rows)"));
+    CODA_TRY(seq_map(L->ctx, &qkv64, qkv, s, 64, "cuTensorMapEncodeTiled(qkv, 64 rows)"));
+    CODA_TRY(seq_map(L->ctx, &do128, do_, s, 128, "cuTensorMapEncodeTiled(do, 128 rows)"));
+    CODA_TRY(seq_map(L->ctx, &do64, do_, s, 64, "cuTensorMapEncodeTiled(do, 64 rows)"));
+    const unsigned blocks = (unsigned)coda__cdiv(s->seq, 128), batch = (unsigned)s->batch;
+    void *kv_args[] = {&qkv128, &qkv64, &do64, a};
+    CODA_TRY(launch(L, "coda_attn_bwd_dkdv_wgmma_kernel", (unsigned)s->n_kv_heads, batch, blocks, 384,
+                    smem_bwd_wgmma(L->hd, 1), kv_args));
+    void *q_args[] = {&qkv128, &qkv64, &do128, a};
+    return launch(L, "coda_attn_bwd_dq_wgmma_kernel", (unsigned)s->n_heads, batch, blocks, 384,
+                  smem_bwd_wgmma(L->hd, 0), q_args);
+}
+
 static coda_status_t run(launcher_t *L, const coda_attention_shape_t *s, const coda_tensor_t *qkv,
-                         attn_args_t *a, int backward) {
+                         const coda_tensor_t *do_, attn_args_t *a, int backward) {
     const unsigned heads = (unsigned)s->n_heads, kv_heads = (unsigned)s->n_kv_heads, batch = (unsigned)s->batch;
     void *args[] = {a};
     if (!backward && !L->ctx->tuning.attn_mma) {
         CUtensorMap map;
-        CODA_TRY(qkv_map(L->ctx, &map, qkv, s));
+        CODA_TRY(seq_map(L->ctx, &map, qkv, s, FWD_ROWS, "cuTensorMapEncodeTiled(qkv)"));
         void *wargs[] = {&map, a};
         return launch(L, "coda_attn_fwd_wgmma_kernel", heads, batch, (unsigned)coda__cdiv(s->seq, FWD_ROWS), 384,
                       smem_fwd_wgmma(L->hd), wargs);
@@ -130,6 +157,7 @@ static coda_status_t run(launcher_t *L, const coda_attention_shape_t *s, const c
     void *pargs[] = {a, &rows};
     CODA_TRY(launch(L, "coda_attn_bwd_prep_kernel", (unsigned)(blocks < MAX_GRID ? blocks : MAX_GRID), 1, 1, 256,
                     0, pargs));
+    if (!L->ctx->tuning.attn_mma) return run_bwd_wgmma(L, s, qkv, do_, a);
     unsigned tiles = (unsigned)coda__cdiv(s->seq, BWD_ROWS);
     CODA_TRY(launch(L, "coda_attn_bwd_dq_kernel", heads, batch, tiles, BWD_ROWS / 16 * 32, smem_dq(L->hd), args));
     return launch(L, "coda_attn_bwd_dkdv_kernel", kv_heads, batch, tiles, BWD_ROWS / 16 * 32, smem_dkdv(L->hd),
@@ -146,7 +174,9 @@ coda_status_t coda__cuda_attention(coda_context_t *ctx, const coda_attention_sha
                           "%d sequences of at most %d tokens", fn, (long long)shape->batch,
                           (long long)shape->seq, MAX_GRID, MAX_GRID * BWD_ROWS);
     {   /* every pointer device memory of qkv's device */
-        coda_tensor_t wt = coda_tensor_1d(ws, CODA_F32, shape->batch * shape->seq * shape->n_heads);
+        /* attention.cuh's two planes of statistics, (batch, n_heads, seq padded to 128) */
+        const int64_t pad = coda__cdiv(shape->seq, 128) * 128;
+        coda_tensor_t wt = coda_tensor_1d(ws, CODA_F32, 2 * shape->batch * shape->n_heads * pad);
         wt.device = qkv->device;
         wt.device_index = qkv->device_index;
         const coda_tensor_t *ts[] = {qkv, o, lse, do_, out, ws ? &wt : NULL};
@@ -173,7 +203,7 @@ coda_status_t coda__cuda_attention(coda_context_t *ctx, const coda_attention_sha
     a.o = o ? o->data : NULL;               // (M, nq) bf16 (backward)
     a.dout = do_ ? do_->data : NULL;        // (M, nq) bf16 (backward)
     a.lse = (float *)lse->data;             // (M, n_heads) f32
-    a.dsum = (float *)ws;                   // (M, n_heads) f32 D (backward)
+    a.dsum = (float *)ws;                   // 2 x (batch, n_heads, seq padded) f32 (backward)
     a.out = out->data;                      // forward: o (M, nq) bf16; backward: dqkv (M, nqkv) f32
     a.ld_qkv = es(qkv);
     a.ld_o = backward ? es(o) : es(out);
@@ -187,7 +217,7 @@ coda_status_t coda__cuda_attention(coda_context_t *ctx, const coda_attention_sha
 
     struct coda_cuda *cu = ctx->cuda;
     CODA_CU(cu, cu->cu.CtxPushCurrent(L.dev->pctx), "cuCtxPushCurrent");
-    coda_status_t s = run(&L, shape, qkv, &a, backward);
+    coda_status_t s = run(&L, shape, qkv, do_, &a, backward);
     CUcontext prev;
     cu->cu.CtxPopCurrent(&prev);
     return s;

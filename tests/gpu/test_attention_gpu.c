@@ -460,7 +460,7 @@ int main(int argc, char **argv) {
     test_refusals(ctx);
     for (int mma = 0; mma < 2; mma++) {
         tune_attn(ctx, mma);
-        printf("== forward: %s\n", mma ? "mma.sync (CODA_DEBUG_ATTN_MMA)" : "wgmma");
+        printf("== attention: %s\n", mma ? "mma.sync (CODA_DEBUG_ATTN_MMA)" : "wgmma");
         test_shapes(ctx);
         test_nan(ctx);
         if (argc > 1 && !strcmp(argv[1], "bench")) bench(ctx);

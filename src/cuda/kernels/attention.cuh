@@ -217,12 +217,21 @@ typedef struct {
     const u16 *o;    /* (M, nq) bf16                             */
     const u16 *dout; /* (M, nq) bf16                             */
     float *lse;      /* (M, n_heads) f32, row stride ld_lse      */
-    float *dsum;     /* (M, n_heads) f32, D (workspace), dense   */
+    float *dsum;     /* workspace: D, then lse log2(e) (STAT_AT)  */
     void *out;       /* fwd: o (bf16); bwd: dqkv (f32)           */
     long long ld_qkv, ld_o, ld_do, ld_lse, ld_out;
     int seq, n_heads, n_kv_heads;
     float scale;     /* softmax scale, 1/sqrt(HD)                */
 } coda_attn_args_t;
+
+/* The backward's per-row statistics in the workspace, written by
+ * coda_attn_bwd_prep_kernel: two planes of (batch, n_heads, STAT_PAD(seq))
+ * f32, D = do . o, then lse log2(e). A head's rows are contiguous (the
+ * wgmma backward copies 64 of them with one bulk copy) and padded to 128
+ * (those copies never leave the plane; the pad is never used unmasked). */
+#define STAT_PAD(seq) (((seq) + 127) / 128 * 128)
+#define STAT_AT(p, b, h, pos) (((long long)(b) * (p).n_heads + (h)) * STAT_PAD((p).seq) + (pos))
+#define STAT_PLANE(p, batch) ((long long)(batch) * (p).n_heads * STAT_PAD((p).seq))
 
 /* ---- forward ---- */
 
@@ -350,10 +359,12 @@ coda_attn_fwd_kernel(coda_attn_args_t p) {
 
 /* ---- backward ---- */
 
-/* D[r][h] = sum over the head of do * o, one warp per (row, head). */
+/* D = sum over the head of do * o and lse log2(e), one warp per (row, head),
+ * into the workspace's two planes (STAT_AT). */
 extern "C" __global__ void __launch_bounds__(256)
 coda_attn_bwd_prep_kernel(coda_attn_args_t p, long long rows) {
     const long long warps = (long long)gridDim.x * (blockDim.x >> 5);
+    const long long plane = STAT_PLANE(p, rows / p.seq);
     const int lane = threadIdx.x & 31;
     for (long long w = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); w < rows * p.n_heads;
          w += warps) {
@@ -367,7 +378,11 @@ coda_attn_bwd_prep_kernel(coda_attn_args_t p, long long rows) {
             s += bf_lo(a) * bf_lo(d) + bf_hi(a) * bf_hi(d);
         }
         for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-        if (lane == 0) p.dsum[w] = s;
+        if (lane == 0) {
+            const long long at = STAT_AT(p, r / p.seq, h, r % p.seq);
+            p.dsum[at] = s;
+            p.dsum[plane + at] = p.lse[r * p.ld_lse + h] * LOG2E;
+        }
     }
 }
 
@@ -422,7 +437,7 @@ coda_attn_bwd_dq_kernel(coda_attn_args_t p) {
     for (int r = 0; r < 2; r++) {
         const int row = qr + r * 8, ok = row < seq;
         lse2[r] = ok ? p.lse[(r0 + row) * p.ld_lse + h] * LOG2E : 0.f;
-        dd[r] = ok ? p.dsum[(r0 + row) * p.n_heads + h] : 0.f;
+        dd[r] = ok ? p.dsum[STAT_AT(p, b, h, row)] : 0.f;
     }
     float dq[HD / 8][4];
     for (int i = 0; i < HD / 8; i++) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
@@ -494,7 +509,7 @@ coda_attn_bwd_dkdv_kernel(coda_attn_args_t p) {
         for (int c_ = threadIdx.x; c_ < BWD_QTILE; c_ += blockDim.x) {                            \
             const int row_ = qs_ + c_, ok_ = row_ < seq;                                          \
             slse[(buf_) * BWD_QTILE + c_] = ok_ ? p.lse[(r0 + row_) * p.ld_lse + h_] * LOG2E : 0.f; \
-            sdd[(buf_) * BWD_QTILE + c_] = ok_ ? p.dsum[(r0 + row_) * p.n_heads + h_] : 0.f;       \
+            sdd[(buf_) * BWD_QTILE + c_] = ok_ ? p.dsum[STAT_AT(p, b, h_, row_)] : 0.f;            \
         }                                                                                         \
     } while (0)
 

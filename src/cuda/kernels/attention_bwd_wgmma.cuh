@@ -1,0 +1,349 @@
+/* attention_bwd_wgmma.cuh - the causal GQA backward on wgmma + TMA:
+ * coda_attn_bwd_dkdv_wgmma_kernel and coda_attn_bwd_dq_wgmma_kernel, the
+ * backward that src/cuda/attention.c launches after
+ * coda_attn_bwd_prep_kernel (attention.cuh's mma.sync dq and dk/dv kernels
+ * stay as the CODA_DEBUG_ATTN_MMA alternative).
+ *
+ * Compiled after attention_wgmma.cuh (its 3-D TMA load, AW_FENCE, and
+ * through it the prelude, the wgmma wrappers and attention.cuh).
+ *
+ * FlashAttention-2's backward with the row statistics of the forward
+ * (P = exp2(s scale log2(e) - lse log2(e)), dS = P (dP - D), D = do . o),
+ * as two kernels so that nothing is accumulated with atomics and every
+ * result is bitwise the same run to run (7 products where a fused
+ * backward with atomics in dq does 5):
+ *
+ *   dk/dv  one block per (128 key rows, kv head, sequence), over every query
+ *          head of its group and every 64-query tile from the diagonal on:
+ *            S^T  = k q^T      wgmma m64n64, k and q K-major
+ *            dP^T = v do^T     the same
+ *            P^T, dS^T in registers (the accumulator layout is the A
+ *                              fragment's: they never leave the registers)
+ *            dv  += P^T do     wgmma m64nHD, A from registers, do N-major
+ *            dk  += dS^T q     the same with q
+ *   dq     one block per (128 query rows, head, sequence), over the 64-key
+ *          tiles up to the diagonal:
+ *            S = q k^T, dP = do v^T, dS = P (dP - D), dq += dS k
+ *
+ * 384 threads each: warpgroup 0 produces (one thread: TMA through 3-D maps
+ * (column, position, sequence), so rows past a sequence's end come in as
+ * zeros; the 64 statistics of a query tile by one bulk copy), warpgroups 1
+ * and 2 consume 64 of the block's rows each. The streamed tiles go through
+ * a ring of AB_STAGES stages (mbarriers full / empty, as the forward).
+ *
+ * Masking: a product is masked only on the tiles that cross the diagonal
+ * or the sequence's end, by a select (what lies past either, NaN
+ * included, never leaks in); a warpgroup skips a tile none of its rows
+ * attends to. Rows past the end are computed on zeros and never stored.
+ *
+ * Shared memory (1024-byte aligned; the host adds the slack), HD / 64
+ * column chunks of 128 bytes per row, swizzled:
+ *   the block's two 128-row operands (dk/dv: k, v; dq: q, do)
+ *   AB_STAGES x the two streamed 64-row tiles (dk/dv: q, do; dq: k, v)
+ *   dk/dv: AB_STAGES x 64 D and 64 lse log2(e)
+ *   barriers: block operands full, stage full[s], stage empty[s] */
+
+#define AB_ROWS 128                       /* rows a block owns              */
+#define AB_TILE 64                        /* rows of a streamed tile        */
+#define AB_STAGES 2
+#define AB_BIG_CHUNK (AB_ROWS * 128)      /* one 64-column chunk of a block */
+#define AB_SMALL_CHUNK (AB_TILE * 128)    /* ... of a streamed tile         */
+#define AB_BIG (HD / 64 * AB_BIG_CHUNK)
+#define AB_SMALL (HD / 64 * AB_SMALL_CHUNK)
+#define AB_STAT_BYTES (2 * AB_TILE * 4)   /* D and lse log2(e) of a tile    */
+#define AB_TILES_OFF (2 * AB_BIG)
+#define AB_STATS_OFF (AB_TILES_OFF + 2 * AB_STAGES * AB_SMALL)
+#define AB_BARS_DKDV (AB_STATS_OFF + AB_STAGES * AB_STAT_BYTES)
+#define AB_BARS_DQ AB_STATS_OFF
+#define AB_SMEM_DKDV (AB_BARS_DKDV + 8 * (1 + 2 * AB_STAGES)) /* + 1024 of slack */
+#define AB_SMEM_DQ (AB_BARS_DQ + 8 * (1 + 2 * AB_STAGES))
+
+/* 1-D bulk copy of `bytes` (a multiple of 16) global -> shared, on `bar`. */
+static __device__ __forceinline__ void ab_bulk_load(u32 dst, const void *src, u32 bytes, u32 bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     dst),
+                 "l"((u64)src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
+/* HD columns of `rows` positions from column col0 (one TMA per 64-column
+ * chunk, chunk_bytes apart). */
+static __device__ __forceinline__ void ab_load(u32 dst, const coda_tmap *map, int col0, int pos, int b,
+                                               u32 chunk_bytes, u32 bar) {
+#pragma unroll
+    for (int c = 0; c < HD / 64; c++) aw_tma_load3(dst + c * chunk_bytes, map, col0 + 64 * c, pos, b, bar);
+}
+
+/* acc (64 x 64) = a (64 rows of a 128-row block, K-major) . b^T (a 64-row
+ * tile, K-major), over HD. */
+static __device__ __forceinline__ void ab_issue_nt(float *acc, u32 a, u32 b) {
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++)
+        coda_wgmma_n64(acc, coda_desc(a + (kk >> 2) * AB_BIG_CHUNK + (kk & 3) * 32, 16, 1024),
+                       coda_desc(b + (kk >> 2) * AB_SMALL_CHUNK + (kk & 3) * 32, 16, 1024), kk > 0);
+    coda_wgmma_commit();
+}
+
+/* acc (64 x HD) += a (64 x 64, registers, 4 k16 fragments) . b (a 64-row
+ * tile, N-major); not committed. */
+static __device__ __forceinline__ void ab_issue_rs(float *acc, u32 (*a)[4], u32 b) {
+#pragma unroll
+    for (int kk = 0; kk < AB_TILE / 16; kk++) {
+#if HD == 128
+        coda_wgmma_rs_n128(acc, a[kk], coda_desc(b + kk * 2048, AB_SMALL_CHUNK, 1024));
+#else
+        coda_wgmma_rs_n64(acc, a[kk], coda_desc(b + kk * 2048, AB_SMALL_CHUNK, 1024));
+#endif
+    }
+}
+
+/* A 64 x 64 accumulator (m64n64 layout) as bf16 A fragments, one per 16 columns. */
+static __device__ __forceinline__ void ab_pack(const float *s, u32 (*a)[4]) {
+#pragma unroll
+    for (int kk = 0; kk < AB_TILE / 16; kk++) {
+        a[kk][0] = pack_bf2(s[8 * kk + 0], s[8 * kk + 1]);
+        a[kk][1] = pack_bf2(s[8 * kk + 2], s[8 * kk + 3]);
+        a[kk][2] = pack_bf2(s[8 * kk + 4], s[8 * kk + 5]);
+        a[kk][3] = pack_bf2(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+}
+
+/* Column of element i of a thread's m64n64 accumulator, and its row (0 or 8
+ * past the thread's first). */
+#define AB_COL(i, lane) (((i) >> 2) * 8 + ((lane) & 3) * 2 + ((i) & 1))
+#define AB_ROW8(i) (((i) & 2) * 4)
+
+/* Stores a 64 x HD accumulator of one warpgroup, times scale, as f32 rows
+ * (the thread's rows row0 and row0 + 8; rows past seq dropped). */
+static __device__ __forceinline__ void ab_store(const float *acc, float scale, float *base, long long ld,
+                                                int row0, int seq) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = row0 + 8 * r;
+        if (row >= seq) continue;
+        float *dst = base + (long long)row * ld + (lane & 3) * 2;
+#pragma unroll
+        for (int t = 0; t < HD / 8; t++)
+            *(float2 *)(dst + 8 * t) = make_float2(acc[4 * t + 2 * r] * scale, acc[4 * t + 2 * r + 1] * scale);
+    }
+}
+
+#define AB_BAR_BLOCK(bars) (bars)
+#define AB_BAR_FULL(bars, s) ((bars) + 8 + 8 * (s))
+#define AB_BAR_EMPTY(bars, s) ((bars) + 8 + 8 * AB_STAGES + 8 * (s))
+
+/* The barriers of a block: the block operands' (one arrival), each stage's
+ * full (one arrival) and empty (the consumers' 8 warps). */
+static __device__ __forceinline__ void ab_init_bars(u32 bars) {
+    if (threadIdx.x == 0) {
+        coda_mbar_init(AB_BAR_BLOCK(bars), 1);
+        for (int s = 0; s < AB_STAGES; s++) {
+            coda_mbar_init(AB_BAR_FULL(bars, s), 1);
+            coda_mbar_init(AB_BAR_EMPTY(bars, s), 8);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+}
+
+/* A consumer warp is done with stage s. */
+static __device__ __forceinline__ void ab_release(u32 bars, int s) {
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) coda_mbar_arrive(AB_BAR_EMPTY(bars, s));
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+coda_attn_bwd_dkdv_wgmma_kernel(const __grid_constant__ coda_tmap t_qkv128, const __grid_constant__ coda_tmap t_qkv64,
+                                const __grid_constant__ coda_tmap t_do64, coda_attn_args_t p) {
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const u32 base = (coda_smem_addr(smem) + 1023u) & ~1023u;
+    const u32 sk = base, sv = base + AB_BIG;                       /* (128 keys, HD) each */
+    const u32 sq = base + AB_TILES_OFF, sdo = sq + AB_STAGES * AB_SMALL; /* [s] (64 queries, HD) */
+    const u32 sst = base + AB_STATS_OFF;                           /* [s] D[64], lse2[64] */
+    const float *stats = (const float *)(smem + (sst - coda_smem_addr(smem)));
+    const u32 bars = base + AB_BARS_DKDV;
+    const int seq = p.seq, kvh = blockIdx.x, b = blockIdx.y;
+    const int k0 = (int)blockIdx.z * AB_ROWS; /* block 0 has the most query tiles: first */
+    const int group = p.n_heads / p.n_kv_heads, nq = p.n_heads * HD, nkv = p.n_kv_heads * HD;
+    const int qt0 = k0 / AB_TILE, n_qt = (seq + AB_TILE - 1) / AB_TILE - qt0;
+    const int steps = group * n_qt; /* step i: head kvh group + i / n_qt, query tile qt0 + i % n_qt */
+    const int wg = threadIdx.x / 128;
+
+    ab_init_bars(bars);
+
+    if (wg == 0) { /* producer */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
+        if (threadIdx.x == 0) {
+            const long long plane = STAT_PLANE(p, gridDim.y);
+            coda_prefetch_tmap(&t_qkv64);
+            coda_prefetch_tmap(&t_do64);
+            coda_mbar_expect_tx(AB_BAR_BLOCK(bars), 2 * AB_BIG);
+            ab_load(sk, &t_qkv128, nq + kvh * HD, k0, b, AB_BIG_CHUNK, AB_BAR_BLOCK(bars));
+            ab_load(sv, &t_qkv128, nq + nkv + kvh * HD, k0, b, AB_BIG_CHUNK, AB_BAR_BLOCK(bars));
+            for (int i = 0; i < steps; i++) {
+                const int s = i % AB_STAGES, h = kvh * group + i / n_qt, qs = (qt0 + i % n_qt) * AB_TILE;
+                const u32 full = AB_BAR_FULL(bars, s);
+                if (i >= AB_STAGES) coda_mbar_wait(AB_BAR_EMPTY(bars, s), (u32)(i / AB_STAGES - 1) & 1u);
+                coda_mbar_expect_tx(full, 2 * AB_SMALL + AB_STAT_BYTES);
+                ab_load(sq + s * AB_SMALL, &t_qkv64, h * HD, qs, b, AB_SMALL_CHUNK, full);
+                ab_load(sdo + s * AB_SMALL, &t_do64, h * HD, qs, b, AB_SMALL_CHUNK, full);
+                const float *st = p.dsum + STAT_AT(p, b, h, qs);
+                ab_bulk_load(sst + s * AB_STAT_BYTES, st, AB_TILE * 4, full);
+                ab_bulk_load(sst + s * AB_STAT_BYTES + AB_TILE * 4, st + plane, AB_TILE * 4, full);
+            }
+        }
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
+    const int c = wg - 1, tid = threadIdx.x % 128, lane = tid & 31;
+    const int lo = k0 + 64 * c;                          /* the warpgroup's first key */
+    const int kr = lo + 16 * (tid >> 5) + (lane >> 2);   /* the thread's keys: kr, kr + 8 */
+    const float sl2 = p.scale * LOG2E;
+    float dk[HD / 2], dv[HD / 2], s[AB_TILE / 2], dp[AB_TILE / 2];
+    u32 pa[AB_TILE / 16][4], pd[AB_TILE / 16][4];
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) dk[i] = dv[i] = 0.f;
+
+    coda_mbar_wait(AB_BAR_BLOCK(bars), 0);
+    for (int i = 0; i < steps; i++) {
+        const int st = i % AB_STAGES, qs = (qt0 + i % n_qt) * AB_TILE;
+        coda_mbar_wait(AB_BAR_FULL(bars, st), (u32)(i / AB_STAGES) & 1u);
+        if (qs + AB_TILE - 1 < lo) { /* every query of the tile before every key of the warpgroup */
+            ab_release(bars, st);
+            continue;
+        }
+        const u32 tq = sq + st * AB_SMALL, tdo = sdo + st * AB_SMALL;
+        const float *dd = stats + st * (AB_STAT_BYTES / 4), *l2 = dd + AB_TILE;
+        const int mask = qs < lo + 63 || qs + AB_TILE > seq;
+        coda_wgmma_fence();
+        ab_issue_nt(s, sk + c * 8192, tq);
+        ab_issue_nt(dp, sv + c * 8192, tdo);
+        coda_wgmma_wait(1);
+        AW_FENCE(s, AB_TILE / 2);
+        u32 keep = 0xffffffffu;
+#pragma unroll
+        for (int e = 0; e < AB_TILE / 2; e++) {
+            const int col = AB_COL(e, lane), qc = qs + col;
+            if (mask && !(qc >= kr + AB_ROW8(e) && qc < seq)) keep &= ~(1u << e);
+            s[e] = (keep >> e) & 1u ? exp2f(fmaf(s[e], sl2, -l2[col])) : 0.f; /* P^T */
+        }
+        coda_wgmma_wait(0);
+        AW_FENCE(dp, AB_TILE / 2);
+#pragma unroll
+        for (int e = 0; e < AB_TILE / 2; e++) {
+            const int col = AB_COL(e, lane);
+            dp[e] = (keep >> e) & 1u ? s[e] * (dp[e] - dd[col]) : 0.f; /* dS^T */
+        }
+        ab_pack(s, pa);
+        ab_pack(dp, pd);
+        coda_wgmma_fence();
+        ab_issue_rs(dv, pa, tdo);
+        ab_issue_rs(dk, pd, tq);
+        coda_wgmma_commit();
+        coda_wgmma_wait(0);
+        AW_FENCE(dk, HD / 2);
+        AW_FENCE(dv, HD / 2);
+        ab_release(bars, st);
+    }
+
+    float *out = (float *)p.out + (long long)b * seq * p.ld_out + nq + kvh * HD;
+    const int row0 = kr;
+    ab_store(dk, p.scale, out, p.ld_out, row0, seq);
+    ab_store(dv, 1.f, out + nkv, p.ld_out, row0, seq);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+coda_attn_bwd_dq_wgmma_kernel(const __grid_constant__ coda_tmap t_qkv128, const __grid_constant__ coda_tmap t_qkv64,
+                              const __grid_constant__ coda_tmap t_do128, coda_attn_args_t p) {
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const u32 base = (coda_smem_addr(smem) + 1023u) & ~1023u;
+    const u32 sq = base, sdo = base + AB_BIG;                           /* (128 queries, HD) each */
+    const u32 sk = base + AB_TILES_OFF, sv = sk + AB_STAGES * AB_SMALL; /* [s] (64 keys, HD) */
+    const u32 bars = base + AB_BARS_DQ;
+    const int seq = p.seq, h = blockIdx.x, b = blockIdx.y;
+    const int tile = (int)gridDim.z - 1 - (int)blockIdx.z; /* the longest rows first */
+    const int q0 = tile * AB_ROWS, qend = min(q0 + AB_ROWS, seq);
+    const int n_kv = (qend + AB_TILE - 1) / AB_TILE;
+    const int kvh = h / (p.n_heads / p.n_kv_heads);
+    const int col_k = p.n_heads * HD + kvh * HD, col_v = col_k + p.n_kv_heads * HD;
+    const int wg = threadIdx.x / 128;
+
+    ab_init_bars(bars);
+
+    if (wg == 0) { /* producer */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
+        if (threadIdx.x == 0) {
+            coda_prefetch_tmap(&t_qkv64);
+            coda_mbar_expect_tx(AB_BAR_BLOCK(bars), 2 * AB_BIG);
+            ab_load(sq, &t_qkv128, h * HD, q0, b, AB_BIG_CHUNK, AB_BAR_BLOCK(bars));
+            ab_load(sdo, &t_do128, h * HD, q0, b, AB_BIG_CHUNK, AB_BAR_BLOCK(bars));
+            for (int j = 0; j < n_kv; j++) {
+                const int s = j % AB_STAGES;
+                const u32 full = AB_BAR_FULL(bars, s);
+                if (j >= AB_STAGES) coda_mbar_wait(AB_BAR_EMPTY(bars, s), (u32)(j / AB_STAGES - 1) & 1u);
+                coda_mbar_expect_tx(full, 2 * AB_SMALL);
+                ab_load(sk + s * AB_SMALL, &t_qkv64, col_k, j * AB_TILE, b, AB_SMALL_CHUNK, full);
+                ab_load(sv + s * AB_SMALL, &t_qkv64, col_v, j * AB_TILE, b, AB_SMALL_CHUNK, full);
+            }
+        }
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
+    const int c = wg - 1, tid = threadIdx.x % 128, lane = tid & 31;
+    const int lo = q0 + 64 * c;                        /* the warpgroup's first query */
+    const int row0 = lo + 16 * (tid >> 5) + (lane >> 2); /* the thread's rows: row0, row0 + 8 */
+    const float sl2 = p.scale * LOG2E;
+    const long long plane = STAT_PLANE(p, gridDim.y);
+    float l2[2], dd[2]; /* rows past seq read the pad: what they compute is never stored */
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const long long at = STAT_AT(p, b, h, row0 + 8 * r);
+        dd[r] = p.dsum[at];
+        l2[r] = p.dsum[plane + at];
+    }
+    float dq[HD / 2], s[AB_TILE / 2], dp[AB_TILE / 2];
+    u32 pd[AB_TILE / 16][4];
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) dq[i] = 0.f;
+
+    coda_mbar_wait(AB_BAR_BLOCK(bars), 0);
+    for (int j = 0; j < n_kv; j++) {
+        const int st = j % AB_STAGES, k0 = j * AB_TILE;
+        coda_mbar_wait(AB_BAR_FULL(bars, st), (u32)(j / AB_STAGES) & 1u);
+        if (k0 > lo + 63) { /* every key of the tile after every query of the warpgroup */
+            ab_release(bars, st);
+            continue;
+        }
+        const u32 tk = sk + st * AB_SMALL, tv = sv + st * AB_SMALL;
+        const int mask = k0 + 63 > lo || k0 + AB_TILE > seq;
+        coda_wgmma_fence();
+        ab_issue_nt(s, sq + c * 8192, tk);
+        ab_issue_nt(dp, sdo + c * 8192, tv);
+        coda_wgmma_wait(1);
+        AW_FENCE(s, AB_TILE / 2);
+        u32 keep = 0xffffffffu;
+#pragma unroll
+        for (int e = 0; e < AB_TILE / 2; e++) {
+            const int kc = k0 + AB_COL(e, lane), r = (e >> 1) & 1;
+            if (mask && !(kc <= row0 + 8 * r && kc < seq)) keep &= ~(1u << e);
+            s[e] = (keep >> e) & 1u ? exp2f(fmaf(s[e], sl2, -l2[r])) : 0.f; /* P */
+        }
+        coda_wgmma_wait(0);
+        AW_FENCE(dp, AB_TILE / 2);
+#pragma unroll
+        for (int e = 0; e < AB_TILE / 2; e++)
+            dp[e] = (keep >> e) & 1u ? s[e] * (dp[e] - dd[(e >> 1) & 1]) : 0.f; /* dS */
+        ab_pack(dp, pd);
+        coda_wgmma_fence();
+        ab_issue_rs(dq, pd, tk);
+        coda_wgmma_commit();
+        coda_wgmma_wait(0);
+        AW_FENCE(dq, HD / 2);
+        ab_release(bars, st);
+    }
+
+    ab_store(dq, p.scale, (float *)p.out + (long long)b * seq * p.ld_out + h * HD, p.ld_out, row0, seq);
+}
