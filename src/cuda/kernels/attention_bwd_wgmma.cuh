@@ -27,7 +27,7 @@
  *
  * 384 threads each: warpgroup 0 produces (one thread: TMA through 3-D maps
  * (column, position, sequence), so rows past a sequence's end come in as
- * zeros; the 64 statistics of a query tile by one bulk copy), warpgroups 1
+ * zeros; warp 1 the 64 statistics of a query tile), warpgroups 1
  * and 2 consume 64 of the block's rows each. The streamed tiles go through
  * a ring of AB_STAGES stages (mbarriers full / empty, as the forward).
  *
@@ -57,14 +57,6 @@
 #define AB_BARS_DQ AB_STATS_OFF
 #define AB_SMEM_DKDV (AB_BARS_DKDV + 8 * (1 + 2 * AB_STAGES)) /* + 1024 of slack */
 #define AB_SMEM_DQ (AB_BARS_DQ + 8 * (1 + 2 * AB_STAGES))
-
-/* 1-D bulk copy of `bytes` (a multiple of 16) global -> shared, on `bar`. */
-static __device__ __forceinline__ void ab_bulk_load(u32 dst, const void *src, u32 bytes, u32 bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     dst),
-                 "l"((u64)src), "r"(bytes), "r"(bar)
-                 : "memory");
-}
 
 /* HD columns of `rows` positions from column col0 (one TMA per 64-column
  * chunk, chunk_bytes apart). */
@@ -134,12 +126,12 @@ static __device__ __forceinline__ void ab_store(const float *acc, float scale, f
 #define AB_BAR_EMPTY(bars, s) ((bars) + 8 + 8 * AB_STAGES + 8 * (s))
 
 /* The barriers of a block: the block operands' (one arrival), each stage's
- * full (one arrival) and empty (the consumers' 8 warps). */
-static __device__ __forceinline__ void ab_init_bars(u32 bars) {
+ * full (`full` arrivals) and empty (the consumers' 8 warps). */
+static __device__ __forceinline__ void ab_init_bars(u32 bars, u32 full) {
     if (threadIdx.x == 0) {
         coda_mbar_init(AB_BAR_BLOCK(bars), 1);
         for (int s = 0; s < AB_STAGES; s++) {
-            coda_mbar_init(AB_BAR_FULL(bars, s), 1);
+            coda_mbar_init(AB_BAR_FULL(bars, s), full);
             coda_mbar_init(AB_BAR_EMPTY(bars, s), 8);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -170,12 +162,11 @@ coda_attn_bwd_dkdv_wgmma_kernel(const __grid_constant__ coda_tmap t_qkv128, cons
     const int steps = group * n_qt; /* step i: head kvh group + i / n_qt, query tile qt0 + i % n_qt */
     const int wg = threadIdx.x / 128;
 
-    ab_init_bars(bars);
+    ab_init_bars(bars, 1 + 32); /* the TMA thread's expect_tx, the statistics warp's 32 lanes */
 
-    if (wg == 0) { /* producer */
+    if (wg == 0) { /* producer: thread 0 the tiles (TMA), warp 1 the statistics */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
         if (threadIdx.x == 0) {
-            const long long plane = STAT_PLANE(p, gridDim.y);
             coda_prefetch_tmap(&t_qkv64);
             coda_prefetch_tmap(&t_do64);
             coda_mbar_expect_tx(AB_BAR_BLOCK(bars), 2 * AB_BIG);
@@ -185,12 +176,24 @@ coda_attn_bwd_dkdv_wgmma_kernel(const __grid_constant__ coda_tmap t_qkv128, cons
                 const int s = i % AB_STAGES, h = kvh * group + i / n_qt, qs = (qt0 + i % n_qt) * AB_TILE;
                 const u32 full = AB_BAR_FULL(bars, s);
                 if (i >= AB_STAGES) coda_mbar_wait(AB_BAR_EMPTY(bars, s), (u32)(i / AB_STAGES - 1) & 1u);
-                coda_mbar_expect_tx(full, 2 * AB_SMALL + AB_STAT_BYTES);
+                coda_mbar_expect_tx(full, 2 * AB_SMALL);
                 ab_load(sq + s * AB_SMALL, &t_qkv64, h * HD, qs, b, AB_SMALL_CHUNK, full);
                 ab_load(sdo + s * AB_SMALL, &t_do64, h * HD, qs, b, AB_SMALL_CHUNK, full);
-                const float *st = p.dsum + STAT_AT(p, b, h, qs);
-                ab_bulk_load(sst + s * AB_STAT_BYTES, st, AB_TILE * 4, full);
-                ab_bulk_load(sst + s * AB_STAT_BYTES + AB_TILE * 4, st + plane, AB_TILE * 4, full);
+            }
+        } else if (threadIdx.x / 32 == 1) {
+            /* Ordinary loads and stores, not a bulk copy: the consumers read
+             * the statistics with ordinary loads too, so both directions
+             * are ordered by the stage barriers alone (a bulk copy would
+             * write through the async proxy). Lanes 0-15: D, 16-31: lse2. */
+            const int lane = threadIdx.x & 31;
+            const long long plane = STAT_PLANE(p, gridDim.y);
+            float4 *dst = (float4 *)(smem + (sst - coda_smem_addr(smem)));
+            for (int i = 0; i < steps; i++) {
+                const int s = i % AB_STAGES, h = kvh * group + i / n_qt, qs = (qt0 + i % n_qt) * AB_TILE;
+                const float4 v = ((const float4 *)(p.dsum + STAT_AT(p, b, h, qs) + (lane < 16 ? 0 : plane)))[lane & 15];
+                if (i >= AB_STAGES) coda_mbar_wait(AB_BAR_EMPTY(bars, s), (u32)(i / AB_STAGES - 1) & 1u);
+                dst[s * (AB_STAT_BYTES / 16) + lane] = v;
+                coda_mbar_arrive(AB_BAR_FULL(bars, s));
             }
         }
         return;
@@ -270,7 +273,7 @@ coda_attn_bwd_dq_wgmma_kernel(const __grid_constant__ coda_tmap t_qkv128, const 
     const int col_k = p.n_heads * HD + kvh * HD, col_v = col_k + p.n_kv_heads * HD;
     const int wg = threadIdx.x / 128;
 
-    ab_init_bars(bars);
+    ab_init_bars(bars, 1);
 
     if (wg == 0) { /* producer */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
