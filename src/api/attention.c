@@ -81,9 +81,10 @@ static coda_status_t check_apart(const char *fn, const coda_tensor_t *const *out
 
 static size_t ws_bytes(const coda_attention_shape_t *s, coda_device_t dev) {
     if (dev == CODA_DEVICE_CPU) return 0;
-    /* src/cuda/attention.c: D and lse log2(e), (batch, n_heads, seq padded to 128) each */
-    const size_t pad = (size_t)(s->seq + 127) / 128 * 128;
-    return (2 * (size_t)(s->batch * s->n_heads) * pad * sizeof(float) + 255) / 256 * 256;
+    /* src/cuda/attention.c: D and lse log2(e), (batch, n_heads, seq padded to
+     * 128) f32 each, then 2 counters per 64 of those rows */
+    const size_t plane = (size_t)(s->batch * s->n_heads) * ((size_t)(s->seq + 127) / 128 * 128);
+    return ((2 * plane + plane / 64 * 2) * sizeof(float) + 255) / 256 * 256;
 }
 
 static coda_status_t check_backend(const char *fn, coda_device_t dev) {

@@ -34,7 +34,8 @@ typedef struct coda__tuning {
     int l2_promotion;    /* CODA_DEBUG_L2: TMA L2 promotion 0..3 (none, 64, 128, 256 B); 3 */
     int no_ring;         /* CODA_DEBUG_NO_RING: tile inputs never through the stage ring  */
     int log_launch;      /* CODA_DEBUG_LAUNCH: each GEMM launch's grid printed to stderr  */
-    int attn_mma;        /* CODA_DEBUG_ATTN_MMA: attention's forward on the mma.sync kernel */
+    int attn_mma;        /* CODA_DEBUG_ATTN_MMA: attention on the mma.sync kernels       */
+    int attn_split_dq;   /* CODA_DEBUG_ATTN_SPLIT_DQ: the wgmma backward's dq in its own kernel */
     char extra_opts[CODA_TUNING_OPTS_CAP]; /* CODA_DEBUG_OPTS: up to 4 more NVRTC options */
     uint64_t code_key;   /* hash of extra_opts (0 when empty); set by coda__set_tuning    */
 } coda__tuning_t;

@@ -6,9 +6,10 @@
  *              (kernels/attention.cuh's mma.sync forward under the tuning
  *              switch CODA_DEBUG_ATTN_MMA, for A/B runs and its tests)
  *   backward   kernels/attention.cuh's prep kernel (D and lse log2(e) into
- *              the workspace), then kernels/attention_bwd_wgmma.cuh: dk/dv
- *              and dq on wgmma + TMA (attention.cuh's mma.sync dq and
- *              dk/dv under CODA_DEBUG_ATTN_MMA)
+ *              the workspace), then kernels/attention_bwd_wgmma.cuh: dk, dv
+ *              and dq in one kernel on wgmma + TMA (dk/dv and dq as two
+ *              kernels under CODA_DEBUG_ATTN_SPLIT_DQ; attention.cuh's
+ *              mma.sync dq and dk/dv under CODA_DEBUG_ATTN_MMA)
  *
  * One source (the GEMM's PTX prelude and wgmma wrappers, then both
  * attention files) is compiled by NVRTC once per head dimension
@@ -56,11 +57,14 @@ static int smem_fwd_wgmma(int hd) { return 5 * (hd / 64) * 128 * 128 + 8 * 7 + 1
 static int smem_fwd(int hd) { return (FWD_ROWS + 4 * KV_TILE) * hd * 2; }
 /* threads of the mma.sync forward: a warp per 16 rows, 32 at HD 128 (its FWD_MT) */
 static int fwd_threads(int hd) { return FWD_ROWS / (hd == 128 ? 32 : 16) * 32; }
-/* The wgmma backward (attention_bwd_wgmma.cuh's AB_SMEM_DKDV, AB_SMEM_DQ):
+/* The wgmma backward (attention_bwd_wgmma.cuh's AB_SMEM_DQ, _DKDV, _FUSED):
  * two 128-row operands, 2 stages of two 64-row tiles, dk/dv's 2 stages of
- * 128 statistics, five mbarriers, the slack. */
-static int smem_bwd_wgmma(int hd, int dkdv) {
-    return 2 * (hd / 64) * 128 * 128 + 2 * 2 * (hd / 64) * 64 * 128 + (dkdv ? 2 * 512 : 0) + 8 * 5 + 1024;
+ * 128 statistics, the fused kernel's two dS^T buffers (128 x 64 bf16), five
+ * mbarriers, the slack. */
+enum { BWD_DQ, BWD_DKDV, BWD_FUSED };
+static int smem_bwd_wgmma(int hd, int kind) {
+    return 2 * (hd / 64) * 128 * 128 + 2 * 2 * (hd / 64) * 64 * 128 + (kind != BWD_DQ ? 2 * 512 : 0) +
+           (kind == BWD_FUSED ? 2 * 128 * 128 : 0) + 8 * 5 + 1024;
 }
 static int smem_dq(int hd) { return (2 * BWD_ROWS + 4 * KV_TILE) * hd * 2; }
 static int smem_dkdv(int hd) {
@@ -120,22 +124,35 @@ static coda_status_t seq_map(coda_context_t *ctx, CUtensorMap *map, const coda_t
     return CODA_OK;
 }
 
-/* The wgmma backward: dk/dv (128 key rows a block, 64-query tiles), then dq
- * (128 query rows a block, 64-key tiles). */
+/* The wgmma backward: by default one kernel for dk, dv and dq (128 key rows
+ * a block over 64-query tiles; dq accumulated in the key blocks' fixed
+ * order through counters in the workspace, zeroed here first); with the
+ * tuning switch attn_split_dq, dk/dv and then dq from its own kernel (128
+ * query rows a block over 64-key tiles). */
 static coda_status_t run_bwd_wgmma(launcher_t *L, const coda_attention_shape_t *s, const coda_tensor_t *qkv,
                                    const coda_tensor_t *do_, attn_args_t *a) {
     CUtensorMap qkv128, qkv64, do128, do64;
     CODA_TRY(seq_map(L->ctx, &qkv128, qkv, s, 128, "cuTensorMapEncodeTiled(qkv, 128 rows)"));
     CODA_TRY(seq_map(L->ctx, &qkv64, qkv, s, 64, "cuTensorMapEncodeTiled(qkv, 64 rows)"));
-    CODA_TRY(seq_map(L->ctx, &do128, do_, s, 128, "cuTensorMapEncodeTiled(do, 128 rows)"));
     CODA_TRY(seq_map(L->ctx, &do64, do_, s, 64, "cuTensorMapEncodeTiled(do, 64 rows)"));
     const unsigned blocks = (unsigned)coda__cdiv(s->seq, 128), batch = (unsigned)s->batch;
     void *kv_args[] = {&qkv128, &qkv64, &do64, a};
+    if (!L->ctx->tuning.attn_split_dq) {
+        const int64_t pad = coda__cdiv(s->seq, 128) * 128, plane = s->batch * s->n_heads * pad;
+        struct coda_cuda *cu = L->ctx->cuda;
+        CODA_CU(cu,
+                cu->cu.MemsetD32Async((CUdeviceptr)(a->dsum + 2 * plane), 0, (size_t)(plane / 64 * 2),
+                                      (CUstream)L->stream),
+                "cuMemsetD32Async(attention's dq counters)");
+        return launch(L, "coda_attn_bwd_wgmma_kernel", (unsigned)s->n_kv_heads, batch, blocks, 384,
+                      smem_bwd_wgmma(L->hd, BWD_FUSED), kv_args);
+    }
+    CODA_TRY(seq_map(L->ctx, &do128, do_, s, 128, "cuTensorMapEncodeTiled(do, 128 rows)"));
     CODA_TRY(launch(L, "coda_attn_bwd_dkdv_wgmma_kernel", (unsigned)s->n_kv_heads, batch, blocks, 384,
-                    smem_bwd_wgmma(L->hd, 1), kv_args));
+                    smem_bwd_wgmma(L->hd, BWD_DKDV), kv_args));
     void *q_args[] = {&qkv128, &qkv64, &do128, a};
     return launch(L, "coda_attn_bwd_dq_wgmma_kernel", (unsigned)s->n_heads, batch, blocks, 384,
-                  smem_bwd_wgmma(L->hd, 0), q_args);
+                  smem_bwd_wgmma(L->hd, BWD_DQ), q_args);
 }
 
 static coda_status_t run(launcher_t *L, const coda_attention_shape_t *s, const coda_tensor_t *qkv,
@@ -174,9 +191,10 @@ coda_status_t coda__cuda_attention(coda_context_t *ctx, const coda_attention_sha
                           "%d sequences of at most %d tokens", fn, (long long)shape->batch,
                           (long long)shape->seq, MAX_GRID, MAX_GRID * BWD_ROWS);
     {   /* every pointer device memory of qkv's device */
-        /* attention.cuh's two planes of statistics, (batch, n_heads, seq padded to 128) */
-        const int64_t pad = coda__cdiv(shape->seq, 128) * 128;
-        coda_tensor_t wt = coda_tensor_1d(ws, CODA_F32, 2 * shape->batch * shape->n_heads * pad);
+        /* attention.cuh's two planes of statistics, (batch, n_heads, seq padded
+         * to 128) f32, then the fused backward's counters, 2 per 64 rows */
+        const int64_t plane = shape->batch * shape->n_heads * (coda__cdiv(shape->seq, 128) * 128);
+        coda_tensor_t wt = coda_tensor_1d(ws, CODA_F32, 2 * plane + plane / 64 * 2);
         wt.device = qkv->device;
         wt.device_index = qkv->device_index;
         const coda_tensor_t *ts[] = {qkv, o, lse, do_, out, ws ? &wt : NULL};
@@ -203,7 +221,7 @@ coda_status_t coda__cuda_attention(coda_context_t *ctx, const coda_attention_sha
     a.o = o ? o->data : NULL;               // (M, nq) bf16 (backward)
     a.dout = do_ ? do_->data : NULL;        // (M, nq) bf16 (backward)
     a.lse = (float *)lse->data;             // (M, n_heads) f32
-    a.dsum = (float *)ws;                   // 2 x (batch, n_heads, seq padded) f32 (backward)
+    a.dsum = (float *)ws;                   // 2 x (batch, n_heads, seq padded) f32, counters (backward)
     a.out = out->data;                      // forward: o (M, nq) bf16; backward: dqkv (M, nqkv) f32
     a.ld_qkv = es(qkv);
     a.ld_o = backward ? es(o) : es(out);

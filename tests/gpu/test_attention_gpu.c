@@ -8,22 +8,27 @@
  * the same bf16 inputs. Also: the CPU oracle's error beside it; bitwise
  * determinism run to run; views with padded row strides give the same
  * bits and leave the padding alone; NaN in a key reaches exactly the rows
- * that attend to it; each with both forward kernels (wgmma, mma.sync); refused calls return the documented status and write
+ * that attend to it; each with every kernel set (kernel_names); refused calls return the documented status and write
  * nothing. With "bench": the LLaMA-3 shapes (batch 2 x 8192), ms and
  * TFLOP/s counting the causal half. Needs an sm_90a GPU. */
 #include "harness.h"
 #include "gpu/cuda_check.h"
 #include "tuning.h"
 
-/* The forward under test: 0 the wgmma kernel (attention_wgmma.cuh, the
- * default), 1 the mma.sync one (attention.cuh, CODA_DEBUG_ATTN_MMA). Each
- * pass of main runs every test with one of them. */
+/* The kernels under test (every pass of main runs every test with one):
+ * 0 the defaults (attention_wgmma.cuh's forward, attention_bwd_wgmma.cuh's
+ * fused backward), 1 the same with dq from its own kernel
+ * (CODA_DEBUG_ATTN_SPLIT_DQ), 2 the mma.sync kernels of attention.cuh
+ * (CODA_DEBUG_ATTN_MMA). */
+static const char *const kernel_names[] = {"wgmma, fused backward", "wgmma, dq kernel (CODA_DEBUG_ATTN_SPLIT_DQ)",
+                                           "mma.sync (CODA_DEBUG_ATTN_MMA)"};
 static int use_mma;
-static void tune_attn(coda_context_t *ctx, int mma) {
+static void tune_attn(coda_context_t *ctx, int kernels) {
     coda__tuning_t t = coda__get_tuning(ctx);
-    t.attn_mma = mma;
+    t.attn_mma = kernels == 2;
+    t.attn_split_dq = kernels == 1;
     tune_set(ctx, &t);
-    use_mma = mma;
+    use_mma = kernels == 2;
 }
 /* Keys per forward tile: a NaN v at j may reach rows of its own tile (coda.h). */
 static int fwd_tile(void) { return use_mma ? 64 : 128; }
@@ -194,6 +199,7 @@ static coda_status_t run(coda_context_t *ctx, const prob_t *p, int pad, run_t *o
     size_t wsb = 0;
     coda_status_t s = coda_attention_workspace_size(ctx, CODA_DEVICE_CUDA, &sh, &wsb);
     void *ws = dev(wsb);
+    if (wsb) CUDA_OK(cudaMemset(ws, 0x5a, wsb)); /* garbage: the backward must not read what it did not write */
     if (s == CODA_OK) s = coda_attention_forward(ctx, &sh, &tq, &to, &tl, NULL);
     if (s == CODA_OK) s = coda_attention_backward(ctx, &sh, &tq, &to, &tl, &tdo, &tg, ws, wsb, NULL);
     CUDA_OK(cudaDeviceSynchronize());
@@ -458,9 +464,9 @@ int main(int argc, char **argv) {
     coda_context_t *ctx;
     REQUIRE_OK(coda_context_create(NULL, &ctx));
     test_refusals(ctx);
-    for (int mma = 0; mma < 2; mma++) {
-        tune_attn(ctx, mma);
-        printf("== attention: %s\n", mma ? "mma.sync (CODA_DEBUG_ATTN_MMA)" : "wgmma");
+    for (int k = 0; k < 3; k++) {
+        tune_attn(ctx, k);
+        printf("== attention: %s\n", kernel_names[k]);
         test_shapes(ctx);
         test_nan(ctx);
         if (argc > 1 && !strcmp(argv[1], "bench")) bench(ctx);

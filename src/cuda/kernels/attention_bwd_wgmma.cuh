@@ -55,8 +55,17 @@
 #define AB_STATS_OFF (AB_TILES_OFF + 2 * AB_STAGES * AB_SMALL)
 #define AB_BARS_DKDV (AB_STATS_OFF + AB_STAGES * AB_STAT_BYTES)
 #define AB_BARS_DQ AB_STATS_OFF
+#define AB_DS_OFF AB_BARS_DKDV                 /* fused: 2 dS^T buffers     */
+#define AB_DS_BYTES (AB_ROWS * 128)            /* 128 keys x 64 queries bf16 */
+#define AB_BARS_FUSED (AB_DS_OFF + 2 * AB_DS_BYTES)
+/* fused dq at HD 128: each warpgroup its 64 of the columns, every step (the
+ * whole width would not fit beside dk and dv: 152 bytes of spills); at HD
+ * 64 the two take turns with the whole width */
+#define AB_DQ_SPLIT (HD == 128)
+#define AB_DQ_N (AB_DQ_SPLIT ? HD / 2 : HD) /* columns of a dq product */
 #define AB_SMEM_DKDV (AB_BARS_DKDV + 8 * (1 + 2 * AB_STAGES)) /* + 1024 of slack */
 #define AB_SMEM_DQ (AB_BARS_DQ + 8 * (1 + 2 * AB_STAGES))
+#define AB_SMEM_FUSED (AB_BARS_FUSED + 8 * (1 + 2 * AB_STAGES))
 
 /* HD columns of `rows` positions from column col0 (one TMA per 64-column
  * chunk, chunk_bytes apart). */
@@ -145,18 +154,75 @@ static __device__ __forceinline__ void ab_release(u32 bars, int s) {
     if ((threadIdx.x & 31) == 0) coda_mbar_arrive(AB_BAR_EMPTY(bars, s));
 }
 
-extern "C" __global__ void __launch_bounds__(384, 1)
-coda_attn_bwd_dkdv_wgmma_kernel(const __grid_constant__ coda_tmap t_qkv128, const __grid_constant__ coda_tmap t_qkv64,
-                                const __grid_constant__ coda_tmap t_do64, coda_attn_args_t p) {
+/* dq's share of one step of the fused kernel, in its turn: the
+ * contributions to a 64-query tile come from the key blocks j = jmax ... 0
+ * in that order (turn = jmax - j; the first stores, the others add), each
+ * waiting for the one before it through the tile's counter in the
+ * workspace. Blocks are launched with j descending, so a block only ever
+ * waits for blocks launched before it. The order fixes the sum's rounding:
+ * the result is the same run to run. The warpgroup's 128 threads: named
+ * barrier 2 + c. */
+static __device__ __forceinline__ void ab_dq_turn(const float *dq, u32 *count, u32 turn, float scale, float *base,
+                                                  long long ld, int row0, int seq, int c) {
+    const int lane = threadIdx.x & 31, tid = threadIdx.x % 128;
+    if (tid == 0) {
+        u32 v;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(count) : "memory");
+        } while (v != turn);
+    }
+    coda_wg_sync(2 + c);
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = row0 + 8 * r;
+        if (row >= seq) continue;
+        float *dst = base + (long long)row * ld + (lane & 3) * 2;
+#pragma unroll
+        for (int t = 0; t < AB_DQ_N / 8; t++) {
+            const float a = dq[4 * t + 2 * r] * scale, b = dq[4 * t + 2 * r + 1] * scale;
+            if (turn == 0)
+                *(float2 *)(dst + 8 * t) = make_float2(a, b);
+            else
+                asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(dst + 8 * t), "f"(a), "f"(b) : "memory");
+        }
+    }
+    __threadfence();
+    coda_wg_sync(2 + c);
+    if (tid == 0) asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(count), "r"(turn + 1) : "memory");
+}
+
+/* dS^T (the thread's packed bf16 fragments, rows kr and kr + 8 of the 128
+ * keys) into the key-major dS buffer: row = key, 64 queries of 128 bytes,
+ * 16-byte chunks swizzled (chunk ^ (row & 7)), the layout an MN-major
+ * wgmma operand reads. */
+static __device__ __forceinline__ void ab_store_ds(u32 ds, u32 (*pd)[4], int kr) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int kk = 0; kk < AB_TILE / 16; kk++)
+#pragma unroll
+        for (int f = 0; f < 4; f++) {
+            const int row = kr + 8 * (f & 1), chunk = 2 * kk + (f >> 1);
+            coda_st_shared_b32(ds + row * 128 + ((chunk ^ (row & 7)) << 4) + (lane & 3) * 4, pd[kk][f]);
+        }
+}
+
+/* dk, dv (and with `fused`, dq) of one block of 128 keys: the body of
+ * coda_attn_bwd_dkdv_wgmma_kernel (fused = 0, dq from its own kernel) and
+ * coda_attn_bwd_wgmma_kernel (fused = 1). */
+static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const coda_tmap *t_qkv64,
+                                               const coda_tmap *t_do64, const coda_attn_args_t &p, const int fused) {
     extern __shared__ __align__(1024) unsigned char smem[];
     const u32 base = (coda_smem_addr(smem) + 1023u) & ~1023u;
     const u32 sk = base, sv = base + AB_BIG;                       /* (128 keys, HD) each */
     const u32 sq = base + AB_TILES_OFF, sdo = sq + AB_STAGES * AB_SMALL; /* [s] (64 queries, HD) */
     const u32 sst = base + AB_STATS_OFF;                           /* [s] D[64], lse2[64] */
     const float *stats = (const float *)(smem + (sst - coda_smem_addr(smem)));
-    const u32 bars = base + AB_BARS_DKDV;
+    const u32 sds = base + AB_DS_OFF;                              /* [2] dS^T (128 keys, 64 queries) */
+    const u32 bars = base + (fused ? AB_BARS_FUSED : AB_BARS_DKDV);
     const int seq = p.seq, kvh = blockIdx.x, b = blockIdx.y;
-    const int k0 = (int)blockIdx.z * AB_ROWS; /* block 0 has the most query tiles: first */
+    /* split: block 0 (the most query tiles) first; fused: the last first
+     * (ab_dq_turn's order) */
+    const int jb = fused ? (int)gridDim.z - 1 - (int)blockIdx.z : (int)blockIdx.z, k0 = jb * AB_ROWS;
     const int group = p.n_heads / p.n_kv_heads, nq = p.n_heads * HD, nkv = p.n_kv_heads * HD;
     const int qt0 = k0 / AB_TILE, n_qt = (seq + AB_TILE - 1) / AB_TILE - qt0;
     const int steps = group * n_qt; /* step i: head kvh group + i / n_qt, query tile qt0 + i % n_qt */
@@ -167,18 +233,18 @@ coda_attn_bwd_dkdv_wgmma_kernel(const __grid_constant__ coda_tmap t_qkv128, cons
     if (wg == 0) { /* producer: thread 0 the tiles (TMA), warp 1 the statistics */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
         if (threadIdx.x == 0) {
-            coda_prefetch_tmap(&t_qkv64);
-            coda_prefetch_tmap(&t_do64);
+            coda_prefetch_tmap(t_qkv64);
+            coda_prefetch_tmap(t_do64);
             coda_mbar_expect_tx(AB_BAR_BLOCK(bars), 2 * AB_BIG);
-            ab_load(sk, &t_qkv128, nq + kvh * HD, k0, b, AB_BIG_CHUNK, AB_BAR_BLOCK(bars));
-            ab_load(sv, &t_qkv128, nq + nkv + kvh * HD, k0, b, AB_BIG_CHUNK, AB_BAR_BLOCK(bars));
+            ab_load(sk, t_qkv128, nq + kvh * HD, k0, b, AB_BIG_CHUNK, AB_BAR_BLOCK(bars));
+            ab_load(sv, t_qkv128, nq + nkv + kvh * HD, k0, b, AB_BIG_CHUNK, AB_BAR_BLOCK(bars));
             for (int i = 0; i < steps; i++) {
                 const int s = i % AB_STAGES, h = kvh * group + i / n_qt, qs = (qt0 + i % n_qt) * AB_TILE;
                 const u32 full = AB_BAR_FULL(bars, s);
                 if (i >= AB_STAGES) coda_mbar_wait(AB_BAR_EMPTY(bars, s), (u32)(i / AB_STAGES - 1) & 1u);
                 coda_mbar_expect_tx(full, 2 * AB_SMALL);
-                ab_load(sq + s * AB_SMALL, &t_qkv64, h * HD, qs, b, AB_SMALL_CHUNK, full);
-                ab_load(sdo + s * AB_SMALL, &t_do64, h * HD, qs, b, AB_SMALL_CHUNK, full);
+                ab_load(sq + s * AB_SMALL, t_qkv64, h * HD, qs, b, AB_SMALL_CHUNK, full);
+                ab_load(sdo + s * AB_SMALL, t_do64, h * HD, qs, b, AB_SMALL_CHUNK, full);
             }
         } else if (threadIdx.x / 32 == 1) {
             /* Ordinary loads and stores, not a bulk copy: the consumers read
@@ -213,7 +279,7 @@ coda_attn_bwd_dkdv_wgmma_kernel(const __grid_constant__ coda_tmap t_qkv128, cons
     for (int i = 0; i < steps; i++) {
         const int st = i % AB_STAGES, qs = (qt0 + i % n_qt) * AB_TILE;
         coda_mbar_wait(AB_BAR_FULL(bars, st), (u32)(i / AB_STAGES) & 1u);
-        if (qs + AB_TILE - 1 < lo) { /* every query of the tile before every key of the warpgroup */
+        if (!fused && qs + AB_TILE - 1 < lo) { /* every query of the tile before every key of the warpgroup */
             ab_release(bars, st);
             continue;
         }
@@ -245,16 +311,63 @@ coda_attn_bwd_dkdv_wgmma_kernel(const __grid_constant__ coda_tmap t_qkv128, cons
         ab_issue_rs(dv, pa, tdo);
         ab_issue_rs(dk, pd, tq);
         coda_wgmma_commit();
+        if (fused) ab_store_ds(sds + (i & 1) * AB_DS_BYTES, pd, 64 * c + 16 * (tid >> 5) + (lane >> 2));
         coda_wgmma_wait(0);
         AW_FENCE(dk, HD / 2);
         AW_FENCE(dv, HD / 2);
         ab_release(bars, st);
+        if (fused) {
+            /* dq (64 queries x HD) = dS (64 x 128 keys) k, by one warpgroup,
+             * the two taking turns; dS^T from both, so a barrier first (and
+             * the proxy fence: wgmma reads what ordinary stores wrote). The
+             * buffer is double: the other warpgroup's next stores go to the
+             * other one, and by the step after it this product is done. */
+            coda_fence_proxy_async();
+            coda_consumer_sync();
+            if (AB_DQ_SPLIT || c == (i & 1)) {
+                const int hq = kvh * group + i / n_qt, qt = qs / AB_TILE;
+                const int col = AB_DQ_SPLIT ? 64 * c : 0; /* this product's first column */
+                const u32 dsb = sds + (i & 1) * AB_DS_BYTES, kb = sk + (col / 64) * AB_BIG_CHUNK;
+                float dq[AB_DQ_N / 2];
+                coda_wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < AB_ROWS / 16; kk++)
+#if AB_DQ_N == 128
+                    coda_wgmma_mn_n128(dq, coda_desc(dsb + kk * 2048, AB_DS_BYTES, 1024),
+                                       coda_desc(kb + kk * 2048, AB_BIG_CHUNK, 1024), kk > 0);
+#else
+                    coda_wgmma_mn_n64(dq, coda_desc(dsb + kk * 2048, AB_DS_BYTES, 1024),
+                                      coda_desc(kb + kk * 2048, AB_BIG_CHUNK, 1024), kk > 0);
+#endif
+                coda_wgmma_commit();
+                coda_wgmma_wait(0);
+                AW_FENCE(dq, AB_DQ_N / 2);
+                /* one counter per (sequence, head, query tile, column half) */
+                u32 *count = (u32 *)(p.dsum + 2 * STAT_PLANE(p, gridDim.y)) +
+                             (((long long)b * p.n_heads + hq) * (STAT_PAD(seq) / AB_TILE) + qt) * 2 + col / 64;
+                ab_dq_turn(dq, count, (u32)((qt >> 1) - jb), p.scale,
+                           (float *)p.out + (long long)b * seq * p.ld_out + hq * HD + col, p.ld_out,
+                           qs + 16 * (tid >> 5) + (lane >> 2), seq, c);
+            }
+        }
     }
 
     float *out = (float *)p.out + (long long)b * seq * p.ld_out + nq + kvh * HD;
     const int row0 = kr;
     ab_store(dk, p.scale, out, p.ld_out, row0, seq);
     ab_store(dv, 1.f, out + nkv, p.ld_out, row0, seq);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+coda_attn_bwd_dkdv_wgmma_kernel(const __grid_constant__ coda_tmap t_qkv128, const __grid_constant__ coda_tmap t_qkv64,
+                                const __grid_constant__ coda_tmap t_do64, coda_attn_args_t p) {
+    ab_dkdv(&t_qkv128, &t_qkv64, &t_do64, p, 0);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+coda_attn_bwd_wgmma_kernel(const __grid_constant__ coda_tmap t_qkv128, const __grid_constant__ coda_tmap t_qkv64,
+                           const __grid_constant__ coda_tmap t_do64, coda_attn_args_t p) {
+    ab_dkdv(&t_qkv128, &t_qkv64, &t_do64, p, 1);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)

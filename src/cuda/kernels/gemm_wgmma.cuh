@@ -64,36 +64,35 @@
     "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
     "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
 
-/* d (64 x N f32) (+)= a (64 x 16) . b (16 x N), both from shared memory */
-static __device__ __forceinline__ void coda_wgmma_n64(float *d, unsigned long long da,
-                                                    unsigned long long db, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" CODA_WGMMA_R32
-        "}, %32, %33, p, 1, 1, " CODA_XSTR(CODA_TA) ", " CODA_XSTR(CODA_TB) ";\n}\n"
-        : CODA_WGMMA_D32(d)
-        : "l"(da), "l"(db), "r"(scale_d));
-}
+/* d (64 x N f32) (+)= a (64 x 16) . b (16 x N), both from shared memory,
+ * with transpose bits ta, tb: CODA_WGMMA_SS(name, N, accumulators, ...). */
+#define CODA_WGMMA_SS(name, n, acc, ta, tb)                                                     \
+    static __device__ __forceinline__ void name(float *d, unsigned long long da, unsigned long long db, \
+                                                int scale_d) {                                 \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" CODA_XSTR(CODA_WGMMA_I##acc) ", 0;\n"    \
+                     "wgmma.mma_async.sync.aligned.m64n" #n "k16.f32.bf16.bf16 {" CODA_WGMMA_R##acc   \
+                     "}, %" #acc ", %" CODA_XSTR(CODA_WGMMA_J##acc) ", p, 1, 1, " CODA_XSTR(ta) ", "  \
+                     CODA_XSTR(tb) ";\n}\n"                                                      \
+                     : CODA_WGMMA_D##acc(d)                                                     \
+                     : "l"(da), "l"(db), "r"(scale_d));                                         \
+    }
+/* operand numbers after the accumulators: b's descriptor, scale-d */
+#define CODA_WGMMA_J32 33
+#define CODA_WGMMA_I32 34
+#define CODA_WGMMA_J64 65
+#define CODA_WGMMA_I64 66
+#define CODA_WGMMA_J128 129
+#define CODA_WGMMA_I128 130
 
-static __device__ __forceinline__ void coda_wgmma_n128(float *d, unsigned long long da,
-                                                    unsigned long long db, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" CODA_WGMMA_R64
-        "}, %64, %65, p, 1, 1, " CODA_XSTR(CODA_TA) ", " CODA_XSTR(CODA_TB) ";\n}\n"
-        : CODA_WGMMA_D64(d)
-        : "l"(da), "l"(db), "r"(scale_d));
-}
-
-static __device__ __forceinline__ void coda_wgmma_n256(float *d, unsigned long long da,
-                                                    unsigned long long db, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" CODA_WGMMA_R128
-        "}, %128, %129, p, 1, 1, " CODA_XSTR(CODA_TA) ", " CODA_XSTR(CODA_TB) ";\n}\n"
-        : CODA_WGMMA_D128(d)
-        : "l"(da), "l"(db), "r"(scale_d));
-}
+/* the GEMM's and the attention's K-major products (transpose bits from
+ * the -D options) */
+CODA_WGMMA_SS(coda_wgmma_n64, 64, 32, CODA_TA, CODA_TB)
+CODA_WGMMA_SS(coda_wgmma_n128, 128, 64, CODA_TA, CODA_TB)
+CODA_WGMMA_SS(coda_wgmma_n256, 256, 128, CODA_TA, CODA_TB)
+/* both operands MN-major: the attention backward's dq = dS k, with dS
+ * stored key-major (its transpose) and k as it is */
+CODA_WGMMA_SS(coda_wgmma_mn_n64, 64, 32, 1, 1)
+CODA_WGMMA_SS(coda_wgmma_mn_n128, 128, 64, 1, 1)
 
 /* d (64 x 64 f32) += a (64 x 16 bf16, registers) . b (16 x 64, N-major in shared memory) */
 static __device__ __forceinline__ void coda_wgmma_rs_n64(float *d, const unsigned *a, unsigned long long db) {
