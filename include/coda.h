@@ -841,7 +841,8 @@ CODA_API coda_status_t coda_lm_loss(coda_context_t *ctx, const coda_tensor_t *x,
  * owned by one warpgroup, so results are bitwise the same run to run. The
  * backward needs coda_attention_workspace_size bytes of device workspace
  * (the rows' D = do . o and lse, 2 x batch x n_heads x seq rounded up to
- * 128, f32), 256-byte aligned; the forward needs none.
+ * 128, f32, and 2 counters per 64 of those rows), 256-byte aligned; the
+ * forward needs none.
  *
  * NaN: a NaN in a q, k or v that row i attends to gives NaN in o_i (and in
  * the gradients that depend on it), never a masked or finite value. Keys

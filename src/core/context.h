@@ -35,7 +35,7 @@ typedef struct coda__tuning {
     int no_ring;         /* CODA_DEBUG_NO_RING: tile inputs never through the stage ring  */
     int log_launch;      /* CODA_DEBUG_LAUNCH: each GEMM launch's grid printed to stderr  */
     int attn_mma;        /* CODA_DEBUG_ATTN_MMA: attention on the mma.sync kernels       */
-    int attn_split_dq;   /* CODA_DEBUG_ATTN_SPLIT_DQ: the wgmma backward's dq in its own kernel */
+    int attn_fused_bwd;  /* CODA_DEBUG_ATTN_FUSED_BWD: the one-kernel wgmma backward (slower) */
     char extra_opts[CODA_TUNING_OPTS_CAP]; /* CODA_DEBUG_OPTS: up to 4 more NVRTC options */
     uint64_t code_key;   /* hash of extra_opts (0 when empty); set by coda__set_tuning    */
 } coda__tuning_t;

@@ -28,7 +28,7 @@ void coda__tuning_from_env(coda__tuning_t *t) {
     t->no_ring = getenv("CODA_DEBUG_NO_RING") != NULL;
     t->log_launch = getenv("CODA_DEBUG_LAUNCH") != NULL;
     t->attn_mma = getenv("CODA_DEBUG_ATTN_MMA") != NULL;
-    t->attn_split_dq = getenv("CODA_DEBUG_ATTN_SPLIT_DQ") != NULL;
+    t->attn_fused_bwd = getenv("CODA_DEBUG_ATTN_FUSED_BWD") != NULL;
     v = getenv("CODA_DEBUG_OPTS");
     if (v && strlen(v) < sizeof t->extra_opts) snprintf(t->extra_opts, sizeof t->extra_opts, "%s", v);
 }

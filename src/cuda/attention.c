@@ -6,10 +6,10 @@
  *              (kernels/attention.cuh's mma.sync forward under the tuning
  *              switch CODA_DEBUG_ATTN_MMA, for A/B runs and its tests)
  *   backward   kernels/attention.cuh's prep kernel (D and lse log2(e) into
- *              the workspace), then kernels/attention_bwd_wgmma.cuh: dk, dv
- *              and dq in one kernel on wgmma + TMA (dk/dv and dq as two
- *              kernels under CODA_DEBUG_ATTN_SPLIT_DQ; attention.cuh's
- *              mma.sync dq and dk/dv under CODA_DEBUG_ATTN_MMA)
+ *              the workspace), then kernels/attention_bwd_wgmma.cuh: dk/dv
+ *              and dq on wgmma + TMA (one fused kernel for all three under
+ *              CODA_DEBUG_ATTN_FUSED_BWD; attention.cuh's mma.sync dq and
+ *              dk/dv under CODA_DEBUG_ATTN_MMA)
  *
  * One source (the GEMM's PTX prelude and wgmma wrappers, then both
  * attention files) is compiled by NVRTC once per head dimension
@@ -124,11 +124,12 @@ static coda_status_t seq_map(coda_context_t *ctx, CUtensorMap *map, const coda_t
     return CODA_OK;
 }
 
-/* The wgmma backward: by default one kernel for dk, dv and dq (128 key rows
- * a block over 64-query tiles; dq accumulated in the key blocks' fixed
- * order through counters in the workspace, zeroed here first); with the
- * tuning switch attn_split_dq, dk/dv and then dq from its own kernel (128
- * query rows a block over 64-key tiles). */
+/* The wgmma backward: by default dk/dv (128 key rows a block over 64-query
+ * tiles), then dq from its own kernel (128 query rows a block over 64-key
+ * tiles); with the tuning switch attn_fused_bwd, one kernel for dk, dv and
+ * dq (dq accumulated in the key blocks' fixed order through counters in
+ * the workspace, zeroed here first): 5 products instead of 7, but slower
+ * as it stands (docs/attention.md). */
 static coda_status_t run_bwd_wgmma(launcher_t *L, const coda_attention_shape_t *s, const coda_tensor_t *qkv,
                                    const coda_tensor_t *do_, attn_args_t *a) {
     CUtensorMap qkv128, qkv64, do128, do64;
@@ -137,7 +138,7 @@ static coda_status_t run_bwd_wgmma(launcher_t *L, const coda_attention_shape_t *
     CODA_TRY(seq_map(L->ctx, &do64, do_, s, 64, "cuTensorMapEncodeTiled(do, 64 rows)"));
     const unsigned blocks = (unsigned)coda__cdiv(s->seq, 128), batch = (unsigned)s->batch;
     void *kv_args[] = {&qkv128, &qkv64, &do64, a};
-    if (!L->ctx->tuning.attn_split_dq) {
+    if (L->ctx->tuning.attn_fused_bwd) {
         const int64_t pad = coda__cdiv(s->seq, 128) * 128, plane = s->batch * s->n_heads * pad;
         struct coda_cuda *cu = L->ctx->cuda;
         CODA_CU(cu,

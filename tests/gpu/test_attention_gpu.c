@@ -17,16 +17,16 @@
 
 /* The kernels under test (every pass of main runs every test with one):
  * 0 the defaults (attention_wgmma.cuh's forward, attention_bwd_wgmma.cuh's
- * fused backward), 1 the same with dq from its own kernel
- * (CODA_DEBUG_ATTN_SPLIT_DQ), 2 the mma.sync kernels of attention.cuh
+ * dk/dv and dq kernels), 1 the same with the fused one-kernel backward
+ * (CODA_DEBUG_ATTN_FUSED_BWD), 2 the mma.sync kernels of attention.cuh
  * (CODA_DEBUG_ATTN_MMA). */
-static const char *const kernel_names[] = {"wgmma, fused backward", "wgmma, dq kernel (CODA_DEBUG_ATTN_SPLIT_DQ)",
+static const char *const kernel_names[] = {"wgmma (dk/dv, dq kernels)", "wgmma, fused backward (CODA_DEBUG_ATTN_FUSED_BWD)",
                                            "mma.sync (CODA_DEBUG_ATTN_MMA)"};
 static int use_mma;
 static void tune_attn(coda_context_t *ctx, int kernels) {
     coda__tuning_t t = coda__get_tuning(ctx);
     t.attn_mma = kernels == 2;
-    t.attn_split_dq = kernels == 1;
+    t.attn_fused_bwd = kernels == 1;
     tune_set(ctx, &t);
     use_mma = kernels == 2;
 }
@@ -464,12 +464,19 @@ int main(int argc, char **argv) {
     coda_context_t *ctx;
     REQUIRE_OK(coda_context_create(NULL, &ctx));
     test_refusals(ctx);
+    /* "pass=N": only kernel set N (a sanitizer run of one set) */
+    int only = -1, bench_it = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "bench")) bench_it = 1;
+        else if (!strncmp(argv[i], "pass=", 5)) only = atoi(argv[i] + 5);
+    }
     for (int k = 0; k < 3; k++) {
+        if (only >= 0 && k != only) continue;
         tune_attn(ctx, k);
         printf("== attention: %s\n", kernel_names[k]);
         test_shapes(ctx);
         test_nan(ctx);
-        if (argc > 1 && !strcmp(argv[1], "bench")) bench(ctx);
+        if (bench_it) bench(ctx);
     }
     coda_context_free(ctx);
     TEST_MAIN_END();

@@ -1,8 +1,11 @@
 /* attention_bwd_wgmma.cuh - the causal GQA backward on wgmma + TMA:
  * coda_attn_bwd_dkdv_wgmma_kernel and coda_attn_bwd_dq_wgmma_kernel, the
  * backward that src/cuda/attention.c launches after
- * coda_attn_bwd_prep_kernel (attention.cuh's mma.sync dq and dk/dv kernels
- * stay as the CODA_DEBUG_ATTN_MMA alternative).
+ * coda_attn_bwd_prep_kernel; coda_attn_bwd_wgmma_kernel, dk, dv and dq in
+ * one kernel, under CODA_DEBUG_ATTN_FUSED_BWD (5 products, but slower as it
+ * stands: 196 against 259 TFLOP/s at the 8B shape on the H200);
+ * attention.cuh's mma.sync dq and dk/dv kernels stay as the
+ * CODA_DEBUG_ATTN_MMA alternative.
  *
  * Compiled after attention_wgmma.cuh (its 3-D TMA load, AW_FENCE, and
  * through it the prelude, the wgmma wrappers and attention.cuh).
