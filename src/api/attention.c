@@ -79,7 +79,7 @@ static coda_status_t check_apart(const char *fn, const coda_tensor_t *const *out
     return CODA_OK;
 }
 
-static size_t ws_bytes(const coda_attention_shape_t *s, coda_device_t dev) {
+size_t coda__attention_ws_bytes(const coda_attention_shape_t *s, coda_device_t dev) {
     if (dev == CODA_DEVICE_CPU) return 0;
     /* src/cuda/attention.c: D and lse log2(e), (batch, n_heads, seq padded to
      * 128) f32 each, then 2 counters per 64 of those rows */
@@ -122,7 +122,7 @@ coda_status_t coda_attention_workspace_size(coda_context_t *ctx, coda_device_t d
         return coda__fail(CODA_ERR_INVALID_ARG, "%s: device %d is not a coda_device_t", fn, (int)device);
     coda_llama_config_t cfg;
     CODA_TRY(check_shape(fn, shape, device, &cfg));
-    *bytes = ws_bytes(shape, device);
+    *bytes = coda__attention_ws_bytes(shape, device);
     return CODA_OK;
 }
 
@@ -164,7 +164,7 @@ coda_status_t coda_attention_backward(coda_context_t *ctx, const coda_attention_
         const char *on[] = {"dqkv"}, *in[] = {"qkv", "o", "lse", "do_"};
         CODA_TRY(check_apart(fn, outs, on, 1, ins, in, 4));
     }
-    const size_t need = ws_bytes(shape, qkv->device);
+    const size_t need = coda__attention_ws_bytes(shape, qkv->device);
     if (need > 0) {
         if (!workspace)
             return coda__fail(CODA_ERR_INVALID_ARG, "%s: workspace is NULL (%zu bytes needed)", fn, need);

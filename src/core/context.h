@@ -138,6 +138,8 @@ coda_status_t coda__cuda_rope_backward(coda_context_t *ctx, const coda_tensor_t 
  * checked by src/api/attention.c. Forward: do_ = o = NULL, out = the
  * forward's o (M, nq) bf16, lse written. Backward: o, lse the forward's,
  * do_ (M, nq) bf16, out = dqkv (M, nqkv) f32, ws the workspace. */
+/* Bytes of workspace the backward on `dev` needs (coda_attention_workspace_size's answer). */
+size_t coda__attention_ws_bytes(const coda_attention_shape_t *s, coda_device_t dev);
 coda_status_t coda__cuda_attention(coda_context_t *ctx, const coda_attention_shape_t *shape,
                                    const coda_tensor_t *qkv, const coda_tensor_t *o, const coda_tensor_t *lse,
                                    const coda_tensor_t *do_, coda_tensor_t *out, void *ws, void *stream);

@@ -192,10 +192,8 @@ coda_status_t coda__cuda_attention(coda_context_t *ctx, const coda_attention_sha
                           "%d sequences of at most %d tokens", fn, (long long)shape->batch,
                           (long long)shape->seq, MAX_GRID, MAX_GRID * BWD_ROWS);
     {   /* every pointer device memory of qkv's device */
-        /* attention.cuh's two planes of statistics, (batch, n_heads, seq padded
-         * to 128) f32, then the fused backward's counters, 2 per 64 rows */
-        const int64_t plane = shape->batch * shape->n_heads * (coda__cdiv(shape->seq, 128) * 128);
-        coda_tensor_t wt = coda_tensor_1d(ws, CODA_F32, 2 * plane + plane / 64 * 2);
+        const size_t wsb = coda__attention_ws_bytes(shape, CODA_DEVICE_CUDA);
+        coda_tensor_t wt = coda_tensor_1d(ws, CODA_F32, (int64_t)(wsb / sizeof(float)));
         wt.device = qkv->device;
         wt.device_index = qkv->device_index;
         const coda_tensor_t *ts[] = {qkv, o, lse, do_, out, ws ? &wt : NULL};

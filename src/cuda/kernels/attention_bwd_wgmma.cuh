@@ -7,8 +7,9 @@
  * attention.cuh's mma.sync dq and dk/dv kernels stay as the
  * CODA_DEBUG_ATTN_MMA alternative.
  *
- * Compiled after attention_wgmma.cuh (its 3-D TMA load, AW_FENCE, and
- * through it the prelude, the wgmma wrappers and attention.cuh).
+ * Compiled after attention_wgmma.cuh (its 3-D TMA load, aw_pack,
+ * aw_issue_rs, AW_FENCE, and through it the prelude, the wgmma wrappers
+ * and attention.cuh).
  *
  * FlashAttention-2's backward with the row statistics of the forward
  * (P = exp2(s scale log2(e) - lse log2(e)), dS = P (dP - D), D = do . o),
@@ -86,30 +87,6 @@ static __device__ __forceinline__ void ab_issue_nt(float *acc, u32 a, u32 b) {
         coda_wgmma_n64(acc, coda_desc(a + (kk >> 2) * AB_BIG_CHUNK + (kk & 3) * 32, 16, 1024),
                        coda_desc(b + (kk >> 2) * AB_SMALL_CHUNK + (kk & 3) * 32, 16, 1024), kk > 0);
     coda_wgmma_commit();
-}
-
-/* acc (64 x HD) += a (64 x 64, registers, 4 k16 fragments) . b (a 64-row
- * tile, N-major); not committed. */
-static __device__ __forceinline__ void ab_issue_rs(float *acc, u32 (*a)[4], u32 b) {
-#pragma unroll
-    for (int kk = 0; kk < AB_TILE / 16; kk++) {
-#if HD == 128
-        coda_wgmma_rs_n128(acc, a[kk], coda_desc(b + kk * 2048, AB_SMALL_CHUNK, 1024));
-#else
-        coda_wgmma_rs_n64(acc, a[kk], coda_desc(b + kk * 2048, AB_SMALL_CHUNK, 1024));
-#endif
-    }
-}
-
-/* A 64 x 64 accumulator (m64n64 layout) as bf16 A fragments, one per 16 columns. */
-static __device__ __forceinline__ void ab_pack(const float *s, u32 (*a)[4]) {
-#pragma unroll
-    for (int kk = 0; kk < AB_TILE / 16; kk++) {
-        a[kk][0] = pack_bf2(s[8 * kk + 0], s[8 * kk + 1]);
-        a[kk][1] = pack_bf2(s[8 * kk + 2], s[8 * kk + 3]);
-        a[kk][2] = pack_bf2(s[8 * kk + 4], s[8 * kk + 5]);
-        a[kk][3] = pack_bf2(s[8 * kk + 6], s[8 * kk + 7]);
-    }
 }
 
 /* Column of element i of a thread's m64n64 accumulator, and its row (0 or 8
@@ -308,11 +285,11 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
             const int col = AB_COL(e, lane);
             dp[e] = (keep >> e) & 1u ? s[e] * (dp[e] - dd[col]) : 0.f; /* dS^T */
         }
-        ab_pack(s, pa);
-        ab_pack(dp, pd);
+        aw_pack(s, pa, AB_TILE / 16);
+        aw_pack(dp, pd, AB_TILE / 16);
         coda_wgmma_fence();
-        ab_issue_rs(dv, pa, tdo);
-        ab_issue_rs(dk, pd, tq);
+        aw_issue_rs(dv, pa, tdo, AB_TILE / 16, AB_SMALL_CHUNK);
+        aw_issue_rs(dk, pd, tq, AB_TILE / 16, AB_SMALL_CHUNK);
         coda_wgmma_commit();
         if (fused) ab_store_ds(sds + (i & 1) * AB_DS_BYTES, pd, 64 * c + 16 * (tid >> 5) + (lane >> 2));
         coda_wgmma_wait(0);
@@ -455,9 +432,9 @@ coda_attn_bwd_dq_wgmma_kernel(const __grid_constant__ coda_tmap t_qkv128, const 
 #pragma unroll
         for (int e = 0; e < AB_TILE / 2; e++)
             dp[e] = (keep >> e) & 1u ? s[e] * (dp[e] - dd[(e >> 1) & 1]) : 0.f; /* dS */
-        ab_pack(dp, pd);
+        aw_pack(dp, pd, AB_TILE / 16);
         coda_wgmma_fence();
-        ab_issue_rs(dq, pd, tk);
+        aw_issue_rs(dq, pd, tk, AB_TILE / 16, AB_SMALL_CHUNK);
         coda_wgmma_commit();
         coda_wgmma_wait(0);
         AW_FENCE(dq, HD / 2);

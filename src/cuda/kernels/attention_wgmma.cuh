@@ -95,15 +95,15 @@ static __device__ __forceinline__ void aw_softmax(float *s, int k0, int row0, in
     for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + ls[r];
 }
 
-/* P (the probabilities, m64n128 accumulator layout) as bf16 A fragments,
- * one per 16 keys. */
-static __device__ __forceinline__ void aw_pack_p(const float *s, u32 (*pa)[4]) {
+/* An accumulator (m64nN layout, N = 16 k16) as bf16 A fragments, one per
+ * 16 columns: P for P v here, P^T and dS^T (and dS) in the backward. */
+static __device__ __forceinline__ void aw_pack(const float *s, u32 (*a)[4], const int k16) {
 #pragma unroll
-    for (int kk = 0; kk < AW_BN / 16; kk++) {
-        pa[kk][0] = pack_bf2(s[8 * kk + 0], s[8 * kk + 1]);
-        pa[kk][1] = pack_bf2(s[8 * kk + 2], s[8 * kk + 3]);
-        pa[kk][2] = pack_bf2(s[8 * kk + 4], s[8 * kk + 5]);
-        pa[kk][3] = pack_bf2(s[8 * kk + 6], s[8 * kk + 7]);
+    for (int kk = 0; kk < k16; kk++) {
+        a[kk][0] = pack_bf2(s[8 * kk + 0], s[8 * kk + 1]);
+        a[kk][1] = pack_bf2(s[8 * kk + 2], s[8 * kk + 3]);
+        a[kk][2] = pack_bf2(s[8 * kk + 4], s[8 * kk + 5]);
+        a[kk][3] = pack_bf2(s[8 * kk + 6], s[8 * kk + 7]);
     }
 }
 
@@ -116,17 +116,24 @@ static __device__ __forceinline__ void aw_issue_s(float *s, u32 qa, u32 kb) {
     coda_wgmma_commit();
 }
 
-/* o += P v for the 128 keys of the tile at vb (k16 step kk: 16 key rows,
- * 2 KiB further; the HD / 64 column chunks AW_CHUNK apart). */
-static __device__ __forceinline__ void aw_issue_pv(float *o, u32 (*pa)[4], u32 vb) {
+/* acc (64 x HD) += a (64 x 16 k16, registers) . b (16 k16 rows of HD at b,
+ * N-major: k16 step kk 16 rows = 2 KiB further, the HD / 64 column chunks
+ * chunk bytes apart); not committed. o += P v here (a 128-key tile), dv,
+ * dk and dq in the backward (64-row tiles). */
+static __device__ __forceinline__ void aw_issue_rs(float *acc, u32 (*a)[4], u32 b, const int k16, u32 chunk) {
 #pragma unroll
-    for (int kk = 0; kk < AW_BN / 16; kk++) {
+    for (int kk = 0; kk < k16; kk++) {
 #if HD == 128
-        coda_wgmma_rs_n128(o, pa[kk], coda_desc(vb + kk * 2048, AW_CHUNK, 1024));
+        coda_wgmma_rs_n128(acc, a[kk], coda_desc(b + kk * 2048, chunk, 1024));
 #else
-        coda_wgmma_rs_n64(o, pa[kk], coda_desc(vb + kk * 2048, AW_CHUNK, 1024));
+        coda_wgmma_rs_n64(acc, a[kk], coda_desc(b + kk * 2048, chunk, 1024));
 #endif
     }
+}
+
+/* o += P v for the 128 keys of the tile at vb. */
+static __device__ __forceinline__ void aw_issue_pv(float *o, u32 (*pa)[4], u32 vb) {
+    aw_issue_rs(o, pa, vb, AW_BN / 16, AW_CHUNK);
     coda_wgmma_commit();
 }
 
@@ -198,7 +205,7 @@ coda_attn_fwd_wgmma_kernel(const __grid_constant__ coda_tmap tmap, coda_attn_arg
     coda_wgmma_wait(0);
     AW_FENCE(s, AW_BN / 2);
     aw_softmax(s, 0, row0, seq, n_kv == 1, sl2, m, l, alpha);
-    aw_pack_p(s, pa);
+    aw_pack(s, pa, AW_BN / 16);
 
     for (int j = 1; j < n_kv; j++) {
         const int s_now = j % AW_STAGES, s_prev = (j - 1) % AW_STAGES;
@@ -216,7 +223,7 @@ coda_attn_fwd_wgmma_kernel(const __grid_constant__ coda_tmap tmap, coda_attn_arg
         if (lane == 0) coda_mbar_arrive(BAR_E(s_prev));
 #pragma unroll
         for (int i = 0; i < HD / 2; i++) o[i] *= alpha[(i >> 1) & 1];
-        aw_pack_p(s, pa);
+        aw_pack(s, pa, AW_BN / 16);
     }
     {
         const int s_last = (n_kv - 1) % AW_STAGES;
