@@ -800,6 +800,18 @@ CODA_API coda_status_t coda_lm_loss(coda_context_t *ctx, const coda_tensor_t *x,
                                     coda_tensor_t *dw, void *workspace, size_t workspace_bytes,
                                     void *stream);
 
+/* t *= s[0], in place, for gradients made before their scale is known:
+ * coda_lm_loss makes dx and dw in the forward call, and the backward that
+ * follows learns grad_output only as a device value (a framework's autograd
+ * passes a 0-dim tensor). s (1) f32 on t's device; t (R, C) or (C) bf16 or
+ * f32, any row stride, elements of a row contiguous. s[0] is rounded to t's
+ * dtype first and each product is taken in f32 and rounded once (what
+ * PyTorch's t.mul_(s.to(t.dtype)) does, bit for bit). On CUDA the value is
+ * never copied to the host (no stream sync; capturable in a CUDA graph), and
+ * when the rounded s[0] is exactly 1 the kernel reads s and stops: t is not
+ * read or written. NaN or infinite s[0] propagate by IEEE arithmetic. */
+CODA_API coda_status_t coda_scale(coda_context_t *ctx, coda_tensor_t *t, const coda_tensor_t *s, void *stream);
+
 /* ---------------------------------------------------------------------------
  * 11. Causal grouped-query attention, forward and backward
  *     (src/api/attention.c; CUDA: src/cuda/attention.c, kernels/attention.cuh,

@@ -2,7 +2,9 @@
 
 Importing it puts the repository's python/ (the coda binding) on sys.path.
 check(ok, what) counts a check and records and prints a failure;
-report(name) prints the summary line and returns the exit status. Each test
+raises(what, fn, exc, name) checks that fn() raises exc (with that .name,
+a coda.Error's status name, when given); report(name) prints the summary
+line and returns the exit status. Each test
 imports torch and coda itself, and fails (never skips) when it cannot.
 """
 import os
@@ -20,6 +22,22 @@ def check(ok, what):
     if not ok:
         failures.append(what)
         print("FAIL: " + what)
+
+
+def raises(what, fn, exc, name=None):
+    """Check that fn() raises exc (and, for name, that the error's .name is
+    it); True if it did."""
+    try:
+        fn()
+    except exc as e:
+        if name is not None:
+            check(getattr(e, "name", None) == name, "%s: %s, expected %s" % (what, e, name))
+        return True
+    except Exception as e:
+        check(False, "%s: expected %s, got %s: %s" % (what, getattr(exc, "__name__", exc), type(e).__name__, e))
+        return False
+    check(False, "%s: no error" % what)
+    return False
 
 
 def report(name, lead=""):

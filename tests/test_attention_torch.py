@@ -32,7 +32,7 @@ import math
 import os
 import sys
 
-from pycheck import check, report  # also puts the binding on sys.path
+from pycheck import check, raises, report  # also puts the binding on sys.path
 
 try:
     import torch
@@ -290,20 +290,6 @@ def nan_cases(ctx):
           % ("NaN reached earlier rows of the key's own tile" if tile_nan else "no NaN in earlier rows at all"))
 
 
-def raises(what, fn, exc, name=None):
-    try:
-        fn()
-    except exc as e:
-        if name is not None:
-            check(getattr(e, "name", None) == name, "%s: %s, expected %s" % (what, e, name))
-        return True
-    except Exception as e:
-        check(False, "%s: expected %s, got %s: %s" % (what, getattr(exc, "__name__", exc), type(e).__name__, e))
-        return False
-    check(False, "%s: no error" % what)
-    return False
-
-
 def bad_input(ctx):
     B, S, H, KV, D = 2, 11, 4, 2, 64
     qkv, do = make(B, S, H, KV, D, seed=7)
@@ -357,7 +343,10 @@ def bad_input(ctx):
     check(torch.equal(buf, before), "a refused backward (overlap) wrote dqkv")
     need = coda.attention_workspace_size(ctx, DEVICE, *shape)
     if CUDA:
-        check(need == -(-M * H * 4 // 256) * 256, "workspace size %d on CUDA for M %d, H %d" % (need, M, H))
+        # coda.h section 11: D and lse log2(e), (B, H, S rounded up to 128) f32 each, then 2 counters a 64 rows
+        plane = B * H * -(-S // 128) * 128
+        check(need == -(-(2 * plane + plane // 64 * 2) * 4 // 256) * 256,
+              "workspace size %d on CUDA for B %d, S %d, H %d" % (need, B, S, H))
         raises("workspace too small", lambda: bwd(workspace=torch.empty(need - 256, dtype=torch.uint8,
                                                                         device=DEVICE)), E, "CODA_ERR_INVALID_ARG")
         raises("workspace on the CPU", lambda: bwd(workspace=torch.empty(need, dtype=torch.uint8)), ValueError)

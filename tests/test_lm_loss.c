@@ -464,6 +464,96 @@ static void test_bad_input(coda_context_t *ctx) {
     free_problem(&p);
 }
 
+/* ---- coda_scale: grad_output times the gradients the forward call made ---- */
+
+/* What t[i] * s must become: s rounded to t's dtype, the product of two
+ * floats exact in double, rounded once to t's dtype. */
+static double scaled_ref(double v, float s, coda_dtype_t dt) {
+    const double g = dt == CODA_BF16 ? (double)h_bf2f(h_f2bf(s)) : (double)s;
+    return dt == CODA_BF16 ? (double)h_bf2f(h_f2bf((float)(v * g))) : (double)(float)(v * g);
+}
+
+/* One case: t (rows, cols) of dtype dt with row stride ld elements (ld >
+ * cols: the pad between rows must stay as it was), one NaN with a payload
+ * PyTorch would not make (kept bit for bit only when nothing is written). */
+static void scale_case(coda_context_t *ctx, coda_dtype_t dt, int64_t rows, int64_t cols, int64_t ld, float s,
+                       uint64_t seed) {
+    const size_t es = coda_dtype_size(dt), n = (size_t)(rows * ld);
+    unsigned char *h = h_alloc(n * es), *got = h_alloc(n * es);
+    h_rng r = rng_new(seed);
+    if (dt == CODA_BF16) rng_fill_bf16(&r, (uint16_t *)h, (int64_t)n, 3.0f);
+    else rng_fill_f32(&r, (float *)h, (int64_t)n, 3.0f);
+    if (dt == CODA_BF16) ((uint16_t *)h)[1] = 0x7f81;
+    else ((uint32_t *)h)[1] = 0x7f800001u;
+    void *dt_ = dev_put(h, n * es), *ds = dev_put(&s, 4);
+    coda_tensor_t t = on_dev(rows > 1 ? mat(dt_, dt, rows, cols) : coda_tensor_1d(dt_, dt, cols));
+    if (rows > 1) t.stride[0] = ld * (int64_t)es;
+    coda_tensor_t st = on_dev(coda_tensor_1d(ds, CODA_F32, 1));
+    CHECK_OK(coda_scale(ctx, &t, &st, NULL));
+    dev_get(got, dt_, n * es);
+    const float g = dt == CODA_BF16 ? h_bf2f(h_f2bf(s)) : s;
+    int64_t bad = 0, pad = 0, nan_kept = 0;
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < ld; j++) {
+            const size_t k = (size_t)(i * ld + j);
+            const double v = dt == CODA_BF16 ? h_bf2f(((uint16_t *)h)[k]) : ((float *)h)[k];
+            const double o = dt == CODA_BF16 ? h_bf2f(((uint16_t *)got)[k]) : ((float *)got)[k];
+            if (j >= cols) { pad += memcmp(h + k * es, got + k * es, es) != 0; continue; }
+            if (g == 1.0f) { bad += memcmp(h + k * es, got + k * es, es) != 0; continue; }
+            const double want = scaled_ref(v, s, dt);
+            bad += isnan(want) ? !isnan(o) : o != want;
+        }
+    nan_kept = memcmp(h + es, got + es, es) == 0;
+    CHECK(bad == 0 && pad == 0, "coda_scale %s (%lld, %lld) ld %lld by %g: %lld wrong, %lld pad elements written",
+          coda_dtype_name(dt), (long long)rows, (long long)cols, (long long)ld, (double)s, (long long)bad,
+          (long long)pad);
+    if (g == 1.0f) CHECK(nan_kept, "coda_scale by 1: t untouched (a NaN's payload kept)");
+    dev_free(dt_);
+    dev_free(ds);
+    free(h);
+    free(got);
+}
+
+static void test_scale(coda_context_t *ctx) {
+    /* vectors (cols a multiple of 4 / 8, aligned rows) and element by element */
+    static const struct { coda_dtype_t dt; int64_t rows, cols, ld; } shapes[] = {
+        {CODA_BF16, 7, 64, 72}, {CODA_BF16, 5, 37, 40}, {CODA_F32, 3, 64, 64}, {CODA_F32, 4, 33, 35},
+        {CODA_BF16, 1, 5001, 5001}, {CODA_F32, 1, 4099, 4099}, {CODA_BF16, 300, 2056, 2056}};
+    /* 1 + 2^-10 is 1 in bf16 (no write) but not in f32 */
+    const float scales[] = {0.37f, -2.0f, 1.0f, 1.0f + 1.0f / 1024, 1.0f / 16384, 3e38f, NAN};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (size_t k = 0; k < sizeof scales / sizeof scales[0]; k++)
+            scale_case(ctx, shapes[i].dt, shapes[i].rows, shapes[i].cols, shapes[i].ld, scales[k], 300 + i * 16 + k);
+
+    /* refusals: nothing written */
+    float hb[64], one = 0.5f, two[2] = {0.5f, 0.5f};
+    for (int i = 0; i < 64; i++) hb[i] = (float)i;
+    void *d = dev_put(hb, sizeof hb), *ds = dev_put(&one, 4), *d2 = dev_put(two, 8);
+    coda_tensor_t t = on_dev(mat(d, CODA_F32, 8, 8)), st = on_dev(coda_tensor_1d(ds, CODA_F32, 1));
+    coda_tensor_t s2 = on_dev(coda_tensor_1d(d2, CODA_F32, 2)), sb = on_dev(coda_tensor_1d(ds, CODA_BF16, 1));
+    coda_tensor_t t3 = on_dev(coda_tensor_3d(d, CODA_F32, 2, 4, 8)), ti = on_dev(mat(d, CODA_I32, 8, 8));
+    coda_tensor_t s_in_t = on_dev(coda_tensor_1d((float *)d + 9, CODA_F32, 1));
+    coda_tensor_t s_host = coda_tensor_1d(&one, CODA_F32, 1);
+    CHECK_STATUS(coda_scale(NULL, &t, &st, NULL), CODA_ERR_INVALID_ARG);
+    CHECK_STATUS(coda_scale(ctx, NULL, &st, NULL), CODA_ERR_INVALID_ARG);
+    CHECK_STATUS(coda_scale(ctx, &t, NULL, NULL), CODA_ERR_INVALID_ARG);
+    CHECK_STATUS(coda_scale(ctx, &t3, &st, NULL), CODA_ERR_SHAPE);
+    CHECK_STATUS(coda_scale(ctx, &ti, &st, NULL), CODA_ERR_DTYPE);
+    CHECK_STATUS(coda_scale(ctx, &t, &s2, NULL), CODA_ERR_SHAPE);
+    CHECK_STATUS(coda_scale(ctx, &t, &sb, NULL), CODA_ERR_DTYPE);
+    CHECK_STATUS(coda_scale(ctx, &t, &s_in_t, NULL), CODA_ERR_OVERLAP);
+    if (dev != CODA_DEVICE_CPU) CHECK_STATUS(coda_scale(ctx, &t, &s_host, NULL), CODA_ERR_DEVICE);
+    coda_tensor_t tbad = t;
+    tbad.stride[1] = 8;
+    CHECK_STATUS(coda_scale(ctx, &tbad, &st, NULL), CODA_ERR_STRIDE);
+    float after[64];
+    dev_get(after, d, sizeof after);
+    CHECK(memcmp(hb, after, sizeof hb) == 0, "a refused coda_scale wrote t");
+    dev_free(d);
+    dev_free(ds);
+    dev_free(d2);
+}
+
 #ifndef LM_TEST_CUDA
 int main(void) {
     coda_context_t *ctx;
@@ -471,6 +561,7 @@ int main(void) {
     test_options(ctx);
     test_chunks_and_modes(ctx);
     test_nan_and_targets(ctx);
+    test_scale(ctx);
     test_bad_input(ctx);
     coda_context_free(ctx);
     TEST_MAIN_END();

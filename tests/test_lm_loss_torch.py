@@ -27,7 +27,7 @@ import math
 import os
 import sys
 
-from pycheck import check, report  # also puts the binding on sys.path
+from pycheck import check, raises, report  # also puts the binding on sys.path
 
 try:
     import torch
@@ -319,6 +319,40 @@ def grad_output_and_accumulate():
           "accumulate add up (in flight %.1e)" % e)
 
 
+def scale_binding():
+    """coda.scale_ (coda_scale) against t.mul_(s.to(t.dtype)) bit for bit,
+    on views with padded rows; by 1 nothing is written; refusals."""
+    ctx = coda.ops.context()
+    g = torch.Generator().manual_seed(5)
+    n_same = 0
+    for dtype in (BF, torch.float32):
+        for rows, cols, ld in ((7, 64, 72), (5, 37, 40), (1, 4099, 4099), (33, 128, 128)):
+            base = on((torch.randn(rows, ld, generator=g) * 3).to(dtype))
+            for sv in (0.37, -2.0, 1.0, 1.0 + 2 ** -10, 2 ** -14):
+                sd = on(torch.tensor(sv, dtype=torch.float32))
+                t = base.clone()
+                view = t[:, :cols] if rows > 1 else t[0, :cols]
+                coda.scale_(ctx, view, sd)
+                want = base.clone()
+                (want[:, :cols] if rows > 1 else want[0, :cols]).mul_(sd.to(dtype))
+                same = torch.equal(t.view(torch.int16 if dtype == BF else torch.int32),
+                                   want.view(torch.int16 if dtype == BF else torch.int32))
+                n_same += same
+                check(same, "scale_ %s (%d, %d) ld %d by %g: not t.mul_(s)'s bits" % (dtype, rows, cols, ld, sv))
+    t = on(torch.randn(4, 8))
+    before = t.clone()
+    raises("scale_ s of two elements", lambda: coda.scale_(ctx, t, on(torch.ones(2))), ValueError)
+    raises("scale_ t a list", lambda: coda.scale_(ctx, [1.0], on(torch.ones(()))), TypeError)
+    raises("scale_ t int32", lambda: coda.scale_(ctx, on(torch.ones(4, dtype=torch.int32)), on(torch.ones(()))),
+           coda.Error, "CODA_ERR_DTYPE")
+    raises("scale_ t 3-D", lambda: coda.scale_(ctx, on(torch.ones(2, 2, 2)), on(torch.ones(()))), coda.Error,
+           "CODA_ERR_SHAPE")
+    if DEVICE == "cuda":
+        raises("scale_ s on the CPU", lambda: coda.scale_(ctx, t, torch.ones(())), coda.Error, "CODA_ERR_DEVICE")
+    check(torch.equal(t, before), "a refused scale_ wrote t")
+    print("scale_: %d cases t.mul_(s.to(t.dtype))'s bits, refusals" % n_same)
+
+
 def forward_only_and_refusals():
     x, w, t = make(20, 24, 61, seed=12)
     h = head_for(w)
@@ -483,6 +517,7 @@ def main():
     chunking()
     edges()
     grad_output_and_accumulate()
+    scale_binding()
     forward_only_and_refusals()
     cuda_graph()
     custom_op()

@@ -31,7 +31,7 @@ __all__ = [
     "gemm_epilogue", "choose_tiling", "finish_reduce", "finish_rstd", "finish_lse",
     "builtin_program", "builtin_program_names", "PackedWeights", "pack_weights", "unpack_grads",
     "Block", "LMLossOptions", "lm_loss_options", "lm_loss_workspace_size", "lm_loss", "AttentionShape",
-    "attention_workspace_size", "attention_forward", "attention_backward", "lib",
+    "attention_workspace_size", "attention_forward", "attention_backward", "scale_", "lib",
 ]
 
 # ---------------------------------------------------------------------------
@@ -373,6 +373,7 @@ _sig("coda_lm_loss_workspace_size", _VP, ctypes.c_int, ctypes.c_int64, ctypes.c_
      _P(ctypes.c_size_t))
 _sig("coda_lm_loss", _VP, _P(Tensor), _P(Tensor), _P(Tensor), _P(LMLossOptions), _P(Tensor), _P(Tensor),
      _P(Tensor), _P(Tensor), _VP, ctypes.c_size_t, _VP)
+_sig("coda_scale", _VP, _P(Tensor), _P(Tensor), _VP)
 _sig("coda_attention_workspace_size", _VP, ctypes.c_int, _P(AttentionShape), _P(ctypes.c_size_t))
 _sig("coda_attention_forward", _VP, _P(AttentionShape), _P(Tensor), _P(Tensor), _P(Tensor), _VP)
 _sig("coda_attention_backward", _VP, _P(AttentionShape), _P(Tensor), _P(Tensor), _P(Tensor), _P(Tensor),
@@ -1111,6 +1112,24 @@ def lm_loss(ctx, x, w, targets, loss=None, total=None, dx=None, dw=None, opts=No
     return loss, total, dx, dw
 
 
+def scale_(ctx, t, s):
+    """coda_scale: t *= s in place, on t's device and its current stream;
+    s a one-element tensor on t's device (0-dim is fine; taken as f32 on
+    the device, no host read). t (R, C) or (C) bf16 or f32, rows
+    contiguous. s is rounded to t's dtype and each product rounded once,
+    as t.mul_(s.to(t.dtype)); when the rounded s is exactly 1 the kernel
+    stops without touching t, so a grad_output of 1 costs no pass over t
+    and no stream sync. -> t."""
+    if not isinstance(t, torch.Tensor) or not isinstance(s, torch.Tensor):
+        raise TypeError("coda: scale_: t and s must be torch.Tensors, got %s and %s"
+                        % (type(t).__name__, type(s).__name__))
+    if s.numel() != 1:
+        raise ValueError("coda: scale_: s must have one element, got shape %s" % (tuple(s.shape),))
+    s1 = s.detach().reshape(1).to(torch.float32)
+    _check(lib.coda_scale(ctx.handle, _opt(t), _opt(s1), _stream(t, s1)))
+    return t
+
+
 # ---------------------------------------------------------------------------
 # Causal grouped-query attention (coda.h section 11)
 # ---------------------------------------------------------------------------
@@ -1145,8 +1164,9 @@ def _attn_out(t, rows, cols, dtype, like):
 
 def attention_workspace_size(ctx, device, batch, seq, n_heads, n_kv_heads, head_dim):
     """Bytes of workspace coda_attention_backward needs for this shape on
-    device "cpu" (0) or "cuda" (batch * seq * n_heads f32, rounded up to
-    256 bytes). The shape is checked as the calls check it (coda.Error)."""
+    device "cpu" (0) or "cuda" (D and lse log2(e) as two (batch, n_heads,
+    seq rounded up to 128) f32 planes, then 2 counters a 64 of those rows,
+    rounded up to 256 bytes: coda.h section 11). The shape is checked as the calls check it (coda.Error)."""
     device = _device(device)
     shape = _attn_shape(batch, seq, n_heads, n_kv_heads, head_dim)
     n = ctypes.c_size_t()

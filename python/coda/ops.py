@@ -32,10 +32,10 @@ The LM head and the loss (lm_loss(x, w, targets, ...) -> (loss, per-token
 losses)): coda_lm_loss makes the loss and both gradients in one call, as
 Liger-Kernel's fused linear cross-entropy does, so coda::lm_loss returns dx
 and dw (empty where grad_x / grad_w is False) beside the loss and keeps them
-for the backward, which only multiplies them by grad_output. That skips the
-multiply when grad_output is exactly 1, which it finds out by reading the
-value (one stream sync on CUDA, as Liger's check); under torch.compile,
-export or CUDA graph capture it cannot read it and always multiplies.
+for the backward, which only multiplies them by grad_output, on the device
+(coda_scale: its kernel reads grad_output there and stops when it is 1, so
+the usual case costs neither a pass over dw nor a stream sync); under
+torch.compile or export the multiply is a traced t * g.
 Only reductions "mean" and "sum": a per-token gradient weight does not fit
 a call that makes the gradients before the backward. The per-token losses
 are returned too, not differentiable.
@@ -173,8 +173,11 @@ if HAVE_CUSTOM_OPS:
         ctx.save_for_backward(x, pos, r1, qkv, g1, wqkv)
         ctx.cfg, ctx.eps, ctx.theta = cfg, eps, theta
         ctx.mark_non_differentiable(r1)
+        ctx.set_materialize_grads(False)  # no zero (M) tensor for r1's gradient
 
     def _pre_backward(ctx, dr1, dqkv):
+        if dqkv is None:  # qkv unused: no gradient
+            return (None,) * 9
         x, pos, r1, qkv, g1, wqkv = ctx.saved_tensors
         dx, dg1, dwqkv = block_pre_backward(x, pos, r1, qkv, dqkv, g1, wqkv, ctx.cfg, ctx.eps, ctx.theta)
         return dx, None, dg1.to(g1.dtype), dwqkv.to(wqkv.dtype), None, None, None, None, None
@@ -185,8 +188,13 @@ if HAVE_CUSTOM_OPS:
         ctx.save_for_backward(o, h, r2, z, g2, wo, wgu, wd)
         ctx.cfg, ctx.eps, ctx.theta = cfg, eps, theta
         ctx.mark_non_differentiable(h, r2, z, y_g, r_next)
+        # the non-differentiable outputs get None, not zeros: materialized,
+        # z's would be an (M, 2I) tensor (0.9 GiB at LLaMA-3 8B, 2 x 8192)
+        ctx.set_materialize_grads(False)
 
     def _post_backward(ctx, dy, dh_, dr2, dz, dyg, drn):
+        if dy is None:  # y unused: no gradient
+            return (None,) * 10
         o, h, r2, z, g2, wo, wgu, wd = ctx.saved_tensors
         do, dh, dg2, dwo, dwgu, dwd = block_post_backward(o, h, r2, z, dy.to(torch.bfloat16), g2, wo, wgu, wd,
                                                           ctx.cfg, ctx.eps, ctx.theta)
@@ -211,10 +219,13 @@ else:
             r1, qkv = _pre(x, pos, g1, wqkv, xg, r1_in, cfg, eps, theta)
             ctx.save_for_backward(x, pos, r1, qkv, g1, wqkv)
             ctx.cfg, ctx.eps, ctx.theta = cfg, eps, theta
+            ctx.set_materialize_grads(False)
             return qkv
 
         @staticmethod
         def backward(ctx, dqkv):
+            if dqkv is None:
+                return (None,) * 9
             x, pos, r1, qkv, g1, wqkv = ctx.saved_tensors
             dx, dg1, dwqkv = _pre_bwd(x, pos, r1, qkv, dqkv, g1, wqkv, ctx.cfg, ctx.eps, ctx.theta)
             return dx, None, dg1.to(g1.dtype), dwqkv.to(wqkv.dtype), None, None, None, None, None
@@ -226,10 +237,13 @@ else:
             ctx.save_for_backward(o, h, r2, z, g2, wo, wgu, wd)
             ctx.cfg, ctx.eps, ctx.theta = cfg, eps, theta
             ctx.mark_non_differentiable(yg, rn)
+            ctx.set_materialize_grads(False)
             return y, yg, rn
 
         @staticmethod
         def backward(ctx, dy, dyg, drn):
+            if dy is None:
+                return (None,) * 10
             o, h, r2, z, g2, wo, wgu, wd = ctx.saved_tensors
             do, dh, dg2, dwo, dwgu, dwd = _post_bwd(o, h, r2, z, dy.to(torch.bfloat16), g2, wo, wgu, wd,
                                                     ctx.cfg, ctx.eps, ctx.theta)
@@ -312,12 +326,16 @@ def _value_readable(g):
 def _scaled(t, g):
     """t * g on t's device, g (0-dim) rounded to t's dtype first (exact for
     1 and powers of two; for a bf16 t the product is taken in f32 and
-    rounded once, as PyTorch's bf16 ops do): one elementwise kernel, the
-    value of g never read on the host, so the backward never waits for the
-    stream. Eagerly in place (t is the forward's gradient, which nothing
-    else holds: no second (V, d) buffer at the peak; a second backward
-    through the same graph is refused by autograd's saved-tensor version
-    check, never silently wrong); traced, out of place, the same bits."""
+    rounded once, as PyTorch's bf16 ops do), the value of g never read on
+    the host, so the backward never waits for the stream. Eagerly in place
+    through coda_scale (t is the forward's gradient, which nothing else
+    holds: no second (V, d) buffer at the peak; a second backward through
+    the same graph is refused by autograd's saved-tensor version check,
+    never silently wrong): its kernel reads g on the device and stops when
+    it is 1, so the usual grad_output costs no pass over dw. Traced, out of
+    place, t * g (the compiler's kernel), the same bits."""
+    if _value_readable(g) and t.dtype in (torch.float32, torch.bfloat16) and t.dim() <= 2 and t.is_contiguous():
+        return coda.scale_(context(), t, g)
     g = g.to(t.dtype)
     return t.mul_(g) if _value_readable(g) else t * g
 

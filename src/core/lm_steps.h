@@ -68,6 +68,8 @@ coda_status_t coda__cuda_lm_rows(coda_context_t *ctx, const coda__lm_params_t *p
                                  const coda_tensor_t *count, coda_tensor_t *loss, void *stream);
 coda_status_t coda__cuda_lm_total(coda_context_t *ctx, const coda_tensor_t *loss, const coda_tensor_t *count,
                                   int mean, coda_tensor_t *total, void *stream);
+/* coda_scale on a CUDA tensor (src/api/scale.c has checked it) */
+coda_status_t coda__cuda_scale(coda_context_t *ctx, coda_tensor_t *t, const coda_tensor_t *s, void *stream);
 #endif
 
 #endif

@@ -17,7 +17,7 @@
 const char *const coda__cuda_lm_steps_opts[CODA_CUDA_LM_STEPS_NOPTS] = {"--gpu-architecture=sm_90a",
                                                                       "-default-device"};
 const char *const coda__cuda_lm_steps_entries[] = {"coda_lm_count_kernel", "coda_lm_rows_kernel",
-                                                   "coda_lm_total_kernel", NULL};
+                                                   "coda_lm_total_kernel", "coda_scale_kernel", NULL};
 
 static coda_status_t launch(coda_context_t *ctx, const coda_tensor_t *like, const char *entry, int64_t blocks,
                             void **args, void *stream) {
@@ -65,6 +65,17 @@ coda_status_t coda__cuda_lm_total(coda_context_t *ctx, const coda_tensor_t *loss
     long long ls = es(loss, 0), m = loss->shape[0];
     void *args[] = {&pl, &ls, &m, &pc, &mean, &po};
     return launch(ctx, loss, "coda_lm_total_kernel", 1, args, stream);
+}
+
+coda_status_t coda__cuda_scale(coda_context_t *ctx, coda_tensor_t *t, const coda_tensor_t *s, void *stream) {
+    int two = t->ndim == 2, f32 = t->dtype == CODA_F32, per_vec = f32 ? 4 : 8;
+    void *pt = t->data;       // (rows, cols) bf16 or f32, in place
+    void *ps = s->data;       // (1) f32
+    long long rows = two ? t->shape[0] : 1, cols = t->shape[two], ld = two ? es(t, 0) : cols;
+    int vec = (uintptr_t)pt % 16 == 0 && cols % per_vec == 0 && (rows == 1 || ld % per_vec == 0);
+    long long units = vec ? cols / per_vec : cols, seg = (long long)THREADS * 4; /* CODA_SCALE_UNROLL */
+    void *args[] = {&pt, &ld, &rows, &cols, &f32, &vec, &ps};
+    return launch(ctx, t, "coda_scale_kernel", rows * ((units + seg - 1) / seg), args, stream);
 }
 
 #endif /* CODA_WITH_CUDA */

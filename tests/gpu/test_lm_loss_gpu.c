@@ -63,6 +63,7 @@ int main(void) {
     test_chunks_and_modes(ctx);
     test_nan_and_targets(ctx);
     test_large(ctx);
+    test_scale(ctx);
     test_gpu_refusals(ctx);
     coda_context_free(ctx);
     TEST_MAIN_END();

@@ -50,6 +50,7 @@
 #define AB_ROWS 128                       /* rows a block owns              */
 #define AB_TILE 64                        /* rows of a streamed tile        */
 #define AB_STAGES 2
+#define AB_CONSUMER_THREADS 256 /* two consumer warpgroups */
 #define AB_BIG_CHUNK (AB_ROWS * 128)      /* one 64-column chunk of a block */
 #define AB_SMALL_CHUNK (AB_TILE * 128)    /* ... of a streamed tile         */
 #define AB_BIG (HD / 64 * AB_BIG_CHUNK)
@@ -121,17 +122,21 @@ static __device__ __forceinline__ void ab_init_bars(u32 bars, u32 full) {
         coda_mbar_init(AB_BAR_BLOCK(bars), 1);
         for (int s = 0; s < AB_STAGES; s++) {
             coda_mbar_init(AB_BAR_FULL(bars, s), full);
-            coda_mbar_init(AB_BAR_EMPTY(bars, s), 8);
+            coda_mbar_init(AB_BAR_EMPTY(bars, s), AB_CONSUMER_THREADS);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
 }
 
-/* A consumer warp is done with stage s. */
+/* A consumer thread is done with stage s. Every consumer thread arrives
+ * (AB_CONSUMER_THREADS), not one lane a warp after a __syncwarp: the dk/dv
+ * kernel's consumers read the statistics with ordinary loads, and each
+ * thread's own release then orders its loads before the producer's next
+ * stores to the stage, in a form compute-sanitizer's racecheck follows
+ * (with one lane a warp it reported the stores as racing the loads). */
 static __device__ __forceinline__ void ab_release(u32 bars, int s) {
-    __syncwarp();
-    if ((threadIdx.x & 31) == 0) coda_mbar_arrive(AB_BAR_EMPTY(bars, s));
+    coda_mbar_arrive(AB_BAR_EMPTY(bars, s));
 }
 
 /* dq's share of one step of the fused kernel, in its turn: the

@@ -6,6 +6,8 @@
  *   coda_lm_rows_kernel    per row of a chunk: lse from the epilogue's
  *                          partials, the loss, dz over the bf16 logits in place
  *   coda_lm_total_kernel   total[0] = sum of the losses (/ count for the mean)
+ *   coda_scale_kernel      t *= s[0] (coda_scale: grad_output times the
+ *                          gradients the forward call made)
  *
  * The rows kernel is the one that matters: one block per row, one read and
  * one write of the row's V bf16 values as 16-byte vectors (the logits
@@ -163,5 +165,61 @@ coda_lm_rows_kernel(coda_lm_bf16_t *z, long long zs, const float *part, long lon
         }
         if (threadIdx.x == 0) loss[i * ls] = lv;
         __syncthreads(); /* red is reused by the next row */
+    }
+}
+
+/* t *= s[0] rounded to t's dtype (coda_scale, src/api/scale.c): t (rows,
+ * cols), f32 (f32 = 1) or bf16, row stride ld elements; vec = 1 when every
+ * row is whole 16-byte vectors (base and ld aligned, cols a multiple of 4
+ * f32 or 8 bf16), else element by element. Every thread reads s first, and
+ * all stop when the rounded value is exactly 1: t is then not touched.
+ * Block b takes segment b % segs of row b / segs, a segment being
+ * CODA_SCALE_UNROLL units (vectors or elements) a thread; one f32 multiply
+ * a product (no contraction), rounded once. */
+#define CODA_SCALE_UNROLL 4
+
+extern "C" __global__ void __launch_bounds__(CODA_LM_THREADS)
+coda_scale_kernel(void *t, long long ld, long long rows, long long cols, int f32, int vec, const float *s) {
+    float g = *s;
+    if (!f32) g = lm_bf(lm_to_bf(g));
+    if (g == 1.0f) return;
+    const long long per = vec ? cols / (f32 ? 4 : 8) : cols; /* units a row */
+    const long long seg = (long long)blockDim.x * CODA_SCALE_UNROLL, segs = (per + seg - 1) / seg;
+    for (long long b = blockIdx.x; b < rows * segs; b += gridDim.x) {
+        const long long r = b / segs, c0 = (b - r * segs) * seg + threadIdx.x;
+        if (f32) {
+            float *row = (float *)t + r * ld;
+#pragma unroll
+            for (int k = 0; k < CODA_SCALE_UNROLL; k++) {
+                const long long c = c0 + (long long)k * blockDim.x;
+                if (c >= per) break;
+                if (vec) {
+                    float4 v = ((float4 *)row)[c];
+                    v.x = __fmul_rn(v.x, g), v.y = __fmul_rn(v.y, g), v.z = __fmul_rn(v.z, g);
+                    v.w = __fmul_rn(v.w, g);
+                    ((float4 *)row)[c] = v;
+                } else {
+                    row[c] = __fmul_rn(row[c], g);
+                }
+            }
+        } else {
+            coda_lm_bf16_t *row = (coda_lm_bf16_t *)t + r * ld;
+#pragma unroll
+            for (int k = 0; k < CODA_SCALE_UNROLL; k++) {
+                const long long c = c0 + (long long)k * blockDim.x;
+                if (c >= per) break;
+                if (vec) {
+                    uint4 q = ((uint4 *)row)[c];
+                    unsigned w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        w[e] = lm_to_bf2(__fmul_rn(lm_bf((unsigned short)(w[e] & 0xffffu)), g),
+                                         __fmul_rn(lm_bf((unsigned short)(w[e] >> 16)), g));
+                    ((uint4 *)row)[c] = make_uint4(w[0], w[1], w[2], w[3]);
+                } else {
+                    row[c] = lm_to_bf(__fmul_rn(lm_bf(row[c]), g));
+                }
+            }
+        }
     }
 }

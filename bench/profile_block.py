@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""profile_block.py - where one LLaMA block's forward + backward spends its
+GPU time, kernel by kernel (torch.profiler, CUPTI), for the floor, torch.compile
+and coda as bench_block.py builds them, so the block's distance from the floor
+can be read as a list of kernels: which GEMM of coda's is slower than its
+cuBLAS twin, and what runs besides the GEMMs.
+
+    python3 bench/profile_block.py [--shapes 8b] [--variants floor,torch.compile,coda] [--steps 3] [--top 25]
+                                   [--sequence]
+
+--sequence also lists one step's kernels in launch order with their times
+(the GEMMs of coda and of the floor side by side, call by call).
+"""
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_block as bb  # noqa: E402  (the same modules and inputs as the benchmark)
+
+import coda  # noqa: E402
+import coda.nn  # noqa: E402
+
+
+def kernel_table(fn, steps):
+    """{kernel name: (calls per step, us per step)} over `steps` calls of fn."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    rows = {}
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        t = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+        n, tot = rows.get(e.name, (0, 0.0))
+        rows[e.name] = (n + 1, tot + t)
+    return {k: (n / steps, tot / steps) for k, (n, tot) in rows.items()}
+
+
+def kernel_sequence(fn):
+    """[(kernel name, us)] of one call of fn, in the order they ran."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    ev = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    ev.sort(key=lambda e: e.time_range.start)
+    return [(e.name, e.time_range.end - e.time_range.start) for e in ev]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="8b")
+    ap.add_argument("--variants", default="floor,torch.compile,coda")
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--seq", type=int, default=8192)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--sequence", action="store_true")
+    a = ap.parse_args()
+    want = a.variants.split(",")
+    dev = torch.device("cuda")
+    for name in a.shapes.split(","):
+        shape = bb.SHAPES[name]
+        d, H, KV, hd, ffn, theta = shape
+        B, S = a.batch, a.seq
+        W = bb.weights(shape, dev)
+        cfg = coda.LlamaConfig(d=d, n_heads=H, n_kv_heads=KV, head_dim=hd, ffn=ffn, vocab=0, eps=bb.EPS,
+                               rope_theta=theta)
+        x = torch.randn(B, S, d, device=dev, dtype=torch.bfloat16)
+        dy = torch.randn(B, S, d, device=dev, dtype=torch.bfloat16)
+        xg = x.clone().requires_grad_(True)
+
+        def module_step(m):
+            def step():
+                for p in m.parameters():
+                    p.grad = None
+                xg.grad = None
+                m(xg).backward(dy)
+            return step
+
+        fns = {}
+        if "floor" in want:
+            floor = bb.Floor(W, shape, B, S)
+            fns["floor"] = lambda: floor.fwd_bwd(x, dy)
+        if "eager" in want:
+            fns["eager"] = module_step(bb.TorchBlock(W, shape, S))
+        if "torch.compile" in want:
+            fns["torch.compile"] = module_step(torch.compile(bb.TorchBlock(W, shape, S)))
+        if "coda" in want:
+            sd = {"model.layers.0." + k: v for k, v in {
+                "self_attn.q_proj.weight": W["wq"], "self_attn.k_proj.weight": W["wk"],
+                "self_attn.v_proj.weight": W["wv"], "self_attn.o_proj.weight": W["wo"],
+                "mlp.gate_proj.weight": W["w_gate"], "mlp.up_proj.weight": W["w_up"],
+                "mlp.down_proj.weight": W["w_down"], "input_layernorm.weight": W["g1"],
+                "post_attention_layernorm.weight": W["g2"]}.items()}
+            blk = coda.nn.LlamaBlock.from_state_dict(cfg, sd, "model.layers.0.", device=dev, dtype=torch.bfloat16,
+                                                     attention=bb.coda_attention)
+            fns["coda"] = module_step(blk)
+        for v, fn in fns.items():
+            for _ in range(2):
+                fn()
+            torch.cuda.synchronize()
+            rows = kernel_table(fn, a.steps)
+            total = sum(t for _, t in rows.values())
+            print("%s %s: forward+backward, GPU busy %.3f ms a step (kernels summed), %d kernel launches"
+                  % (name, v, total / 1e3, round(sum(n for n, _ in rows.values()))))
+            for k, (n, t) in sorted(rows.items(), key=lambda r: -r[1][1])[:a.top]:
+                print("  %9.3f ms %5.1f%% %4.0fx  %s" % (t / 1e3, 100 * t / total, n, k[:110]))
+            if a.sequence:
+                print("  one step in launch order:")
+                for i, (k, t) in enumerate(kernel_sequence(fn)):
+                    if t >= 20:  # the memsets and tiny kernels left out
+                        print("    %3d %9.3f ms  %s" % (i, t / 1e3, k[:100]))
+            sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
