@@ -1,8 +1,9 @@
 /* lm_steps.c - coda_lm_loss's memory-bound steps on CUDA tensors: the count
  * of rows not ignored, the rows step (lse, loss, dz in place) and the total
- * (core/lm_steps.h says what each computes; kernels/lm_steps.cuh how).
+ * (core/lm_steps.h says what each computes; kernels/lm_steps.cuh how), and
+ * coda_scale's multiply (grad_output times those gradients, later).
  *
- * lm_loss.c has checked every argument, so these only marshal and launch
+ * lm_loss.c and scale.c have checked every argument, so these only marshal and launch
  * (through layer_steps.c's launcher: compiled once by NVRTC, cached). */
 #ifdef CODA_WITH_CUDA
 
@@ -10,6 +11,7 @@
 #include "cuda/layer_steps.h"
 
 #define THREADS 512            /* CODA_LM_THREADS in the kernels */
+#define SCALE_UNROLL 4         /* CODA_SCALE_UNROLL in coda_scale_kernel */
 #define KEY0 0xc0da1a55e5ull   /* lm_steps.cuh's quick keys */
 
 /* Default FMA contraction (unlike layer_steps.cuh, nothing here is compared
@@ -73,7 +75,7 @@ coda_status_t coda__cuda_scale(coda_context_t *ctx, coda_tensor_t *t, const coda
     void *ps = s->data;       // (1) f32
     long long rows = two ? t->shape[0] : 1, cols = t->shape[two], ld = two ? es(t, 0) : cols;
     int vec = (uintptr_t)pt % 16 == 0 && cols % per_vec == 0 && (rows == 1 || ld % per_vec == 0);
-    long long units = vec ? cols / per_vec : cols, seg = (long long)THREADS * 4; /* CODA_SCALE_UNROLL */
+    long long units = vec ? cols / per_vec : cols, seg = (long long)THREADS * SCALE_UNROLL;
     void *args[] = {&pt, &ld, &rows, &cols, &f32, &vec, &ps};
     return launch(ctx, t, "coda_scale_kernel", rows * ((units + seg - 1) / seg), args, stream);
 }
