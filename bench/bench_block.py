@@ -194,24 +194,31 @@ def weights(shape, device):
             "g2": (1 + 0.1 * torch.randn(d, generator=g)).to(device, torch.bfloat16)}
 
 
-def bench_shape(name, shape, B, S, reps, liger, do_check):
-    dev = torch.device("cuda")
+def coda_block(W, shape, dev):
+    """coda.nn.LlamaBlock (bf16 parameters, SDPA attention) from the weights
+    W, through a LLaMA-style state_dict as a user would load one."""
     d, H, KV, hd, ffn, theta = shape
-    W = weights(shape, dev)
     cfg = coda.LlamaConfig(d=d, n_heads=H, n_kv_heads=KV, head_dim=hd, ffn=ffn, vocab=0, eps=EPS, rope_theta=theta)
     sd = {"model.layers.0." + k: v for k, v in {
         "self_attn.q_proj.weight": W["wq"], "self_attn.k_proj.weight": W["wk"], "self_attn.v_proj.weight": W["wv"],
         "self_attn.o_proj.weight": W["wo"], "mlp.gate_proj.weight": W["w_gate"], "mlp.up_proj.weight": W["w_up"],
         "mlp.down_proj.weight": W["w_down"], "input_layernorm.weight": W["g1"],
         "post_attention_layernorm.weight": W["g2"]}.items()}
+    return coda.nn.LlamaBlock.from_state_dict(cfg, sd, "model.layers.0.", device=dev, dtype=torch.bfloat16,
+                                              attention=coda_attention)
+
+
+def bench_shape(name, shape, B, S, reps, liger, do_check):
+    dev = torch.device("cuda")
+    d, H, KV, hd, ffn, theta = shape
+    W = weights(shape, dev)
     floor = Floor(W, shape, B, S)
     mods = [("eager", TorchBlock(W, shape, S))]
     t0 = time.time()
     mods.append(("torch.compile", torch.compile(TorchBlock(W, shape, S))))
     if liger:
         mods.append(("liger", TorchBlock(W, shape, S, liger)))
-    mods.append(("coda", coda.nn.LlamaBlock.from_state_dict(cfg, sd, "model.layers.0.", device=dev,
-                                                            dtype=torch.bfloat16, attention=coda_attention)))
+    mods.append(("coda", coda_block(W, shape, dev)))
     x = torch.randn(B, S, d, device=dev, dtype=torch.bfloat16)
     dy = torch.randn(B, S, d, device=dev, dtype=torch.bfloat16)
     xg = x.clone().requires_grad_(True)

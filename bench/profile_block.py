@@ -20,9 +20,6 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_block as bb  # noqa: E402  (the same modules and inputs as the benchmark)
 
-import coda  # noqa: E402
-import coda.nn  # noqa: E402
-
 
 def kernel_table(fn, steps):
     """{kernel name: (calls per step, us per step)} over `steps` calls of fn."""
@@ -64,11 +61,9 @@ def main():
     dev = torch.device("cuda")
     for name in a.shapes.split(","):
         shape = bb.SHAPES[name]
-        d, H, KV, hd, ffn, theta = shape
+        d = shape[0]
         B, S = a.batch, a.seq
         W = bb.weights(shape, dev)
-        cfg = coda.LlamaConfig(d=d, n_heads=H, n_kv_heads=KV, head_dim=hd, ffn=ffn, vocab=0, eps=bb.EPS,
-                               rope_theta=theta)
         x = torch.randn(B, S, d, device=dev, dtype=torch.bfloat16)
         dy = torch.randn(B, S, d, device=dev, dtype=torch.bfloat16)
         xg = x.clone().requires_grad_(True)
@@ -90,15 +85,7 @@ def main():
         if "torch.compile" in want:
             fns["torch.compile"] = module_step(torch.compile(bb.TorchBlock(W, shape, S)))
         if "coda" in want:
-            sd = {"model.layers.0." + k: v for k, v in {
-                "self_attn.q_proj.weight": W["wq"], "self_attn.k_proj.weight": W["wk"],
-                "self_attn.v_proj.weight": W["wv"], "self_attn.o_proj.weight": W["wo"],
-                "mlp.gate_proj.weight": W["w_gate"], "mlp.up_proj.weight": W["w_up"],
-                "mlp.down_proj.weight": W["w_down"], "input_layernorm.weight": W["g1"],
-                "post_attention_layernorm.weight": W["g2"]}.items()}
-            blk = coda.nn.LlamaBlock.from_state_dict(cfg, sd, "model.layers.0.", device=dev, dtype=torch.bfloat16,
-                                                     attention=bb.coda_attention)
-            fns["coda"] = module_step(blk)
+            fns["coda"] = module_step(bb.coda_block(W, shape, dev))
         for v, fn in fns.items():
             for _ in range(2):
                 fn()

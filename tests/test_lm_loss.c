@@ -492,7 +492,7 @@ static void scale_case(coda_context_t *ctx, coda_dtype_t dt, int64_t rows, int64
     CHECK_OK(coda_scale(ctx, &t, &st, NULL));
     dev_get(got, dt_, n * es);
     const float g = dt == CODA_BF16 ? h_bf2f(h_f2bf(s)) : s;
-    int64_t bad = 0, pad = 0, nan_kept = 0;
+    int64_t bad = 0, pad = 0;
     for (int64_t i = 0; i < rows; i++)
         for (int64_t j = 0; j < ld; j++) {
             const size_t k = (size_t)(i * ld + j);
@@ -503,7 +503,7 @@ static void scale_case(coda_context_t *ctx, coda_dtype_t dt, int64_t rows, int64
             const double want = scaled_ref(v, s, dt);
             bad += isnan(want) ? !isnan(o) : o != want;
         }
-    nan_kept = memcmp(h + es, got + es, es) == 0;
+    const int nan_kept = memcmp(h + es, got + es, es) == 0;
     CHECK(bad == 0 && pad == 0, "coda_scale %s (%lld, %lld) ld %lld by %g: %lld wrong, %lld pad elements written",
           coda_dtype_name(dt), (long long)rows, (long long)cols, (long long)ld, (double)s, (long long)bad,
           (long long)pad);

@@ -334,10 +334,9 @@ def _scaled(t, g):
     never silently wrong): its kernel reads g on the device and stops when
     it is 1, so the usual grad_output costs no pass over dw. Traced, out of
     place, t * g (the compiler's kernel), the same bits."""
-    if _value_readable(g) and t.dtype in (torch.float32, torch.bfloat16) and t.dim() <= 2 and t.is_contiguous():
+    if _value_readable(g):  # t: dx or dw as _lm made them, (M, d) or (V, d), bf16 or f32
         return coda.scale_(context(), t, g)
-    g = g.to(t.dtype)
-    return t.mul_(g) if _value_readable(g) else t * g
+    return t * g.to(t.dtype)
 
 
 def _lm_grad(g, t, needed, computed, name, dtype):

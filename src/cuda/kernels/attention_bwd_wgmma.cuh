@@ -50,7 +50,6 @@
 #define AB_ROWS 128                       /* rows a block owns              */
 #define AB_TILE 64                        /* rows of a streamed tile        */
 #define AB_STAGES 2
-#define AB_CONSUMER_THREADS 256 /* two consumer warpgroups */
 #define AB_BIG_CHUNK (AB_ROWS * 128)      /* one 64-column chunk of a block */
 #define AB_SMALL_CHUNK (AB_TILE * 128)    /* ... of a streamed tile         */
 #define AB_BIG (HD / 64 * AB_BIG_CHUNK)
@@ -122,7 +121,7 @@ static __device__ __forceinline__ void ab_init_bars(u32 bars, u32 full) {
         coda_mbar_init(AB_BAR_BLOCK(bars), 1);
         for (int s = 0; s < AB_STAGES; s++) {
             coda_mbar_init(AB_BAR_FULL(bars, s), full);
-            coda_mbar_init(AB_BAR_EMPTY(bars, s), AB_CONSUMER_THREADS);
+            coda_mbar_init(AB_BAR_EMPTY(bars, s), AW_CONSUMER_THREADS);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -130,7 +129,7 @@ static __device__ __forceinline__ void ab_init_bars(u32 bars, u32 full) {
 }
 
 /* A consumer thread is done with stage s. Every consumer thread arrives
- * (AB_CONSUMER_THREADS), not one lane a warp after a __syncwarp: the dk/dv
+ * (AW_CONSUMER_THREADS), not one lane a warp after a __syncwarp: the dk/dv
  * kernel's consumers read the statistics with ordinary loads, and each
  * thread's own release then orders its loads before the producer's next
  * stores to the stage, in a form compute-sanitizer's racecheck follows

@@ -36,6 +36,7 @@
 #define AW_BM 128                    /* query rows of a block            */
 #define AW_BN 128                    /* keys per tile                    */
 #define AW_STAGES 2
+#define AW_CONSUMER_THREADS 256      /* two consumer warpgroups (the backward's too) */
 #define AW_CHUNK (128 * 128)         /* bytes of one 64-column chunk of a tile */
 #define AW_TILE_BYTES (HD / 64 * AW_CHUNK)
 #define AW_BAR_OFF ((1 + 2 * AW_STAGES) * AW_TILE_BYTES)
@@ -164,7 +165,7 @@ coda_attn_fwd_wgmma_kernel(const __grid_constant__ coda_tmap tmap, coda_attn_arg
         for (int s = 0; s < AW_STAGES; s++) {
             coda_mbar_init(BAR_K(s), 1);
             coda_mbar_init(BAR_V(s), 1);
-            coda_mbar_init(BAR_E(s), 256); /* every consumer thread (see the release below) */
+            coda_mbar_init(BAR_E(s), AW_CONSUMER_THREADS); /* each releases for itself (below) */
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }

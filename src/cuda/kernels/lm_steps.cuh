@@ -178,6 +178,32 @@ coda_lm_rows_kernel(coda_lm_bf16_t *z, long long zs, const float *part, long lon
  * a product (no contraction), rounded once. */
 #define CODA_SCALE_UNROLL 4
 
+/* unit c of an f32 row: a float4 (vec) or one element */
+static __device__ __forceinline__ void scale_unit_f32(float *row, long long c, int vec, float g) {
+    if (!vec) {
+        row[c] = __fmul_rn(row[c], g);
+        return;
+    }
+    float4 v = ((float4 *)row)[c];
+    v.x = __fmul_rn(v.x, g), v.y = __fmul_rn(v.y, g), v.z = __fmul_rn(v.z, g), v.w = __fmul_rn(v.w, g);
+    ((float4 *)row)[c] = v;
+}
+
+/* unit c of a bf16 row: 8 values (vec) or one */
+static __device__ __forceinline__ void scale_unit_bf16(coda_lm_bf16_t *row, long long c, int vec, float g) {
+    if (!vec) {
+        row[c] = lm_to_bf(__fmul_rn(lm_bf(row[c]), g));
+        return;
+    }
+    uint4 q = ((uint4 *)row)[c];
+    unsigned w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+        w[e] = lm_to_bf2(__fmul_rn(lm_bf((unsigned short)(w[e] & 0xffffu)), g),
+                         __fmul_rn(lm_bf((unsigned short)(w[e] >> 16)), g));
+    ((uint4 *)row)[c] = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 extern "C" __global__ void __launch_bounds__(CODA_LM_THREADS)
 coda_scale_kernel(void *t, long long ld, long long rows, long long cols, int f32, int vec, const float *s) {
     float g = *s;
@@ -187,39 +213,12 @@ coda_scale_kernel(void *t, long long ld, long long rows, long long cols, int f32
     const long long seg = (long long)blockDim.x * CODA_SCALE_UNROLL, segs = (per + seg - 1) / seg;
     for (long long b = blockIdx.x; b < rows * segs; b += gridDim.x) {
         const long long r = b / segs, c0 = (b - r * segs) * seg + threadIdx.x;
-        if (f32) {
-            float *row = (float *)t + r * ld;
 #pragma unroll
-            for (int k = 0; k < CODA_SCALE_UNROLL; k++) {
-                const long long c = c0 + (long long)k * blockDim.x;
-                if (c >= per) break;
-                if (vec) {
-                    float4 v = ((float4 *)row)[c];
-                    v.x = __fmul_rn(v.x, g), v.y = __fmul_rn(v.y, g), v.z = __fmul_rn(v.z, g);
-                    v.w = __fmul_rn(v.w, g);
-                    ((float4 *)row)[c] = v;
-                } else {
-                    row[c] = __fmul_rn(row[c], g);
-                }
-            }
-        } else {
-            coda_lm_bf16_t *row = (coda_lm_bf16_t *)t + r * ld;
-#pragma unroll
-            for (int k = 0; k < CODA_SCALE_UNROLL; k++) {
-                const long long c = c0 + (long long)k * blockDim.x;
-                if (c >= per) break;
-                if (vec) {
-                    uint4 q = ((uint4 *)row)[c];
-                    unsigned w[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        w[e] = lm_to_bf2(__fmul_rn(lm_bf((unsigned short)(w[e] & 0xffffu)), g),
-                                         __fmul_rn(lm_bf((unsigned short)(w[e] >> 16)), g));
-                    ((uint4 *)row)[c] = make_uint4(w[0], w[1], w[2], w[3]);
-                } else {
-                    row[c] = lm_to_bf(__fmul_rn(lm_bf(row[c]), g));
-                }
-            }
+        for (int k = 0; k < CODA_SCALE_UNROLL; k++) {
+            const long long c = c0 + (long long)k * blockDim.x;
+            if (c >= per) break;
+            if (f32) scale_unit_f32((float *)t + r * ld, c, vec, g);
+            else scale_unit_bf16((coda_lm_bf16_t *)t + r * ld, c, vec, g);
         }
     }
 }
