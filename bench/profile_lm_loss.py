@@ -98,7 +98,7 @@ def host_layers(shape, x, w, t, n):
         held.clear()
     torch.cuda.synchronize()
     print("%s: the forward's Python profile (%d calls, by own time)" % (shape, n))
-    pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(18)
+    pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(40)
 
 
 def main():

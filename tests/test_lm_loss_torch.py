@@ -238,7 +238,8 @@ def edges():
 
     # a target outside [0, V) that is not ignore_index, and one outside int32
     x, w, t = make(24, d, V, seed=6)
-    for bad, where in ((V, 3), (-7, 3), (2 ** 33 + 5, 3)):
+    # (2^32 - 100 would wrap to -100, the ignore_index, if cast as it is)
+    for bad, where in ((V, 3), (-7, 3), (2 ** 33 + 5, 3), (2 ** 32 - 100, 3), (-2 ** 33, 3)):
         tb = t.clone()
         tb[where] = bad
         tot, per, dx, dw = run_head(head_for(w), x, tb)
@@ -249,7 +250,18 @@ def edges():
                                                                     bool(torch.isnan(dx[where]).all())))
         check(bool(torch.isfinite(per[others]).all()), "target %d: other rows' losses not finite" % bad)
         check(bool(torch.isnan(dw).all()), "target %d: dw not all NaN (its dz row is NaN)" % bad)
-    print("targets V, -7 and 2^33 + 5 (outside int32): NaN loss, dx row and dw; the other rows finite")
+    print("targets V, -7, 2^33 + 5, 2^32 - 100 and -2^33 (the last three outside int32): NaN loss, dx row and dw; "
+          "the other rows finite")
+    # the conversion itself, with either ignore_index: out-of-int32 values
+    # become invalid classes, never ignore_index, and the rest pass unchanged
+    for ign in (-100, -2 ** 31):
+        raw = torch.tensor([5, -100, 2 ** 32 - 100, -2 ** 33, 2 ** 40, -2 ** 31, 2 ** 31 - 1, ign])
+        got = coda._lm_targets(raw, raw.device, ign)
+        invalid = [(v < 0 or v >= V) and v != ign for v in got.tolist()]
+        check(got.dtype == torch.int32 and got[0] == 5 and got[1] == -100 and got[7] == ign
+              and all(invalid[2:5]) and got[5] == -2 ** 31 and got[6] == 2 ** 31 - 1,
+              "_lm_targets with ignore_index %d: %s" % (ign, got.tolist()))
+    print("targets outside int32 -> invalid classes (never ignore_index -100 or -2^31)")
 
     # NaN in x (a row not ignored): NaN loss, total and gradients; other rows' losses finite
     x, w, t = make(24, d, V, seed=7)

@@ -392,27 +392,30 @@ _DTYPES = {torch.bfloat16: BF16, torch.float32: F32, torch.float16: F16, torch.i
 
 def describe_tensor(t):
     """A coda_tensor_t describing torch tensor t (no copy). The caller keeps t
-    alive while the descriptor is in use."""
+    alive while the descriptor is in use. (Every call into coda makes a few
+    of these: written for host time, field by field, about 1 us.)"""
     if not isinstance(t, torch.Tensor):
         raise TypeError("coda: expected a torch.Tensor, got %s" % type(t).__name__)
-    if t.dtype not in _DTYPES:
+    dt = _DTYPES.get(t.dtype)
+    if dt is None:
         raise TypeError("coda: dtype %s is not supported (bfloat16, float32, int32)" % t.dtype)
-    if not 1 <= t.dim() <= MAX_DIMS:
-        raise ValueError("coda: tensors have 1..%d dims, got %d" % (MAX_DIMS, t.dim()))
+    nd = t.dim()
+    if not 1 <= nd <= MAX_DIMS:
+        raise ValueError("coda: tensors have 1..%d dims, got %d" % (MAX_DIMS, nd))
     d = Tensor()
-    d.data = t.data_ptr()
-    d.dtype = _DTYPES[t.dtype]
-    if t.device.type == "cpu":
-        d.device, d.device_index = DEVICE_CPU, 0
-    elif t.device.type == "cuda":
-        d.device, d.device_index = DEVICE_CUDA, t.device.index or 0
+    if t.is_cuda:
+        d.device, d.device_index = DEVICE_CUDA, t.get_device()
+    elif t.is_cpu:
+        d.device = DEVICE_CPU
     else:
         raise ValueError("coda: device %s is not supported" % t.device)
-    d.ndim = t.dim()
-    es = t.element_size()
-    for i in range(t.dim()):
-        d.shape[i] = t.shape[i]
-        d.stride[i] = t.stride(i) * es
+    d.data = t.data_ptr()
+    d.dtype = dt
+    d.ndim = nd
+    es, shape, stride = t.element_size(), t.shape, t.stride()
+    for i in range(nd):
+        d.shape[i] = shape[i]
+        d.stride[i] = stride[i] * es
     return d
 
 
@@ -424,10 +427,18 @@ def _opt(t):
     return None if t is None else ctypes.byref(describe_tensor(t))
 
 
+# torch's own accessor of the current stream's handle (what its compiled
+# code calls), a tenth of torch.cuda.current_stream's host time; the public
+# call where a torch lacks it
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def _stream(*tensors):
     """The current CUDA stream of the first CUDA tensor, else NULL."""
     for t in tensors:
         if isinstance(t, torch.Tensor) and t.is_cuda:
+            if _raw_stream is not None:
+                return ctypes.c_void_p(_raw_stream(t.device.index or 0))
             return ctypes.c_void_p(torch.cuda.current_stream(t.device).cuda_stream)
     return None
 
@@ -1026,16 +1037,29 @@ def lm_loss_options(opts=None, **fields):
     return o
 
 
+# (context, device, m, d, vocab, the options' bytes) -> bytes: the size is a
+# function of these alone (coda.h section 10), and the C call through ctypes
+# costs more than the lookup
+_lm_ws_sizes = {}
+
+
 def lm_loss_workspace_size(ctx, device, m, d, vocab, opts=None, **fields):
     """Bytes of workspace coda_lm_loss needs for m rows, hidden size d and
     vocabulary `vocab` with these options, on device "cpu" or "cuda"."""
     device = _device(device)
     o = lm_loss_options(opts, **fields)
-    n = ctypes.c_size_t()
-    _check(lib.coda_lm_loss_workspace_size(ctx.handle, DEVICE_CUDA if device.type == "cuda" else DEVICE_CPU,
-                                           _int(m, "m"), _int(d, "d"), _int(vocab, "vocab"), ctypes.byref(o),
-                                           ctypes.byref(n)))
-    return n.value
+    kind = DEVICE_CUDA if device.type == "cuda" else DEVICE_CPU
+    m, d, vocab = _int(m, "m"), _int(d, "d"), _int(vocab, "vocab")
+    key = (ctx.handle.value, kind, m, d, vocab, bytes(o))
+    n = _lm_ws_sizes.get(key)
+    if n is None:
+        c = ctypes.c_size_t()
+        _check(lib.coda_lm_loss_workspace_size(ctx.handle, kind, m, d, vocab, ctypes.byref(o), ctypes.byref(c)))
+        n = c.value
+        if len(_lm_ws_sizes) >= 256:  # a bounded memo: the sizes a training run asks for are few
+            _lm_ws_sizes.clear()
+        _lm_ws_sizes[key] = n
+    return n
 
 
 def _lm_targets(targets, device, ignore_index):
@@ -1053,11 +1077,16 @@ def _lm_targets(targets, device, ignore_index):
     t = targets.to(device)
     if t.dtype != torch.int32:
         info = torch.iinfo(t.dtype)
-        if info.max > 2 ** 31 - 1 or info.min < -2 ** 31:
-            bad = t > 2 ** 31 - 1
+        lo, hi = -2 ** 31, 2 ** 31 - 1
+        if ignore_index != lo and (info.max > hi or info.min < lo):
+            # one pass: a value above int32 becomes 2^31 - 1 (>= V: NaN),
+            # one below becomes -2^31 (negative, not ignore_index: NaN)
+            t = t.clamp(min=lo if info.min < lo else None, max=hi if info.max > hi else None)
+        elif info.max > hi or info.min < lo:  # ignore_index is -2^31 itself
+            bad = t > hi
             if info.min < 0:
-                bad = bad | (t < -2 ** 31)
-            t = t.masked_fill(bad, -2 if ignore_index == -1 else -1)
+                bad = bad | (t < lo)
+            t = t.masked_fill(bad, -1)
         t = t.to(torch.int32)
     return t.contiguous()
 

@@ -278,6 +278,9 @@ def _lm_dtypes(x_dtype, dw_f32):
             torch.float32 if dw_f32 else torch.bfloat16)
 
 
+_lm_opts = {}  # (the options' values) -> coda.LMLossOptions
+
+
 def _lm(x, w, targets, ignore_index, label_smoothing, z_loss, softcap, reduction, chunk_rows, grad_x, grad_w,
         dw_f32):
     """coda_lm_loss on fresh outputs -> (total (), loss (M), dx (M, d) or
@@ -293,10 +296,16 @@ def _lm(x, w, targets, ignore_index, label_smoothing, z_loss, softcap, reduction
     total = torch.empty(1, dtype=torch.float32, device=dev)
     dx = torch.empty(m, d, dtype=dxt, device=dev) if grad_x else None
     dw = torch.empty(w.shape[0], w.shape[1], dtype=dwt, device=dev) if grad_w else None
+    key = (ignore_index, label_smoothing, z_loss, softcap, reduction, chunk_rows)
+    opts = _lm_opts.get(key)
+    if opts is None:  # made (and checked) once per set of options; the binding copies it per call
+        opts = coda.lm_loss_options(ignore_index=ignore_index, label_smoothing=label_smoothing, z_loss=z_loss,
+                                    softcap=softcap, reduction=reduction, chunk_rows=chunk_rows)
+        if len(_lm_opts) >= 64:
+            _lm_opts.clear()
+        _lm_opts[key] = opts
     loss, total, dx, dw = coda.lm_loss(context(), x.to(torch.bfloat16).contiguous(), w.to(torch.bfloat16).contiguous(),
-                                       targets.reshape(-1), total=total, dx=dx, dw=dw, ignore_index=ignore_index,
-                                       label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap,
-                                       reduction=reduction, chunk_rows=chunk_rows)
+                                       targets.reshape(-1), total=total, dx=dx, dw=dw, opts=opts)
     return (total.view(()), loss, dx if grad_x else x.new_empty(0, dtype=dxt),
             dw if grad_w else w.new_empty(0, dtype=dwt))
 
