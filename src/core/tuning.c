@@ -16,6 +16,7 @@ void coda__tuning_from_env(coda__tuning_t *t) {
     t->gemm_cfg = -1;
     t->streamk = CODA_STREAMK_AUTO;
     t->l2_promotion = 3;
+    t->attn_pipe = -1;
     int c = one_char("CODA_GEMM_CFG");
     if (c >= '0' && c <= '9') t->gemm_cfg = c - '0';
     c = one_char("CODA_STREAMK");
@@ -29,6 +30,10 @@ void coda__tuning_from_env(coda__tuning_t *t) {
     t->log_launch = getenv("CODA_DEBUG_LAUNCH") != NULL;
     t->attn_mma = getenv("CODA_DEBUG_ATTN_MMA") != NULL;
     t->attn_fused_bwd = getenv("CODA_DEBUG_ATTN_FUSED_BWD") != NULL;
+    c = one_char("CODA_DEBUG_ATTN_STAGES");
+    if (c >= '2' && c <= '4') t->attn_stages = c - '0';
+    c = one_char("CODA_DEBUG_ATTN_PIPE");
+    t->attn_pipe = c == '0' || c == '1' ? c - '0' : -1;
     v = getenv("CODA_DEBUG_OPTS");
     if (v && strlen(v) < sizeof t->extra_opts) snprintf(t->extra_opts, sizeof t->extra_opts, "%s", v);
 }
@@ -42,6 +47,10 @@ coda_status_t coda__set_tuning(coda_context_t *ctx, const coda__tuning_t *t) {
     if (t->clusters < 0 || t->l2_promotion < 0 || t->l2_promotion > 3)
         return coda__fail(CODA_ERR_INVALID_ARG, "tuning: clusters %d < 0 or l2_promotion %d not 0..3",
                           t->clusters, t->l2_promotion);
+    if (t->attn_stages != 0 && (t->attn_stages < 2 || t->attn_stages > 4))
+        return coda__fail(CODA_ERR_INVALID_ARG, "tuning: attn_stages %d is not 0 (default) or 2..4", t->attn_stages);
+    if (t->attn_pipe < -1 || t->attn_pipe > 1)
+        return coda__fail(CODA_ERR_INVALID_ARG, "tuning: attn_pipe %d is not -1 (default), 0 or 1", t->attn_pipe);
     if (!memchr(t->extra_opts, 0, sizeof t->extra_opts))
         return coda__fail(CODA_ERR_INVALID_ARG, "tuning: extra_opts is not terminated");
     ctx->tuning = *t;

@@ -22,6 +22,7 @@
 #include "cuda/backend.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,7 +35,7 @@
 static const char *const attn_files[] = {"gemm_prelude.cuh", "gemm_wgmma.cuh", "attention.cuh",
                                          "attention_wgmma.cuh", "attention_bwd_wgmma.cuh"};
 #define N_ATTN_FILES (sizeof attn_files / sizeof attn_files[0])
-#define N_OPTS 5
+#define N_OPTS 7
 
 /* The kernels' argument block (attention.cuh's coda_attn_args_t). */
 typedef struct {
@@ -62,9 +63,30 @@ static int fwd_threads(int hd) { return FWD_ROWS / (hd == 128 ? 32 : 16) * 32; }
  * 128 statistics, the fused kernel's two dS^T buffers (128 x 64 bf16), five
  * mbarriers, the slack. */
 enum { BWD_DQ, BWD_DKDV, BWD_FUSED };
-static int smem_bwd_wgmma(int hd, int kind) {
-    return 2 * (hd / 64) * 128 * 128 + 2 * 2 * (hd / 64) * 64 * 128 + (kind != BWD_DQ ? 2 * 512 : 0) +
-           (kind == BWD_FUSED ? 2 * 128 * 128 : 0) + 8 * 5 + 1024;
+static int smem_bwd_wgmma(int hd, int stages, int kind) {
+    int at = 2 * (hd / 64) * 128 * 128 + stages * 2 * (hd / 64) * 64 * 128; /* block operands, the ring */
+    if (kind != BWD_DQ) at += stages * 512;                                  /* the statistics */
+    if (kind == BWD_FUSED) at = (at + 1023) / 1024 * 1024 + 2 * 128 * 128;   /* dS^T, 1024-aligned */
+    return at + 8 * (1 + 2 * stages) + 1024;
+}
+
+/* Stages of the wgmma backward's ring (CODA_AB_STAGES): 3, so that the
+ * pipelined dq consumers, which hold two tiles at once, still have the
+ * next one's load in flight (2 stages one step at a time: 204 / 310 / 310
+ * TFLOP/s at 1B / 8B / 70B; 4 stages serial 200 / 306 / 308; pipelined, 3
+ * stages 215 / 318 / 319, 4 stages 211 / 319 / 319; H200, test_attention_gpu
+ * bench, one call). Tuning's attn_stages overrides; the fused kernel at
+ * HD 128 takes at most 3 (4 would need 72 bytes more than a block may
+ * have). */
+#define BWD_STAGES 3
+/* Pipelining of the dq kernel (CODA_AB_PIPE): 1 its steps overlapped, 0 one
+ * at a time; tuning's attn_pipe overrides. (Overlapping dk/dv's steps the
+ * same way, at HD 64 where the registers would fit, ptxas serialised the
+ * products for lack of registers and it ran at 175 against 211.) */
+#define BWD_PIPE 1
+static int bwd_stages(const coda_context_t *ctx, int hd) {
+    int n = ctx->tuning.attn_stages ? ctx->tuning.attn_stages : BWD_STAGES;
+    return ctx->tuning.attn_fused_bwd && hd == 128 && n > 3 ? 3 : n;
 }
 static int smem_dq(int hd) { return (2 * BWD_ROWS + 4 * KV_TILE) * hd * 2; }
 static int smem_dkdv(int hd) {
@@ -77,6 +99,8 @@ typedef struct {
     coda_cuda_device_t *dev;
     const char *opts[N_OPTS];
     int hd;
+    int stages, pipe;   /* the backward's CODA_AB_STAGES and CODA_AB_PIPE */
+    char stages_opt[32], pipe_opt[32];
     void *stream;
 } launcher_t;
 
@@ -85,7 +109,8 @@ typedef struct {
 static coda_status_t launch(launcher_t *L, const char *entry, unsigned gx, unsigned gy, unsigned gz,
                             int threads, int smem, void **args) {
     struct coda_cuda *cu = L->ctx->cuda;
-    uint64_t quick[2] = {KEY0 + (uint64_t)L->hd, coda__hash(CODA_HASH_SEED0, entry, strlen(entry))};
+    uint64_t quick[2] = {KEY0 + (uint64_t)L->hd + 256u * (uint64_t)L->stages + 4096u * (uint64_t)L->pipe,
+                         coda__hash(CODA_HASH_SEED0, entry, strlen(entry))};
     CUfunction fn = coda__cuda_kernel_find(L->dev, quick);
     if (!fn) { /* first use: compile (or load from the cache), which also raises the smem limit */
         char *src;
@@ -146,14 +171,14 @@ static coda_status_t run_bwd_wgmma(launcher_t *L, const coda_attention_shape_t *
                                       (CUstream)L->stream),
                 "cuMemsetD32Async(attention's dq counters)");
         return launch(L, "coda_attn_bwd_wgmma_kernel", (unsigned)s->n_kv_heads, batch, blocks, 384,
-                      smem_bwd_wgmma(L->hd, BWD_FUSED), kv_args);
+                      smem_bwd_wgmma(L->hd, L->stages, BWD_FUSED), kv_args);
     }
     CODA_TRY(seq_map(L->ctx, &do128, do_, s, 128, "cuTensorMapEncodeTiled(do, 128 rows)"));
     CODA_TRY(launch(L, "coda_attn_bwd_dkdv_wgmma_kernel", (unsigned)s->n_kv_heads, batch, blocks, 384,
-                    smem_bwd_wgmma(L->hd, BWD_DKDV), kv_args));
+                    smem_bwd_wgmma(L->hd, L->stages, BWD_DKDV), kv_args));
     void *q_args[] = {&qkv128, &qkv64, &do128, a};
     return launch(L, "coda_attn_bwd_dq_wgmma_kernel", (unsigned)s->n_heads, batch, blocks, 384,
-                  smem_bwd_wgmma(L->hd, BWD_DQ), q_args);
+                  smem_bwd_wgmma(L->hd, L->stages, BWD_DQ), q_args);
 }
 
 static coda_status_t run(launcher_t *L, const coda_attention_shape_t *s, const coda_tensor_t *qkv,
@@ -213,6 +238,12 @@ coda_status_t coda__cuda_attention(coda_context_t *ctx, const coda_attention_sha
     L.opts[2] = L.hd == 64 ? "-DCODA_ATTN_HD=64" : "-DCODA_ATTN_HD=128";
     L.opts[3] = "-DCODA_TA=0"; /* gemm_wgmma.cuh's transpose bits: q, k K-major */
     L.opts[4] = "-DCODA_TB=0";
+    L.stages = bwd_stages(ctx, L.hd);
+    L.pipe = ctx->tuning.attn_pipe >= 0 ? ctx->tuning.attn_pipe : BWD_PIPE;
+    snprintf(L.stages_opt, sizeof L.stages_opt, "-DCODA_AB_STAGES=%d", L.stages);
+    snprintf(L.pipe_opt, sizeof L.pipe_opt, "-DCODA_AB_PIPE=%d", L.pipe);
+    L.opts[5] = L.stages_opt;
+    L.opts[6] = L.pipe_opt;
 
     attn_args_t a;
     memset(&a, 0, sizeof a);

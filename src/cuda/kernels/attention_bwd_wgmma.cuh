@@ -49,7 +49,13 @@
 
 #define AB_ROWS 128                       /* rows a block owns              */
 #define AB_TILE 64                        /* rows of a streamed tile        */
-#define AB_STAGES 2
+#ifndef CODA_AB_STAGES
+#define CODA_AB_STAGES 2                  /* the host passes its choice (attention.c) */
+#endif
+#ifndef CODA_AB_PIPE
+#define CODA_AB_PIPE 1                    /* 1: the dq kernel's steps overlapped; 0: one at a time */
+#endif
+#define AB_STAGES CODA_AB_STAGES
 #define AB_BIG_CHUNK (AB_ROWS * 128)      /* one 64-column chunk of a block */
 #define AB_SMALL_CHUNK (AB_TILE * 128)    /* ... of a streamed tile         */
 #define AB_BIG (HD / 64 * AB_BIG_CHUNK)
@@ -59,7 +65,7 @@
 #define AB_STATS_OFF (AB_TILES_OFF + 2 * AB_STAGES * AB_SMALL)
 #define AB_BARS_DKDV (AB_STATS_OFF + AB_STAGES * AB_STAT_BYTES)
 #define AB_BARS_DQ AB_STATS_OFF
-#define AB_DS_OFF AB_BARS_DKDV                 /* fused: 2 dS^T buffers     */
+#define AB_DS_OFF ((AB_BARS_DKDV + 1023) & ~1023) /* fused: 2 dS^T buffers (wgmma operands: 1024-aligned) */
 #define AB_DS_BYTES (AB_ROWS * 128)            /* 128 keys x 64 queries bf16 */
 #define AB_BARS_FUSED (AB_DS_OFF + 2 * AB_DS_BYTES)
 /* fused dq at HD 128: each warpgroup its 64 of the columns, every step (the
@@ -175,6 +181,54 @@ static __device__ __forceinline__ void ab_dq_turn(const float *dq, u32 *count, u
     if (tid == 0) asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(count), "r"(turn + 1) : "memory");
 }
 
+/* The elementwise part of a dk/dv step (the thread's keys kr and kr + 8,
+ * the tile's queries from qs): P^T = exp2(S^T scale log2 e - lse log2 e)
+ * in place of S^T, masked by a select where the tile crosses the diagonal
+ * or the end (what lies past either, NaN included, never leaks in); the
+ * mask bits are returned for dS^T. */
+static __device__ __forceinline__ u32 ab_kv_p(float *s, const float *l2, int qs, int kr, int seq, float sl2,
+                                              int mask) {
+    const int lane = threadIdx.x & 31;
+    u32 keep = 0xffffffffu;
+#pragma unroll
+    for (int e = 0; e < AB_TILE / 2; e++) {
+        const int col = AB_COL(e, lane), qc = qs + col;
+        if (mask && !(qc >= kr + AB_ROW8(e) && qc < seq)) keep &= ~(1u << e);
+        const float pe = exp2f(fmaf(s[e], sl2, -l2[col])); /* computed always, then selected: no branch */
+        s[e] = (keep >> e) & 1u ? pe : 0.f;
+    }
+    return keep;
+}
+
+/* dS^T = P^T (dP^T - D) in place of dP^T (D per query: the tile's column). */
+static __device__ __forceinline__ void ab_kv_ds(float *dp, const float *s, const float *dd, u32 keep) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int e = 0; e < AB_TILE / 2; e++) dp[e] = (keep >> e) & 1u ? s[e] * (dp[e] - dd[AB_COL(e, lane)]) : 0.f;
+}
+
+/* The same for a dq step (the thread's queries row0 and row0 + 8, the
+ * tile's keys from k0): P in place of S, the mask bits returned. */
+static __device__ __forceinline__ u32 ab_q_p(float *s, const float *l2, int k0, int row0, int seq, float sl2,
+                                             int mask) {
+    const int lane = threadIdx.x & 31;
+    u32 keep = 0xffffffffu;
+#pragma unroll
+    for (int e = 0; e < AB_TILE / 2; e++) {
+        const int kc = k0 + AB_COL(e, lane), r = (e >> 1) & 1;
+        if (mask && !(kc <= row0 + 8 * r && kc < seq)) keep &= ~(1u << e);
+        const float pe = exp2f(fmaf(s[e], sl2, -l2[r]));
+        s[e] = (keep >> e) & 1u ? pe : 0.f;
+    }
+    return keep;
+}
+
+/* dS = P (dP - D) in place of dP (D per query: the thread's row). */
+static __device__ __forceinline__ void ab_q_ds(float *dp, const float *s, const float *dd, u32 keep) {
+#pragma unroll
+    for (int e = 0; e < AB_TILE / 2; e++) dp[e] = (keep >> e) & 1u ? s[e] * (dp[e] - dd[(e >> 1) & 1]) : 0.f;
+}
+
 /* dS^T (the thread's packed bf16 fragments, rows kr and kr + 8 of the 128
  * keys) into the key-major dS buffer: row = key, 64 queries of 128 bytes,
  * 16-byte chunks swizzled (chunk ^ (row & 7)), the layout an MN-major
@@ -269,26 +323,15 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
         }
         const u32 tq = sq + st * AB_SMALL, tdo = sdo + st * AB_SMALL;
         const float *dd = stats + st * (AB_STAT_BYTES / 4), *l2 = dd + AB_TILE;
-        const int mask = qs < lo + 63 || qs + AB_TILE > seq;
         coda_wgmma_fence();
         ab_issue_nt(s, sk + c * 8192, tq);
         ab_issue_nt(dp, sv + c * 8192, tdo);
         coda_wgmma_wait(1);
         AW_FENCE(s, AB_TILE / 2);
-        u32 keep = 0xffffffffu;
-#pragma unroll
-        for (int e = 0; e < AB_TILE / 2; e++) {
-            const int col = AB_COL(e, lane), qc = qs + col;
-            if (mask && !(qc >= kr + AB_ROW8(e) && qc < seq)) keep &= ~(1u << e);
-            s[e] = (keep >> e) & 1u ? exp2f(fmaf(s[e], sl2, -l2[col])) : 0.f; /* P^T */
-        }
+        const u32 keep = ab_kv_p(s, l2, qs, kr, seq, sl2, qs < lo + 63 || qs + AB_TILE > seq);
         coda_wgmma_wait(0);
         AW_FENCE(dp, AB_TILE / 2);
-#pragma unroll
-        for (int e = 0; e < AB_TILE / 2; e++) {
-            const int col = AB_COL(e, lane);
-            dp[e] = (keep >> e) & 1u ? s[e] * (dp[e] - dd[col]) : 0.f; /* dS^T */
-        }
+        ab_kv_ds(dp, s, dd, keep);
         aw_pack(s, pa, AB_TILE / 16);
         aw_pack(dp, pd, AB_TILE / 16);
         coda_wgmma_fence();
@@ -410,6 +453,59 @@ coda_attn_bwd_dq_wgmma_kernel(const __grid_constant__ coda_tmap t_qkv128, const 
     for (int i = 0; i < HD / 2; i++) dq[i] = 0.f;
 
     coda_mbar_wait(AB_BAR_BLOCK(bars), 0);
+#if CODA_AB_PIPE
+    /* Pipelined (FlashAttention-3's intra-warpgroup overlap): a step issues
+     * the next tile's S and dP before its own dq product, so the softmax
+     * of tile j + 1 runs while dq += dS_j k_j is on the tensor cores. In
+     * flight at the top of step j: S_j, dP_j, then dq_{j-1} (groups
+     * complete in order). The warpgroup's tiles are j < n_on; the later
+     * ones lie after every query of its rows and are only released. */
+    const int n_on = min(n_kv, lo / AB_TILE + 1);
+    /* tile 0's S and dP, P and dS */
+    coda_mbar_wait(AB_BAR_FULL(bars, 0), 0);
+    coda_wgmma_fence();
+    ab_issue_nt(s, sq + c * 8192, sk);
+    ab_issue_nt(dp, sdo + c * 8192, sv);
+    coda_wgmma_wait(1);
+    AW_FENCE(s, AB_TILE / 2);
+    u32 keep = ab_q_p(s, l2, 0, row0, seq, sl2, 1);
+    coda_wgmma_wait(0);
+    AW_FENCE(dp, AB_TILE / 2);
+    ab_q_ds(dp, s, dd, keep);
+    aw_pack(dp, pd, AB_TILE / 16);
+    /* tile j: S_j and dP_j, then dq += dS_{j-1} k_{j-1}; the softmax of j
+     * while those run; nothing left in flight at the end of a step */
+    for (int j = 1; j < n_on; j++) {
+        const int st = j % AB_STAGES, sp = (j - 1) % AB_STAGES, k0 = j * AB_TILE;
+        coda_mbar_wait(AB_BAR_FULL(bars, st), (u32)(j / AB_STAGES) & 1u);
+        coda_wgmma_fence();
+        ab_issue_nt(s, sq + c * 8192, sk + st * AB_SMALL);
+        ab_issue_nt(dp, sdo + c * 8192, sv + st * AB_SMALL);
+        aw_issue_rs(dq, pd, sk + sp * AB_SMALL, AB_TILE / 16, AB_SMALL_CHUNK);
+        coda_wgmma_commit();
+        coda_wgmma_wait(2);
+        AW_FENCE(s, AB_TILE / 2);
+        keep = ab_q_p(s, l2, k0, row0, seq, sl2, k0 + 63 > lo || k0 + AB_TILE > seq);
+        coda_wgmma_wait(1);
+        AW_FENCE(dp, AB_TILE / 2);
+        ab_q_ds(dp, s, dd, keep);
+        coda_wgmma_wait(0); /* dq's product of tile j - 1: its stage goes back */
+        ab_release(bars, sp);
+        aw_pack(dp, pd, AB_TILE / 16);
+    }
+    const int sl = (n_on - 1) % AB_STAGES;
+    coda_wgmma_fence();
+    aw_issue_rs(dq, pd, sk + sl * AB_SMALL, AB_TILE / 16, AB_SMALL_CHUNK);
+    coda_wgmma_commit();
+    coda_wgmma_wait(0);
+    AW_FENCE(dq, HD / 2);
+    ab_release(bars, sl);
+    for (int j = n_on; j < n_kv; j++) {
+        const int st = j % AB_STAGES;
+        coda_mbar_wait(AB_BAR_FULL(bars, st), (u32)(j / AB_STAGES) & 1u);
+        ab_release(bars, st);
+    }
+#else
     for (int j = 0; j < n_kv; j++) {
         const int st = j % AB_STAGES, k0 = j * AB_TILE;
         coda_mbar_wait(AB_BAR_FULL(bars, st), (u32)(j / AB_STAGES) & 1u);
@@ -418,24 +514,15 @@ coda_attn_bwd_dq_wgmma_kernel(const __grid_constant__ coda_tmap t_qkv128, const 
             continue;
         }
         const u32 tk = sk + st * AB_SMALL, tv = sv + st * AB_SMALL;
-        const int mask = k0 + 63 > lo || k0 + AB_TILE > seq;
         coda_wgmma_fence();
         ab_issue_nt(s, sq + c * 8192, tk);
         ab_issue_nt(dp, sdo + c * 8192, tv);
         coda_wgmma_wait(1);
         AW_FENCE(s, AB_TILE / 2);
-        u32 keep = 0xffffffffu;
-#pragma unroll
-        for (int e = 0; e < AB_TILE / 2; e++) {
-            const int kc = k0 + AB_COL(e, lane), r = (e >> 1) & 1;
-            if (mask && !(kc <= row0 + 8 * r && kc < seq)) keep &= ~(1u << e);
-            s[e] = (keep >> e) & 1u ? exp2f(fmaf(s[e], sl2, -l2[r])) : 0.f; /* P */
-        }
+        const u32 keep = ab_q_p(s, l2, k0, row0, seq, sl2, k0 + 63 > lo || k0 + AB_TILE > seq);
         coda_wgmma_wait(0);
         AW_FENCE(dp, AB_TILE / 2);
-#pragma unroll
-        for (int e = 0; e < AB_TILE / 2; e++)
-            dp[e] = (keep >> e) & 1u ? s[e] * (dp[e] - dd[(e >> 1) & 1]) : 0.f; /* dS */
+        ab_q_ds(dp, s, dd, keep);
         aw_pack(dp, pd, AB_TILE / 16);
         coda_wgmma_fence();
         aw_issue_rs(dq, pd, tk, AB_TILE / 16, AB_SMALL_CHUNK);
@@ -444,6 +531,8 @@ coda_attn_bwd_dq_wgmma_kernel(const __grid_constant__ coda_tmap t_qkv128, const 
         AW_FENCE(dq, HD / 2);
         ab_release(bars, st);
     }
+
+#endif
 
     ab_store(dq, p.scale, (float *)p.out + (long long)b * seq * p.ld_out + h * HD, p.ld_out, row0, seq);
 }
