@@ -1154,7 +1154,7 @@ def scale_(ctx, t, s):
                         % (type(t).__name__, type(s).__name__))
     if s.numel() != 1:
         raise ValueError("coda: scale_: s must have one element, got shape %s" % (tuple(s.shape),))
-    s1 = s.detach().reshape(1).to(torch.float32)
+    s1 = s.reshape(1) if s.dtype == torch.float32 else s.reshape(1).to(torch.float32)
     _check(lib.coda_scale(ctx.handle, _opt(t), _opt(s1), _stream(t, s1)))
     return t
 
