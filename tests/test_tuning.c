@@ -11,15 +11,19 @@ static void with_env(const char *const *kv, int n) {
 
 int main(void) {
     static const char *const names[] = {"CODA_GEMM_CFG", "CODA_STREAMK", "CODA_DEBUG_CLUSTERS", "CODA_DEBUG_L2",
-                                        "CODA_DEBUG_NO_RING", "CODA_DEBUG_LAUNCH", "CODA_DEBUG_OPTS"};
-    for (int i = 0; i < 7; i++) unsetenv(names[i]);
+                                        "CODA_DEBUG_NO_RING", "CODA_DEBUG_LAUNCH", "CODA_DEBUG_OPTS",
+                                        "CODA_DEBUG_ATTN_STAGES", "CODA_DEBUG_ATTN_PIPE"};
+    const int n_names = (int)(sizeof names / sizeof names[0]);
+    for (int i = 0; i < n_names; i++) unsetenv(names[i]);
 
     coda_context_t *ctx;
     REQUIRE_OK(coda_context_create(NULL, &ctx));
     coda__tuning_t t = coda__get_tuning(ctx);
     CHECK(t.gemm_cfg == -1 && t.streamk == CODA_STREAMK_AUTO && t.clusters == 0 && t.l2_promotion == 3 &&
-              !t.no_ring && !t.log_launch && !t.extra_opts[0] && t.code_key == 0,
-          "defaults: cfg %d streamk %d clusters %d l2 %d", t.gemm_cfg, t.streamk, t.clusters, t.l2_promotion);
+              !t.no_ring && !t.log_launch && !t.extra_opts[0] && t.code_key == 0 && t.attn_stages == 0 &&
+              t.attn_pipe == -1,
+          "defaults: cfg %d streamk %d clusters %d l2 %d attn stages %d pipe %d", t.gemm_cfg, t.streamk, t.clusters,
+          t.l2_promotion, t.attn_stages, t.attn_pipe);
 
     /* set after the context exists: no effect on it */
     setenv("CODA_GEMM_CFG", "3", 1);
@@ -28,12 +32,14 @@ int main(void) {
 
     static const char *const env[] = {"CODA_GEMM_CFG", "4", "CODA_STREAMK", "a", "CODA_DEBUG_CLUSTERS", "64",
                                       "CODA_DEBUG_L2", "1", "CODA_DEBUG_NO_RING", "1", "CODA_DEBUG_LAUNCH", "1",
-                                      "CODA_DEBUG_OPTS", "-DX=1 -DY=2"};
-    with_env(env, 14);
+                                      "CODA_DEBUG_OPTS", "-DX=1 -DY=2", "CODA_DEBUG_ATTN_STAGES", "4",
+                                      "CODA_DEBUG_ATTN_PIPE", "0"};
+    with_env(env, 18);
     REQUIRE_OK(coda_context_create(NULL, &ctx));
     t = coda__get_tuning(ctx);
     CHECK(t.gemm_cfg == 4 && t.streamk == CODA_STREAMK_ALL && t.clusters == 64 && t.l2_promotion == 1 &&
-              t.no_ring && t.log_launch && strcmp(t.extra_opts, "-DX=1 -DY=2") == 0 && t.code_key != 0,
+              t.no_ring && t.log_launch && strcmp(t.extra_opts, "-DX=1 -DY=2") == 0 && t.code_key != 0 &&
+              t.attn_stages == 4 && t.attn_pipe == 0,
           "from the environment: cfg %d streamk %d clusters %d l2 %d opts '%s'", t.gemm_cfg, t.streamk,
           t.clusters, t.l2_promotion, t.extra_opts);
     uint64_t key = t.code_key;
@@ -41,15 +47,17 @@ int main(void) {
 
     /* values the variables do not spell are the defaults */
     static const char *const odd[] = {"CODA_GEMM_CFG", "12", "CODA_STREAMK", "yes", "CODA_DEBUG_L2", "7",
-                                      "CODA_DEBUG_CLUSTERS", "-3"};
-    for (int i = 0; i < 7; i++) unsetenv(names[i]);
-    with_env(odd, 8);
+                                      "CODA_DEBUG_CLUSTERS", "-3", "CODA_DEBUG_ATTN_STAGES", "5",
+                                      "CODA_DEBUG_ATTN_PIPE", "2"};
+    for (int i = 0; i < n_names; i++) unsetenv(names[i]);
+    with_env(odd, 12);
     REQUIRE_OK(coda_context_create(NULL, &ctx));
     t = coda__get_tuning(ctx);
-    CHECK(t.gemm_cfg == -1 && t.streamk == CODA_STREAMK_AUTO && t.l2_promotion == 3 && t.clusters == 0,
-          "unspelled values: cfg %d streamk %d l2 %d clusters %d", t.gemm_cfg, t.streamk, t.l2_promotion,
-          t.clusters);
-    for (int i = 0; i < 7; i++) unsetenv(names[i]);
+    CHECK(t.gemm_cfg == -1 && t.streamk == CODA_STREAMK_AUTO && t.l2_promotion == 3 && t.clusters == 0 &&
+              t.attn_stages == 0 && t.attn_pipe == -1,
+          "unspelled values: cfg %d streamk %d l2 %d clusters %d attn stages %d pipe %d", t.gemm_cfg, t.streamk,
+          t.l2_promotion, t.clusters, t.attn_stages, t.attn_pipe);
+    for (int i = 0; i < n_names; i++) unsetenv(names[i]);
 
     /* coda__set_tuning: refused values change nothing */
     coda__tuning_t before = coda__get_tuning(ctx), bad = before;
@@ -64,6 +72,17 @@ int main(void) {
     bad = before;
     bad.clusters = -1;
     CHECK_STATUS(coda__set_tuning(ctx, &bad), CODA_ERR_INVALID_ARG);
+    static const int bad_stages[] = {1, 5, -1}, bad_pipe[] = {2, -2};
+    for (int i = 0; i < 3; i++) {
+        bad = before;
+        bad.attn_stages = bad_stages[i];
+        CHECK_STATUS(coda__set_tuning(ctx, &bad), CODA_ERR_INVALID_ARG);
+    }
+    for (int i = 0; i < 2; i++) {
+        bad = before;
+        bad.attn_pipe = bad_pipe[i];
+        CHECK_STATUS(coda__set_tuning(ctx, &bad), CODA_ERR_INVALID_ARG);
+    }
     bad = before;
     memset(bad.extra_opts, 'x', sizeof bad.extra_opts);
     CHECK_STATUS(coda__set_tuning(ctx, &bad), CODA_ERR_INVALID_ARG);
