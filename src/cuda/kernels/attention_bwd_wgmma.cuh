@@ -454,12 +454,12 @@ coda_attn_bwd_dq_wgmma_kernel(const __grid_constant__ coda_tmap t_qkv128, const 
 
     coda_mbar_wait(AB_BAR_BLOCK(bars), 0);
 #if CODA_AB_PIPE
-    /* Pipelined (FlashAttention-3's intra-warpgroup overlap): a step issues
-     * the next tile's S and dP before its own dq product, so the softmax
-     * of tile j + 1 runs while dq += dS_j k_j is on the tensor cores. In
-     * flight at the top of step j: S_j, dP_j, then dq_{j-1} (groups
-     * complete in order). The warpgroup's tiles are j < n_on; the later
-     * ones lie after every query of its rows and are only released. */
+    /* Pipelined (FlashAttention-3's intra-warpgroup overlap): step j issues
+     * tile j's S and dP and then tile j - 1's dq product (its dS packed by
+     * the step before), so tile j's softmax runs while dP_j and dq_{j-1}
+     * are on the tensor cores; the groups complete in that order. The
+     * warpgroup's tiles are j < n_on; the later ones lie after every query
+     * of its rows and are only released. */
     const int n_on = min(n_kv, lo / AB_TILE + 1);
     /* tile 0's S and dP, P and dS */
     coda_mbar_wait(AB_BAR_FULL(bars, 0), 0);
@@ -468,7 +468,7 @@ coda_attn_bwd_dq_wgmma_kernel(const __grid_constant__ coda_tmap t_qkv128, const 
     ab_issue_nt(dp, sdo + c * 8192, sv);
     coda_wgmma_wait(1);
     AW_FENCE(s, AB_TILE / 2);
-    u32 keep = ab_q_p(s, l2, 0, row0, seq, sl2, 1);
+    u32 keep = ab_q_p(s, l2, 0, row0, seq, sl2, 63 > lo || AB_TILE > seq);
     coda_wgmma_wait(0);
     AW_FENCE(dp, AB_TILE / 2);
     ab_q_ds(dp, s, dd, keep);
