@@ -16,7 +16,6 @@ void coda__tuning_from_env(coda__tuning_t *t) {
     t->gemm_cfg = -1;
     t->streamk = CODA_STREAMK_AUTO;
     t->l2_promotion = 3;
-    t->attn_pipe = -1;
     int c = one_char("CODA_GEMM_CFG");
     if (c >= '0' && c <= '9') t->gemm_cfg = c - '0';
     c = one_char("CODA_STREAMK");
