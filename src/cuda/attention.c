@@ -35,7 +35,7 @@
 static const char *const attn_files[] = {"gemm_prelude.cuh", "gemm_wgmma.cuh", "attention.cuh",
                                          "attention_wgmma.cuh", "attention_bwd_wgmma.cuh"};
 #define N_ATTN_FILES (sizeof attn_files / sizeof attn_files[0])
-#define N_OPTS 7
+#define N_OPTS 8
 
 /* The kernels' argument block (attention.cuh's coda_attn_args_t). */
 typedef struct {
@@ -80,7 +80,8 @@ static int smem_bwd_wgmma(int hd, int stages, int kind) {
  * have). */
 #define BWD_STAGES 3
 /* Pipelining of the dq kernel (CODA_AB_PIPE): 1 its steps overlapped, 0 one
- * at a time; tuning's attn_pipe overrides. (Overlapping dk/dv's steps the
+ * at a time; the same switch turns the forward's ping-pong between its two
+ * consumer warpgroups on (CODA_AW_PINGPONG); tuning's attn_pipe overrides. (Overlapping dk/dv's steps the
  * same way, at HD 64 where the registers would fit, ptxas serialised the
  * products for lack of registers and it ran at 175 against 211.) */
 #define BWD_PIPE 1
@@ -100,7 +101,7 @@ typedef struct {
     const char *opts[N_OPTS];
     int hd;
     int stages, pipe;   /* the backward's CODA_AB_STAGES and CODA_AB_PIPE */
-    char stages_opt[32], pipe_opt[32];
+    char stages_opt[32], pipe_opt[32], pingpong_opt[32];
     void *stream;
 } launcher_t;
 
@@ -244,6 +245,8 @@ coda_status_t coda__cuda_attention(coda_context_t *ctx, const coda_attention_sha
     snprintf(L.pipe_opt, sizeof L.pipe_opt, "-DCODA_AB_PIPE=%d", L.pipe);
     L.opts[5] = L.stages_opt;
     L.opts[6] = L.pipe_opt;
+    snprintf(L.pingpong_opt, sizeof L.pingpong_opt, "-DCODA_AW_PINGPONG=%d", L.pipe);
+    L.opts[7] = L.pingpong_opt;
 
     attn_args_t a;
     memset(&a, 0, sizeof a);

@@ -19,14 +19,21 @@
  * 0 the defaults (attention_wgmma.cuh's forward, attention_bwd_wgmma.cuh's
  * dk/dv and dq kernels), 1 the same with the fused one-kernel backward
  * (CODA_DEBUG_ATTN_FUSED_BWD), 2 the mma.sync kernels of attention.cuh
- * (CODA_DEBUG_ATTN_MMA). */
-static const char *const kernel_names[] = {"wgmma (dk/dv, dq kernels)", "wgmma, fused backward (CODA_DEBUG_ATTN_FUSED_BWD)",
-                                           "mma.sync (CODA_DEBUG_ATTN_MMA)"};
-static int use_mma;
+ * (CODA_DEBUG_ATTN_MMA), 3 the wgmma kernels' serial schedules (a block a
+ * forward tile, no ping-pong, the dq kernel one step at a time:
+ * CODA_DEBUG_ATTN_PIPE=0). Sets 0-2 keep the environment's attn_pipe (the
+ * A/B runs of "bench"). */
+#define N_KERNEL_SETS 4
+static const char *const kernel_names[N_KERNEL_SETS] = {
+    "wgmma (dk/dv, dq kernels)", "wgmma, fused backward (CODA_DEBUG_ATTN_FUSED_BWD)",
+    "mma.sync (CODA_DEBUG_ATTN_MMA)", "wgmma, serial schedules (CODA_DEBUG_ATTN_PIPE=0)"};
+static int use_mma, env_pipe = -2;
 static void tune_attn(coda_context_t *ctx, int kernels) {
     coda__tuning_t t = coda__get_tuning(ctx);
+    if (env_pipe == -2) env_pipe = t.attn_pipe;
     t.attn_mma = kernels == 2;
     t.attn_fused_bwd = kernels == 1;
+    t.attn_pipe = kernels == 3 ? 0 : env_pipe;
     tune_set(ctx, &t);
     use_mma = kernels == 2;
 }
@@ -279,6 +286,8 @@ static void test_shapes(coda_context_t *ctx) {
         {1, 1, 1, 1, 64},   {2, 77, 4, 2, 64},  {1, 64, 2, 1, 128}, {3, 129, 6, 3, 128},
         {1, 300, 4, 4, 64}, {2, 191, 8, 2, 128}, {1, 520, 2, 1, 128}, {1, 257, 4, 1, 64},
         {1, 1100, 2, 1, 128}, /* 9 key tiles of 128: the stage ring wraps four times */
+        /* many short sequences and heads: more blocks than the H200 has SMs */
+        {8, 130, 24, 8, 128}, {6, 200, 24, 8, 64},
     };
     static const char *names[5] = {"o", "lse", "dq", "dk", "dv"};
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
@@ -470,7 +479,7 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "bench")) bench_it = 1;
         else if (!strncmp(argv[i], "pass=", 5)) only = atoi(argv[i] + 5);
     }
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < N_KERNEL_SETS; k++) {
         if (only >= 0 && k != only) continue;
         tune_attn(ctx, k);
         printf("== attention: %s\n", kernel_names[k]);

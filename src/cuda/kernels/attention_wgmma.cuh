@@ -23,6 +23,11 @@
  *                    with the next tile's S issued before this tile's P v,
  *                    so the softmax of one overlaps the product of the other
  *                    (FlashAttention-3's intra-warpgroup overlap).
+ * With CODA_AW_PINGPONG (an NVRTC option from attention.c) the two
+ * consumers also take turns at the tensor cores (FlashAttention-3's
+ * ping-pong): a warpgroup issues its products only when the other has
+ * issued its own and passed the turn (named barriers 4 + c), so one's
+ * softmax runs under the other's products instead of both contending.
  * Only the last key tile of a block (the diagonal, and the sequence's end)
  * is masked; tiles past it are never loaded.
  *
@@ -138,6 +143,24 @@ static __device__ __forceinline__ void aw_issue_pv(float *o, u32 (*pa)[4], u32 v
     coda_wgmma_commit();
 }
 
+/* The ping-pong's turn: warpgroup c waits on barrier 4 + c before it
+ * issues and passes to 4 + (1 - c) after (256 threads: 128 wait, 128 of the
+ * other arrive). Warpgroup 1 passes once before its first turn, so 0 goes
+ * first, and skips its pass after its last, so every arrival is waited for. */
+#ifndef CODA_AW_PINGPONG
+#define CODA_AW_PINGPONG 0
+#endif
+#if CODA_AW_PINGPONG
+#define AW_TURN_WAIT(c) coda_turn_wait(4 + (c))
+#define AW_TURN_PASS(c, last) \
+    do {                      \
+        if (!((c) == 1 && (last))) coda_turn_pass(5 - (c)); \
+    } while (0)
+#else
+#define AW_TURN_WAIT(c) ((void)0)
+#define AW_TURN_PASS(c, last) ((void)0)
+#endif
+
 #define AW_FENCE(v, n)                                                          \
     do {                                                                        \
         _Pragma("unroll") for (int i_ = 0; i_ < (n); i_++) coda_fence_reg((v)[i_]); \
@@ -199,10 +222,15 @@ coda_attn_fwd_wgmma_kernel(const __grid_constant__ coda_tmap tmap, coda_attn_arg
 #pragma unroll
     for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
 
+#if CODA_AW_PINGPONG
+    if (c == 1) coda_turn_pass(4);
+#endif
     coda_mbar_wait(BAR_Q, 0);
     coda_mbar_wait(BAR_K(0), 0);
+    AW_TURN_WAIT(c);
     coda_wgmma_fence();
     aw_issue_s(s, qa, sk);
+    AW_TURN_PASS(c, 0);
     coda_wgmma_wait(0);
     AW_FENCE(s, AW_BN / 2);
     aw_softmax(s, 0, row0, seq, n_kv == 1, sl2, m, l, alpha);
@@ -211,10 +239,12 @@ coda_attn_fwd_wgmma_kernel(const __grid_constant__ coda_tmap tmap, coda_attn_arg
     for (int j = 1; j < n_kv; j++) {
         const int s_now = j % AW_STAGES, s_prev = (j - 1) % AW_STAGES;
         coda_mbar_wait(BAR_K(s_now), (u32)(j / AW_STAGES) & 1u);
+        AW_TURN_WAIT(c);
         coda_wgmma_fence();
         aw_issue_s(s, qa, sk + s_now * AW_TILE_BYTES);
         coda_mbar_wait(BAR_V(s_prev), (u32)((j - 1) / AW_STAGES) & 1u);
         aw_issue_pv(o, pa, sv + s_prev * AW_TILE_BYTES);
+        AW_TURN_PASS(c, 0);
         coda_wgmma_wait(1); /* S done, P v of the previous tile in flight */
         AW_FENCE(s, AW_BN / 2);
         aw_softmax(s, j * AW_BN, row0, seq, j == n_kv - 1, sl2, m, l, alpha);
@@ -230,8 +260,10 @@ coda_attn_fwd_wgmma_kernel(const __grid_constant__ coda_tmap tmap, coda_attn_arg
     {
         const int s_last = (n_kv - 1) % AW_STAGES;
         coda_mbar_wait(BAR_V(s_last), (u32)((n_kv - 1) / AW_STAGES) & 1u);
+        AW_TURN_WAIT(c);
         coda_wgmma_fence();
         aw_issue_pv(o, pa, sv + s_last * AW_TILE_BYTES);
+        AW_TURN_PASS(c, 1);
         coda_wgmma_wait(0);
         AW_FENCE(o, HD / 2);
     }
