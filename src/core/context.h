@@ -37,7 +37,7 @@ typedef struct coda__tuning {
     int attn_mma;        /* CODA_DEBUG_ATTN_MMA: attention on the mma.sync kernels       */
     int attn_fused_bwd;  /* CODA_DEBUG_ATTN_FUSED_BWD: the one-kernel wgmma backward (slower) */
     int attn_stages;     /* CODA_DEBUG_ATTN_STAGES: the wgmma backward's ring, 2..4 stages; 0 default */
-    int attn_pipe;       /* CODA_DEBUG_ATTN_PIPE: its dq kernel pipelined (1) or not (0); -1 default */
+    int attn_pipe;       /* CODA_DEBUG_ATTN_PIPE: the dq kernel pipelined and the forward's ping-pong (1) or neither (0); -1 default */
     char extra_opts[CODA_TUNING_OPTS_CAP]; /* CODA_DEBUG_OPTS: up to 4 more NVRTC options */
     uint64_t code_key;   /* hash of extra_opts (0 when empty); set by coda__set_tuning    */
 } coda__tuning_t;
