@@ -63,9 +63,13 @@ static int fwd_threads(int hd) { return FWD_ROWS / (hd == 128 ? 32 : 16) * 32; }
  * 128 statistics, the fused kernel's two dS^T buffers (128 x 64 bf16), five
  * mbarriers, the slack. */
 enum { BWD_DQ, BWD_DKDV, BWD_FUSED };
+/* Rows of the dk/dv kernel's query tiles (AB_KV_QT): 128 at head_dim 64,
+ * 64 at 128 (the fused kernel takes 64 in the same room). */
+static int kv_tile_rows(int hd) { return hd == 64 ? 128 : 64; }
 static int smem_bwd_wgmma(int hd, int stages, int kind) {
-    int at = 2 * (hd / 64) * 128 * 128 + stages * 2 * (hd / 64) * 64 * 128; /* block operands, the ring */
-    if (kind != BWD_DQ) at += stages * 512;                                  /* the statistics */
+    const int rows = kind == BWD_DQ ? 64 : kv_tile_rows(hd);                  /* the ring's tiles (AB_KV_QT) */
+    int at = 2 * (hd / 64) * 128 * 128 + stages * 2 * (hd / 64) * rows * 128; /* block operands, the ring */
+    if (kind != BWD_DQ) at += stages * 2 * rows * 4;                          /* the statistics */
     if (kind == BWD_FUSED) at = (at + 1023) / 1024 * 1024 + 2 * 128 * 128;   /* dS^T, 1024-aligned */
     return at + 8 * (1 + 2 * stages) + 1024;
 }
@@ -162,8 +166,9 @@ static coda_status_t run_bwd_wgmma(launcher_t *L, const coda_attention_shape_t *
     CODA_TRY(seq_map(L->ctx, &qkv128, qkv, s, 128, "cuTensorMapEncodeTiled(qkv, 128 rows)"));
     CODA_TRY(seq_map(L->ctx, &qkv64, qkv, s, 64, "cuTensorMapEncodeTiled(qkv, 64 rows)"));
     CODA_TRY(seq_map(L->ctx, &do64, do_, s, 64, "cuTensorMapEncodeTiled(do, 64 rows)"));
+    CODA_TRY(seq_map(L->ctx, &do128, do_, s, 128, "cuTensorMapEncodeTiled(do, 128 rows)"));
     const unsigned blocks = (unsigned)coda__cdiv(s->seq, 128), batch = (unsigned)s->batch;
-    void *kv_args[] = {&qkv128, &qkv64, &do64, a};
+    void *kv_args[] = {&qkv128, &qkv64, &do64, a}; /* the fused kernel's query tiles: 64 rows */
     if (L->ctx->tuning.attn_fused_bwd) {
         const int64_t pad = coda__cdiv(s->seq, 128) * 128, plane = s->batch * s->n_heads * pad;
         struct coda_cuda *cu = L->ctx->cuda;
@@ -174,9 +179,10 @@ static coda_status_t run_bwd_wgmma(launcher_t *L, const coda_attention_shape_t *
         return launch(L, "coda_attn_bwd_wgmma_kernel", (unsigned)s->n_kv_heads, batch, blocks, 384,
                       smem_bwd_wgmma(L->hd, L->stages, BWD_FUSED), kv_args);
     }
-    CODA_TRY(seq_map(L->ctx, &do128, do_, s, 128, "cuTensorMapEncodeTiled(do, 128 rows)"));
+    const int wide = kv_tile_rows(L->hd) == 128;
+    void *dkdv_args[] = {&qkv128, wide ? &qkv128 : &qkv64, wide ? &do128 : &do64, a};
     CODA_TRY(launch(L, "coda_attn_bwd_dkdv_wgmma_kernel", (unsigned)s->n_kv_heads, batch, blocks, 384,
-                    smem_bwd_wgmma(L->hd, L->stages, BWD_DKDV), kv_args));
+                    smem_bwd_wgmma(L->hd, L->stages, BWD_DKDV), dkdv_args));
     void *q_args[] = {&qkv128, &qkv64, &do128, a};
     return launch(L, "coda_attn_bwd_dq_wgmma_kernel", (unsigned)s->n_heads, batch, blocks, 384,
                   smem_bwd_wgmma(L->hd, L->stages, BWD_DQ), q_args);

@@ -60,11 +60,18 @@
 #define AB_SMALL_CHUNK (AB_TILE * 128)    /* ... of a streamed tile         */
 #define AB_BIG (HD / 64 * AB_BIG_CHUNK)
 #define AB_SMALL (HD / 64 * AB_SMALL_CHUNK)
-#define AB_STAT_BYTES (2 * AB_TILE * 4)   /* D and lse log2(e) of a tile    */
+/* dk/dv's query tiles: 128 rows at HD 64 (64 would make every product
+ * short: S^T and dP^T m64n64 over 64, dv and dk over 64), 64 at HD 128
+ * (128 would not fit in the registers beside dk and dv); the fused kernel
+ * keeps 64 in the same room (its dq turn is per 64-query tile) */
+#define AB_KV_QT (HD == 64 ? 128 : 64)
+#define AB_KV_CHUNK (AB_KV_QT * 128)      /* one 64-column chunk of a dk/dv query tile */
+#define AB_KV_SMALL (HD / 64 * AB_KV_CHUNK)
+#define AB_STAT_BYTES (2 * AB_KV_QT * 4)  /* D and lse log2(e) of a query tile */
 #define AB_TILES_OFF (2 * AB_BIG)
-#define AB_STATS_OFF (AB_TILES_OFF + 2 * AB_STAGES * AB_SMALL)
+#define AB_STATS_OFF (AB_TILES_OFF + 2 * AB_STAGES * AB_KV_SMALL)
 #define AB_BARS_DKDV (AB_STATS_OFF + AB_STAGES * AB_STAT_BYTES)
-#define AB_BARS_DQ AB_STATS_OFF
+#define AB_BARS_DQ (AB_TILES_OFF + 2 * AB_STAGES * AB_SMALL)
 #define AB_DS_OFF ((AB_BARS_DKDV + 1023) & ~1023) /* fused: 2 dS^T buffers (wgmma operands: 1024-aligned) */
 #define AB_DS_BYTES (AB_ROWS * 128)            /* 128 keys x 64 queries bf16 */
 #define AB_BARS_FUSED (AB_DS_OFF + 2 * AB_DS_BYTES)
@@ -85,14 +92,24 @@ static __device__ __forceinline__ void ab_load(u32 dst, const coda_tmap *map, in
     for (int c = 0; c < HD / 64; c++) aw_tma_load3(dst + c * chunk_bytes, map, col0 + 64 * c, pos, b, bar);
 }
 
-/* acc (64 x 64) = a (64 rows of a 128-row block, K-major) . b^T (a 64-row
- * tile, K-major), over HD. */
-static __device__ __forceinline__ void ab_issue_nt(float *acc, u32 a, u32 b) {
+/* acc (64 x n) = a (64 rows of a 128-row block, K-major) . b^T (a tile of
+ * n = 64 or 128 rows, K-major, its 64-column chunks chunk bytes apart),
+ * over HD. */
+static __device__ __forceinline__ void ab_issue_nt_n(float *acc, u32 a, u32 b, const int n, const u32 chunk) {
 #pragma unroll
-    for (int kk = 0; kk < HD / 16; kk++)
-        coda_wgmma_n64(acc, coda_desc(a + (kk >> 2) * AB_BIG_CHUNK + (kk & 3) * 32, 16, 1024),
-                       coda_desc(b + (kk >> 2) * AB_SMALL_CHUNK + (kk & 3) * 32, 16, 1024), kk > 0);
+    for (int kk = 0; kk < HD / 16; kk++) {
+        const u64 da = coda_desc(a + (kk >> 2) * AB_BIG_CHUNK + (kk & 3) * 32, 16, 1024);
+        const u64 db = coda_desc(b + (kk >> 2) * chunk + (kk & 3) * 32, 16, 1024);
+        if (n == 128)
+            coda_wgmma_n128(acc, da, db, kk > 0);
+        else
+            coda_wgmma_n64(acc, da, db, kk > 0);
+    }
     coda_wgmma_commit();
+}
+/* The same with a 64-row tile (every product of the dq kernel). */
+static __device__ __forceinline__ void ab_issue_nt(float *acc, u32 a, u32 b) {
+    ab_issue_nt_n(acc, a, b, AB_TILE, AB_SMALL_CHUNK);
 }
 
 /* Column of element i of a thread's m64n64 accumulator, and its row (0 or 8
@@ -182,18 +199,18 @@ static __device__ __forceinline__ void ab_dq_turn(const float *dq, u32 *count, u
 }
 
 /* The elementwise part of a dk/dv step (the thread's keys kr and kr + 8,
- * the tile's queries from qs): P^T = exp2(S^T scale log2 e - lse log2 e)
+ * the tile's qt queries from qs): P^T = exp2(S^T scale log2 e - lse log2 e)
  * in place of S^T, masked by a select where the tile crosses the diagonal
  * or the end (what lies past either, NaN included, never leaks in); the
  * mask bits are returned for dS^T. */
-static __device__ __forceinline__ u32 ab_kv_p(float *s, const float *l2, int qs, int kr, int seq, float sl2,
-                                              int mask) {
+static __device__ __forceinline__ u64 ab_kv_p(float *s, const float *l2, int qs, int kr, int seq, float sl2,
+                                              int mask, const int qt) {
     const int lane = threadIdx.x & 31;
-    u32 keep = 0xffffffffu;
+    u64 keep = ~0ull;
 #pragma unroll
-    for (int e = 0; e < AB_TILE / 2; e++) {
+    for (int e = 0; e < qt / 2; e++) {
         const int col = AB_COL(e, lane), qc = qs + col;
-        if (mask && !(qc >= kr + AB_ROW8(e) && qc < seq)) keep &= ~(1u << e);
+        if (mask && !(qc >= kr + AB_ROW8(e) && qc < seq)) keep &= ~(1ull << e);
         const float pe = exp2f(fmaf(s[e], sl2, -l2[col])); /* computed always, then selected: no branch */
         s[e] = (keep >> e) & 1u ? pe : 0.f;
     }
@@ -201,10 +218,10 @@ static __device__ __forceinline__ u32 ab_kv_p(float *s, const float *l2, int qs,
 }
 
 /* dS^T = P^T (dP^T - D) in place of dP^T (D per query: the tile's column). */
-static __device__ __forceinline__ void ab_kv_ds(float *dp, const float *s, const float *dd, u32 keep) {
+static __device__ __forceinline__ void ab_kv_ds(float *dp, const float *s, const float *dd, u64 keep, const int qt) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int e = 0; e < AB_TILE / 2; e++) dp[e] = (keep >> e) & 1u ? s[e] * (dp[e] - dd[AB_COL(e, lane)]) : 0.f;
+    for (int e = 0; e < qt / 2; e++) dp[e] = (keep >> e) & 1u ? s[e] * (dp[e] - dd[AB_COL(e, lane)]) : 0.f;
 }
 
 /* The same for a dq step (the thread's queries row0 and row0 + 8, the
@@ -247,13 +264,13 @@ static __device__ __forceinline__ void ab_store_ds(u32 ds, u32 (*pd)[4], int kr)
 /* dk, dv (and with `fused`, dq) of one block of 128 keys: the body of
  * coda_attn_bwd_dkdv_wgmma_kernel (fused = 0, dq from its own kernel) and
  * coda_attn_bwd_wgmma_kernel (fused = 1). */
-static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const coda_tmap *t_qkv64,
-                                               const coda_tmap *t_do64, const coda_attn_args_t &p, const int fused) {
+static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const coda_tmap *t_q,
+                                               const coda_tmap *t_do, const coda_attn_args_t &p, const int fused) {
     extern __shared__ __align__(1024) unsigned char smem[];
     const u32 base = (coda_smem_addr(smem) + 1023u) & ~1023u;
     const u32 sk = base, sv = base + AB_BIG;                       /* (128 keys, HD) each */
-    const u32 sq = base + AB_TILES_OFF, sdo = sq + AB_STAGES * AB_SMALL; /* [s] (64 queries, HD) */
-    const u32 sst = base + AB_STATS_OFF;                           /* [s] D[64], lse2[64] */
+    const u32 sq = base + AB_TILES_OFF, sdo = sq + AB_STAGES * AB_KV_SMALL; /* [s] (qt queries, HD) */
+    const u32 sst = base + AB_STATS_OFF;                           /* [s] D[qt], lse2[qt] */
     const float *stats = (const float *)(smem + (sst - coda_smem_addr(smem)));
     const u32 sds = base + AB_DS_OFF;                              /* [2] dS^T (128 keys, 64 queries) */
     const u32 bars = base + (fused ? AB_BARS_FUSED : AB_BARS_DKDV);
@@ -262,7 +279,9 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
      * (ab_dq_turn's order) */
     const int jb = fused ? (int)gridDim.z - 1 - (int)blockIdx.z : (int)blockIdx.z, k0 = jb * AB_ROWS;
     const int group = p.n_heads / p.n_kv_heads, nq = p.n_heads * HD, nkv = p.n_kv_heads * HD;
-    const int qt0 = k0 / AB_TILE, n_qt = (seq + AB_TILE - 1) / AB_TILE - qt0;
+    /* the query tiles' rows (t_q and t_do have boxes of qt rows) */
+    const int qt = fused ? AB_TILE : AB_KV_QT;
+    const int qt0 = k0 / qt, n_qt = (seq + qt - 1) / qt - qt0;
     const int steps = group * n_qt; /* step i: head kvh group + i / n_qt, query tile qt0 + i % n_qt */
     const int wg = threadIdx.x / 128;
 
@@ -271,32 +290,38 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
     if (wg == 0) { /* producer: thread 0 the tiles (TMA), warp 1 the statistics */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
         if (threadIdx.x == 0) {
-            coda_prefetch_tmap(t_qkv64);
-            coda_prefetch_tmap(t_do64);
+            coda_prefetch_tmap(t_q);
+            coda_prefetch_tmap(t_do);
             coda_mbar_expect_tx(AB_BAR_BLOCK(bars), 2 * AB_BIG);
             ab_load(sk, t_qkv128, nq + kvh * HD, k0, b, AB_BIG_CHUNK, AB_BAR_BLOCK(bars));
             ab_load(sv, t_qkv128, nq + nkv + kvh * HD, k0, b, AB_BIG_CHUNK, AB_BAR_BLOCK(bars));
             for (int i = 0; i < steps; i++) {
-                const int s = i % AB_STAGES, h = kvh * group + i / n_qt, qs = (qt0 + i % n_qt) * AB_TILE;
+                const int s = i % AB_STAGES, h = kvh * group + i / n_qt, qs = (qt0 + i % n_qt) * qt;
                 const u32 full = AB_BAR_FULL(bars, s);
                 if (i >= AB_STAGES) coda_mbar_wait(AB_BAR_EMPTY(bars, s), (u32)(i / AB_STAGES - 1) & 1u);
-                coda_mbar_expect_tx(full, 2 * AB_SMALL);
-                ab_load(sq + s * AB_SMALL, t_qkv64, h * HD, qs, b, AB_SMALL_CHUNK, full);
-                ab_load(sdo + s * AB_SMALL, t_do64, h * HD, qs, b, AB_SMALL_CHUNK, full);
+                coda_mbar_expect_tx(full, 2 * (HD / 64) * qt * 128);
+                ab_load(sq + s * AB_KV_SMALL, t_q, h * HD, qs, b, qt * 128, full);
+                ab_load(sdo + s * AB_KV_SMALL, t_do, h * HD, qs, b, qt * 128, full);
             }
         } else if (threadIdx.x / 32 == 1) {
             /* Ordinary loads and stores, not a bulk copy: the consumers read
              * the statistics with ordinary loads too, so both directions
              * are ordered by the stage barriers alone (a bulk copy would
-             * write through the async proxy). Lanes 0-15: D, 16-31: lse2. */
-            const int lane = threadIdx.x & 31;
+             * write through the async proxy). qt / 2 float4 of a tile, qt
+             * / 4 of D then qt / 4 of lse2: one a lane at qt 64, two at
+             * 128 (the second loaded after the wait: in the warp's 24
+             * registers two in flight spilled). */
+            const int lane = threadIdx.x & 31, q4 = qt / 4;
             const long long plane = STAT_PLANE(p, gridDim.y);
             float4 *dst = (float4 *)(smem + (sst - coda_smem_addr(smem)));
             for (int i = 0; i < steps; i++) {
-                const int s = i % AB_STAGES, h = kvh * group + i / n_qt, qs = (qt0 + i % n_qt) * AB_TILE;
-                const float4 v = ((const float4 *)(p.dsum + STAT_AT(p, b, h, qs) + (lane < 16 ? 0 : plane)))[lane & 15];
+                const int s = i % AB_STAGES, h = kvh * group + i / n_qt, qs = (qt0 + i % n_qt) * qt;
+                const float *src = p.dsum + STAT_AT(p, b, h, qs);
+                const float4 v = ((const float4 *)(src + (lane < q4 ? 0 : plane)))[lane % q4];
                 if (i >= AB_STAGES) coda_mbar_wait(AB_BAR_EMPTY(bars, s), (u32)(i / AB_STAGES - 1) & 1u);
                 dst[s * (AB_STAT_BYTES / 16) + lane] = v;
+                if (qt == 128) /* lanes 32-63 of the tile's 64 float4: lse2 */
+                    dst[s * (AB_STAT_BYTES / 16) + 32 + lane] = ((const float4 *)(src + plane))[lane];
                 coda_mbar_arrive(AB_BAR_FULL(bars, s));
             }
         }
@@ -308,35 +333,35 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
     const int lo = k0 + 64 * c;                          /* the warpgroup's first key */
     const int kr = lo + 16 * (tid >> 5) + (lane >> 2);   /* the thread's keys: kr, kr + 8 */
     const float sl2 = p.scale * LOG2E;
-    float dk[HD / 2], dv[HD / 2], s[AB_TILE / 2], dp[AB_TILE / 2];
-    u32 pa[AB_TILE / 16][4], pd[AB_TILE / 16][4];
+    float dk[HD / 2], dv[HD / 2], s[AB_KV_QT / 2], dp[AB_KV_QT / 2];
+    u32 pa[AB_KV_QT / 16][4], pd[AB_KV_QT / 16][4];
 #pragma unroll
     for (int i = 0; i < HD / 2; i++) dk[i] = dv[i] = 0.f;
 
     coda_mbar_wait(AB_BAR_BLOCK(bars), 0);
     for (int i = 0; i < steps; i++) {
-        const int st = i % AB_STAGES, qs = (qt0 + i % n_qt) * AB_TILE;
+        const int st = i % AB_STAGES, qs = (qt0 + i % n_qt) * qt;
         coda_mbar_wait(AB_BAR_FULL(bars, st), (u32)(i / AB_STAGES) & 1u);
-        if (!fused && qs + AB_TILE - 1 < lo) { /* every query of the tile before every key of the warpgroup */
+        if (!fused && qs + qt - 1 < lo) { /* every query of the tile before every key of the warpgroup */
             ab_release(bars, st);
             continue;
         }
-        const u32 tq = sq + st * AB_SMALL, tdo = sdo + st * AB_SMALL;
-        const float *dd = stats + st * (AB_STAT_BYTES / 4), *l2 = dd + AB_TILE;
+        const u32 tq = sq + st * AB_KV_SMALL, tdo = sdo + st * AB_KV_SMALL;
+        const float *dd = stats + st * (AB_STAT_BYTES / 4), *l2 = dd + qt;
         coda_wgmma_fence();
-        ab_issue_nt(s, sk + c * 8192, tq);
-        ab_issue_nt(dp, sv + c * 8192, tdo);
+        ab_issue_nt_n(s, sk + c * 8192, tq, qt, qt * 128);
+        ab_issue_nt_n(dp, sv + c * 8192, tdo, qt, qt * 128);
         coda_wgmma_wait(1);
-        AW_FENCE(s, AB_TILE / 2);
-        const u32 keep = ab_kv_p(s, l2, qs, kr, seq, sl2, qs < lo + 63 || qs + AB_TILE > seq);
+        AW_FENCE(s, qt / 2);
+        const u64 keep = ab_kv_p(s, l2, qs, kr, seq, sl2, qs < lo + 63 || qs + qt > seq, qt);
         coda_wgmma_wait(0);
-        AW_FENCE(dp, AB_TILE / 2);
-        ab_kv_ds(dp, s, dd, keep);
-        aw_pack(s, pa, AB_TILE / 16);
-        aw_pack(dp, pd, AB_TILE / 16);
+        AW_FENCE(dp, qt / 2);
+        ab_kv_ds(dp, s, dd, keep, qt);
+        aw_pack(s, pa, qt / 16);
+        aw_pack(dp, pd, qt / 16);
         coda_wgmma_fence();
-        aw_issue_rs(dv, pa, tdo, AB_TILE / 16, AB_SMALL_CHUNK);
-        aw_issue_rs(dk, pd, tq, AB_TILE / 16, AB_SMALL_CHUNK);
+        aw_issue_rs(dv, pa, tdo, qt / 16, qt * 128);
+        aw_issue_rs(dk, pd, tq, qt / 16, qt * 128);
         coda_wgmma_commit();
         if (fused) ab_store_ds(sds + (i & 1) * AB_DS_BYTES, pd, 64 * c + 16 * (tid >> 5) + (lane >> 2));
         coda_wgmma_wait(0);
@@ -352,7 +377,7 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
             coda_fence_proxy_async();
             coda_consumer_sync();
             if (AB_DQ_SPLIT || c == (i & 1)) {
-                const int hq = kvh * group + i / n_qt, qt = qs / AB_TILE;
+                const int hq = kvh * group + i / n_qt, qti = qs / AB_TILE; /* the query tile's index */
                 const int col = AB_DQ_SPLIT ? 64 * c : 0; /* this product's first column */
                 const u32 dsb = sds + (i & 1) * AB_DS_BYTES, kb = sk + (col / 64) * AB_BIG_CHUNK;
                 float dq[AB_DQ_N / 2];
@@ -371,8 +396,8 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
                 AW_FENCE(dq, AB_DQ_N / 2);
                 /* one counter per (sequence, head, query tile, column half) */
                 u32 *count = (u32 *)(p.dsum + 2 * STAT_PLANE(p, gridDim.y)) +
-                             (((long long)b * p.n_heads + hq) * (STAT_PAD(seq) / AB_TILE) + qt) * 2 + col / 64;
-                ab_dq_turn(dq, count, (u32)((qt >> 1) - jb), p.scale,
+                             (((long long)b * p.n_heads + hq) * (STAT_PAD(seq) / AB_TILE) + qti) * 2 + col / 64;
+                ab_dq_turn(dq, count, (u32)((qti >> 1) - jb), p.scale,
                            (float *)p.out + (long long)b * seq * p.ld_out + hq * HD + col, p.ld_out,
                            qs + 16 * (tid >> 5) + (lane >> 2), seq, c);
             }
@@ -386,9 +411,9 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)
-coda_attn_bwd_dkdv_wgmma_kernel(const __grid_constant__ coda_tmap t_qkv128, const __grid_constant__ coda_tmap t_qkv64,
-                                const __grid_constant__ coda_tmap t_do64, coda_attn_args_t p) {
-    ab_dkdv(&t_qkv128, &t_qkv64, &t_do64, p, 0);
+coda_attn_bwd_dkdv_wgmma_kernel(const __grid_constant__ coda_tmap t_qkv128, const __grid_constant__ coda_tmap t_q,
+                                const __grid_constant__ coda_tmap t_do, coda_attn_args_t p) {
+    ab_dkdv(&t_qkv128, &t_q, &t_do, p, 0); /* t_q, t_do: boxes of AB_KV_QT rows */
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)
