@@ -60,8 +60,8 @@ static int smem_fwd(int hd) { return (FWD_ROWS + 4 * KV_TILE) * hd * 2; }
 static int fwd_threads(int hd) { return FWD_ROWS / (hd == 128 ? 32 : 16) * 32; }
 /* The wgmma backward (attention_bwd_wgmma.cuh's AB_SMEM_DQ, _DKDV, _FUSED):
  * two 128-row operands, 2 stages of two 64-row tiles, dk/dv's 2 stages of
- * 128 statistics, the fused kernel's two dS^T buffers (128 x 64 bf16), five
- * mbarriers, the slack. */
+ * 128 statistics, the fused kernel's two dS^T buffers (128 x 64 bf16) and
+ * two dq tiles, the mbarriers, the slack. */
 enum { BWD_DQ, BWD_DKDV, BWD_FUSED };
 /* Rows of the dk/dv kernel's query tiles (AB_KV_QT): 128 at head_dim 64,
  * 64 at 128 (the fused kernel takes 64 in the same room). */
@@ -70,7 +70,8 @@ static int smem_bwd_wgmma(int hd, int stages, int kind) {
     const int rows = kind == BWD_DQ ? 64 : kv_tile_rows(hd);                  /* the ring's tiles (AB_KV_QT) */
     int at = 2 * (hd / 64) * 128 * 128 + stages * 2 * (hd / 64) * rows * 128; /* block operands, the ring */
     if (kind != BWD_DQ) at += stages * 2 * rows * 4;                          /* the statistics */
-    if (kind == BWD_FUSED) at = (at + 1023) / 1024 * 1024 + 2 * 128 * 128;   /* dS^T, 1024-aligned */
+    if (kind == BWD_FUSED) /* P^T and dS^T (1024-aligned), 2 dq tiles (64 x hd f32), their 4 barriers */
+        at = (at + 1023) / 1024 * 1024 + 2 * 128 * 128 + 2 * 64 * hd * 4 + 8 * 4;
     return at + 8 * (1 + 2 * stages) + 1024;
 }
 
@@ -80,8 +81,7 @@ static int smem_bwd_wgmma(int hd, int stages, int kind) {
  * TFLOP/s at 1B / 8B / 70B; 4 stages serial 200 / 306 / 308; pipelined, 3
  * stages 215 / 318 / 319, 4 stages 211 / 319 / 319; H200, test_attention_gpu
  * bench, one call). Tuning's attn_stages overrides; the fused kernel at
- * HD 128 takes at most 3 (4 would need 72 bytes more than a block may
- * have). */
+ * HD 128 takes at most 2 (its dq tiles take the room of a third). */
 #define BWD_STAGES 3
 /* Pipelining of the dq kernel (CODA_AB_PIPE): 1 its steps overlapped, 0 one
  * at a time; the same switch turns the forward's ping-pong between its two
@@ -91,7 +91,7 @@ static int smem_bwd_wgmma(int hd, int stages, int kind) {
 #define BWD_PIPE 1
 static int bwd_stages(const coda_context_t *ctx, int hd) {
     int n = ctx->tuning.attn_stages ? ctx->tuning.attn_stages : BWD_STAGES;
-    return ctx->tuning.attn_fused_bwd && hd == 128 && n > 3 ? 3 : n;
+    return ctx->tuning.attn_fused_bwd && hd == 128 && n > 2 ? 2 : n;
 }
 static int smem_dq(int hd) { return (2 * BWD_ROWS + 4 * KV_TILE) * hd * 2; }
 static int smem_dkdv(int hd) {
@@ -137,17 +137,20 @@ static coda_status_t launch(launcher_t *L, const char *entry, unsigned gx, unsig
     return r == CUDA_SUCCESS ? CODA_OK : coda__cu_fail(cu, r, entry);
 }
 
-/* A TMA map of a (batch x seq, cols) bf16 matrix (qkv, or do) as (column,
- * position, sequence), boxes of 64 columns (128 bytes, swizzled) x `rows`
- * positions; positions past a sequence's end read as zeros. */
+/* A TMA map of a (batch x seq, cols) matrix, bf16 (qkv, do) or f32 (dqkv,
+ * which the fused backward adds dq into), as (column, position, sequence),
+ * boxes of 128 bytes of columns (swizzled) x `rows` positions; positions
+ * past a sequence's end read as zeros and are not written. */
 static coda_status_t seq_map(coda_context_t *ctx, CUtensorMap *map, const coda_tensor_t *t,
                              const coda_attention_shape_t *s, int rows, const char *what) {
+    const int f32 = t->dtype == CODA_F32;
     cuuint64_t dims[3] = {(cuuint64_t)t->shape[1], (cuuint64_t)s->seq, (cuuint64_t)s->batch};
     cuuint64_t strides[2] = {(cuuint64_t)t->stride[0], (cuuint64_t)(t->stride[0] * s->seq)};
-    cuuint32_t box[3] = {64, (cuuint32_t)rows, 1}, estr[3] = {1, 1, 1};
+    cuuint32_t box[3] = {f32 ? 32 : 64, (cuuint32_t)rows, 1}, estr[3] = {1, 1, 1};
     struct coda_cuda *cu = ctx->cuda;
     CODA_CU(cu,
-            cu->cu.TensorMapEncodeTiled(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, t->data, dims, strides, box,
+            cu->cu.TensorMapEncodeTiled(map, f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                                        3, t->data, dims, strides, box,
                                         estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
             what);
@@ -161,15 +164,21 @@ static coda_status_t seq_map(coda_context_t *ctx, CUtensorMap *map, const coda_t
  * the workspace, zeroed here first): 5 products instead of 7, but slower
  * as it stands (docs/attention.md). */
 static coda_status_t run_bwd_wgmma(launcher_t *L, const coda_attention_shape_t *s, const coda_tensor_t *qkv,
-                                   const coda_tensor_t *do_, attn_args_t *a) {
+                                   const coda_tensor_t *do_, const coda_tensor_t *out, attn_args_t *a) {
     CUtensorMap qkv128, qkv64, do128, do64;
     CODA_TRY(seq_map(L->ctx, &qkv128, qkv, s, 128, "cuTensorMapEncodeTiled(qkv, 128 rows)"));
     CODA_TRY(seq_map(L->ctx, &qkv64, qkv, s, 64, "cuTensorMapEncodeTiled(qkv, 64 rows)"));
     CODA_TRY(seq_map(L->ctx, &do64, do_, s, 64, "cuTensorMapEncodeTiled(do, 64 rows)"));
     CODA_TRY(seq_map(L->ctx, &do128, do_, s, 128, "cuTensorMapEncodeTiled(do, 128 rows)"));
     const unsigned blocks = (unsigned)coda__cdiv(s->seq, 128), batch = (unsigned)s->batch;
-    void *kv_args[] = {&qkv128, &qkv64, &do64, a}; /* the fused kernel's query tiles: 64 rows */
-    if (L->ctx->tuning.attn_fused_bwd) {
+    /* the fused kernel adds dq into dqkv by TMA, which wants it 16-byte
+     * aligned with rows a multiple of 16 bytes apart; where it is not, the
+     * two kernels */
+    const int dq_by_tma = (uintptr_t)out->data % 16 == 0 && out->stride[0] % 16 == 0;
+    if (L->ctx->tuning.attn_fused_bwd && dq_by_tma) {
+        CUtensorMap dqm;
+        CODA_TRY(seq_map(L->ctx, &dqm, out, s, 64, "cuTensorMapEncodeTiled(dqkv, 64 rows)"));
+        void *kv_args[] = {&qkv128, &qkv64, &do64, &dqm, a}; /* the fused kernel's query tiles: 64 rows */
         const int64_t pad = coda__cdiv(s->seq, 128) * 128, plane = s->batch * s->n_heads * pad;
         struct coda_cuda *cu = L->ctx->cuda;
         CODA_CU(cu,
@@ -189,7 +198,7 @@ static coda_status_t run_bwd_wgmma(launcher_t *L, const coda_attention_shape_t *
 }
 
 static coda_status_t run(launcher_t *L, const coda_attention_shape_t *s, const coda_tensor_t *qkv,
-                         const coda_tensor_t *do_, attn_args_t *a, int backward) {
+                         const coda_tensor_t *do_, const coda_tensor_t *out, attn_args_t *a, int backward) {
     const unsigned heads = (unsigned)s->n_heads, kv_heads = (unsigned)s->n_kv_heads, batch = (unsigned)s->batch;
     void *args[] = {a};
     if (!backward && !L->ctx->tuning.attn_mma) {
@@ -207,7 +216,7 @@ static coda_status_t run(launcher_t *L, const coda_attention_shape_t *s, const c
     void *pargs[] = {a, &rows};
     CODA_TRY(launch(L, "coda_attn_bwd_prep_kernel", (unsigned)(blocks < MAX_GRID ? blocks : MAX_GRID), 1, 1, 256,
                     0, pargs));
-    if (!L->ctx->tuning.attn_mma) return run_bwd_wgmma(L, s, qkv, do_, a);
+    if (!L->ctx->tuning.attn_mma) return run_bwd_wgmma(L, s, qkv, do_, out, a);
     unsigned tiles = (unsigned)coda__cdiv(s->seq, BWD_ROWS);
     CODA_TRY(launch(L, "coda_attn_bwd_dq_kernel", heads, batch, tiles, BWD_ROWS / 16 * 32, smem_dq(L->hd), args));
     return launch(L, "coda_attn_bwd_dkdv_kernel", kv_heads, batch, tiles, BWD_ROWS / 16 * 32, smem_dkdv(L->hd),
@@ -274,7 +283,7 @@ coda_status_t coda__cuda_attention(coda_context_t *ctx, const coda_attention_sha
 
     struct coda_cuda *cu = ctx->cuda;
     CODA_CU(cu, cu->cu.CtxPushCurrent(L.dev->pctx), "cuCtxPushCurrent");
-    coda_status_t s = run(&L, shape, qkv, do_, &a, backward);
+    coda_status_t s = run(&L, shape, qkv, do_, out, &a, backward);
     CUcontext prev;
     cu->cu.CtxPopCurrent(&prev);
     return s;

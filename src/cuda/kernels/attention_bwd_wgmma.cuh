@@ -72,17 +72,18 @@
 #define AB_STATS_OFF (AB_TILES_OFF + 2 * AB_STAGES * AB_KV_SMALL)
 #define AB_BARS_DKDV (AB_STATS_OFF + AB_STAGES * AB_STAT_BYTES)
 #define AB_BARS_DQ (AB_TILES_OFF + 2 * AB_STAGES * AB_SMALL)
-#define AB_DS_OFF ((AB_BARS_DKDV + 1023) & ~1023) /* fused: 2 dS^T buffers (wgmma operands: 1024-aligned) */
+#define AB_DS_OFF ((AB_BARS_DKDV + 1023) & ~1023) /* fused: P^T, dS^T (wgmma operands: 1024-aligned) */
 #define AB_DS_BYTES (AB_ROWS * 128)            /* 128 keys x 64 queries bf16 */
-#define AB_BARS_FUSED (AB_DS_OFF + 2 * AB_DS_BYTES)
-/* fused dq at HD 128: each warpgroup its 64 of the columns, every step (the
- * whole width would not fit beside dk and dv: 152 bytes of spills); at HD
- * 64 the two take turns with the whole width */
-#define AB_DQ_SPLIT (HD == 128)
-#define AB_DQ_N (AB_DQ_SPLIT ? HD / 2 : HD) /* columns of a dq product */
+/* fused: 2 dq tiles (64 queries x HD f32) that the writer thread adds
+ * into dq by TMA, as HD / 32 boxes of 32 columns (64 rows of 128 bytes,
+ * swizzled as the f32 map's 128-byte swizzle) */
+#define AB_DQB_OFF (AB_DS_OFF + 2 * AB_DS_BYTES)
+#define AB_DQB_BOX (AB_TILE * 128)
+#define AB_DQB_BYTES (HD / 32 * AB_DQB_BOX)
+#define AB_BARS_FUSED (AB_DQB_OFF + 2 * AB_DQB_BYTES)
 #define AB_SMEM_DKDV (AB_BARS_DKDV + 8 * (1 + 2 * AB_STAGES)) /* + 1024 of slack */
 #define AB_SMEM_DQ (AB_BARS_DQ + 8 * (1 + 2 * AB_STAGES))
-#define AB_SMEM_FUSED (AB_BARS_FUSED + 8 * (1 + 2 * AB_STAGES))
+#define AB_SMEM_FUSED (AB_BARS_FUSED + 8 * (5 + 2 * AB_STAGES)) /* + dq full[2], empty[2] */
 
 /* HD columns of `rows` positions from column col0 (one TMA per 64-column
  * chunk, chunk_bytes apart). */
@@ -136,16 +137,26 @@ static __device__ __forceinline__ void ab_store(const float *acc, float scale, f
 #define AB_BAR_BLOCK(bars) (bars)
 #define AB_BAR_FULL(bars, s) ((bars) + 8 + 8 * (s))
 #define AB_BAR_EMPTY(bars, s) ((bars) + 8 + 8 * AB_STAGES + 8 * (s))
+/* fused, dq tile d: both warpgroups' parts staged (the sum), read out by
+ * TMA */
+#define AB_BAR_DQ_FULL(bars, d) ((bars) + 8 + 16 * AB_STAGES + 8 * (d))
+#define AB_BAR_DQ_EMPTY(bars, d) ((bars) + 24 + 16 * AB_STAGES + 8 * (d))
 
 /* The barriers of a block: the block operands' (one arrival), each stage's
- * full (`full` arrivals) and empty (the consumers' 8 warps). */
-static __device__ __forceinline__ void ab_init_bars(u32 bars, u32 full) {
+ * full (`full` arrivals) and empty (every consumer thread); with `fused`,
+ * the two dq tiles' full and empty. */
+static __device__ __forceinline__ void ab_init_bars(u32 bars, u32 full, const int fused) {
     if (threadIdx.x == 0) {
         coda_mbar_init(AB_BAR_BLOCK(bars), 1);
         for (int s = 0; s < AB_STAGES; s++) {
             coda_mbar_init(AB_BAR_FULL(bars, s), full);
             coda_mbar_init(AB_BAR_EMPTY(bars, s), AW_CONSUMER_THREADS);
         }
+        if (fused)
+            for (int d = 0; d < 2; d++) {
+                coda_mbar_init(AB_BAR_DQ_FULL(bars, d), 128);
+                coda_mbar_init(AB_BAR_DQ_EMPTY(bars, d), 1);
+            }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -161,41 +172,128 @@ static __device__ __forceinline__ void ab_release(u32 bars, int s) {
     coda_mbar_arrive(AB_BAR_EMPTY(bars, s));
 }
 
-/* dq's share of one step of the fused kernel, in its turn: the
- * contributions to a 64-query tile come from the key blocks j = jmax ... 0
- * in that order (turn = jmax - j; the first stores, the others add), each
- * waiting for the one before it through the tile's counter in the
- * workspace. Blocks are launched with j descending, so a block only ever
- * waits for blocks launched before it. The order fixes the sum's rounding:
- * the result is the same run to run. The warpgroup's 128 threads: named
- * barrier 2 + c. */
-static __device__ __forceinline__ void ab_dq_turn(const float *dq, u32 *count, u32 turn, float scale, float *base,
-                                                  long long ld, int row0, int seq, int c) {
-    const int lane = threadIdx.x & 31, tid = threadIdx.x % 128;
-    if (tid == 0) {
+/* A consumer thread's part of a dq product (64 queries x 64 columns from
+ * col0, the thread's rows row and row + 8 of the tile), times scale, into
+ * the staged dq tile at buf (with `add`, added to what the other
+ * warpgroup's thread of the same place staged there): column col in box
+ * col / 32, 16-byte chunk
+ * (col % 32 / 4) ^ (row & 7), the layout the f32 map's 128-byte swizzle
+ * reads. A warp's float2 accesses cover every bank twice: two wavefronts. */
+static __device__ __forceinline__ void ab_dq_stage(const float *dq, float scale, u32 buf, int row, int col0,
+                                                   const int add) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int t = 0; t < 8; t++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int rr = row + 8 * r, col = col0 + 8 * t + 2 * (lane & 3);
+            const u32 at = buf + (col >> 5) * AB_DQB_BOX + rr * 128 + ((((col & 31) >> 2) ^ (rr & 7)) << 4) +
+                           (col & 3) * 4;
+            /* loaded and selected, not branched around: a branch here, on
+             * registers a wgmma wrote, made ptxas serialise the products */
+            float a0, b0;
+            asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(a0), "=f"(b0) : "r"(at) : "memory");
+            coda_st_shared_f32x2(at, fmaf(dq[4 * t + 2 * r], scale, add ? a0 : 0.f),
+                                 fmaf(dq[4 * t + 2 * r + 1], scale, add ? b0 : 0.f));
+        }
+}
+
+/* dq (64 queries x HD) = dS (64 queries x 64 keys, key-major at ds,
+ * 128-byte rows) . k (those 64 keys' rows from kb): both operands
+ * MN-major. Issued, not committed. */
+static __device__ __forceinline__ void ab_issue_dq(float *dq, u32 ds, u32 kb) {
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)
+#if HD == 128
+        coda_wgmma_mn_n128(dq, coda_desc(ds + kk * 2048, AB_DS_BYTES, 1024),
+                           coda_desc(kb + kk * 2048, AB_BIG_CHUNK, 1024), kk > 0);
+#else
+        coda_wgmma_mn_n64(dq, coda_desc(ds + kk * 2048, AB_DS_BYTES, 1024),
+                          coda_desc(kb + kk * 2048, AB_BIG_CHUNK, 1024), kk > 0);
+#endif
+}
+
+/* acc (64 keys x HD) += a (64 keys x 64 queries, key-major at a: 128-byte
+ * rows, swizzled) . b (the step's 64-query tile, N-major): dv += P^T do and
+ * dk += dS^T q of the fused kernel, both operands from shared memory.
+ * Issued, not committed. */
+static __device__ __forceinline__ void ab_issue_kn(float *acc, u32 a, u32 b) {
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)
+#if HD == 128
+        coda_wgmma_kn_n128(acc, coda_desc(a + kk * 32, 16, 1024), coda_desc(b + kk * 2048, AB_KV_CHUNK, 1024),
+                           1);
+#else
+        coda_wgmma_kn_n64(acc, coda_desc(a + kk * 32, 16, 1024), coda_desc(b + kk * 2048, AB_KV_CHUNK, 1024), 1);
+#endif
+}
+
+/* Step i of a dk/dv block: its query head (of the group's) and query tile.
+ * The split kernel goes head by head, each from the diagonal's tile on;
+ * the fused one from the last tile back, each tile over the group's heads,
+ * so that every key block reaches a (tile, head) at the same step of its
+ * own: ab_dq_writer's order costs no waiting when blocks start together. */
+static __device__ __forceinline__ void ab_kv_step(int i, int group, int n_qt, int qt0, const int fused, int *g,
+                                                  int *tile) {
+    *g = fused ? i % group : i / n_qt;
+    *tile = fused ? qt0 + n_qt - 1 - i / group : qt0 + i % n_qt;
+}
+
+/* 3-D TMA store (add = 0) or reduce-add (add = 1) of one f32 box from
+ * shared memory into global (column, position, sequence); positions past
+ * a sequence's end are not written. */
+static __device__ __forceinline__ void ab_tma_out3(const coda_tmap *map, u32 src, int col, int pos, int b, int add) {
+    if (add)
+        asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];"
+                     ::"l"((u64)map), "r"(src), "r"(col), "r"(pos), "r"(b)
+                     : "memory");
+    else
+        asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4}], [%1];"
+                     ::"l"((u64)map), "r"(src), "r"(col), "r"(pos), "r"(b)
+                     : "memory");
+}
+
+/* The fused kernel's dq writer (one thread of the producer warpgroup):
+ * step i's dq tile (head hq, 64-query tile qti), once both consumer
+ * warpgroups have staged their parts of it (the sum over the block's 128
+ * keys), goes into dq in its turn. The contributions to a tile come from
+ * the key blocks j = 0 ... jmax in that order (block j's turn is j: the
+ * first stores, the others add), each waiting for the one before it
+ * through the tile's counter in the workspace; blocks are launched with j
+ * ascending (the longest first), so a block only ever waits for blocks
+ * launched before it, and since every block walks the tiles from the last
+ * back (ab_kv_step), block j - 1 reaches a tile at the same step as block
+ * j. The order fixes the sum's rounding: the result is the same run to
+ * run. The consumers go on meanwhile: a staged tile is given back as soon
+ * as TMA has read it (wait_group.read), the counter once the adds are
+ * done. */
+static __device__ __forceinline__ void ab_dq_writer(const coda_tmap *t_dq, const coda_attn_args_t &p, u32 bars,
+                                                    u32 sdq, int steps, int group, int n_qt, int qt0, int h0,
+                                                    int jb, int b) {
+    u32 *counters = (u32 *)(p.dsum + 2 * STAT_PLANE(p, gridDim.y));
+    const u32 turn = (u32)jb;
+    coda_prefetch_tmap(t_dq);
+    for (int i = 0; i < steps; i++) {
+        int g, qti;
+        ab_kv_step(i, group, n_qt, qt0, 1, &g, &qti);
+        const int d = i & 1, hq = h0 + g;
+        u32 *count = counters + (((long long)b * p.n_heads + hq) * (STAT_PAD(p.seq) / AB_TILE) + qti) * 2;
+        coda_mbar_wait(AB_BAR_DQ_FULL(bars, d), (u32)(i >> 1) & 1u);
         u32 v;
         do {
             asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(count) : "memory");
         } while (v != turn);
-    }
-    coda_wg_sync(2 + c);
+        asm volatile("fence.proxy.async;" ::: "memory"); /* the last turn's adds (async proxy) before ours */
+        const u32 src = sdq + d * AB_DQB_BYTES;
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int row = row0 + 8 * r;
-        if (row >= seq) continue;
-        float *dst = base + (long long)row * ld + (lane & 3) * 2;
-#pragma unroll
-        for (int t = 0; t < AB_DQ_N / 8; t++) {
-            const float a = dq[4 * t + 2 * r] * scale, b = dq[4 * t + 2 * r + 1] * scale;
-            if (turn == 0)
-                *(float2 *)(dst + 8 * t) = make_float2(a, b);
-            else
-                asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(dst + 8 * t), "f"(a), "f"(b) : "memory");
-        }
+        for (int t = 0; t < HD / 32; t++) ab_tma_out3(t_dq, src + t * AB_DQB_BOX, hq * HD + 32 * t, qti * AB_TILE, b, turn > 0);
+        coda_bulk_commit();
+        coda_bulk_wait_read(0);
+        coda_mbar_arrive(AB_BAR_DQ_EMPTY(bars, d));
+        coda_bulk_wait(0);
+        asm volatile("fence.proxy.async;" ::: "memory"); /* our adds done before the counter says so */
+        asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(count), "r"(turn + 1) : "memory");
     }
-    __threadfence();
-    coda_wg_sync(2 + c);
-    if (tid == 0) asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(count), "r"(turn + 1) : "memory");
 }
 
 /* The elementwise part of a dk/dv step (the thread's keys kr and kr + 8,
@@ -265,7 +363,8 @@ static __device__ __forceinline__ void ab_store_ds(u32 ds, u32 (*pd)[4], int kr)
  * coda_attn_bwd_dkdv_wgmma_kernel (fused = 0, dq from its own kernel) and
  * coda_attn_bwd_wgmma_kernel (fused = 1). */
 static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const coda_tmap *t_q,
-                                               const coda_tmap *t_do, const coda_attn_args_t &p, const int fused) {
+                                               const coda_tmap *t_do, const coda_tmap *t_dq,
+                                               const coda_attn_args_t &p, const int fused) {
     extern __shared__ __align__(1024) unsigned char smem[];
     const u32 base = (coda_smem_addr(smem) + 1023u) & ~1023u;
     const u32 sk = base, sv = base + AB_BIG;                       /* (128 keys, HD) each */
@@ -273,22 +372,23 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
     const u32 sst = base + AB_STATS_OFF;                           /* [s] D[qt], lse2[qt] */
     const float *stats = (const float *)(smem + (sst - coda_smem_addr(smem)));
     const u32 sds = base + AB_DS_OFF;                              /* [2] dS^T (128 keys, 64 queries) */
+    const u32 sdq = base + AB_DQB_OFF;                             /* [2] dq (64 queries, HD) f32 */
     const u32 bars = base + (fused ? AB_BARS_FUSED : AB_BARS_DKDV);
     const int seq = p.seq, kvh = blockIdx.x, b = blockIdx.y;
-    /* split: block 0 (the most query tiles) first; fused: the last first
-     * (ab_dq_turn's order) */
-    const int jb = fused ? (int)gridDim.z - 1 - (int)blockIdx.z : (int)blockIdx.z, k0 = jb * AB_ROWS;
+    const int jb = blockIdx.z, k0 = jb * AB_ROWS; /* block 0 (the most query tiles) first */
     const int group = p.n_heads / p.n_kv_heads, nq = p.n_heads * HD, nkv = p.n_kv_heads * HD;
     /* the query tiles' rows (t_q and t_do have boxes of qt rows) */
     const int qt = fused ? AB_TILE : AB_KV_QT;
     const int qt0 = k0 / qt, n_qt = (seq + qt - 1) / qt - qt0;
-    const int steps = group * n_qt; /* step i: head kvh group + i / n_qt, query tile qt0 + i % n_qt */
+    const int steps = group * n_qt; /* step i: ab_kv_step's head (of kvh's group) and query tile */
     const int wg = threadIdx.x / 128;
 
-    ab_init_bars(bars, 1 + 32); /* the TMA thread's expect_tx, the statistics warp's 32 lanes */
+    ab_init_bars(bars, 1 + 32, fused); /* the TMA thread's expect_tx, the statistics warp's 32 lanes */
 
-    if (wg == 0) { /* producer: thread 0 the tiles (TMA), warp 1 the statistics */
+    if (wg == 0) { /* producer: thread 0 the tiles (TMA), warp 1 the statistics, fused: thread 64 dq */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
+        if (fused && threadIdx.x == 64)
+            ab_dq_writer(t_dq, p, bars, sdq, steps, group, n_qt, qt0, kvh * group, jb, b);
         if (threadIdx.x == 0) {
             coda_prefetch_tmap(t_q);
             coda_prefetch_tmap(t_do);
@@ -296,7 +396,9 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
             ab_load(sk, t_qkv128, nq + kvh * HD, k0, b, AB_BIG_CHUNK, AB_BAR_BLOCK(bars));
             ab_load(sv, t_qkv128, nq + nkv + kvh * HD, k0, b, AB_BIG_CHUNK, AB_BAR_BLOCK(bars));
             for (int i = 0; i < steps; i++) {
-                const int s = i % AB_STAGES, h = kvh * group + i / n_qt, qs = (qt0 + i % n_qt) * qt;
+                int g, tile;
+                ab_kv_step(i, group, n_qt, qt0, fused, &g, &tile);
+                const int s = i % AB_STAGES, h = kvh * group + g, qs = tile * qt;
                 const u32 full = AB_BAR_FULL(bars, s);
                 if (i >= AB_STAGES) coda_mbar_wait(AB_BAR_EMPTY(bars, s), (u32)(i / AB_STAGES - 1) & 1u);
                 coda_mbar_expect_tx(full, 2 * (HD / 64) * qt * 128);
@@ -315,7 +417,9 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
             const long long plane = STAT_PLANE(p, gridDim.y);
             float4 *dst = (float4 *)(smem + (sst - coda_smem_addr(smem)));
             for (int i = 0; i < steps; i++) {
-                const int s = i % AB_STAGES, h = kvh * group + i / n_qt, qs = (qt0 + i % n_qt) * qt;
+                int g, tile;
+                ab_kv_step(i, group, n_qt, qt0, fused, &g, &tile);
+                const int s = i % AB_STAGES, h = kvh * group + g, qs = tile * qt;
                 const float *src = p.dsum + STAT_AT(p, b, h, qs);
                 const float4 v = ((const float4 *)(src + (lane < q4 ? 0 : plane)))[lane % q4];
                 if (i >= AB_STAGES) coda_mbar_wait(AB_BAR_EMPTY(bars, s), (u32)(i / AB_STAGES - 1) & 1u);
@@ -340,13 +444,18 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
 
     coda_mbar_wait(AB_BAR_BLOCK(bars), 0);
     for (int i = 0; i < steps; i++) {
-        const int st = i % AB_STAGES, qs = (qt0 + i % n_qt) * qt;
+        int g, tile;
+        ab_kv_step(i, group, n_qt, qt0, fused, &g, &tile);
+        const int st = i % AB_STAGES, qs = tile * qt;
         coda_mbar_wait(AB_BAR_FULL(bars, st), (u32)(i / AB_STAGES) & 1u);
         if (!fused && qs + qt - 1 < lo) { /* every query of the tile before every key of the warpgroup */
             ab_release(bars, st);
             continue;
         }
         const u32 tq = sq + st * AB_KV_SMALL, tdo = sdo + st * AB_KV_SMALL;
+        /* fused: warpgroup 0 stages this step's dq in a tile the writer
+         * has read out (ab_dq_writer); waited for here, before any product */
+        if (fused && c == 0 && i >= 2) coda_mbar_wait(AB_BAR_DQ_EMPTY(bars, i & 1), (u32)((i >> 1) - 1) & 1u);
         const float *dd = stats + st * (AB_STAT_BYTES / 4), *l2 = dd + qt;
         coda_wgmma_fence();
         ab_issue_nt_n(s, sk + c * 8192, tq, qt, qt * 128);
@@ -359,47 +468,61 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
         ab_kv_ds(dp, s, dd, keep, qt);
         aw_pack(s, pa, qt / 16);
         aw_pack(dp, pd, qt / 16);
-        coda_wgmma_fence();
-        aw_issue_rs(dv, pa, tdo, qt / 16, qt * 128);
-        aw_issue_rs(dk, pd, tq, qt / 16, qt * 128);
-        coda_wgmma_commit();
-        if (fused) ab_store_ds(sds + (i & 1) * AB_DS_BYTES, pd, 64 * c + 16 * (tid >> 5) + (lane >> 2));
-        coda_wgmma_wait(0);
-        AW_FENCE(dk, HD / 2);
-        AW_FENCE(dv, HD / 2);
-        ab_release(bars, st);
-        if (fused) {
-            /* dq (64 queries x HD) = dS (64 x 128 keys) k, by one warpgroup,
-             * the two taking turns; dS^T from both, so a barrier first (and
-             * the proxy fence: wgmma reads what ordinary stores wrote). The
-             * buffer is double: the other warpgroup's next stores go to the
-             * other one, and by the step after it this product is done. */
+        if (!fused) {
+            coda_wgmma_fence();
+            aw_issue_rs(dv, pa, tdo, qt / 16, qt * 128);
+            aw_issue_rs(dk, pd, tq, qt / 16, qt * 128);
+            coda_wgmma_commit();
+            coda_wgmma_wait(0);
+            AW_FENCE(dk, HD / 2);
+            AW_FENCE(dv, HD / 2);
+            ab_release(bars, st);
+        } else {
+            /* P^T and dS^T go to shared memory (key-major, the warpgroup's
+             * 64 rows of each buffer), so that dv += P^T do, dk += dS^T q
+             * and dq += dS k are all read from there and in flight at
+             * once: with P^T and dS^T as register operands, dq beside dk
+             * and dv did not fit in the registers (ptxas serialised or
+             * spilled). The proxy fence first (wgmma reads what ordinary
+             * stores wrote), then the warpgroup's barrier; the buffers are
+             * free again once this step's products are waited for. */
+            const int kr0 = 64 * c + 16 * (tid >> 5) + (lane >> 2);
+            const u32 spt = sds + c * 8192, sdt = sds + AB_DS_BYTES + c * 8192, kb = sk + c * 8192;
+            ab_store_ds(sds, pa, kr0);
+            ab_store_ds(sds + AB_DS_BYTES, pd, kr0);
             coda_fence_proxy_async();
-            coda_consumer_sync();
-            if (AB_DQ_SPLIT || c == (i & 1)) {
-                const int hq = kvh * group + i / n_qt, qti = qs / AB_TILE; /* the query tile's index */
-                const int col = AB_DQ_SPLIT ? 64 * c : 0; /* this product's first column */
-                const u32 dsb = sds + (i & 1) * AB_DS_BYTES, kb = sk + (col / 64) * AB_BIG_CHUNK;
-                float dq[AB_DQ_N / 2];
-                coda_wgmma_fence();
+            coda_wg_sync(2 + c);
+            float dq[HD / 2];
+            coda_wgmma_fence();
+            ab_issue_kn(dv, spt, tdo);
+            ab_issue_kn(dk, sdt, tq);
+            ab_issue_dq(dq, sdt, kb);
+            coda_wgmma_commit();
+            coda_wgmma_wait(0);
+            AW_FENCE(dk, HD / 2);
+            AW_FENCE(dv, HD / 2);
+            AW_FENCE(dq, HD / 2);
+            ab_release(bars, st);
+            /* dq's part (the warpgroup's 64 keys) is staged for the writer
+             * thread (ab_dq_writer) in the dq tile of step i's parity:
+             * warpgroup 0 stores (the tile was free at the step's start),
+             * warpgroup 1 then adds its own (a fixed order: the same bits
+             * run to run), after named barrier 6 + (i & 1): a barrier, not
+             * a wait on an mbarrier, since ptxas serialises every product
+             * when a spin loop lies between a product and the use of its
+             * registers. Warpgroup 0 cannot arrive on it twice before 1
+             * has synced: its next arrival there, two steps on, waits for
+             * the writer, which waits for 1. */
+            const u32 dqb = sdq + (i & 1) * AB_DQB_BYTES;
+            const int row = 16 * (tid >> 5) + (lane >> 2);
+            if (c == 1) coda_turn_wait(6 + (i & 1));
 #pragma unroll
-                for (int kk = 0; kk < AB_ROWS / 16; kk++)
-#if AB_DQ_N == 128
-                    coda_wgmma_mn_n128(dq, coda_desc(dsb + kk * 2048, AB_DS_BYTES, 1024),
-                                       coda_desc(kb + kk * 2048, AB_BIG_CHUNK, 1024), kk > 0);
-#else
-                    coda_wgmma_mn_n64(dq, coda_desc(dsb + kk * 2048, AB_DS_BYTES, 1024),
-                                      coda_desc(kb + kk * 2048, AB_BIG_CHUNK, 1024), kk > 0);
-#endif
-                coda_wgmma_commit();
-                coda_wgmma_wait(0);
-                AW_FENCE(dq, AB_DQ_N / 2);
-                /* one counter per (sequence, head, query tile, column half) */
-                u32 *count = (u32 *)(p.dsum + 2 * STAT_PLANE(p, gridDim.y)) +
-                             (((long long)b * p.n_heads + hq) * (STAT_PAD(seq) / AB_TILE) + qti) * 2 + col / 64;
-                ab_dq_turn(dq, count, (u32)((qti >> 1) - jb), p.scale,
-                           (float *)p.out + (long long)b * seq * p.ld_out + hq * HD + col, p.ld_out,
-                           qs + 16 * (tid >> 5) + (lane >> 2), seq, c);
+            for (int h = 0; h < HD / 64; h++) ab_dq_stage(dq + 32 * h, p.scale, dqb, row, 64 * h, c);
+            if (c == 0) {
+                coda_turn_pass(6 + (i & 1));
+            } else {
+                coda_fence_proxy_async(); /* the sums before the writer's TMA reads them */
+                coda_mbar_arrive(AB_BAR_DQ_FULL(bars, i & 1));
             }
         }
     }
@@ -413,13 +536,14 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
 extern "C" __global__ void __launch_bounds__(384, 1)
 coda_attn_bwd_dkdv_wgmma_kernel(const __grid_constant__ coda_tmap t_qkv128, const __grid_constant__ coda_tmap t_q,
                                 const __grid_constant__ coda_tmap t_do, coda_attn_args_t p) {
-    ab_dkdv(&t_qkv128, &t_q, &t_do, p, 0); /* t_q, t_do: boxes of AB_KV_QT rows */
+    ab_dkdv(&t_qkv128, &t_q, &t_do, NULL, p, 0); /* t_q, t_do: boxes of AB_KV_QT rows */
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)
 coda_attn_bwd_wgmma_kernel(const __grid_constant__ coda_tmap t_qkv128, const __grid_constant__ coda_tmap t_qkv64,
-                           const __grid_constant__ coda_tmap t_do64, coda_attn_args_t p) {
-    ab_dkdv(&t_qkv128, &t_qkv64, &t_do64, p, 1);
+                           const __grid_constant__ coda_tmap t_do64, const __grid_constant__ coda_tmap t_dq,
+                           coda_attn_args_t p) {
+    ab_dkdv(&t_qkv128, &t_qkv64, &t_do64, &t_dq, p, 1); /* t_dq: dqkv f32, boxes of 32 columns x 64 rows */
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)
@@ -438,7 +562,7 @@ coda_attn_bwd_dq_wgmma_kernel(const __grid_constant__ coda_tmap t_qkv128, const 
     const int col_k = p.n_heads * HD + kvh * HD, col_v = col_k + p.n_kv_heads * HD;
     const int wg = threadIdx.x / 128;
 
-    ab_init_bars(bars, 1);
+    ab_init_bars(bars, 1, 0);
 
     if (wg == 0) { /* producer */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");

@@ -70,6 +70,10 @@ CODA_WGMMA_SS(coda_wgmma_n256, 256, 128, CODA_TA, CODA_TB)
  * stored key-major (its transpose) and k as it is */
 CODA_WGMMA_SS(coda_wgmma_mn_n64, 64, 32, 1, 1)
 CODA_WGMMA_SS(coda_wgmma_mn_n128, 128, 64, 1, 1)
+/* a K-major, b MN-major: the fused attention backward's dv += P^T do and
+ * dk += dS^T q, with P^T and dS^T from shared memory */
+CODA_WGMMA_SS(coda_wgmma_kn_n64, 64, 32, 0, 1)
+CODA_WGMMA_SS(coda_wgmma_kn_n128, 128, 64, 0, 1)
 
 /* d (64 x 64 f32) += a (64 x 16 bf16, registers) . b (16 x 64, N-major in shared memory) */
 static __device__ __forceinline__ void coda_wgmma_rs_n64(float *d, const unsigned *a, unsigned long long db) {
