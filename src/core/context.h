@@ -35,7 +35,7 @@ typedef struct coda__tuning {
     int no_ring;         /* CODA_DEBUG_NO_RING: tile inputs never through the stage ring  */
     int log_launch;      /* CODA_DEBUG_LAUNCH: each GEMM launch's grid printed to stderr  */
     int attn_mma;        /* CODA_DEBUG_ATTN_MMA: attention on the mma.sync kernels       */
-    int attn_fused_bwd;  /* CODA_DEBUG_ATTN_FUSED_BWD: the one-kernel wgmma backward (slower) */
+    int attn_split_bwd;  /* CODA_DEBUG_ATTN_SPLIT_BWD: the wgmma backward as its dk/dv and dq kernels */
     int attn_stages;     /* CODA_DEBUG_ATTN_STAGES: the wgmma backward's ring, 2..4 stages; 0 default */
     int attn_pipe;       /* CODA_DEBUG_ATTN_PIPE: the dq kernel pipelined and the forward's ping-pong (1) or neither (0); -1 default */
     char extra_opts[CODA_TUNING_OPTS_CAP]; /* CODA_DEBUG_OPTS: up to 4 more NVRTC options */

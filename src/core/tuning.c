@@ -28,7 +28,7 @@ void coda__tuning_from_env(coda__tuning_t *t) {
     t->no_ring = getenv("CODA_DEBUG_NO_RING") != NULL;
     t->log_launch = getenv("CODA_DEBUG_LAUNCH") != NULL;
     t->attn_mma = getenv("CODA_DEBUG_ATTN_MMA") != NULL;
-    t->attn_fused_bwd = getenv("CODA_DEBUG_ATTN_FUSED_BWD") != NULL;
+    t->attn_split_bwd = getenv("CODA_DEBUG_ATTN_SPLIT_BWD") != NULL;
     c = one_char("CODA_DEBUG_ATTN_STAGES");
     if (c >= '2' && c <= '4') t->attn_stages = c - '0';
     c = one_char("CODA_DEBUG_ATTN_PIPE");

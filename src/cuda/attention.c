@@ -6,9 +6,10 @@
  *              (kernels/attention.cuh's mma.sync forward under the tuning
  *              switch CODA_DEBUG_ATTN_MMA, for A/B runs and its tests)
  *   backward   kernels/attention.cuh's prep kernel (D and lse log2(e) into
- *              the workspace), then kernels/attention_bwd_wgmma.cuh: dk/dv
- *              and dq on wgmma + TMA (one fused kernel for all three under
- *              CODA_DEBUG_ATTN_FUSED_BWD; attention.cuh's mma.sync dq and
+ *              the workspace), then kernels/attention_bwd_wgmma.cuh: dk,
+ *              dv and dq in one kernel on wgmma + TMA (its separate dk/dv
+ *              and dq kernels under CODA_DEBUG_ATTN_SPLIT_BWD or where
+ *              dqkv is not aligned for TMA; attention.cuh's mma.sync dq and
  *              dk/dv under CODA_DEBUG_ATTN_MMA)
  *
  * One source (the GEMM's PTX prelude and wgmma wrappers, then both
@@ -80,8 +81,9 @@ static int smem_bwd_wgmma(int hd, int stages, int kind) {
  * next one's load in flight (2 stages one step at a time: 204 / 310 / 310
  * TFLOP/s at 1B / 8B / 70B; 4 stages serial 200 / 306 / 308; pipelined, 3
  * stages 215 / 318 / 319, 4 stages 211 / 319 / 319; H200, test_attention_gpu
- * bench, one call). Tuning's attn_stages overrides; the fused kernel at
- * HD 128 takes at most 2 (its dq tiles take the room of a third). */
+ * bench, one call; the split kernels). Tuning's attn_stages overrides;
+ * the fused kernel at HD 128 takes at most 2 (its dq tiles take the room
+ * of a third), and so do the split kernels where they stand in for it. */
 #define BWD_STAGES 3
 /* Pipelining of the dq kernel (CODA_AB_PIPE): 1 its steps overlapped, 0 one
  * at a time; the same switch turns the forward's ping-pong between its two
@@ -91,7 +93,7 @@ static int smem_bwd_wgmma(int hd, int stages, int kind) {
 #define BWD_PIPE 1
 static int bwd_stages(const coda_context_t *ctx, int hd) {
     int n = ctx->tuning.attn_stages ? ctx->tuning.attn_stages : BWD_STAGES;
-    return ctx->tuning.attn_fused_bwd && hd == 128 && n > 2 ? 2 : n;
+    return !ctx->tuning.attn_split_bwd && hd == 128 && n > 2 ? 2 : n;
 }
 static int smem_dq(int hd) { return (2 * BWD_ROWS + 4 * KV_TILE) * hd * 2; }
 static int smem_dkdv(int hd) {
@@ -157,12 +159,13 @@ static coda_status_t seq_map(coda_context_t *ctx, CUtensorMap *map, const coda_t
     return CODA_OK;
 }
 
-/* The wgmma backward: by default dk/dv (128 key rows a block over 64-query
- * tiles), then dq from its own kernel (128 query rows a block over 64-key
- * tiles); with the tuning switch attn_fused_bwd, one kernel for dk, dv and
- * dq (dq accumulated in the key blocks' fixed order through counters in
- * the workspace, zeroed here first): 5 products instead of 7, but slower
- * as it stands (docs/attention.md). */
+/* The wgmma backward: by default one kernel for dk, dv and dq (128 key
+ * rows a block over 64-query tiles, 5 products; dq added into dqkv by TMA
+ * in the key blocks' fixed order through counters in the workspace, zeroed
+ * here first); with the tuning switch attn_split_bwd, or where dqkv is not
+ * aligned for TMA, dk/dv (over 128-query tiles at head_dim 64, 64 at 128),
+ * then dq from its own kernel (128 query rows a block over 64-key tiles):
+ * 7 products, nothing accumulated across blocks (docs/attention.md). */
 static coda_status_t run_bwd_wgmma(launcher_t *L, const coda_attention_shape_t *s, const coda_tensor_t *qkv,
                                    const coda_tensor_t *do_, const coda_tensor_t *out, attn_args_t *a) {
     CUtensorMap qkv128, qkv64, do128, do64;
@@ -175,7 +178,7 @@ static coda_status_t run_bwd_wgmma(launcher_t *L, const coda_attention_shape_t *
      * aligned with rows a multiple of 16 bytes apart; where it is not, the
      * two kernels */
     const int dq_by_tma = (uintptr_t)out->data % 16 == 0 && out->stride[0] % 16 == 0;
-    if (L->ctx->tuning.attn_fused_bwd && dq_by_tma) {
+    if (!L->ctx->tuning.attn_split_bwd && dq_by_tma) {
         CUtensorMap dqm;
         CODA_TRY(seq_map(L->ctx, &dqm, out, s, 64, "cuTensorMapEncodeTiled(dqkv, 64 rows)"));
         void *kv_args[] = {&qkv128, &qkv64, &do64, &dqm, a}; /* the fused kernel's query tiles: 64 rows */

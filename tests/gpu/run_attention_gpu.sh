@@ -17,9 +17,12 @@ echo "== test_attention_gpu ${1:-}"
 timeout 300 build/tests/gpu/test_attention_gpu ${1:-} > "$OUT/attn.log" 2>&1; echo "rc=$?"
 grep -E "FAIL|FATAL|bench" "$OUT/attn.log" | head -40; tail -1 "$OUT/attn.log"
 CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+# The refusal tests hand the library host pointers on purpose: the driver's
+# "invalid argument" from cuPointerGetAttribute on them is the check working,
+# so API errors are not counted (memory errors and hazards still are).
 for tool in memcheck racecheck; do
   echo "== $tool test_attention_gpu"
-  timeout 240 $CS --tool $tool build/tests/gpu/test_attention_gpu > "$OUT/attn-$tool.log" 2>&1; echo "rc=$?"
+  timeout 240 $CS --tool $tool --report-api-errors no build/tests/gpu/test_attention_gpu > "$OUT/attn-$tool.log" 2>&1; echo "rc=$?"
   grep -E "SUMMARY" "$OUT/attn-$tool.log" | head -2; tail -1 "$OUT/attn-$tool.log"
 done
 echo "== test_attention_torch.py (CUDA)"

@@ -8,31 +8,32 @@
  * the same bf16 inputs. Also: the CPU oracle's error beside it; bitwise
  * determinism run to run; views with padded row strides give the same
  * bits and leave the padding alone; NaN in a key reaches exactly the rows
- * that attend to it; each with every kernel set (kernel_names); refused calls return the documented status and write
- * nothing. With "bench": the LLaMA-3 shapes (batch 2 x 8192), ms and
- * TFLOP/s counting the causal half. Needs an sm_90a GPU. */
+ * that attend to it; each with every kernel set (kernel_names); refused
+ * calls return the documented status and write nothing. With "bench": the
+ * LLaMA-3 shapes (batch 2 x 8192), ms and TFLOP/s counting the causal half;
+ * "benchonly": the timings alone (for a profiler). Needs an sm_90a GPU. */
 #include "harness.h"
 #include "gpu/cuda_check.h"
 #include "tuning.h"
 
 /* The kernels under test (every pass of main runs every test with one):
  * 0 the defaults (attention_wgmma.cuh's forward, attention_bwd_wgmma.cuh's
- * dk/dv and dq kernels), 1 the same with the fused one-kernel backward
- * (CODA_DEBUG_ATTN_FUSED_BWD), 2 the mma.sync kernels of attention.cuh
+ * fused backward), 1 the same with the backward's separate dk/dv and dq
+ * kernels (CODA_DEBUG_ATTN_SPLIT_BWD), 2 the mma.sync kernels of attention.cuh
  * (CODA_DEBUG_ATTN_MMA), 3 the wgmma kernels' serial schedules (a block a
  * forward tile, no ping-pong, the dq kernel one step at a time:
  * CODA_DEBUG_ATTN_PIPE=0). Sets 0-2 keep the environment's attn_pipe (the
  * A/B runs of "bench"). */
 #define N_KERNEL_SETS 4
 static const char *const kernel_names[N_KERNEL_SETS] = {
-    "wgmma (dk/dv, dq kernels)", "wgmma, fused backward (CODA_DEBUG_ATTN_FUSED_BWD)",
+    "wgmma (fused backward)", "wgmma, split backward: dk/dv and dq kernels (CODA_DEBUG_ATTN_SPLIT_BWD)",
     "mma.sync (CODA_DEBUG_ATTN_MMA)", "wgmma, serial schedules (CODA_DEBUG_ATTN_PIPE=0)"};
 static int use_mma, env_pipe = -2;
 static void tune_attn(coda_context_t *ctx, int kernels) {
     coda__tuning_t t = coda__get_tuning(ctx);
     if (env_pipe == -2) env_pipe = t.attn_pipe;
     t.attn_mma = kernels == 2;
-    t.attn_fused_bwd = kernels == 1;
+    t.attn_split_bwd = kernels == 1;
     t.attn_pipe = kernels == 3 ? 0 : env_pipe;
     tune_set(ctx, &t);
     use_mma = kernels == 2;
@@ -473,18 +474,22 @@ int main(int argc, char **argv) {
     coda_context_t *ctx;
     REQUIRE_OK(coda_context_create(NULL, &ctx));
     test_refusals(ctx);
-    /* "pass=N": only kernel set N (a sanitizer run of one set) */
-    int only = -1, bench_it = 0;
+    /* "pass=N": only kernel set N (a sanitizer run of one set);
+     * "benchonly": the timings without the tests (a profiler's run) */
+    int only = -1, bench_it = 0, tests = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "bench")) bench_it = 1;
+        else if (!strcmp(argv[i], "benchonly")) bench_it = 1, tests = 0;
         else if (!strncmp(argv[i], "pass=", 5)) only = atoi(argv[i] + 5);
     }
     for (int k = 0; k < N_KERNEL_SETS; k++) {
         if (only >= 0 && k != only) continue;
         tune_attn(ctx, k);
         printf("== attention: %s\n", kernel_names[k]);
-        test_shapes(ctx);
-        test_nan(ctx);
+        if (tests) {
+            test_shapes(ctx);
+            test_nan(ctx);
+        }
         if (bench_it) bench(ctx);
     }
     coda_context_free(ctx);

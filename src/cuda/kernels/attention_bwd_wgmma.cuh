@@ -1,51 +1,62 @@
-/* attention_bwd_wgmma.cuh - the causal GQA backward on wgmma + TMA:
+/* attention_bwd_wgmma.cuh - the causal GQA backward on wgmma + TMA, the
+ * one src/cuda/attention.c launches after coda_attn_bwd_prep_kernel:
+ * coda_attn_bwd_wgmma_kernel, dk, dv and dq in one kernel (the default);
  * coda_attn_bwd_dkdv_wgmma_kernel and coda_attn_bwd_dq_wgmma_kernel, the
- * backward that src/cuda/attention.c launches after
- * coda_attn_bwd_prep_kernel; coda_attn_bwd_wgmma_kernel, dk, dv and dq in
- * one kernel, under CODA_DEBUG_ATTN_FUSED_BWD (5 products, but slower as it
- * stands: 196 against 259 TFLOP/s at the 8B shape on the H200);
- * attention.cuh's mma.sync dq and dk/dv kernels stay as the
- * CODA_DEBUG_ATTN_MMA alternative.
+ * same as two kernels (CODA_DEBUG_ATTN_SPLIT_BWD, and where dqkv is not
+ * aligned for TMA); attention.cuh's mma.sync dq and dk/dv kernels stay as
+ * the CODA_DEBUG_ATTN_MMA alternative.
  *
  * Compiled after attention_wgmma.cuh (its 3-D TMA load, aw_pack,
  * aw_issue_rs, AW_FENCE, and through it the prelude, the wgmma wrappers
  * and attention.cuh).
  *
  * FlashAttention-2's backward with the row statistics of the forward
- * (P = exp2(s scale log2(e) - lse log2(e)), dS = P (dP - D), D = do . o),
- * as two kernels so that nothing is accumulated with atomics and every
- * result is bitwise the same run to run (7 products where a fused
- * backward with atomics in dq does 5):
+ * (P = exp2(s scale log2(e) - lse log2(e)), dS = P (dP - D), D = do . o).
+ * Every result is bitwise the same run to run: the fused kernel adds the
+ * key blocks' parts of dq in a fixed order (ab_dq_writer), the split ones
+ * accumulate nothing across blocks (7 products instead of 5, since dq
+ * recomputes S and dP).
  *
- *   dk/dv  one block per (128 key rows, kv head, sequence), over every query
- *          head of its group and every 64-query tile from the diagonal on:
+ *   fused  one block per (128 key rows, kv head, sequence), over every
+ *          64-query tile from the last back to the diagonal, each over the
+ *          query heads of the group:
  *            S^T  = k q^T      wgmma m64n64, k and q K-major
  *            dP^T = v do^T     the same
- *            P^T, dS^T in registers (the accumulator layout is the A
- *                              fragment's: they never leave the registers)
- *            dv  += P^T do     wgmma m64nHD, A from registers, do N-major
- *            dk  += dS^T q     the same with q
+ *            P^T, dS^T in registers, then bf16 into shared memory
+ *            dv  += P^T do     wgmma m64nHD, both from shared memory
+ *            dk  += dS^T q     the same
+ *            dq   = dS k       (the warpgroup's 64 keys), staged as f32;
+ *                              the two warpgroups' sum goes into dqkv by
+ *                              a TMA reduce-add in the block's turn
+ *   dk/dv  as the fused kernel without dq, head by head, query tiles (128
+ *          rows at HD 64) from the diagonal on, P^T and dS^T as register
+ *          A operands (the accumulator layout is the A fragment's)
  *   dq     one block per (128 query rows, head, sequence), over the 64-key
  *          tiles up to the diagonal:
  *            S = q k^T, dP = do v^T, dS = P (dP - D), dq += dS k
  *
  * 384 threads each: warpgroup 0 produces (one thread: TMA through 3-D maps
  * (column, position, sequence), so rows past a sequence's end come in as
- * zeros; warp 1 the 64 statistics of a query tile), warpgroups 1
- * and 2 consume 64 of the block's rows each. The streamed tiles go through
- * a ring of AB_STAGES stages (mbarriers full / empty, as the forward).
+ * zeros; warp 1 the statistics of a query tile; fused: thread 64 writes
+ * dq), warpgroups 1 and 2 consume 64 of the block's rows each. The
+ * streamed tiles go through a ring of AB_STAGES stages (mbarriers full /
+ * empty, as the forward).
  *
  * Masking: a product is masked only on the tiles that cross the diagonal
  * or the sequence's end, by a select (what lies past either, NaN
- * included, never leaks in); a warpgroup skips a tile none of its rows
- * attends to. Rows past the end are computed on zeros and never stored.
+ * included, never leaks in); a split warpgroup skips a tile none of its
+ * rows attends to. Rows past the end are computed on zeros and never
+ * stored.
  *
  * Shared memory (1024-byte aligned; the host adds the slack), HD / 64
  * column chunks of 128 bytes per row, swizzled:
  *   the block's two 128-row operands (dk/dv: k, v; dq: q, do)
- *   AB_STAGES x the two streamed 64-row tiles (dk/dv: q, do; dq: k, v)
- *   dk/dv: AB_STAGES x 64 D and 64 lse log2(e)
- *   barriers: block operands full, stage full[s], stage empty[s] */
+ *   AB_STAGES x the two streamed tiles (dk/dv: q, do; dq: k, v)
+ *   dk/dv: AB_STAGES x the tile's D and lse log2(e)
+ *   fused: P^T and dS^T (128 keys x 64 queries bf16), 2 dq tiles (64 x HD
+ *   f32)
+ *   barriers: block operands full, stage full[s], stage empty[s], fused:
+ *   dq full[2], dq empty[2] */
 
 #define AB_ROWS 128                       /* rows a block owns              */
 #define AB_TILE 64                        /* rows of a streamed tile        */
