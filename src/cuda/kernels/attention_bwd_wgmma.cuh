@@ -187,26 +187,67 @@ static __device__ __forceinline__ void ab_release(u32 bars, int s) {
  * col0, the thread's rows row and row + 8 of the tile), times scale, into
  * the staged dq tile at buf (with `add`, added to what the other
  * warpgroup's thread of the same place staged there): column col in box
- * col / 32, 16-byte chunk
- * (col % 32 / 4) ^ (row & 7), the layout the f32 map's 128-byte swizzle
- * reads. A warp's float2 accesses cover every bank twice: two wavefronts. */
-static __device__ __forceinline__ void ab_dq_stage(const float *dq, float scale, u32 buf, int row, int col0,
-                                                   const int add) {
-    const int lane = threadIdx.x & 31;
+ * col / 32, 16-byte chunk (col % 32 / 4) ^ (row & 7), the layout the f32
+ * map's 128-byte swizzle reads.
+ *
+ * Bank conflicts: shared memory serves a warp's 8-byte accesses half a
+ * warp (16 lanes, 128 bytes) a wavefront. In column order, the four rows
+ * of a half warp (row & 7 = 0..3 or 4..7) land on only two of the four
+ * 32-byte bank groups: four wavefronts where two do (ncu: 2.9 wavefronts
+ * a shared store, 35% of them excess). So a thread visits its column
+ * groups of 8 (t, within each 32-column box) in the order k ^ m, m = row &
+ * 3: access k of a half warp then covers every bank group once. The
+ * values are moved to that order first (ab_dq_order), by two conditional
+ * swaps of registers (selects: no local memory, no branch). */
+static __device__ __forceinline__ void ab_dq_swap(float *v, const int bit, int on) {
 #pragma unroll
     for (int t = 0; t < 8; t++)
+        if (!(t & bit))
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int rr = row + 8 * r, col = col0 + 8 * t + 2 * (lane & 3);
-            const u32 at = buf + (col >> 5) * AB_DQB_BOX + rr * 128 + ((((col & 31) >> 2) ^ (rr & 7)) << 4) +
+            for (int e = 0; e < 4; e++) {
+                const float a = v[4 * t + e], b = v[4 * (t ^ bit) + e];
+                v[4 * t + e] = on ? b : a;
+                v[4 * (t ^ bit) + e] = on ? a : b;
+            }
+}
+/* v[4k + e] := v[4 (k ^ m) + e] (the 32 values of a 64-column part). */
+static __device__ __forceinline__ void ab_dq_order(float *v, int m) {
+    ab_dq_swap(v, 1, m & 1);
+    ab_dq_swap(v, 2, m & 2);
+}
+static __device__ __forceinline__ void ab_dq_stage(const float *dq, float scale, u32 buf, int row, int col0,
+                                                   const int add) {
+    const int lane = threadIdx.x & 31, m = row & 3;
+    /* four accesses' loads, then their stores: the loads' latencies
+     * overlap (one load then its store, 32 times, was a chain of
+     * latencies). Predicated loads, not a branch (a branch here, on
+     * registers a wgmma wrote, made ptxas serialise the products; one
+     * around the whole staging spilled), nor loads whose values are dropped
+     * (warpgroup 0's, half the staging's wavefronts). */
+#pragma unroll
+    for (int k0 = 0; k0 < 8; k0 += 2) {
+        float a[2][2][2];
+        u32 at[2][2];
+#pragma unroll
+        for (int k = 0; k < 2; k++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const int rr = row + 8 * r, col = col0 + 8 * ((k0 + k) ^ m) + 2 * (lane & 3);
+                at[k][r] = buf + (col >> 5) * AB_DQB_BOX + rr * 128 + ((((col & 31) >> 2) ^ (rr & 7)) << 4) +
                            (col & 3) * 4;
-            /* loaded and selected, not branched around: a branch here, on
-             * registers a wgmma wrote, made ptxas serialise the products */
-            float a0, b0;
-            asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(a0), "=f"(b0) : "r"(at) : "memory");
-            coda_st_shared_f32x2(at, fmaf(dq[4 * t + 2 * r], scale, add ? a0 : 0.f),
-                                 fmaf(dq[4 * t + 2 * r + 1], scale, add ? b0 : 0.f));
-        }
+                a[k][r][0] = a[k][r][1] = 0.f;
+                asm volatile("{ .reg .pred p; setp.ne.s32 p, %3, 0;\n"
+                             " @p ld.shared.v2.f32 {%0, %1}, [%2]; }"
+                             : "+f"(a[k][r][0]), "+f"(a[k][r][1]) : "r"(at[k][r]), "r"(add) : "memory");
+            }
+#pragma unroll
+        for (int k = 0; k < 2; k++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const int e = 4 * (k0 + k) + 2 * r;
+                coda_st_shared_f32x2(at[k][r], fmaf(dq[e], scale, a[k][r][0]), fmaf(dq[e + 1], scale, a[k][r][1]));
+            }
+    }
 }
 
 /* dq (64 queries x HD) = dS (64 queries x 64 keys, key-major at ds,
@@ -505,15 +546,13 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
             coda_wg_sync(2 + c);
             float dq[HD / 2];
             coda_wgmma_fence();
-            ab_issue_kn(dv, spt, tdo);
-            ab_issue_kn(dk, sdt, tq);
             ab_issue_dq(dq, sdt, kb);
             coda_wgmma_commit();
-            coda_wgmma_wait(0);
-            AW_FENCE(dk, HD / 2);
-            AW_FENCE(dv, HD / 2);
+            ab_issue_kn(dv, spt, tdo);
+            ab_issue_kn(dk, sdt, tq);
+            coda_wgmma_commit();
+            coda_wgmma_wait(1); /* dq's group: staged while dv and dk run */
             AW_FENCE(dq, HD / 2);
-            ab_release(bars, st);
             /* dq's part (the warpgroup's 64 keys) is staged for the writer
              * thread (ab_dq_writer) in the dq tile of step i's parity:
              * warpgroup 0 stores (the tile was free at the step's start),
@@ -528,13 +567,20 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
             const int row = 16 * (tid >> 5) + (lane >> 2);
             if (c == 1) coda_turn_wait(6 + (i & 1));
 #pragma unroll
-            for (int h = 0; h < HD / 64; h++) ab_dq_stage(dq + 32 * h, p.scale, dqb, row, 64 * h, c);
+            for (int h = 0; h < HD / 64; h++) {
+                ab_dq_order(dq + 32 * h, row & 3);
+                ab_dq_stage(dq + 32 * h, p.scale, dqb, row, 64 * h, c);
+            }
             if (c == 0) {
                 coda_turn_pass(6 + (i & 1));
             } else {
                 coda_fence_proxy_async(); /* the sums before the writer's TMA reads them */
                 coda_mbar_arrive(AB_BAR_DQ_FULL(bars, i & 1));
             }
+            coda_wgmma_wait(0);
+            AW_FENCE(dk, HD / 2);
+            AW_FENCE(dv, HD / 2);
+            ab_release(bars, st);
         }
     }
 
