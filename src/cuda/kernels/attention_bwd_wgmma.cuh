@@ -361,7 +361,7 @@ static __device__ __forceinline__ u64 ab_kv_p(float *s, const float *l2, int qs,
     for (int e = 0; e < qt / 2; e++) {
         const int col = AB_COL(e, lane), qc = qs + col;
         if (mask && !(qc >= kr + AB_ROW8(e) && qc < seq)) keep &= ~(1ull << e);
-        const float pe = exp2f(fmaf(s[e], sl2, -l2[col])); /* computed always, then selected: no branch */
+        const float pe = attn_exp2(fmaf(s[e], sl2, -l2[col])); /* computed always, then selected: no branch */
         s[e] = (keep >> e) & 1u ? pe : 0.f;
     }
     return keep;
@@ -384,7 +384,7 @@ static __device__ __forceinline__ u32 ab_q_p(float *s, const float *l2, int k0, 
     for (int e = 0; e < AB_TILE / 2; e++) {
         const int kc = k0 + AB_COL(e, lane), r = (e >> 1) & 1;
         if (mask && !(kc <= row0 + 8 * r && kc < seq)) keep &= ~(1u << e);
-        const float pe = exp2f(fmaf(s[e], sl2, -l2[r]));
+        const float pe = attn_exp2(fmaf(s[e], sl2, -l2[r]));
         s[e] = (keep >> e) & 1u ? pe : 0.f;
     }
     return keep;
@@ -514,10 +514,17 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
         ab_issue_nt_n(dp, sv + c * 8192, tdo, qt, qt * 128);
         coda_wgmma_wait(1);
         AW_FENCE(s, qt / 2);
-        const u64 keep = ab_kv_p(s, l2, qs, kr, seq, sl2, qs < lo + 63 || qs + qt > seq, qt);
+        /* fused: the tiles no mask touches (most) take a path with no
+         * selects (in the split kernel's registers that branch serialised
+         * its products: ptxas C7512) */
+        const int masked = qs < lo + 63 || qs + qt > seq;
+        u64 keep = ~0ull;
+        if (!fused || masked) keep = ab_kv_p(s, l2, qs, kr, seq, sl2, masked, qt);
+        else ab_kv_p(s, l2, qs, kr, seq, sl2, 0, qt);
         coda_wgmma_wait(0);
         AW_FENCE(dp, qt / 2);
-        ab_kv_ds(dp, s, dd, keep, qt);
+        if (!fused || masked) ab_kv_ds(dp, s, dd, keep, qt);
+        else ab_kv_ds(dp, s, dd, ~0ull, qt);
         aw_pack(s, pa, qt / 16);
         aw_pack(dp, pd, qt / 16);
         if (!fused) {

@@ -87,14 +87,14 @@ static __device__ __forceinline__ void aw_softmax(float *s, int k0, int row0, in
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
         const float mnew = fmaxf(m[r], mx[r] * sl2);
         base[r] = mnew == NEG_INF ? 0.f : mnew;
-        alpha[r] = exp2f(m[r] - base[r]);
+        alpha[r] = attn_exp2(m[r] - base[r]);
         m[r] = mnew;
     }
     float ls[2] = {0.f, 0.f};
 #pragma unroll
     for (int i = 0; i < AW_BN / 2; i++) {
         const int r = (i >> 1) & 1;
-        s[i] = exp2f(fmaf(s[i], sl2, -base[r]));
+        s[i] = attn_exp2(fmaf(s[i], sl2, -base[r]));
         ls[r] += s[i];
     }
 #pragma unroll
