@@ -96,7 +96,8 @@ typedef enum coda_dtype {
     CODA_F32 = 1,
     CODA_F16 = 2,      /* reserved: rejected with CODA_ERR_DTYPE for now */
     CODA_FP8_E4M3 = 3, /* reserved: rejected with CODA_ERR_DTYPE for now */
-    CODA_I32 = 4       /* integer row vectors only (cross-entropy targets) */
+    CODA_I32 = 4,      /* integer row vectors only (cross-entropy targets) */
+    CODA_I64 = 5       /* coda_lm_loss's targets only (converted on the device) */
 } coda_dtype_t;
 
 typedef enum coda_device {
@@ -747,7 +748,9 @@ CODA_API coda_status_t coda_block_backward_pre(coda_block_t *block, const coda_l
  * cross_entropy takes it of a bf16 matmul's output, and dz is rounded to
  * bf16 before the two GEMMs, as PyTorch's bf16 gradient is.
  *
- * Tensors: x (M, d) bf16; w (V, d) bf16; targets (M) i32; loss (M) f32,
+ * Tensors: x (M, d) bf16; w (V, d) bf16; targets (M) i32 or i64 (what
+ * PyTorch's int64 class indices are: read as they are, an i64 value
+ * compared with ignore_index and [0, V) before it is narrowed); loss (M) f32,
  * each row's loss (required); total (1) f32 or NULL; dx (M, d) bf16 or f32
  * or NULL; dw (V, d) f32 or bf16 or NULL (f32 accumulates the chunks in
  * f32; bf16 rounds after each chunk). dx = dw = NULL: forward only (the

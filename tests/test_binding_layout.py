@@ -50,7 +50,7 @@ PREFIX_ONLY = {"coda__ref_layer_t"}
 CONSTANTS = {
     "CODA_MAX_DIMS": coda.MAX_DIMS,
     "CODA_BF16": coda.BF16, "CODA_F32": coda.F32, "CODA_F16": coda.F16,
-    "CODA_FP8_E4M3": coda.FP8_E4M3, "CODA_I32": coda.I32,
+    "CODA_FP8_E4M3": coda.FP8_E4M3, "CODA_I32": coda.I32, "CODA_I64": coda.I64,
     "CODA_DEVICE_CPU": coda.DEVICE_CPU, "CODA_DEVICE_CUDA": coda.DEVICE_CUDA,
     "CODA_LAYOUT_NT": coda.LAYOUTS["nt"], "CODA_LAYOUT_NN": coda.LAYOUTS["nn"],
     "CODA_LAYOUT_TN": coda.LAYOUTS["tn"],

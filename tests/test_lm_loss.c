@@ -9,6 +9,8 @@
  *   - chunking changes no row's loss or dx (bit for bit), forward-only gives
  *     the same loss, accumulate adds;
  *   - NaN and out-of-range targets poison exactly their rows (and dw);
+ *   - i64 targets give i32's results bit for bit; an i64 value that a cast
+ *     would wrap into ignore_index or a class stays invalid;
  *     all rows ignored gives a NaN mean and zero gradients;
  *   - bad arguments: the status, a message, and nothing written. */
 #include "harness.h"
@@ -17,10 +19,11 @@ typedef struct {
     int64_t m, d, v;
     uint16_t *x, *w;   /* (m, d), (v, d) bf16 */
     int32_t *t;        /* (m) */
+    int64_t *t64;      /* (m) or NULL: when set, the call's targets are these, as i64 */
 } problem_t;
 
 static problem_t make_problem(uint64_t seed, int64_t m, int64_t d, int64_t v, float scale, int n_ignored) {
-    problem_t p = {m, d, v, h_alloc((size_t)(m * d * 2)), h_alloc((size_t)(v * d * 2)), h_alloc((size_t)m * 4)};
+    problem_t p = {m, d, v, h_alloc((size_t)(m * d * 2)), h_alloc((size_t)(v * d * 2)), h_alloc((size_t)m * 4), NULL};
     h_rng r = rng_new(seed);
     rng_fill_bf16(&r, p.x, m * d, scale);
     rng_fill_bf16(&r, p.w, v * d, scale);
@@ -32,6 +35,7 @@ static void free_problem(problem_t *p) {
     free(p->x);
     free(p->w);
     free(p->t);
+    free(p->t64);
 }
 
 /* ---- the reference (float64) and the unfused bf16 baseline ---- */
@@ -149,11 +153,11 @@ static coda_status_t run(coda_context_t *ctx, const problem_t *p, const coda_lm_
     size_t xb = (size_t)(p->m * p->d) * 2, wb = (size_t)(p->v * p->d) * 2, tb = (size_t)p->m * 4;
     size_t dxb = (size_t)(p->m * p->d) * coda_dtype_size(out->dx_dt);
     size_t dwb = (size_t)(p->v * p->d) * coda_dtype_size(out->dw_dt);
-    void *X = dev_put(p->x, xb), *W = dev_put(p->w, wb), *T = dev_put(p->t, tb);
+    void *X = dev_put(p->x, xb), *W = dev_put(p->w, wb), *T = p->t64 ? dev_put(p->t64, 2 * tb) : dev_put(p->t, tb);
     void *L = dev_put(out->loss, tb), *TOT = dev_put(&out->total, 4);
     void *DX = dev_put(out->dx, dxb), *DW = dev_put(out->dw, dwb);
     coda_tensor_t x = on_dev(mat(X, CODA_BF16, p->m, p->d)), w = on_dev(mat(W, CODA_BF16, p->v, p->d));
-    coda_tensor_t t = on_dev(coda_tensor_1d(T, CODA_I32, p->m)), loss = on_dev(coda_tensor_1d(L, CODA_F32, p->m));
+    coda_tensor_t t = on_dev(coda_tensor_1d(T, p->t64 ? CODA_I64 : CODA_I32, p->m)), loss = on_dev(coda_tensor_1d(L, CODA_F32, p->m));
     coda_tensor_t total = on_dev(coda_tensor_1d(TOT, CODA_F32, 1));
     coda_tensor_t dx = on_dev(mat(DX, out->dx_dt, p->m, p->d)), dw = on_dev(mat(DW, out->dw_dt, p->v, p->d));
     size_t bytes;
@@ -382,6 +386,49 @@ static void test_nan_and_targets(coda_context_t *ctx) {
     free_problem(&p);
 }
 
+/* i64 targets: the same bits as i32 ones; values a cast to i32 would wrap
+ * into ignore_index (ignore_index +- 2^32) or into a class stay invalid */
+static void test_i64_targets(coda_context_t *ctx) {
+    problem_t p = make_problem(51, 45, 32, 173, 0.5f, 4);
+    coda_lm_loss_opts_t o;
+    coda_lm_loss_opts_init(&o);
+    o.label_smoothing = 0.05f;
+    o.chunk_rows = 16;
+    result_t a = new_result(&p, CODA_F32, CODA_F32), b = new_result(&p, CODA_F32, CODA_F32);
+    CHECK_OK(run(ctx, &p, &o, &a, 1));
+    p.t64 = h_alloc((size_t)p.m * 8);
+    for (int64_t i = 0; i < p.m; i++) p.t64[i] = p.t[i];
+    CHECK_OK(run(ctx, &p, &o, &b, 1));
+    CHECK(!memcmp(a.loss, b.loss, (size_t)p.m * 4) && a.total == b.total &&
+              !memcmp(a.dx, b.dx, (size_t)(p.m * p.d) * 4) && !memcmp(a.dw, b.dw, (size_t)(p.v * p.d) * 4),
+          "i64 targets: results differ from i32's");
+    const int32_t igns[3] = {-100, -1, INT32_MIN};
+    const int64_t two32 = (int64_t)1 << 32;
+    for (int k = 0; k < 3; k++) {
+        int32_t ign = igns[k];
+        o.ignore_index = ign;
+        for (int64_t i = 0; i < p.m; i++) p.t64[i] = p.t[i] == -100 ? ign : p.t[i];
+        const int64_t rows[5] = {5, 7, 9, 11, 13};
+        const int64_t vals[5] = {(int64_t)ign + two32, (int64_t)ign - two32, p.v, (int64_t)1 << 40, 17 + two32};
+        p.t64[2] = ign;
+        for (int j = 0; j < 5; j++) p.t64[rows[j]] = vals[j];
+        CHECK_OK(run(ctx, &p, &o, &b, 1));
+        int bad_nan = 1, rest_finite = 1, ign_zero = b.loss[2] == 0.0f;
+        for (int64_t c = 0; c < p.d; c++) ign_zero &= ((float *)b.dx)[2 * p.d + c] == 0.0f;
+        for (int64_t i = 0; i < p.m; i++) {
+            int bad = i == 5 || i == 7 || i == 9 || i == 11 || i == 13;
+            if (bad) bad_nan &= isnan(b.loss[i]) && all_nan((float *)b.dx + i * p.d, p.d);
+            else rest_finite &= !isnan(b.loss[i]) && none_nan((float *)b.dx + i * p.d, p.d);
+        }
+        CHECK(bad_nan && rest_finite && ign_zero && isnan(b.total),
+              "ignore_index %d, i64 targets ign +- 2^32, V, 2^40, 17 + 2^32: bad rows NaN %d, the rest finite %d, "
+              "ignored row 0 %d, total %g", ign, bad_nan, rest_finite, ign_zero, b.total);
+    }
+    free_res(&a);
+    free_res(&b);
+    free_problem(&p);
+}
+
 /* ---- bad input: a status, a message, nothing written ---- */
 
 static void test_bad_input(coda_context_t *ctx) {
@@ -412,6 +459,8 @@ static void test_bad_input(coda_context_t *ctx) {
     BAD(CODA_ERR_DTYPE, &x, &w, &tf, &o, &lt, &tt, &dxt, &dwt, ws, bytes);
     coda_tensor_t ts = coda_tensor_1d(p.t, CODA_I32, m - 1);
     BAD(CODA_ERR_SHAPE, &x, &w, &ts, &o, &lt, &tt, &dxt, &dwt, ws, bytes);
+    coda_tensor_t t64s = coda_tensor_1d(p.t, CODA_I64, m / 2 - 1); /* i64 accepted; this length is not */
+    BAD(CODA_ERR_SHAPE, &x, &w, &t64s, &o, &lt, &tt, &dxt, &dwt, ws, bytes);
     coda_tensor_t dws = mat(dw, CODA_F32, V - 1, d);
     BAD(CODA_ERR_SHAPE, &x, &w, &t, &o, &lt, &tt, &dxt, &dws, ws, bytes);
     coda_tensor_t dx_over_dw = mat(dw, CODA_F32, m, d);
@@ -561,6 +610,7 @@ int main(void) {
     test_options(ctx);
     test_chunks_and_modes(ctx);
     test_nan_and_targets(ctx);
+    test_i64_targets(ctx);
     test_scale(ctx);
     test_bad_input(ctx);
     coda_context_free(ctx);

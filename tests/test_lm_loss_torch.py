@@ -252,16 +252,32 @@ def edges():
         check(bool(torch.isnan(dw).all()), "target %d: dw not all NaN (its dz row is NaN)" % bad)
     print("targets V, -7, 2^33 + 5, 2^32 - 100 and -2^33 (the last three outside int32): NaN loss, dx row and dw; "
           "the other rows finite")
-    # the conversion itself, with either ignore_index: out-of-int32 values
-    # become invalid classes, never ignore_index, and the rest pass unchanged
-    for ign in (-100, -2 ** 31):
-        raw = torch.tensor([5, -100, 2 ** 32 - 100, -2 ** 33, 2 ** 40, -2 ** 31, 2 ** 31 - 1, ign])
+    # int64 targets reach the library as they are (it narrows them on the
+    # device): a value that a cast to int32 would turn into ignore_index
+    # (ignore_index +- 2^32) still gives NaN, ignore_index itself 0, with
+    # ignore_index -100, -2^31 and -1 (the library's stand-in for a bad
+    # target is then -2, not -1)
+    for ign in (-100, -2 ** 31, -1):
+        raw = torch.tensor([5, -100, 2 ** 32 - 100, -2 ** 33, ign])
         got = coda._lm_targets(raw, raw.device, ign)
-        invalid = [(v < 0 or v >= V) and v != ign for v in got.tolist()]
-        check(got.dtype == torch.int32 and got[0] == 5 and got[1] == -100 and got[7] == ign
-              and all(invalid[2:5]) and got[5] == -2 ** 31 and got[6] == 2 ** 31 - 1,
-              "_lm_targets with ignore_index %d: %s" % (ign, got.tolist()))
-    print("targets outside int32 -> invalid classes (never ignore_index -100 or -2^31)")
+        check(got.dtype == torch.int64 and torch.equal(got, raw), "_lm_targets changed int64 targets: %s"
+              % got.tolist())
+        tb = t.clone()
+        tb[2], tb[3], tb[4] = ign, ign + 2 ** 32, ign - 2 ** 32
+        tot, per, dx, dw = run_head(head_for(w, ignore_index=ign), x, tb)
+        rest = torch.ones(24, dtype=torch.bool)
+        rest[2:5] = False
+        check(float(per[2]) == 0.0 and bool(torch.isnan(per[3])) and bool(torch.isnan(per[4]))
+              and bool(torch.isfinite(per[rest]).all()) and bool((dx[2] == 0).all()),
+              "ignore_index %d, int64 targets ign, ign + 2^32, ign - 2^32: row losses %s" % (ign, per[2:5].tolist()))
+    # other integer dtypes are converted in Python; uint8 and int16 give int64's results
+    tot64 = run_head(head_for(w), x, t)
+    for dt in (torch.int16, torch.uint8):
+        if int(t.max()) <= torch.iinfo(dt).max:
+            got = run_head(head_for(w), x, t.to(dt))
+            check(all(torch.equal(u, v) for u, v in zip(got, tot64)), "%s targets: results differ from int64's" % dt)
+    print("int64 targets narrowed by the library: ignore_index +- 2^32 give NaN rows, ignore_index 0 "
+          "(ignore_index -100, -2^31, -1); int16 / uint8 targets as int64's")
 
     # NaN in x (a row not ignored): NaN loss, total and gradients; other rows' losses finite
     x, w, t = make(24, d, V, seed=7)

@@ -165,7 +165,7 @@ def _cuda0(device, what):
 # ---------------------------------------------------------------------------
 
 MAX_DIMS = 4
-BF16, F32, F16, FP8_E4M3, I32 = 0, 1, 2, 3, 4
+BF16, F32, F16, FP8_E4M3, I32, I64 = 0, 1, 2, 3, 4, 5
 DEVICE_CPU, DEVICE_CUDA = 0, 1
 LAYOUTS = {"nt": 0, "nn": 1, "tn": 2}
 REDUCE = {"sum": 0, "max": 1, "sumsq": 2}
@@ -387,7 +387,7 @@ lib.coda_builtin_program_names.argtypes = []
 # Tensors
 # ---------------------------------------------------------------------------
 
-_DTYPES = {torch.bfloat16: BF16, torch.float32: F32, torch.float16: F16, torch.int32: I32}
+_DTYPES = {torch.bfloat16: BF16, torch.float32: F32, torch.float16: F16, torch.int32: I32, torch.int64: I64}
 
 
 def describe_tensor(t):
@@ -1063,19 +1063,20 @@ def lm_loss_workspace_size(ctx, device, m, d, vocab, opts=None, **fields):
 
 
 def _lm_targets(targets, device, ignore_index):
-    """Cross-entropy targets as the (M) int32 tensor coda_lm_loss reads,
-    without reading them on the host (no stream sync): int32 passes as it
-    is; other integer dtypes are converted on `device`, a value outside
-    int32 (which the conversion would wrap to another, valid-looking class)
-    first replaced by a negative value that is not ignore_index, so that,
-    like any target outside [0, V), it gives its row NaN. Floats and bools
+    """Cross-entropy targets as the (M) int32 or int64 tensor coda_lm_loss
+    reads, without reading them on the host (no stream sync): int32 and
+    int64 pass as they are (the library narrows int64 on the device, a
+    value outside [0, V) that is not ignore_index giving its row NaN); other
+    integer dtypes are converted to int32 on `device`, a value outside int32
+    (which the conversion would wrap to another, valid-looking class) first
+    replaced by a negative value that is not ignore_index. Floats and bools
     -> TypeError (a class index is an integer)."""
     if not isinstance(targets, torch.Tensor):
         raise TypeError("coda: targets must be a torch.Tensor, got %s" % type(targets).__name__)
     if targets.dtype == torch.bool or targets.is_floating_point() or targets.is_complex():
         raise TypeError("coda: targets must be an integer tensor (class indices), got %s" % targets.dtype)
     t = targets.to(device)
-    if t.dtype != torch.int32:
+    if t.dtype not in (torch.int32, torch.int64):
         info = torch.iinfo(t.dtype)
         lo, hi = -2 ** 31, 2 ** 31 - 1
         if ignore_index != lo and (info.max > hi or info.min < lo):
@@ -1107,7 +1108,7 @@ def lm_loss(ctx, x, w, targets, loss=None, total=None, dx=None, dw=None, opts=No
     backward, in one call, the rows in chunks so that the (M, V) logits
     never exist at once (coda.h section 10, docs/lm_loss.md).
 
-    x (M, d) bf16; w (V, d) bf16; targets (M) integers (int32 as it is,
+    x (M, d) bf16; w (V, d) bf16; targets (M) integers (int32 and int64 as they are,
     other integer dtypes converted on x's device without a sync; see
     _lm_targets). Options: opts (an LMLossOptions) and/or its fields as
     keywords. Outputs, written in place: loss (M) f32, each row's loss

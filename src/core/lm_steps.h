@@ -6,8 +6,13 @@
  * trust them: descriptors well formed, dtypes and extents as below, one
  * device, outputs apart from inputs. Strides are the tensors' own (bytes).
  *
- *   count    count[0] (1) i32 = number of i with targets[i] != ignore_index.
- *            targets (M) i32.
+ *   targets  count[0] (1) i32 = number of i with targets[i] != ignore_index;
+ *            targets (M) i32 or i64. For i64 also t32 (M) i32, contiguous:
+ *              t32[i] = targets[i]    if it is ignore_index or in [0, V)
+ *                     = bad           otherwise (outside int32 included),
+ *              bad = -1, or -2 when ignore_index is -1: a value the rows
+ *              step takes as outside [0, V) and never as ignore_index.
+ *            t32 is NULL for i32 targets (they are read as they are).
  *
  *   rows     one chunk of C rows of the logits, after the logits GEMM:
  *              logits   (C, V) bf16, read, and overwritten with dz
@@ -44,6 +49,10 @@
 
 #include "core/internal.h"
 
+/* The i32 stand-in for an i64 target that is neither ignore_index nor in
+ * [0, V): negative (so the rows step gives its row NaN), not ignore_index. */
+static inline int32_t coda__lm_bad_target(int32_t ignore_index) { return ignore_index == -1 ? -2 : -1; }
+
 typedef struct coda__lm_params {
     int64_t vocab;        /* V, the logits' columns                       */
     int32_t ignore_index;
@@ -55,14 +64,15 @@ typedef struct coda__lm_params {
     int want_grad;        /* 0: only the loss; the logits stay            */
 } coda__lm_params_t;
 
-void coda__cpu_lm_count(const coda_tensor_t *targets, int32_t ignore_index, coda_tensor_t *count);
+void coda__cpu_lm_targets(const coda_tensor_t *targets, int32_t ignore_index, int64_t vocab, coda_tensor_t *t32,
+                          coda_tensor_t *count);
 void coda__cpu_lm_rows(const coda__lm_params_t *p, coda_tensor_t *logits, const coda_tensor_t *partials,
                        const coda_tensor_t *targets, const coda_tensor_t *count, coda_tensor_t *loss);
 void coda__cpu_lm_total(const coda_tensor_t *loss, const coda_tensor_t *count, int mean, coda_tensor_t *total);
 
 #ifdef CODA_WITH_CUDA
-coda_status_t coda__cuda_lm_count(coda_context_t *ctx, const coda_tensor_t *targets, int32_t ignore_index,
-                                  coda_tensor_t *count, void *stream);
+coda_status_t coda__cuda_lm_targets(coda_context_t *ctx, const coda_tensor_t *targets, int32_t ignore_index,
+                                    int64_t vocab, coda_tensor_t *t32, coda_tensor_t *count, void *stream);
 coda_status_t coda__cuda_lm_rows(coda_context_t *ctx, const coda__lm_params_t *p, coda_tensor_t *logits,
                                  const coda_tensor_t *partials, const coda_tensor_t *targets,
                                  const coda_tensor_t *count, coda_tensor_t *loss, void *stream);

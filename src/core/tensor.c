@@ -8,6 +8,7 @@ size_t coda_dtype_size(coda_dtype_t dtype) {
     case CODA_F16: return 2;
     case CODA_FP8_E4M3: return 1;
     case CODA_I32: return 4;
+    case CODA_I64: return 8;
     }
     return 0;
 }
@@ -19,6 +20,7 @@ const char *coda_dtype_name(coda_dtype_t dtype) {
     case CODA_F16: return "f16";
     case CODA_FP8_E4M3: return "fp8e4m3";
     case CODA_I32: return "i32";
+    case CODA_I64: return "i64";
     }
     return NULL;
 }

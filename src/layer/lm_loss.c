@@ -15,7 +15,8 @@
  * so the logits cost one store and one read-modify-write pass beside the
  * three GEMMs, and the memory is one chunk (C, V) bf16 plus its partials.
  * The mean's divisor (the rows not ignored) is counted on the device before
- * the first chunk, so nothing waits for the host.
+ * the first chunk, and i64 targets narrowed to i32 in the same pass, so
+ * nothing waits for the host.
  *
  * Every argument is checked before the first kernel: a call that fails has
  * written nothing. */
@@ -126,12 +127,13 @@ static int64_t chunk_rows(const coda_lm_loss_opts_t *o, int64_t m, int64_t vp, i
     return c < m ? c : m;
 }
 
-/* ---- the workspace: the chunk's logits, its partials, the count ---- */
+/* ---- the workspace: the chunk's logits, its partials, the count, the
+ * contraction tails, the targets as i32 (when they came as i64) ---- */
 
 typedef struct {
     int64_t rows, vp, nt;   /* chunk rows, padded row length, partial tiles (most) */
     int64_t rows8;          /* rows of the logits buffer: chunk rows rounded up to 8 */
-    size_t logits_at, part_at, count_at, wtail_at, xtail_at, used;
+    size_t logits_at, part_at, count_at, wtail_at, xtail_at, t32_at, used;
 } ws_layout_t;
 
 static size_t up256(size_t b) { return (b + 255) / 256 * 256; }
@@ -154,7 +156,8 @@ static ws_layout_t ws_layout(const coda_lm_loss_opts_t *o, int64_t m, int64_t V,
     L.count_at = L.part_at + up256((size_t)L.rows * (size_t)L.nt * 3 * 4);
     L.wtail_at = L.count_at + 256;
     L.xtail_at = L.wtail_at + up256((size_t)8 * (size_t)d * 2);
-    L.used = L.xtail_at + up256((size_t)8 * (size_t)d * 2);
+    L.t32_at = L.xtail_at + up256((size_t)8 * (size_t)d * 2); /* i64 targets narrowed to i32 */
+    L.used = L.t32_at + up256((size_t)m * 4);
     return L;
 }
 
@@ -198,16 +201,21 @@ static coda_status_t check_mat(const coda_tensor_t *t, const char *name, int64_t
     return CODA_OK;
 }
 
-/* A vector of n elements of dtype dt: (n), or (n, 1). */
-static coda_status_t check_vec(const coda_tensor_t *t, const char *name, int64_t n, coda_dtype_t dt) {
+/* A vector of n elements of one of the dtypes: (n), or (n, 1). */
+static coda_status_t check_vec_of(const coda_tensor_t *t, const char *name, int64_t n, const coda_dtype_t *dts,
+                                  int n_dt) {
     char what[64];
     snprintf(what, sizeof what, FN ": %s", name);
     CODA_TRY(coda__check_tensor(t, what));
-    CODA_TRY(coda__check_dtype(t, what, &dt, 1));
+    CODA_TRY(coda__check_dtype(t, what, dts, n_dt));
     if (!(t->ndim == 1 || (t->ndim == 2 && t->shape[1] == 1)) || t->shape[0] != n)
         return coda__fail(CODA_ERR_SHAPE, "%s must be (%lld) or (%lld, 1), got %d dims (%lld, ...)", what,
                           (long long)n, (long long)n, t->ndim, (long long)t->shape[0]);
     return CODA_OK;
+}
+
+static coda_status_t check_vec(const coda_tensor_t *t, const char *name, int64_t n, coda_dtype_t dt) {
+    return check_vec_of(t, name, n, &dt, 1);
 }
 
 typedef struct { const coda_tensor_t *t; const char *name; } named_t;
@@ -245,14 +253,14 @@ static coda_status_t no_cuda(void) {
 }
 #endif
 
-static coda_status_t step_count(coda_context_t *ctx, const coda_tensor_t *targets, int32_t ignore,
-                                coda_tensor_t *count, void *stream) {
+static coda_status_t step_targets(coda_context_t *ctx, const coda_tensor_t *targets, int32_t ignore, int64_t V,
+                                  coda_tensor_t *t32, coda_tensor_t *count, void *stream) {
     if (targets->device == CODA_DEVICE_CPU) {
-        coda__cpu_lm_count(targets, ignore, count);
+        coda__cpu_lm_targets(targets, ignore, V, t32, count);
         return CODA_OK;
     }
 #ifdef CODA_WITH_CUDA
-    return coda__cuda_lm_count(ctx, targets, ignore, count, stream);
+    return coda__cuda_lm_targets(ctx, targets, ignore, V, t32, count, stream);
 #else
     return no_cuda();
 #endif
@@ -380,7 +388,8 @@ coda_status_t coda_lm_loss(coda_context_t *ctx, const coda_tensor_t *x, const co
         return coda__fail(CODA_ERR_SHAPE, FN ": d = %lld must be a multiple of 8 on the GPU", (long long)d);
     CODA_TRY(check_mat(x, "x", M, d, &bf16, 1));
     CODA_TRY(check_mat(w, "w", V, d, &bf16, 1));
-    CODA_TRY(check_vec(targets, "targets", M, CODA_I32));
+    const coda_dtype_t target_dts[2] = {CODA_I32, CODA_I64};
+    CODA_TRY(check_vec_of(targets, "targets", M, target_dts, 2));
     CODA_TRY(check_vec(loss, "loss", M, CODA_F32));
     if (total) CODA_TRY(check_vec(total, "total", 1, CODA_F32));
     if (dx) CODA_TRY(check_mat(dx, "dx", M, d, grad_dts, 2));
@@ -435,9 +444,14 @@ coda_status_t coda_lm_loss(coda_context_t *ctx, const coda_tensor_t *x, const co
 
     coda__lm_params_t p = {V, o->ignore_index, o->label_smoothing, o->z_loss, o->softcap, o->grad_scale,
                            o->reduction == CODA_LM_MEAN, dx != NULL || dw != NULL};
-    int64_t one[1] = {1}, four[1] = {4};
+    int64_t one[1] = {1}, four[1] = {4}, m1[1] = {M};
     coda_tensor_t count = ws_tensor(x, (char *)ws + L.count_at, CODA_I32, 1, one, four);
-    if (p.mean) st = step_count(ctx, targets, o->ignore_index, &count, stream);
+    /* i64 targets are read once, into an i32 copy the steps read (with the
+     * count on the way); i32 ones as they are, counted for the mean only */
+    coda_tensor_t t32 = ws_tensor(x, (char *)ws + L.t32_at, CODA_I32, 1, m1, four);
+    const int narrow = targets->dtype == CODA_I64;
+    if (p.mean || narrow) st = step_targets(ctx, targets, o->ignore_index, V, narrow ? &t32 : NULL, &count, stream);
+    const coda_tensor_t *tg = narrow ? &t32 : targets;
 
     /* CUDA: contraction tails (ws_layout's comment). The logits buffer's
      * padding columns stay zero (the epilogue and the rows step write only
@@ -464,7 +478,7 @@ coda_status_t coda_lm_loss(coda_context_t *ctx, const coda_tensor_t *x, const co
     int dw_started = o->accumulate;
     for (int64_t r0 = 0; st == CODA_OK && r0 < M; r0 += L.rows) {
         int64_t c = M - r0 < L.rows ? M - r0 : L.rows;
-        coda_tensor_t xc = rows_of(x, r0, c), tc = rows_of(targets, r0, c), lc = rows_of(loss, r0, c);
+        coda_tensor_t xc = rows_of(x, r0, c), tc = rows_of(tg, r0, c), lc = rows_of(loss, r0, c);
         int64_t zs[2] = {c, V}, zst[2] = {L.vp * 2, 2};
         coda_tensor_t z = ws_tensor(x, (char *)ws + L.logits_at, CODA_BF16, 2, zs, zst);
         int64_t ps[3] = {c, nt, 3}, pst[3] = {nt * 12, 12, 4};

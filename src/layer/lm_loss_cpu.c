@@ -7,9 +7,21 @@
 
 static inline float nan_max(float a, float b) { return isnan(a) || isnan(b) ? NAN : fmaxf(a, b); }
 
-void coda__cpu_lm_count(const coda_tensor_t *targets, int32_t ignore_index, coda_tensor_t *count) {
+void coda__cpu_lm_targets(const coda_tensor_t *targets, int32_t ignore_index, int64_t vocab, coda_tensor_t *t32,
+                          coda_tensor_t *count) {
+    const int32_t bad = coda__lm_bad_target(ignore_index);
     int32_t n = 0;
-    for (int64_t i = 0; i < targets->shape[0]; i++) n += *(const int32_t *)coda__at1(targets, i) != ignore_index;
+    for (int64_t i = 0; i < targets->shape[0]; i++) {
+        int32_t t;
+        if (targets->dtype == CODA_I64) {
+            int64_t v = *(const int64_t *)coda__at1(targets, i);
+            t = v == ignore_index || (v >= 0 && v < vocab) ? (int32_t)v : bad;
+            *(int32_t *)coda__at1(t32, i) = t;
+        } else {
+            t = *(const int32_t *)coda__at1(targets, i);
+        }
+        n += t != ignore_index;
+    }
     *(int32_t *)count->data = n;
 }
 

@@ -8,10 +8,12 @@
 #include "../test_lm_loss.c"
 
 /* Larger and odd shapes: a vocabulary that is not a multiple of the tile or
- * of 8, several chunks with a short last one, and the tiling a big N gets. */
+ * of 8, several chunks with a short last one, the tiling a big N gets, and
+ * each of the rows kernel's block sizes (128 threads below V = 32768, 256
+ * below 65536, 512 from there: lm_steps.c's rows_threads), Qwen's 151936. */
 static void test_large(coda_context_t *ctx) {
     static const struct { int64_t m, d, v, chunk; } shapes[] = {
-        {300, 64, 1000, 128}, {136, 128, 4099, 0}, {77, 256, 32003, 32}};
+        {300, 64, 1000, 128}, {136, 128, 4099, 0}, {77, 256, 32003, 32}, {40, 64, 40009, 16}, {16, 64, 151936, 0}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         problem_t p = make_problem(51 + s, shapes[s].m, shapes[s].d, shapes[s].v, 0.35f, 5);
         coda_lm_loss_opts_t o;
@@ -62,6 +64,7 @@ int main(void) {
     test_options(ctx);
     test_chunks_and_modes(ctx);
     test_nan_and_targets(ctx);
+    test_i64_targets(ctx);
     test_large(ctx);
     test_scale(ctx);
     test_gpu_refusals(ctx);

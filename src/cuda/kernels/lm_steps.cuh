@@ -2,14 +2,17 @@
  * launches them; what each computes: src/core/lm_steps.h; the CPU's loops,
  * the reference: src/layer/lm_loss_cpu.c):
  *
- *   coda_lm_count_kernel   count[0] = rows whose target is not ignore_index
+ *   coda_lm_targets_kernel count[0] = rows whose target is not ignore_index;
+ *                          i64 targets narrowed to i32 on the way
  *   coda_lm_rows_kernel    per row of a chunk: lse from the epilogue's
  *                          partials, the loss, dz over the bf16 logits in place
  *   coda_lm_total_kernel   total[0] = sum of the losses (/ count for the mean)
  *   coda_scale_kernel      t *= s[0] (coda_scale: grad_output times the
  *                          gradients the forward call made)
  *
- * The rows kernel is the one that matters: one block per row, one read and
+ * The rows kernel is the one that matters: one block per row (128 to 512
+ * threads by V: lm_steps.c's rows_threads), the row's first vectors loaded
+ * before its lse is reduced, one read and
  * one write of the row's V bf16 values as 16-byte vectors (the logits
  * buffer is the workspace's: 256-byte aligned base, rows a multiple of 16
  * bytes), a row's columns from V on never written. exp is the fast
@@ -24,6 +27,7 @@
 
 #define CODA_LM_THREADS 512
 #define CODA_LM_WARPS (CODA_LM_THREADS / 32)
+#define CODA_LM_BATCH 2 /* 16-byte vectors a thread per batch of the rows kernel (4 spills at 64 registers, ptxas's pick for 512 threads) */
 
 typedef unsigned short coda_lm_bf16_t;
 
@@ -43,7 +47,14 @@ static __device__ __forceinline__ float lm_max(float a, float b) {
     asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
     return r;
 }
-static __device__ __forceinline__ float lm_exp(float x) { return exp2f(x * 1.4426950408889634f); }
+/* e^x as ex2.approx.ftz alone (as the generated epilogues' exp): exp2f
+ * adds a denormal path of a few instructions an element, and a result
+ * below 2^-126 is within rounding of 0 beside the 1 / count it is scaled by */
+static __device__ __forceinline__ float lm_exp(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+    return y;
+}
 
 /* Block-wide sum or max (op 0 / 1) of v, the same value returned to every
  * thread; `red` is CODA_LM_WARPS floats of shared memory. */
@@ -62,11 +73,24 @@ static __device__ __forceinline__ float lm_block_reduce(float v, int op, float *
 }
 
 extern "C" __global__ void __launch_bounds__(CODA_LM_THREADS)
-coda_lm_count_kernel(const int *targets, long long ts, long long m, int ignore, int *count) {
-    /* one block; an integer count is exact in any order */
+coda_lm_targets_kernel(const void *targets, int i64, long long ts, long long m, int ignore, int bad, long long V,
+                       int *t32, int *count) {
+    /* one block; an integer count is exact in any order. i64: t32[i] is the
+     * target if it is ignore or in [0, V), else bad (lm_steps.h) */
     __shared__ int ired[CODA_LM_WARPS];
     int n = 0;
-    for (long long i = threadIdx.x; i < m; i += blockDim.x) n += targets[i * ts] != ignore;
+    if (i64) {
+        const long long *t = (const long long *)targets;
+        for (long long i = threadIdx.x; i < m; i += blockDim.x) {
+            const long long v = t[i * ts];
+            const int o = v == (long long)ignore || (v >= 0 && v < V) ? (int)v : bad;
+            t32[i] = o;
+            n += o != ignore;
+        }
+    } else {
+        const int *t = (const int *)targets;
+        for (long long i = threadIdx.x; i < m; i += blockDim.x) n += t[i * ts] != ignore;
+    }
     for (int o = 16; o > 0; o >>= 1) n += __shfl_xor_sync(0xffffffffu, n, o);
     if ((threadIdx.x & 31) == 0) ired[threadIdx.x >> 5] = n;
     __syncthreads();
@@ -100,6 +124,15 @@ coda_lm_rows_kernel(coda_lm_bf16_t *z, long long zs, const float *part, long lon
     for (long long i = blockIdx.x; i < rows; i += gridDim.x) {
         coda_lm_bf16_t *zr = z + i * zs;
         uint4 *zv = (uint4 *)zr;
+        const long long step = blockDim.x, batch = CODA_LM_BATCH * step;
+        /* the first batch of the row's vectors is loaded before anything
+         * else, so its latency hides behind the lse's reductions */
+        uint4 q[CODA_LM_BATCH];
+#pragma unroll
+        for (int u = 0; u < CODA_LM_BATCH; u++) {
+            const long long v = threadIdx.x + u * step;
+            if (v < nvec) q[u] = zv[v];
+        }
         const int t = targets[i * ts];
         if (t == ignore) {
             if (threadIdx.x == 0) loss[i * ls] = 0.0f;
@@ -128,25 +161,41 @@ coda_lm_rows_kernel(coda_lm_bf16_t *z, long long zs, const float *part, long lon
         const float a = s * (1.0f + 2.0f * zc * lse), hit = s * (1.0f - eps), base = s * eps / (float)V;
         const float icap = cap > 0.0f ? 1.0f / cap : 0.0f, nan = __int_as_float(0x7fc00000);
         float sum = 0.0f;
-        for (long long v = threadIdx.x; v < nvec; v += blockDim.x) {
-            uint4 q = zv[v];
-            unsigned w[4] = {q.x, q.y, q.z, q.w};
-            const long long j0 = v * 8;
+        /* a batch: CODA_LM_BATCH vectors a thread (elements in the same
+         * increasing order per thread as one at a time: the same sums), the
+         * next batch loaded before this one is stored (other addresses), so
+         * loads stay in flight while the stores go out */
+        for (long long b0 = 0; b0 < nvec; b0 += batch) {
+            uint4 nx[CODA_LM_BATCH];
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float z0 = lm_bf((unsigned short)(w[e] & 0xffffu)), z1 = lm_bf((unsigned short)(w[e] >> 16));
-                sum += z0;
-                sum += z1;
-                float g0 = a * lm_exp(z0 - lse) - (j0 + 2 * e == t ? hit : 0.0f) - base;
-                float g1 = a * lm_exp(z1 - lse) - (j0 + 2 * e + 1 == t ? hit : 0.0f) - base;
-                if (cap > 0.0f) {
-                    float u0 = z0 * icap, u1 = z1 * icap;
-                    g0 *= 1.0f - u0 * u0;
-                    g1 *= 1.0f - u1 * u1;
-                }
-                w[e] = in_range ? lm_to_bf2(g0, g1) : lm_to_bf2(nan, nan);
+            for (int u = 0; u < CODA_LM_BATCH; u++) {
+                const long long v = b0 + batch + threadIdx.x + u * step;
+                if (v < nvec) nx[u] = zv[v];
             }
-            if (want) zv[v] = make_uint4(w[0], w[1], w[2], w[3]);
+#pragma unroll
+            for (int u = 0; u < CODA_LM_BATCH; u++) {
+                const long long v = b0 + threadIdx.x + u * step;
+                if (v >= nvec) continue;
+                unsigned w[4] = {q[u].x, q[u].y, q[u].z, q[u].w};
+                const long long j0 = v * 8;
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float z0 = lm_bf((unsigned short)(w[e] & 0xffffu)), z1 = lm_bf((unsigned short)(w[e] >> 16));
+                    sum += z0;
+                    sum += z1;
+                    float g0 = a * lm_exp(z0 - lse) - (j0 + 2 * e == t ? hit : 0.0f) - base;
+                    float g1 = a * lm_exp(z1 - lse) - (j0 + 2 * e + 1 == t ? hit : 0.0f) - base;
+                    if (cap > 0.0f) {
+                        float u0 = z0 * icap, u1 = z1 * icap;
+                        g0 *= 1.0f - u0 * u0;
+                        g1 *= 1.0f - u1 * u1;
+                    }
+                    w[e] = in_range ? lm_to_bf2(g0, g1) : lm_to_bf2(nan, nan);
+                }
+                if (want) zv[v] = make_uint4(w[0], w[1], w[2], w[3]);
+            }
+#pragma unroll
+            for (int u = 0; u < CODA_LM_BATCH; u++) q[u] = nx[u];
         }
         for (long long j = tail0 + threadIdx.x; j < V; j += blockDim.x) {
             float zj = lm_bf(zr[j]);
