@@ -271,12 +271,34 @@ def _tokens(x):
     batch, seq, d = x.shape
     m = batch * seq
     xf = x.reshape(m, d).to(torch.bfloat16)
-    pos = torch.arange(seq, device=x.device, dtype=torch.float32).repeat(batch)
     pad = (-m) % 8 if x.is_cuda else 0
     if pad:
         xf = torch.nn.functional.pad(xf, (0, 0, 0, pad))
-        pos = torch.nn.functional.pad(pos, (0, pad))
-    return xf, pos, m
+    return xf, _positions(batch, seq, pad, x), m
+
+
+_pos_cache = {}  # (batch, seq, pad, device) -> pos, for eager calls
+
+
+def _positions(batch, seq, pad, x):
+    """(batch * seq + pad) f32: each token's position, the padding rows 0.
+    Made once per shape and device for eager calls (two launches and about
+    0.2 ms of host time before the block's first kernel otherwise; nothing
+    writes it: the ops only read and save it); made afresh where something
+    traces (torch.compile, CUDA graph capture), so no global tensor enters
+    a graph."""
+    def make():
+        pos = torch.arange(seq, device=x.device, dtype=torch.float32).repeat(batch)
+        return torch.nn.functional.pad(pos, (0, pad)) if pad else pos
+    if not _ops._value_readable(x):
+        return make()
+    key = (batch, seq, pad, x.device)
+    pos = _pos_cache.get(key)
+    if pos is None:
+        if len(_pos_cache) >= 16:
+            _pos_cache.clear()
+        pos = _pos_cache[key] = make()
+    return pos
 
 
 class RMSNorm(torch.nn.Module):

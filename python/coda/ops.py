@@ -203,61 +203,65 @@ if HAVE_CUSTOM_OPS:
     torch.library.register_autograd("coda::block_pre", _pre_backward, setup_context=_pre_setup)
     torch.library.register_autograd("coda::block_post", _post_backward, setup_context=_post_setup)
 
-    def pre(x, pos, g1, wqkv, cfg, eps, theta, xg=None, r1=None):
-        """-> qkv (M, nqkv) bf16."""
-        return block_pre(x, pos, g1, wqkv, xg, r1, list(cfg), float(eps), float(theta))[1]
 
-    def post(x, o, g2, wo, wgu, wd, cfg, eps, theta, g_next=None):
-        """-> y, or (y, y_g, r_next) with g_next."""
+# The eager path on every torch (and the only one on torch < 2.4).
+class _Pre(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, pos, g1, wqkv, xg, r1_in, cfg, eps, theta):
+        r1, qkv = _pre(x, pos, g1, wqkv, xg, r1_in, cfg, eps, theta)
+        ctx.save_for_backward(x, pos, r1, qkv, g1, wqkv)
+        ctx.cfg, ctx.eps, ctx.theta = cfg, eps, theta
+        ctx.set_materialize_grads(False)
+        return qkv
+
+    @staticmethod
+    def backward(ctx, dqkv):
+        if dqkv is None:
+            return (None,) * 9
+        x, pos, r1, qkv, g1, wqkv = ctx.saved_tensors
+        dx, dg1, dwqkv = _pre_bwd(x, pos, r1, qkv, dqkv, g1, wqkv, ctx.cfg, ctx.eps, ctx.theta)
+        return dx, None, dg1.to(g1.dtype), dwqkv.to(wqkv.dtype), None, None, None, None, None
+
+
+class _Post(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, o, g2, wo, wgu, wd, g_next, cfg, eps, theta):
+        y, h, r2, z, yg, rn = _post(x, o, g2, wo, wgu, wd, g_next, cfg, eps, theta)
+        ctx.save_for_backward(o, h, r2, z, g2, wo, wgu, wd)
+        ctx.cfg, ctx.eps, ctx.theta = cfg, eps, theta
+        ctx.mark_non_differentiable(yg, rn)
+        ctx.set_materialize_grads(False)
+        return y, yg, rn
+
+    @staticmethod
+    def backward(ctx, dy, dyg, drn):
+        if dy is None:
+            return (None,) * 10
+        o, h, r2, z, g2, wo, wgu, wd = ctx.saved_tensors
+        do, dh, dg2, dwo, dwgu, dwd = _post_bwd(o, h, r2, z, dy.to(torch.bfloat16), g2, wo, wgu, wd,
+                                                ctx.cfg, ctx.eps, ctx.theta)
+        return (dh, do, dg2.to(g2.dtype), dwo.to(wo.dtype), dwgu.to(wgu.dtype), dwd.to(wd.dtype), None, None,
+                None, None)
+
+
+def pre(x, pos, g1, wqkv, cfg, eps, theta, xg=None, r1=None):
+    """-> qkv (M, nqkv) bf16. The custom op where something traces
+    (torch.compile, export, fake tensors, CUDA graph capture), the
+    autograd.Function otherwise: the same _pre and _pre_bwd, without the
+    dispatcher's cost of a custom op call on every eager step."""
+    if HAVE_CUSTOM_OPS and not _value_readable(x):
+        return block_pre(x, pos, g1, wqkv, xg, r1, list(cfg), float(eps), float(theta))[1]
+    return _Pre.apply(x, pos, g1, wqkv, xg, r1, tuple(cfg), float(eps), float(theta))
+
+
+def post(x, o, g2, wo, wgu, wd, cfg, eps, theta, g_next=None):
+    """-> y, or (y, y_g, r_next) with g_next (the custom op or the
+    autograd.Function, as pre)."""
+    if HAVE_CUSTOM_OPS and not _value_readable(x):
         y, h, r2, z, yg, rn = block_post(x, o, g2, wo, wgu, wd, g_next, list(cfg), float(eps), float(theta))
         return y if g_next is None else (y, yg, rn)
-
-else:
-    class _Pre(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x, pos, g1, wqkv, xg, r1_in, cfg, eps, theta):
-            r1, qkv = _pre(x, pos, g1, wqkv, xg, r1_in, cfg, eps, theta)
-            ctx.save_for_backward(x, pos, r1, qkv, g1, wqkv)
-            ctx.cfg, ctx.eps, ctx.theta = cfg, eps, theta
-            ctx.set_materialize_grads(False)
-            return qkv
-
-        @staticmethod
-        def backward(ctx, dqkv):
-            if dqkv is None:
-                return (None,) * 9
-            x, pos, r1, qkv, g1, wqkv = ctx.saved_tensors
-            dx, dg1, dwqkv = _pre_bwd(x, pos, r1, qkv, dqkv, g1, wqkv, ctx.cfg, ctx.eps, ctx.theta)
-            return dx, None, dg1.to(g1.dtype), dwqkv.to(wqkv.dtype), None, None, None, None, None
-
-    class _Post(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x, o, g2, wo, wgu, wd, g_next, cfg, eps, theta):
-            y, h, r2, z, yg, rn = _post(x, o, g2, wo, wgu, wd, g_next, cfg, eps, theta)
-            ctx.save_for_backward(o, h, r2, z, g2, wo, wgu, wd)
-            ctx.cfg, ctx.eps, ctx.theta = cfg, eps, theta
-            ctx.mark_non_differentiable(yg, rn)
-            ctx.set_materialize_grads(False)
-            return y, yg, rn
-
-        @staticmethod
-        def backward(ctx, dy, dyg, drn):
-            if dy is None:
-                return (None,) * 10
-            o, h, r2, z, g2, wo, wgu, wd = ctx.saved_tensors
-            do, dh, dg2, dwo, dwgu, dwd = _post_bwd(o, h, r2, z, dy.to(torch.bfloat16), g2, wo, wgu, wd,
-                                                    ctx.cfg, ctx.eps, ctx.theta)
-            return (dh, do, dg2.to(g2.dtype), dwo.to(wo.dtype), dwgu.to(wgu.dtype), dwd.to(wd.dtype), None, None,
-                    None, None)
-
-    def pre(x, pos, g1, wqkv, cfg, eps, theta, xg=None, r1=None):
-        """-> qkv (M, nqkv) bf16."""
-        return _Pre.apply(x, pos, g1, wqkv, xg, r1, tuple(cfg), float(eps), float(theta))
-
-    def post(x, o, g2, wo, wgu, wd, cfg, eps, theta, g_next=None):
-        """-> y, or (y, y_g, r_next) with g_next."""
-        y, yg, rn = _Post.apply(x, o, g2, wo, wgu, wd, g_next, tuple(cfg), float(eps), float(theta))
-        return y if g_next is None else (y, yg, rn)
+    y, yg, rn = _Post.apply(x, o, g2, wo, wgu, wd, g_next, tuple(cfg), float(eps), float(theta))
+    return y if g_next is None else (y, yg, rn)
 
 
 # ---------------------------------------------------------------------------
