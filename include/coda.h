@@ -849,11 +849,14 @@ CODA_API coda_status_t coda_scale(coda_context_t *ctx, coda_tensor_t *t, const c
  * and row stride 16-byte aligned, dqkv 8-byte, lse 4-byte. bf16 tensor-core products with f32
  * accumulation and an online softmax (FlashAttention's algorithm; the
  * forward on warpgroup MMAs with tiles of 128 keys, the backward on
- * warpgroup MMAs with tiles of 64 queries (dk, dv) and 64 keys (dq); causal
+ * warpgroup MMAs in one kernel per 128 keys over tiles of 64 queries; causal
  * tiles past the diagonal skipped); the probabilities are rounded to bf16
  * for their products (as FlashAttention does).
- * No atomics: dq and dk/dv come from separate kernels, each output row
- * owned by one warpgroup, so results are bitwise the same run to run. The
+ * Deterministic: dk and dv rows are each owned by one warpgroup; dq is
+ * added into dqkv by TMA reduce-adds that take turns in the key blocks'
+ * fixed order (a counter per query tile in the workspace), so results are
+ * bitwise the same run to run. (Where dqkv is not 16-byte aligned, a split
+ * form runs: a dk/dv kernel and a dq kernel, nothing accumulated.) The
  * backward needs coda_attention_workspace_size bytes of device workspace
  * (the rows' D = do . o and lse, 2 x batch x n_heads x seq rounded up to
  * 128, f32, and 2 counters per 64 of those rows), 256-byte aligned; the

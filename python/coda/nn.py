@@ -237,13 +237,17 @@ class LlamaBlock(torch.nn.Module):
         r1 from the block before, the norm prologue is skipped."""
         _, n_heads, n_kv_heads, head_dim, _ = self._cfg_list
         p = {n: getattr(self, n).to(torch.bfloat16) for n in _BLOCK_PARAMS}
-        qkv = _ops.pre(xf, pos, p["g1"], p["wqkv"], self._cfg_list, self._eps, self._theta, xg=xg, r1=r1)
+        # one Link per call: post's backward hands its x-gradient to pre's
+        # (eager), so that no zero tensor and no add are made for it
+        link = _ops.Link()
+        qkv = _ops.pre(xf, pos, p["g1"], p["wqkv"], self._cfg_list, self._eps, self._theta, xg=xg, r1=r1,
+                       link=link)
         pad = xf.shape[0] - m
         o = self.attention(qkv[:m] if pad else qkv, batch, seq, n_heads, n_kv_heads, head_dim)
         if pad:
             o = torch.nn.functional.pad(o, (0, 0, 0, pad))
         out = _ops.post(xf, o.contiguous(), p["g2"], p["wo"], p["wgu"], p["wd"], self._cfg_list, self._eps,
-                        self._theta, g_next=g_next)
+                        self._theta, g_next=g_next, link=link)
         return out if g_next is not None else (out, None, None)
 
 
@@ -285,8 +289,8 @@ def _positions(batch, seq, pad, x):
     Made once per shape and device for eager calls (two launches and about
     0.2 ms of host time before the block's first kernel otherwise; nothing
     writes it: the ops only read and save it); made afresh where something
-    traces (torch.compile, CUDA graph capture), so no global tensor enters
-    a graph."""
+    traces (torch.compile) or a CUDA graph is captured, so no global tensor
+    enters a graph."""
     def make():
         pos = torch.arange(seq, device=x.device, dtype=torch.float32).repeat(batch)
         return torch.nn.functional.pad(pos, (0, pad)) if pad else pos

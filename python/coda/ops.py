@@ -105,12 +105,15 @@ def _post_bwd(o, h, r2, z, dy, g2, wo, wgu, wd, cfg, eps, theta):
     return do, dh, g["g2"], g["wo"], g["wgu"], g["wd"]
 
 
-def _pre_bwd(x, pos, r1, qkv, dqkv, g1, wqkv, cfg, eps, theta):
+def _pre_bwd(x, pos, r1, qkv, dqkv, g1, wqkv, cfg, eps, theta, dh=None):
+    """dh: block_post's gradient for x (the residual path), added in
+    backward_pre's epilogue; None: zeros (autograd then adds post's)."""
     b = blocks(cfg, eps, theta, x.device)
-    zero = torch.zeros_like(x, dtype=torch.bfloat16)  # the residual path is block_post's (autograd adds it)
+    if dh is None:
+        dh = torch.zeros_like(x, dtype=torch.bfloat16)
     dqkv = dqkv if dqkv.dtype in (torch.float32, torch.bfloat16) else dqkv.float()
-    dx, g = b.backward_pre(_w(g1=g1, wqkv=wqkv), x.contiguous(), pos.contiguous(), r1, qkv, dqkv.contiguous(), zero,
-                           grad_dtype=wqkv.dtype)
+    dx, g = b.backward_pre(_w(g1=g1, wqkv=wqkv), x.contiguous(), pos.contiguous(), r1, qkv, dqkv.contiguous(),
+                           dh.contiguous(), grad_dtype=wqkv.dtype)
     return dx, g["g1"], g["wqkv"]
 
 
@@ -204,31 +207,48 @@ if HAVE_CUSTOM_OPS:
     torch.library.register_autograd("coda::block_post", _post_backward, setup_context=_post_setup)
 
 
+class Link:
+    """One block call's hand-over between its two halves' backwards (eager
+    path): block_post's backward leaves its gradient for x here instead of
+    returning it, and block_pre's backward (which autograd always runs
+    after it: it needs dqkv, which needs post's do) takes it as the dh that
+    coda_block_backward_pre adds in its epilogue. That saves the zero
+    (M, d) tensor and autograd's add of the two gradients of x. A Link
+    belongs to one forward call (coda.nn makes one per call)."""
+    __slots__ = ("dh",)
+
+    def __init__(self):
+        self.dh = None
+
+
 # The eager path on every torch (and the only one on torch < 2.4).
 class _Pre(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, pos, g1, wqkv, xg, r1_in, cfg, eps, theta):
+    def forward(ctx, x, pos, g1, wqkv, xg, r1_in, cfg, eps, theta, link):
         r1, qkv = _pre(x, pos, g1, wqkv, xg, r1_in, cfg, eps, theta)
         ctx.save_for_backward(x, pos, r1, qkv, g1, wqkv)
-        ctx.cfg, ctx.eps, ctx.theta = cfg, eps, theta
+        ctx.cfg, ctx.eps, ctx.theta, ctx.link = cfg, eps, theta, link
         ctx.set_materialize_grads(False)
         return qkv
 
     @staticmethod
     def backward(ctx, dqkv):
-        if dqkv is None:
-            return (None,) * 9
+        dh = None
+        if ctx.link is not None:
+            dh, ctx.link.dh = ctx.link.dh, None
+        if dqkv is None:  # qkv unused: x's gradient is post's alone
+            return (dh,) + (None,) * 9
         x, pos, r1, qkv, g1, wqkv = ctx.saved_tensors
-        dx, dg1, dwqkv = _pre_bwd(x, pos, r1, qkv, dqkv, g1, wqkv, ctx.cfg, ctx.eps, ctx.theta)
-        return dx, None, dg1.to(g1.dtype), dwqkv.to(wqkv.dtype), None, None, None, None, None
+        dx, dg1, dwqkv = _pre_bwd(x, pos, r1, qkv, dqkv, g1, wqkv, ctx.cfg, ctx.eps, ctx.theta, dh=dh)
+        return dx, None, dg1.to(g1.dtype), dwqkv.to(wqkv.dtype), None, None, None, None, None, None
 
 
 class _Post(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, o, g2, wo, wgu, wd, g_next, cfg, eps, theta):
+    def forward(ctx, x, o, g2, wo, wgu, wd, g_next, cfg, eps, theta, link):
         y, h, r2, z, yg, rn = _post(x, o, g2, wo, wgu, wd, g_next, cfg, eps, theta)
         ctx.save_for_backward(o, h, r2, z, g2, wo, wgu, wd)
-        ctx.cfg, ctx.eps, ctx.theta = cfg, eps, theta
+        ctx.cfg, ctx.eps, ctx.theta, ctx.link = cfg, eps, theta, link
         ctx.mark_non_differentiable(yg, rn)
         ctx.set_materialize_grads(False)
         return y, yg, rn
@@ -236,31 +256,34 @@ class _Post(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy, dyg, drn):
         if dy is None:
-            return (None,) * 10
+            return (None,) * 11
         o, h, r2, z, g2, wo, wgu, wd = ctx.saved_tensors
         do, dh, dg2, dwo, dwgu, dwd = _post_bwd(o, h, r2, z, dy.to(torch.bfloat16), g2, wo, wgu, wd,
                                                 ctx.cfg, ctx.eps, ctx.theta)
+        if ctx.link is not None:  # to block_pre's backward, which adds it (Link)
+            ctx.link.dh, dh = dh, None
         return (dh, do, dg2.to(g2.dtype), dwo.to(wo.dtype), dwgu.to(wgu.dtype), dwd.to(wd.dtype), None, None,
-                None, None)
+                None, None, None)
 
 
-def pre(x, pos, g1, wqkv, cfg, eps, theta, xg=None, r1=None):
+def pre(x, pos, g1, wqkv, cfg, eps, theta, xg=None, r1=None, link=None):
     """-> qkv (M, nqkv) bf16. The custom op where something traces
-    (torch.compile, export, fake tensors, CUDA graph capture), the
-    autograd.Function otherwise: the same _pre and _pre_bwd, without the
-    dispatcher's cost of a custom op call on every eager step."""
-    if HAVE_CUSTOM_OPS and not _value_readable(x):
+    (torch.compile, export, fake tensors), the autograd.Function otherwise
+    (eager, CUDA graph capture included): the same _pre and _pre_bwd,
+    without the dispatcher's cost of a custom op call on every eager step.
+    link: a Link shared with the same block call's post (Function path)."""
+    if HAVE_CUSTOM_OPS and _traced(x):
         return block_pre(x, pos, g1, wqkv, xg, r1, list(cfg), float(eps), float(theta))[1]
-    return _Pre.apply(x, pos, g1, wqkv, xg, r1, tuple(cfg), float(eps), float(theta))
+    return _Pre.apply(x, pos, g1, wqkv, xg, r1, tuple(cfg), float(eps), float(theta), link)
 
 
-def post(x, o, g2, wo, wgu, wd, cfg, eps, theta, g_next=None):
+def post(x, o, g2, wo, wgu, wd, cfg, eps, theta, g_next=None, link=None):
     """-> y, or (y, y_g, r_next) with g_next (the custom op or the
-    autograd.Function, as pre)."""
-    if HAVE_CUSTOM_OPS and not _value_readable(x):
+    autograd.Function, as pre; link as pre's)."""
+    if HAVE_CUSTOM_OPS and _traced(x):
         y, h, r2, z, yg, rn = block_post(x, o, g2, wo, wgu, wd, g_next, list(cfg), float(eps), float(theta))
         return y if g_next is None else (y, yg, rn)
-    y, yg, rn = _Post.apply(x, o, g2, wo, wgu, wd, g_next, tuple(cfg), float(eps), float(theta))
+    y, yg, rn = _Post.apply(x, o, g2, wo, wgu, wd, g_next, tuple(cfg), float(eps), float(theta), link)
     return y if g_next is None else (y, yg, rn)
 
 
@@ -314,21 +337,30 @@ def _lm(x, w, targets, ignore_index, label_smoothing, z_loss, softcap, reduction
             dw if grad_w else w.new_empty(0, dtype=dwt))
 
 
-def _value_readable(g):
-    """Whether g's value may be read on the host here: not while torch.compile
-    or export traces (fake or functional tensors), not during CUDA graph
-    capture, not on the meta device."""
+def _traced(g):
+    """Whether g is seen by a tracer rather than run: torch.compile or
+    export (fake or functional tensors, the meta device, AOTAutograd's
+    modes). CUDA graph capture is not tracing: Python runs as in eager."""
     if g.device.type == "meta" or type(g) not in (torch.Tensor, torch.nn.Parameter):
-        return False  # fake, functional and other tensor subclasses: traced
+        return True  # fake, functional and other tensor subclasses: traced
     comp = getattr(getattr(torch, "compiler", None), "is_compiling", None)
     if comp is not None and comp():
-        return False
+        return True
     keys, mode = getattr(torch._C, "_TorchDispatchModeKey", None), getattr(torch._C, "_get_dispatch_mode", None)
     if keys is not None and mode is not None:  # AOTAutograd / make_fx tracing the backward
         for k in ("FAKE", "PROXY", "FUNCTIONAL"):
             if hasattr(keys, k) and mode(getattr(keys, k)) is not None:
-                return False
+                return True
     if getattr(torch._C, "_is_functional_tensor", None) is not None and torch._C._is_functional_tensor(g):
+        return True
+    return False
+
+
+def _value_readable(g):
+    """Whether g's value may be read on the host here: not while torch.compile
+    or export traces (fake or functional tensors), not during CUDA graph
+    capture, not on the meta device."""
+    if _traced(g):
         return False
     capturing = getattr(torch.cuda, "is_current_stream_capturing", None)
     if g.is_cuda and capturing is not None and capturing():
