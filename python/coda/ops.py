@@ -14,12 +14,17 @@ checkpointing:
 
 cfg is the list [d, n_heads, n_kv_heads, head_dim, ffn] with eps and
 rope_theta as floats; the C block for a configuration and device is made
-once and kept (blocks()). With an older torch the same functions are
-torch.autograd.Function classes (eager only).
+once and kept (blocks()). pre() and post() call the custom operators only
+where something traces (torch.compile, export, fake tensors: _traced);
+eagerly, CUDA graph capture included, and on a torch without custom ops,
+they call the same functions through torch.autograd.Function classes
+(_Pre, _Post), which skip the dispatcher's cost on every step.
 
 Autograd: block_post's gradient with respect to x is dh (the residual path
-through h); block_pre's is the RMSNorm path alone (its backward runs with a
-zero residual gradient), and autograd adds the two.
+through h); block_pre's is the RMSNorm path. On the Function path a Link
+shared by one block call hands dh from post's backward to pre's, whose C
+call adds it in its epilogue; on the custom-op path pre's backward runs
+with a zero residual gradient and autograd adds the two.
 
 The norm across blocks: block_post with g_next (the next block's g1) also
 returns y_g = y g_next and r_next = rstd(y) from its down projection's
