@@ -37,8 +37,9 @@
  *
  * 384 threads each: warpgroup 0 produces (one thread: TMA through 3-D maps
  * (column, position, sequence), so rows past a sequence's end come in as
- * zeros; warp 1 the statistics of a query tile; fused: thread 64 writes
- * dq), warpgroups 1 and 2 consume 64 of the block's rows each. The
+ * zeros; warp 1 the statistics of a query tile; fused: threads 64 and 96
+ * write dq, the even and the odd steps), warpgroups 1 and 2 consume 64 of
+ * the block's rows each. The
  * streamed tiles go through a ring of AB_STAGES stages (mbarriers full /
  * empty, as the forward).
  *
@@ -85,7 +86,7 @@
 #define AB_BARS_DQ (AB_TILES_OFF + 2 * AB_STAGES * AB_SMALL)
 #define AB_DS_OFF ((AB_BARS_DKDV + 1023) & ~1023) /* fused: P^T, dS^T (wgmma operands: 1024-aligned) */
 #define AB_DS_BYTES (AB_ROWS * 128)            /* 128 keys x 64 queries bf16 */
-/* fused: 2 dq tiles (64 queries x HD f32) that the writer thread adds
+/* fused: 2 dq tiles (64 queries x HD f32) that the writers add
  * into dq by TMA, as HD / 32 boxes of 32 columns (64 rows of 128 bytes,
  * swizzled as the f32 map's 128-byte swizzle) */
 #define AB_DQB_OFF (AB_DS_OFF + 2 * AB_DS_BYTES)
@@ -305,7 +306,8 @@ static __device__ __forceinline__ void ab_tma_out3(const coda_tmap *map, u32 src
                      : "memory");
 }
 
-/* The fused kernel's dq writer (one thread of the producer warpgroup):
+/* One of the fused kernel's two dq writers (threads 64 and 96 of the
+ * producer warpgroup, steps i = first, first + 2, ...: the two dq tiles):
  * step i's dq tile (head hq, 64-query tile qti), once both consumer
  * warpgroups have staged their parts of it (the sum over the block's 128
  * keys), goes into dq in its turn. The contributions to a tile come from
@@ -318,14 +320,22 @@ static __device__ __forceinline__ void ab_tma_out3(const coda_tmap *map, u32 src
  * j. The order fixes the sum's rounding: the result is the same run to
  * run. The consumers go on meanwhile: a staged tile is given back as soon
  * as TMA has read it (wait_group.read), the counter once the adds are
- * done. */
+ * done. Two writers, so that one step's adds are in flight while the
+ * other's wait for their turn and complete: with one thread doing both
+ * steps' chains one after the other, the consumers waited for the dq tile
+ * (the wait before warpgroup 0's first product, 5% of the warps' samples
+ * at LLaMA-3 1B) and the backward ran at 334 / 421 / 387 TFLOP/s at 1B /
+ * 8B / 70B against 364-373 / 415-422 / 396-398 with two (H200,
+ * test_attention_gpu benchonly, two runs). Consecutive steps are
+ * different (head, tile) pairs, so the two never add into the same dq
+ * rows and each tile's order stays the key blocks'. */
 static __device__ __forceinline__ void ab_dq_writer(const coda_tmap *t_dq, const coda_attn_args_t &p, u32 bars,
-                                                    u32 sdq, int steps, int group, int n_qt, int qt0, int h0,
-                                                    int jb, int b) {
+                                                    u32 sdq, int first, int steps, int group, int n_qt, int qt0,
+                                                    int h0, int jb, int b) {
     u32 *counters = (u32 *)(p.dsum + 2 * STAT_PLANE(p, gridDim.y));
     const u32 turn = (u32)jb;
     coda_prefetch_tmap(t_dq);
-    for (int i = 0; i < steps; i++) {
+    for (int i = first; i < steps; i += 2) {
         int g, qti;
         ab_kv_step(i, group, n_qt, qt0, 1, &g, &qti);
         const int d = i & 1, hq = h0 + g;
@@ -396,19 +406,24 @@ static __device__ __forceinline__ void ab_q_ds(float *dp, const float *s, const 
     for (int e = 0; e < AB_TILE / 2; e++) dp[e] = (keep >> e) & 1u ? s[e] * (dp[e] - dd[(e >> 1) & 1]) : 0.f;
 }
 
-/* dS^T (the thread's packed bf16 fragments, rows kr and kr + 8 of the 128
- * keys) into the key-major dS buffer: row = key, 64 queries of 128 bytes,
- * 16-byte chunks swizzled (chunk ^ (row & 7)), the layout an MN-major
- * wgmma operand reads. */
-static __device__ __forceinline__ void ab_store_ds(u32 ds, u32 (*pd)[4], int kr) {
-    const int lane = threadIdx.x & 31;
+/* dS^T (the warp's packed bf16 fragments: its 16 rows from wrow of the
+ * 128 keys, 64 queries) into the key-major dS buffer: row = key, 64
+ * queries of 128 bytes, 16-byte chunks swizzled (chunk ^ (row & 7)), the
+ * layout an MN-major wgmma operand reads. One stmatrix a 16-query step:
+ * fragment f of step kk is the 8 x 8 matrix of rows wrow + 8 (f & 1) and
+ * chunk 2 kk + (f >> 1) (the accumulator layout is stmatrix's), lane l
+ * giving the address of row l & 7 of matrix l >> 3. A matrix's 8 rows
+ * land in 8 different chunks: one wavefront each. (Four b32 stores a
+ * fragment before: 4x the instructions.) */
+static __device__ __forceinline__ void ab_store_ds(u32 ds, u32 (*pd)[4], int wrow) {
+    const int lane = threadIdx.x & 31, m = lane >> 3, i = lane & 7;
+    const u32 at = ds + (wrow + 8 * (m & 1) + i) * 128;
 #pragma unroll
     for (int kk = 0; kk < AB_TILE / 16; kk++)
-#pragma unroll
-        for (int f = 0; f < 4; f++) {
-            const int row = kr + 8 * (f & 1), chunk = 2 * kk + (f >> 1);
-            coda_st_shared_b32(ds + row * 128 + ((chunk ^ (row & 7)) << 4) + (lane & 3) * 4, pd[kk][f]);
-        }
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(
+                         at + (((2 * kk + (m >> 1)) ^ i) << 4)),
+                     "r"(pd[kk][0]), "r"(pd[kk][1]), "r"(pd[kk][2]), "r"(pd[kk][3])
+                     : "memory");
 }
 
 /* dk, dv (and with `fused`, dq) of one block of 128 keys: the body of
@@ -437,10 +452,10 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
 
     ab_init_bars(bars, 1 + 32, fused); /* the TMA thread's expect_tx, the statistics warp's 32 lanes */
 
-    if (wg == 0) { /* producer: thread 0 the tiles (TMA), warp 1 the statistics, fused: thread 64 dq */
+    if (wg == 0) { /* producer: thread 0 the tiles (TMA), warp 1 the statistics, fused: threads 64, 96 dq */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
-        if (fused && threadIdx.x == 64)
-            ab_dq_writer(t_dq, p, bars, sdq, steps, group, n_qt, qt0, kvh * group, jb, b);
+        if (fused && (threadIdx.x == 64 || threadIdx.x == 96)) /* even steps, odd steps */
+            ab_dq_writer(t_dq, p, bars, sdq, threadIdx.x == 96, steps, group, n_qt, qt0, kvh * group, jb, b);
         if (threadIdx.x == 0) {
             coda_prefetch_tmap(t_q);
             coda_prefetch_tmap(t_do);
@@ -545,10 +560,10 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
              * spilled). The proxy fence first (wgmma reads what ordinary
              * stores wrote), then the warpgroup's barrier; the buffers are
              * free again once this step's products are waited for. */
-            const int kr0 = 64 * c + 16 * (tid >> 5) + (lane >> 2);
+            const int wrow = 64 * c + 16 * (tid >> 5); /* the warp's first key in the block */
             const u32 spt = sds + c * 8192, sdt = sds + AB_DS_BYTES + c * 8192, kb = sk + c * 8192;
-            ab_store_ds(sds, pa, kr0);
-            ab_store_ds(sds + AB_DS_BYTES, pd, kr0);
+            ab_store_ds(sds, pa, wrow);
+            ab_store_ds(sds + AB_DS_BYTES, pd, wrow);
             coda_fence_proxy_async();
             coda_wg_sync(2 + c);
             float dq[HD / 2];
@@ -561,7 +576,7 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
             coda_wgmma_wait(1); /* dq's group: staged while dv and dk run */
             AW_FENCE(dq, HD / 2);
             /* dq's part (the warpgroup's 64 keys) is staged for the writer
-             * thread (ab_dq_writer) in the dq tile of step i's parity:
+             * of step i's parity (ab_dq_writer) in the dq tile of that parity:
              * warpgroup 0 stores (the tile was free at the step's start),
              * warpgroup 1 then adds its own (a fixed order: the same bits
              * run to run), after named barrier 6 + (i & 1): a barrier, not
