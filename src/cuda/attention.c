@@ -36,7 +36,7 @@
 static const char *const attn_files[] = {"gemm_prelude.cuh", "gemm_wgmma.cuh", "attention.cuh",
                                          "attention_wgmma.cuh", "attention_bwd_wgmma.cuh"};
 #define N_ATTN_FILES (sizeof attn_files / sizeof attn_files[0])
-#define N_OPTS 8
+#define N_OPTS 9
 
 /* The kernels' argument block (attention.cuh's coda_attn_args_t). */
 typedef struct {
@@ -107,7 +107,8 @@ typedef struct {
     const char *opts[N_OPTS];
     int hd;
     int stages, pipe;   /* the backward's CODA_AB_STAGES and CODA_AB_PIPE */
-    char stages_opt[32], pipe_opt[32], pingpong_opt[32];
+    int dq_perm;        /* CODA_AB_DQ_PERM: the fused backward's dq tile staged with rows permuted */
+    char stages_opt[32], pipe_opt[32], pingpong_opt[32], perm_opt[32];
     void *stream;
 } launcher_t;
 
@@ -116,7 +117,8 @@ typedef struct {
 static coda_status_t launch(launcher_t *L, const char *entry, unsigned gx, unsigned gy, unsigned gz,
                             int threads, int smem, void **args) {
     struct coda_cuda *cu = L->ctx->cuda;
-    uint64_t quick[2] = {KEY0 + (uint64_t)L->hd + 256u * (uint64_t)L->stages + 4096u * (uint64_t)L->pipe,
+    uint64_t quick[2] = {KEY0 + (uint64_t)L->hd + 256u * (uint64_t)L->stages + 4096u * (uint64_t)L->pipe +
+                             65536u * (uint64_t)L->dq_perm,
                          coda__hash(CODA_HASH_SEED0, entry, strlen(entry))};
     CUfunction fn = coda__cuda_kernel_find(L->dev, quick);
     if (!fn) { /* first use: compile (or load from the cache), which also raises the smem limit */
@@ -159,6 +161,27 @@ static coda_status_t seq_map(coda_context_t *ctx, CUtensorMap *map, const coda_t
     return CODA_OK;
 }
 
+/* The fused backward's dq map where seq is a multiple of 8 (CODA_AB_DQ_PERM):
+ * dqkv f32 as (column, h, q, g, sequence), position 8 g + 4 h + q, boxes
+ * of 32 columns (128 bytes, swizzled) x 2 x 4 x 8 = 64 positions, laid
+ * out in shared memory as rows 8 g + 2 q + h (attention_bwd_wgmma.cuh's
+ * ab_dq_stage_perm says why); positions past a sequence's end (whole
+ * groups g) are not written. */
+static coda_status_t dq_perm_map(coda_context_t *ctx, CUtensorMap *map, const coda_tensor_t *t,
+                                 const coda_attention_shape_t *s) {
+    const cuuint64_t ld = (cuuint64_t)t->stride[0];
+    cuuint64_t dims[5] = {(cuuint64_t)t->shape[1], 2, 4, (cuuint64_t)(s->seq / 8), (cuuint64_t)s->batch};
+    cuuint64_t strides[4] = {4 * ld, ld, 8 * ld, ld * (cuuint64_t)s->seq};
+    cuuint32_t box[5] = {32, 2, 4, 8, 1}, estr[5] = {1, 1, 1, 1, 1};
+    struct coda_cuda *cu = ctx->cuda;
+    CODA_CU(cu,
+            cu->cu.TensorMapEncodeTiled(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 5, t->data, dims, strides, box, estr,
+                                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+            "cuTensorMapEncodeTiled(dqkv, (column, h, q, g, sequence))");
+    return CODA_OK;
+}
+
 /* The wgmma backward: by default one kernel for dk, dv and dq (128 key
  * rows a block over 64-query tiles, 5 products; dq added into dqkv by TMA
  * in the key blocks' fixed order through counters in the workspace, zeroed
@@ -180,7 +203,8 @@ static coda_status_t run_bwd_wgmma(launcher_t *L, const coda_attention_shape_t *
     const int dq_by_tma = (uintptr_t)out->data % 16 == 0 && out->stride[0] % 16 == 0;
     if (!L->ctx->tuning.attn_split_bwd && dq_by_tma) {
         CUtensorMap dqm;
-        CODA_TRY(seq_map(L->ctx, &dqm, out, s, 64, "cuTensorMapEncodeTiled(dqkv, 64 rows)"));
+        if (L->dq_perm) CODA_TRY(dq_perm_map(L->ctx, &dqm, out, s));
+        else CODA_TRY(seq_map(L->ctx, &dqm, out, s, 64, "cuTensorMapEncodeTiled(dqkv, 64 rows)"));
         void *kv_args[] = {&qkv128, &qkv64, &do64, &dqm, a}; /* the fused kernel's query tiles: 64 rows */
         const int64_t pad = coda__cdiv(s->seq, 128) * 128, plane = s->batch * s->n_heads * pad;
         struct coda_cuda *cu = L->ctx->cuda;
@@ -265,6 +289,12 @@ coda_status_t coda__cuda_attention(coda_context_t *ctx, const coda_attention_sha
     L.opts[6] = L.pipe_opt;
     snprintf(L.pingpong_opt, sizeof L.pingpong_opt, "-DCODA_AW_PINGPONG=%d", L.pipe);
     L.opts[7] = L.pingpong_opt;
+    /* the permuted dq staging needs whole groups of 8 positions (its map
+     * splits the position 8 g + 4 h + q); the forward takes the same
+     * options as the usual backward, so they share one compilation */
+    L.dq_perm = !backward || shape->seq % 8 == 0;
+    snprintf(L.perm_opt, sizeof L.perm_opt, "-DCODA_AB_DQ_PERM=%d", L.dq_perm);
+    L.opts[8] = L.perm_opt;
 
     attn_args_t a;
     memset(&a, 0, sizeof a);

@@ -289,6 +289,10 @@ static void test_shapes(coda_context_t *ctx) {
         {1, 1100, 2, 1, 128}, /* 9 key tiles of 128: the stage ring wraps four times */
         /* many short sequences and heads: more blocks than the H200 has SMs */
         {8, 130, 24, 8, 128}, {6, 200, 24, 8, 64},
+        /* seq a multiple of 8 but not of 64, several sequences: the fused
+         * backward's permuted dq map (whole 8-position groups) must stop at
+         * each sequence's end, not write into the next one's rows */
+        {3, 136, 4, 2, 128}, {2, 72, 4, 1, 64},
     };
     static const char *names[5] = {"o", "lse", "dq", "dk", "dv"};
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {

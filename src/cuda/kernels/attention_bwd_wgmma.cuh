@@ -68,6 +68,9 @@
 #define CODA_AB_PIPE 1                    /* 1: the dq kernel's steps overlapped; 0: one at a time */
 #endif
 #define AB_STAGES CODA_AB_STAGES
+#ifndef CODA_AB_DQ_PERM
+#define CODA_AB_DQ_PERM 0                 /* 1: the staged dq tile's rows permuted (ab_dq_stage_perm) */
+#endif
 #define AB_BIG_CHUNK (AB_ROWS * 128)      /* one 64-column chunk of a block */
 #define AB_SMALL_CHUNK (AB_TILE * 128)    /* ... of a streamed tile         */
 #define AB_BIG (HD / 64 * AB_BIG_CHUNK)
@@ -251,6 +254,49 @@ static __device__ __forceinline__ void ab_dq_stage(const float *dq, float scale,
     }
 }
 
+/* The same with the staged tile's rows permuted (CODA_AB_DQ_PERM: where
+ * seq is a multiple of 8, attention.c): tile row 8 g + 4 h + q is staged
+ * as row 8 g + 2 q + h, and the f32 map reads the tile as (column, h, q,
+ * g) boxes, so TMA puts every row back in place. Then a half warp's four
+ * rows (q = 0..3 of one h) have row & 7 = 2q + h, whose swizzles send
+ * their 32-byte pieces to the four different bank groups with every
+ * thread taking its columns in order: conflict-free with no reordering
+ * of registers (ab_dq_order's selects, 2 a value) and one XOR an address
+ * pair (the staged row's swizzle bits and the column's chunk are XORed
+ * once, then each access is that plus an immediate). */
+static __device__ __forceinline__ void ab_dq_stage_perm(const float *dq, float scale, u32 buf, int row,
+                                                        const int add) {
+    const int lane = threadIdx.x & 31;
+    const int x = ((row & 3) << 1) | ((row >> 2) & 1); /* the staged row's low bits: its swizzle */
+    /* chunk of column 8t + 2 (lane & 3) is 2 (t & 3) + ((lane & 3) >> 1),
+     * swizzled ^ x; the bits 4-6 of buf + row * 128 are zero, so the
+     * per-thread part ((lane & 3) >> 1) ^ x goes in by OR and t's by XOR */
+    const u32 p0 = (buf + ((row & ~7) | x) * 128) + ((((lane & 3) >> 1) ^ x) << 4) + (lane & 1) * 8;
+#pragma unroll
+    for (int t0 = 0; t0 < HD / 8; t0 += 2) {
+        float a[2][2][2];
+#pragma unroll
+        for (int k = 0; k < 2; k++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) { /* r: row + 8, staged 8 rows on (same swizzle) */
+                const int t = t0 + k;
+                const u32 at = (p0 ^ ((t & 3) << 5)) + (t >> 2) * AB_DQB_BOX + r * 1024;
+                a[k][r][0] = a[k][r][1] = 0.f;
+                asm volatile("{ .reg .pred p; setp.ne.s32 p, %3, 0;\n"
+                             " @p ld.shared.v2.f32 {%0, %1}, [%2]; }"
+                             : "+f"(a[k][r][0]), "+f"(a[k][r][1]) : "r"(at), "r"(add) : "memory");
+            }
+#pragma unroll
+        for (int k = 0; k < 2; k++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const int t = t0 + k, e = 4 * t + 2 * r;
+                coda_st_shared_f32x2((p0 ^ ((t & 3) << 5)) + (t >> 2) * AB_DQB_BOX + r * 1024,
+                                     fmaf(dq[e], scale, a[k][r][0]), fmaf(dq[e + 1], scale, a[k][r][1]));
+            }
+    }
+}
+
 /* dq (64 queries x HD) = dS (64 queries x 64 keys, key-major at ds,
  * 128-byte rows) . k (those 64 keys' rows from kb): both operands
  * MN-major. Issued, not committed. */
@@ -292,10 +338,24 @@ static __device__ __forceinline__ void ab_kv_step(int i, int group, int n_qt, in
     *tile = fused ? qt0 + n_qt - 1 - i / group : qt0 + i % n_qt;
 }
 
-/* 3-D TMA store (add = 0) or reduce-add (add = 1) of one f32 box from
- * shared memory into global (column, position, sequence); positions past
- * a sequence's end are not written. */
+/* TMA store (add = 0) or reduce-add (add = 1) of one staged f32 box (32
+ * columns x 64 positions) into dq: through the 3-D map (column, position,
+ * sequence), or with CODA_AB_DQ_PERM the 5-D one (column, h, q, g,
+ * sequence) whose box puts position 8 g + 4 h + q back from the staged
+ * row 8 g + 2 q + h (ab_dq_stage_perm); positions past a sequence's end
+ * are not written. */
 static __device__ __forceinline__ void ab_tma_out3(const coda_tmap *map, u32 src, int col, int pos, int b, int add) {
+#if CODA_AB_DQ_PERM /* the map is (column, h, q, g, sequence), position 8 g + 4 h + q */
+    if (add)
+        asm volatile("cp.reduce.async.bulk.tensor.5d.global.shared::cta.add.tile.bulk_group"
+                     " [%0, {%2, %3, %3, %4, %5}], [%1];"
+                     ::"l"((u64)map), "r"(src), "r"(col), "r"(0), "r"(pos >> 3), "r"(b)
+                     : "memory");
+    else
+        asm volatile("cp.async.bulk.tensor.5d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %3, %4, %5}], [%1];"
+                     ::"l"((u64)map), "r"(src), "r"(col), "r"(0), "r"(pos >> 3), "r"(b)
+                     : "memory");
+#else
     if (add)
         asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];"
                      ::"l"((u64)map), "r"(src), "r"(col), "r"(pos), "r"(b)
@@ -304,6 +364,7 @@ static __device__ __forceinline__ void ab_tma_out3(const coda_tmap *map, u32 src
         asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4}], [%1];"
                      ::"l"((u64)map), "r"(src), "r"(col), "r"(pos), "r"(b)
                      : "memory");
+#endif
 }
 
 /* One of the fused kernel's two dq writers (threads 64 and 96 of the
@@ -588,11 +649,15 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
             const u32 dqb = sdq + (i & 1) * AB_DQB_BYTES;
             const int row = 16 * (tid >> 5) + (lane >> 2);
             if (c == 1) coda_turn_wait(6 + (i & 1));
+#if CODA_AB_DQ_PERM
+            ab_dq_stage_perm(dq, p.scale, dqb, row, c);
+#else
 #pragma unroll
             for (int h = 0; h < HD / 64; h++) {
                 ab_dq_order(dq + 32 * h, row & 3);
                 ab_dq_stage(dq + 32 * h, p.scale, dqb, row, 64 * h, c);
             }
+#endif
             if (c == 0) {
                 coda_turn_pass(6 + (i & 1));
             } else {
