@@ -91,7 +91,8 @@
 #define AB_DS_BYTES (AB_ROWS * 128)            /* 128 keys x 64 queries bf16 */
 /* fused: 2 dq tiles (64 queries x HD f32) that the writers add
  * into dq by TMA, as HD / 32 boxes of 32 columns (64 rows of 128 bytes,
- * swizzled as the f32 map's 128-byte swizzle) */
+ * swizzled as the f32 map's 128-byte swizzle; with CODA_AB_DQ_PERM the rows
+ * permuted, ab_dq_stage_perm) */
 #define AB_DQB_OFF (AB_DS_OFF + 2 * AB_DS_BYTES)
 #define AB_DQB_BOX (AB_TILE * 128)
 #define AB_DQB_BYTES (HD / 32 * AB_DQB_BOX)
