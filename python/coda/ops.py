@@ -122,6 +122,23 @@ def _pre_bwd(x, pos, r1, qkv, dqkv, g1, wqkv, cfg, eps, theta, dh=None):
     return dx, g["g1"], g["wqkv"]
 
 
+def _pre_grads(ctx, dqkv, bwd, **kw):
+    """block_pre's gradients for (x, pos, g1, wqkv) from ctx's saved
+    tensors: bwd is the C call (the custom op, or _pre_bwd with dh=)."""
+    x, pos, r1, qkv, g1, wqkv = ctx.saved_tensors
+    dx, dg1, dwqkv = bwd(x, pos, r1, qkv, dqkv, g1, wqkv, ctx.cfg, ctx.eps, ctx.theta, **kw)
+    return dx, None, dg1.to(g1.dtype), dwqkv.to(wqkv.dtype)
+
+
+def _post_grads(ctx, dy, bwd):
+    """block_post's gradients for (x, o, g2, wo, wgu, wd) from ctx's saved
+    tensors: bwd is the C call (the custom op or _post_bwd)."""
+    o, h, r2, z, g2, wo, wgu, wd = ctx.saved_tensors
+    do, dh, dg2, dwo, dwgu, dwd = bwd(o, h, r2, z, dy.to(torch.bfloat16), g2, wo, wgu, wd, ctx.cfg, ctx.eps,
+                                      ctx.theta)
+    return dh, do, dg2.to(g2.dtype), dwo.to(wo.dtype), dwgu.to(wgu.dtype), dwd.to(wd.dtype)
+
+
 HAVE_CUSTOM_OPS = hasattr(torch, "library") and hasattr(torch.library, "custom_op")
 
 if HAVE_CUSTOM_OPS:
@@ -186,9 +203,7 @@ if HAVE_CUSTOM_OPS:
     def _pre_backward(ctx, dr1, dqkv):
         if dqkv is None:  # qkv unused: no gradient
             return (None,) * 9
-        x, pos, r1, qkv, g1, wqkv = ctx.saved_tensors
-        dx, dg1, dwqkv = block_pre_backward(x, pos, r1, qkv, dqkv, g1, wqkv, ctx.cfg, ctx.eps, ctx.theta)
-        return dx, None, dg1.to(g1.dtype), dwqkv.to(wqkv.dtype), None, None, None, None, None
+        return _pre_grads(ctx, dqkv, block_pre_backward) + (None,) * 5
 
     def _post_setup(ctx, inputs, output):
         x, o, g2, wo, wgu, wd, g_next, cfg, eps, theta = inputs
@@ -203,10 +218,7 @@ if HAVE_CUSTOM_OPS:
     def _post_backward(ctx, dy, dh_, dr2, dz, dyg, drn):
         if dy is None:  # y unused: no gradient
             return (None,) * 10
-        o, h, r2, z, g2, wo, wgu, wd = ctx.saved_tensors
-        do, dh, dg2, dwo, dwgu, dwd = block_post_backward(o, h, r2, z, dy.to(torch.bfloat16), g2, wo, wgu, wd,
-                                                          ctx.cfg, ctx.eps, ctx.theta)
-        return dh, do, dg2.to(g2.dtype), dwo.to(wo.dtype), dwgu.to(wgu.dtype), dwd.to(wd.dtype), None, None, None, None
+        return _post_grads(ctx, dy, block_post_backward) + (None,) * 4
 
     torch.library.register_autograd("coda::block_pre", _pre_backward, setup_context=_pre_setup)
     torch.library.register_autograd("coda::block_post", _post_backward, setup_context=_post_setup)
@@ -243,9 +255,7 @@ class _Pre(torch.autograd.Function):
             dh, ctx.link.dh = ctx.link.dh, None
         if dqkv is None:  # qkv unused: x's gradient is post's alone
             return (dh,) + (None,) * 9
-        x, pos, r1, qkv, g1, wqkv = ctx.saved_tensors
-        dx, dg1, dwqkv = _pre_bwd(x, pos, r1, qkv, dqkv, g1, wqkv, ctx.cfg, ctx.eps, ctx.theta, dh=dh)
-        return dx, None, dg1.to(g1.dtype), dwqkv.to(wqkv.dtype), None, None, None, None, None, None
+        return _pre_grads(ctx, dqkv, _pre_bwd, dh=dh) + (None,) * 6
 
 
 class _Post(torch.autograd.Function):
@@ -262,13 +272,10 @@ class _Post(torch.autograd.Function):
     def backward(ctx, dy, dyg, drn):
         if dy is None:
             return (None,) * 11
-        o, h, r2, z, g2, wo, wgu, wd = ctx.saved_tensors
-        do, dh, dg2, dwo, dwgu, dwd = _post_bwd(o, h, r2, z, dy.to(torch.bfloat16), g2, wo, wgu, wd,
-                                                ctx.cfg, ctx.eps, ctx.theta)
-        if ctx.link is not None:  # to block_pre's backward, which adds it (Link)
-            ctx.link.dh, dh = dh, None
-        return (dh, do, dg2.to(g2.dtype), dwo.to(wo.dtype), dwgu.to(wgu.dtype), dwd.to(wd.dtype), None, None,
-                None, None, None)
+        g = _post_grads(ctx, dy, _post_bwd)
+        if ctx.link is not None:  # x's to block_pre's backward, which adds it (Link)
+            ctx.link.dh, g = g[0], (None,) + g[1:]
+        return g + (None,) * 5
 
 
 def pre(x, pos, g1, wqkv, cfg, eps, theta, xg=None, r1=None, link=None):

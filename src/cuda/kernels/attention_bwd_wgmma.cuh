@@ -69,7 +69,7 @@
 #endif
 #define AB_STAGES CODA_AB_STAGES
 #ifndef CODA_AB_DQ_PERM
-#define CODA_AB_DQ_PERM 0                 /* 1: the staged dq tile's rows permuted (ab_dq_stage_perm) */
+#define CODA_AB_DQ_PERM 0                 /* 1: the staged dq tile's rows permuted (ab_dq_at) */
 #endif
 #define AB_BIG_CHUNK (AB_ROWS * 128)      /* one 64-column chunk of a block */
 #define AB_SMALL_CHUNK (AB_TILE * 128)    /* ... of a streamed tile         */
@@ -92,7 +92,7 @@
 /* fused: 2 dq tiles (64 queries x HD f32) that the writers add
  * into dq by TMA, as HD / 32 boxes of 32 columns (64 rows of 128 bytes,
  * swizzled as the f32 map's 128-byte swizzle; with CODA_AB_DQ_PERM the rows
- * permuted, ab_dq_stage_perm) */
+ * permuted, ab_dq_at) */
 #define AB_DQB_OFF (AB_DS_OFF + 2 * AB_DS_BYTES)
 #define AB_DQB_BOX (AB_TILE * 128)
 #define AB_DQB_BYTES (HD / 32 * AB_DQB_BOX)
@@ -188,12 +188,10 @@ static __device__ __forceinline__ void ab_release(u32 bars, int s) {
     coda_mbar_arrive(AB_BAR_EMPTY(bars, s));
 }
 
-/* A consumer thread's part of a dq product (64 queries x 64 columns from
- * col0, the thread's rows row and row + 8 of the tile), times scale, into
- * the staged dq tile at buf (with `add`, added to what the other
- * warpgroup's thread of the same place staged there): column col in box
- * col / 32, 16-byte chunk (col % 32 / 4) ^ (row & 7), the layout the f32
- * map's 128-byte swizzle reads.
+/* The staged dq tile (a consumer thread's part of a dq product: 64
+ * queries x HD, the thread's rows row and row + 8 of the tile): column col
+ * in box col / 32, 16-byte chunk (col % 32 / 4) ^ (row & 7), the layout
+ * the f32 map's 128-byte swizzle reads.
  *
  * Bank conflicts: shared memory serves a warp's 8-byte accesses half a
  * warp (16 lanes, 128 bytes) a wavefront. In column order, the four rows
@@ -220,9 +218,39 @@ static __device__ __forceinline__ void ab_dq_order(float *v, int m) {
     ab_dq_swap(v, 1, m & 1);
     ab_dq_swap(v, 2, m & 2);
 }
-static __device__ __forceinline__ void ab_dq_stage(const float *dq, float scale, u32 buf, int row, int col0,
-                                                   const int add) {
-    const int lane = threadIdx.x & 31, m = row & 3;
+/* With CODA_AB_DQ_PERM (where seq is a multiple of 8, attention.c) the
+ * staged tile's rows are permuted instead: tile row 8 g + 4 h + q is
+ * staged as row 8 g + 2 q + h, and the f32 map reads the tile as (column,
+ * h, q, g) boxes, so TMA puts every row back in place. Then a half warp's
+ * four rows (q = 0..3 of one h) have row & 7 = 2q + h, whose swizzles send
+ * their 32-byte pieces to the four different bank groups with every
+ * thread taking its columns in order: conflict-free with no ab_dq_order
+ * (its selects, 2 a value) and one XOR an address pair.
+ *
+ * ab_dq_at: the staged address of the thread's float2 of column group t
+ * (columns 8t + 2 (lane & 3), + 1) in tile row row + 8 r; without the
+ * permutation, group t holds what ab_dq_order moved there, group (t & ~7)
+ * | ((t & 7) ^ (row & 3)). */
+static __device__ __forceinline__ u32 ab_dq_at(u32 buf, int row, int t, int r) {
+    const int lane = threadIdx.x & 31;
+#if CODA_AB_DQ_PERM
+    /* the chunk 2 (t & 3) + ((lane & 3) >> 1), swizzled ^ x (x: the staged
+     * row's low bits); bits 4-6 of buf + row * 128 are zero, so the
+     * thread's part ((lane & 3) >> 1) ^ x goes in by addition and t's by
+     * XOR; row + 8 is staged 8 rows on, with the same swizzle */
+    const int x = ((row & 3) << 1) | ((row >> 2) & 1);
+    const u32 p0 = buf + ((row & ~7) | x) * 128 + ((((lane & 3) >> 1) ^ x) << 4) + (lane & 1) * 8;
+    return (p0 ^ ((t & 3) << 5)) + (t >> 2) * AB_DQB_BOX + r * 1024;
+#else
+    const int rr = row + 8 * r, col = 8 * ((t & ~7) | ((t & 7) ^ (row & 3))) + 2 * (lane & 3);
+    return buf + (col >> 5) * AB_DQB_BOX + rr * 128 + ((((col & 31) >> 2) ^ (rr & 7)) << 4) + (col & 3) * 4;
+#endif
+}
+
+/* The thread's dq values (64 x HD accumulator layout, in ab_dq_order's
+ * order unless CODA_AB_DQ_PERM), times scale, into the staged tile at buf;
+ * with `add`, added to what the other warpgroup's thread staged there. */
+static __device__ __forceinline__ void ab_dq_stage(const float *dq, float scale, u32 buf, int row, const int add) {
     /* four accesses' loads, then their stores: the loads' latencies
      * overlap (one load then its store, 32 times, was a chain of
      * latencies). Predicated loads, not a branch (a branch here, on
@@ -230,70 +258,25 @@ static __device__ __forceinline__ void ab_dq_stage(const float *dq, float scale,
      * around the whole staging spilled), nor loads whose values are dropped
      * (warpgroup 0's, half the staging's wavefronts). */
 #pragma unroll
-    for (int k0 = 0; k0 < 8; k0 += 2) {
-        float a[2][2][2];
-        u32 at[2][2];
-#pragma unroll
-        for (int k = 0; k < 2; k++)
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const int rr = row + 8 * r, col = col0 + 8 * ((k0 + k) ^ m) + 2 * (lane & 3);
-                at[k][r] = buf + (col >> 5) * AB_DQB_BOX + rr * 128 + ((((col & 31) >> 2) ^ (rr & 7)) << 4) +
-                           (col & 3) * 4;
-                a[k][r][0] = a[k][r][1] = 0.f;
-                asm volatile("{ .reg .pred p; setp.ne.s32 p, %3, 0;\n"
-                             " @p ld.shared.v2.f32 {%0, %1}, [%2]; }"
-                             : "+f"(a[k][r][0]), "+f"(a[k][r][1]) : "r"(at[k][r]), "r"(add) : "memory");
-            }
-#pragma unroll
-        for (int k = 0; k < 2; k++)
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const int e = 4 * (k0 + k) + 2 * r;
-                coda_st_shared_f32x2(at[k][r], fmaf(dq[e], scale, a[k][r][0]), fmaf(dq[e + 1], scale, a[k][r][1]));
-            }
-    }
-}
-
-/* The same with the staged tile's rows permuted (CODA_AB_DQ_PERM: where
- * seq is a multiple of 8, attention.c): tile row 8 g + 4 h + q is staged
- * as row 8 g + 2 q + h, and the f32 map reads the tile as (column, h, q,
- * g) boxes, so TMA puts every row back in place. Then a half warp's four
- * rows (q = 0..3 of one h) have row & 7 = 2q + h, whose swizzles send
- * their 32-byte pieces to the four different bank groups with every
- * thread taking its columns in order: conflict-free with no reordering
- * of registers (ab_dq_order's selects, 2 a value) and one XOR an address
- * pair (the staged row's swizzle bits and the column's chunk are XORed
- * once, then each access is that plus an immediate). */
-static __device__ __forceinline__ void ab_dq_stage_perm(const float *dq, float scale, u32 buf, int row,
-                                                        const int add) {
-    const int lane = threadIdx.x & 31;
-    const int x = ((row & 3) << 1) | ((row >> 2) & 1); /* the staged row's low bits: its swizzle */
-    /* chunk of column 8t + 2 (lane & 3) is 2 (t & 3) + ((lane & 3) >> 1),
-     * swizzled ^ x; the bits 4-6 of buf + row * 128 are zero, so the
-     * per-thread part ((lane & 3) >> 1) ^ x goes in by OR and t's by XOR */
-    const u32 p0 = (buf + ((row & ~7) | x) * 128) + ((((lane & 3) >> 1) ^ x) << 4) + (lane & 1) * 8;
-#pragma unroll
     for (int t0 = 0; t0 < HD / 8; t0 += 2) {
         float a[2][2][2];
 #pragma unroll
         for (int k = 0; k < 2; k++)
 #pragma unroll
-            for (int r = 0; r < 2; r++) { /* r: row + 8, staged 8 rows on (same swizzle) */
-                const int t = t0 + k;
-                const u32 at = (p0 ^ ((t & 3) << 5)) + (t >> 2) * AB_DQB_BOX + r * 1024;
+            for (int r = 0; r < 2; r++) {
                 a[k][r][0] = a[k][r][1] = 0.f;
                 asm volatile("{ .reg .pred p; setp.ne.s32 p, %3, 0;\n"
                              " @p ld.shared.v2.f32 {%0, %1}, [%2]; }"
-                             : "+f"(a[k][r][0]), "+f"(a[k][r][1]) : "r"(at), "r"(add) : "memory");
+                             : "+f"(a[k][r][0]), "+f"(a[k][r][1]) : "r"(ab_dq_at(buf, row, t0 + k, r)), "r"(add)
+                             : "memory");
             }
 #pragma unroll
         for (int k = 0; k < 2; k++)
 #pragma unroll
             for (int r = 0; r < 2; r++) {
-                const int t = t0 + k, e = 4 * t + 2 * r;
-                coda_st_shared_f32x2((p0 ^ ((t & 3) << 5)) + (t >> 2) * AB_DQB_BOX + r * 1024,
-                                     fmaf(dq[e], scale, a[k][r][0]), fmaf(dq[e + 1], scale, a[k][r][1]));
+                const int e = 4 * (t0 + k) + 2 * r;
+                coda_st_shared_f32x2(ab_dq_at(buf, row, t0 + k, r), fmaf(dq[e], scale, a[k][r][0]),
+                                     fmaf(dq[e + 1], scale, a[k][r][1]));
             }
     }
 }
@@ -343,9 +326,9 @@ static __device__ __forceinline__ void ab_kv_step(int i, int group, int n_qt, in
  * columns x 64 positions) into dq: through the 3-D map (column, position,
  * sequence), or with CODA_AB_DQ_PERM the 5-D one (column, h, q, g,
  * sequence) whose box puts position 8 g + 4 h + q back from the staged
- * row 8 g + 2 q + h (ab_dq_stage_perm); positions past a sequence's end
+ * row 8 g + 2 q + h (ab_dq_at); positions past a sequence's end
  * are not written. */
-static __device__ __forceinline__ void ab_tma_out3(const coda_tmap *map, u32 src, int col, int pos, int b, int add) {
+static __device__ __forceinline__ void ab_tma_out_dq(const coda_tmap *map, u32 src, int col, int pos, int b, int add) {
 #if CODA_AB_DQ_PERM /* the map is (column, h, q, g, sequence), position 8 g + 4 h + q */
     if (add)
         asm volatile("cp.reduce.async.bulk.tensor.5d.global.shared::cta.add.tile.bulk_group"
@@ -410,7 +393,8 @@ static __device__ __forceinline__ void ab_dq_writer(const coda_tmap *t_dq, const
         asm volatile("fence.proxy.async;" ::: "memory"); /* the last turn's adds (async proxy) before ours */
         const u32 src = sdq + d * AB_DQB_BYTES;
 #pragma unroll
-        for (int t = 0; t < HD / 32; t++) ab_tma_out3(t_dq, src + t * AB_DQB_BOX, hq * HD + 32 * t, qti * AB_TILE, b, turn > 0);
+        for (int t = 0; t < HD / 32; t++)
+            ab_tma_out_dq(t_dq, src + t * AB_DQB_BOX, hq * HD + 32 * t, qti * AB_TILE, b, turn > 0);
         coda_bulk_commit();
         coda_bulk_wait_read(0);
         coda_mbar_arrive(AB_BAR_DQ_EMPTY(bars, d));
@@ -650,15 +634,11 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
             const u32 dqb = sdq + (i & 1) * AB_DQB_BYTES;
             const int row = 16 * (tid >> 5) + (lane >> 2);
             if (c == 1) coda_turn_wait(6 + (i & 1));
-#if CODA_AB_DQ_PERM
-            ab_dq_stage_perm(dq, p.scale, dqb, row, c);
-#else
+#if !CODA_AB_DQ_PERM
 #pragma unroll
-            for (int h = 0; h < HD / 64; h++) {
-                ab_dq_order(dq + 32 * h, row & 3);
-                ab_dq_stage(dq + 32 * h, p.scale, dqb, row, 64 * h, c);
-            }
+            for (int h = 0; h < HD / 64; h++) ab_dq_order(dq + 32 * h, row & 3);
 #endif
+            ab_dq_stage(dq, p.scale, dqb, row, c);
             if (c == 0) {
                 coda_turn_pass(6 + (i & 1));
             } else {
