@@ -417,7 +417,11 @@ CODA_API int coda_program_find_arg(const coda_program_t *p, const char *name);
  * program stores it. Each program argument is bound by name to a tensor
  * (tiles, vectors, partials) or a scalar; every argument must be bound once.
  * Shapes are checked against M, N, the argument's space and the tiling.
- * A program with a half-space value or argument, or a full-space swap, needs
+ * No output may overlap A, B, another output or an input, with one
+ * exception: a tile output may be bound to exactly the view of a tile input
+ * of the same column space (same base, dtype, shape and strides), an update
+ * in place: every element is read before it is overwritten (swiglu_bwd's dz
+ * over z, say). A program with a half-space value or argument, or a full-space swap, needs
  * N even. Tilings: 1 <= tile_m <= 1024; tile_n even, 2 <= tile_n <= 1024.
  *
  * On CUDA (the program becomes CUDA C inside the Hopper GEMM, compiled by
@@ -665,7 +669,14 @@ typedef struct coda_block_acts {
     coda_tensor_t h;    /* (M, d) bf16    residual stream after attention        */
     coda_tensor_t r2;   /* (M) f32        rstd of h                              */
     coda_tensor_t z;    /* (M, 2I) bf16   gate/up pre-activation: gate j at 2j, up
-                                          j at 2j+1                               */
+                                          j at 2j+1. forward_post with z.data NULL
+                                          (a zeroed tensor) does not save it: a
+                                          forward for inference, with no backward */
+    int spend_z;        /* backward_post: nonzero lets it write dL/dz over z (in
+                           place, instead of an (M, 2I) bf16 workspace buffer:
+                           size it with CODA_BLOCK_BACKWARD_POST_SPEND_Z); z is
+                           then spent, and a second backward_post from the same
+                           forward is wrong. 0: z is only read. */
 } coda_block_acts_t;
 
 CODA_API coda_status_t coda_block_create(coda_context_t *ctx, const coda_llama_config_t *cfg,
@@ -677,7 +688,8 @@ typedef enum coda_block_call {
     CODA_BLOCK_FORWARD_PRE = 0,
     CODA_BLOCK_FORWARD_POST = 1,
     CODA_BLOCK_BACKWARD_POST = 2,
-    CODA_BLOCK_BACKWARD_PRE = 3
+    CODA_BLOCK_BACKWARD_PRE = 3,
+    CODA_BLOCK_BACKWARD_POST_SPEND_Z = 4 /* backward_post with acts->spend_z set */
 } coda_block_call_t;
 
 /* Bytes of workspace `call` of the block needs for m tokens (CODA_BLOCK_ANY:

@@ -271,7 +271,9 @@ static void bad_epilogue(h_rng *rng) {
         BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b2, p, bd, NB, &tl, NULL), CODA_ERR_SHAPE, "odd");
     }
     /* overlaps: output on an input, two outputs, output on A */
-    RESET(); bd[BH].tensor.data = X;
+    RESET(); bd[BH].tensor.data = (char *)X + 2 * N; /* one row off x: not its view (checked, never touched) */
+    BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB, &tl, NULL), CODA_ERR_OVERLAP, "'x'");
+    RESET(); bd[BH].tensor = bd[BX].tensor; bd[BH].tensor.stride[0] = 2 * N + 16; /* x's base, other rows */
     BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB, &tl, NULL), CODA_ERR_OVERLAP, "'x'");
     RESET(); bd[BCS].tensor.data = (char *)SS + 8;
     BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB, &tl, NULL), CODA_ERR_OVERLAP, "overlaps");
@@ -279,6 +281,21 @@ static void bad_epilogue(h_rng *rng) {
     BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB, &tl, NULL), CODA_ERR_OVERLAP, "overlaps a");
     RESET(); bd[BTG].tensor.data = (char *)L + 12; /* an input inside an output */
     BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB, &tl, NULL), CODA_ERR_OVERLAP, "'tg'");
+    /* an output bound to the very view of a tile input of its space: an
+     * update in place, the same bits as out of place */
+    {
+        uint16_t *x0 = malloc(M * N * 2), *h_out = malloc(M * N * 2);
+        memcpy(x0, X, M * N * 2);
+        RESET();
+        CHECK_OK(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB, &tl, NULL));
+        memcpy(h_out, H, M * N * 2);
+        RESET(); bd[BH].tensor = bd[BX].tensor;
+        CHECK_OK(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, NB, &tl, NULL));
+        CHECK(!memcmp(X, h_out, M * N * 2), "h written over x (in place) differs from h out of place");
+        CHECK(memcmp(x0, h_out, M * N * 2) != 0, "the in-place test's h equals its x: it tests nothing");
+        memcpy(X, x0, M * N * 2);
+        free(x0), free(h_out);
+    }
 #undef RESET
     coda_program_free(p);
 }

@@ -161,6 +161,45 @@ int main(void) {
         coda_llama_free(L);
     }
 
+    /* ---- a forward that does not save z (inference), a backward that spends z ---- */
+    {
+        mb_t s = mb_new(&r, 2, 5);
+        coda_tensor_t z_own = s.acts.z;
+        memset(&s.acts.z, 0, sizeof s.acts.z);
+        CHECK_OK(coda_block_forward_post(B, &w, &a.x, &a.o, &s.acts, &s.y, NULL, NULL, NULL, ws, wsb, NULL));
+        CHECK(same(&s.y, &a.y), "y of a forward without z differs from the training forward's");
+        CHECK(same(&s.acts.h, &a.acts.h), "h of a forward without z differs");
+        /* its backward is refused, nothing written */
+        size_t do_bytes = (size_t)(s.m * NQ * 2);
+        memset(s.do_.data, 0x5a, do_bytes);
+        CHECK_STATUS(coda_block_backward_post(B, &w, &a.o, &s.acts, &a.dy, &s.do_, &s.dh, NULL, ws, wsb, NULL),
+                     CODA_ERR_INVALID_ARG);
+        int untouched = 1;
+        for (size_t i = 0; i < do_bytes; i++) untouched &= ((unsigned char *)s.do_.data)[i] == 0x5a;
+        CHECK(untouched, "a refused backward_post (z not saved) wrote into do_");
+        s.acts.z = z_own;
+
+        /* spend_z: the same bits as reading z, in less workspace */
+        size_t ws_read, ws_spend, zbytes = (size_t)(a.m * 2 * CFG.ffn * 2);
+        CHECK_OK(coda_block_workspace_size(B, CODA_BLOCK_BACKWARD_POST, a.m, &ws_read));
+        CHECK_OK(coda_block_workspace_size(B, CODA_BLOCK_BACKWARD_POST_SPEND_Z, a.m, &ws_spend));
+        CHECK(ws_spend + zbytes <= ws_read, "backward_post's workspace: %zu spending z, %zu reading it", ws_spend,
+              ws_read);
+        coda_block_acts_t sp = a.acts;
+        sp.z = z_own;
+        memcpy(sp.z.data, a.acts.z.data, zbytes);
+        sp.spend_z = 1;
+        CHECK_STATUS(coda_block_backward_post(B, &w, &a.o, &a.acts, &a.dy, &s.do_, &s.dh, &s.grads, ws, ws_spend,
+                                              NULL),
+                     CODA_ERR_SHAPE); /* reading z needs the larger workspace */
+        CHECK_OK(coda_block_backward_post(B, &w, &a.o, &sp, &a.dy, &s.do_, &s.dh, &s.grads, ws, ws_spend, NULL));
+        CHECK(same(&s.do_, &a.do_) && same(&s.dh, &a.dh), "do_ or dh with z spent differs from z read");
+        CHECK(same(&s.grads.wo, &a.grads.wo) && same(&s.grads.g2, &a.grads.g2) &&
+                  same(&s.grads.wgu, &a.grads.wgu) && same(&s.grads.wd, &a.grads.wd),
+              "a weight gradient with z spent differs from z read");
+        mb_free(&s);
+    }
+
     /* ---- dqkv in bf16 ---- */
     {
         coda_tensor_t d16 = zbf(a.m, NQKV), dx16 = zbf(a.m, CFG.d);
@@ -255,9 +294,9 @@ int main(void) {
         size_t sz;
         CHECK_STATUS(coda_block_workspace_size(B, CODA_BLOCK_ANY, -1, &sz), CODA_ERR_SHAPE);
         CHECK_STATUS(coda_block_workspace_size(NULL, CODA_BLOCK_ANY, 8, &sz), CODA_ERR_INVALID_ARG);
-        CHECK_STATUS(coda_block_workspace_size(B, (coda_block_call_t)4, 8, &sz), CODA_ERR_INVALID_ARG);
+        CHECK_STATUS(coda_block_workspace_size(B, (coda_block_call_t)5, 8, &sz), CODA_ERR_INVALID_ARG);
         size_t most = 0, each;
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k <= CODA_BLOCK_BACKWARD_POST_SPEND_Z; k++) {
             CHECK_OK(coda_block_workspace_size(B, (coda_block_call_t)k, a.m, &each));
             most = each > most ? each : most;
             /* each call runs in exactly its own size */

@@ -117,6 +117,63 @@ def in_flight(cfg):
     print("two forwards in flight and activation checkpointing: ok")
 
 
+def z_memory(cfg):
+    """A forward without grad saves no z and gives the same y; the eager
+    backward that writes dz over z (coda.ops.SPEND_Z) gives the same
+    gradients as the one that only reads it, and a second backward through
+    it is refused, not wrong."""
+    blk = coda.nn.LlamaBlock(cfg, device=DEVICE)
+    x = torch.randn(2, 8, cfg.d, device=DEVICE).bfloat16()
+    calls = []
+    real = coda.Block.forward_post
+
+    def spy(self, *a, **kw):
+        calls.append(kw.get("save_z", True))
+        return real(self, *a, **kw)
+
+    coda.Block.forward_post = spy
+    try:
+        with torch.no_grad():
+            y0 = blk(x)
+        y1 = blk(x)
+    finally:
+        coda.Block.forward_post = real
+    check(calls == [False, True], "save_z in forward_post: %s, want [False, True] (no_grad, grad)" % calls)
+    check(torch.equal(y0, y1.detach()), "a forward without z differs from the training forward")
+    grads = {}
+    for spend in (False, True):
+        coda.ops.SPEND_Z = spend
+        try:
+            blk.zero_grad()
+            xs = x.clone().requires_grad_(True)
+            blk(xs).float().pow(2).sum().backward()
+            grads[spend] = {n: getattr(blk, n).grad.clone() for n in coda.nn._BLOCK_PARAMS}
+            grads[spend]["x"] = xs.grad.clone()
+        finally:
+            coda.ops.SPEND_Z = True
+    for n in grads[True]:
+        check(torch.equal(grads[True][n], grads[False][n]), "SPEND_Z: grad %s differs from z read" % n)
+    y = blk(x.clone().requires_grad_(True)).float().sum()
+    y.backward(retain_graph=True)
+    try:
+        y.backward()
+        check(False, "a second backward through a spent z ran")
+    except RuntimeError as e:
+        check("SPEND_Z" in str(e), "the second backward's error does not name SPEND_Z: %s" % e)
+    coda.ops.SPEND_Z = False
+    try:
+        y = blk(x.clone().requires_grad_(True)).float().sum()
+        blk.zero_grad()
+        y.backward(retain_graph=True)
+        once = {n: getattr(blk, n).grad.clone() for n in coda.nn._BLOCK_PARAMS}
+        y.backward()
+        for n in once:
+            check(torch.equal(getattr(blk, n).grad, 2 * once[n]), "SPEND_Z False: twice %s is not 2x once" % n)
+    finally:
+        coda.ops.SPEND_Z = True
+    print("no z saved without grad, z spent by the backward: ok")
+
+
 def fused_norms(cfg):
     """LlamaModel with the norm across blocks (each down projection gives the
     next block's x g1 and rstd) against the same model without: the loss
@@ -232,14 +289,17 @@ def custom_ops(cfg):
         torch.library.opcheck(torch.ops.coda.block_pre.default,
                               (x, pos, p["g1"], p["wqkv"], None, None, c, cfg.eps, cfg.rope_theta), test_utils=utils)
         o = torch.randn(m, cfg.n_heads * cfg.head_dim, device=DEVICE).bfloat16().requires_grad_(True)
-        args = (x, o, p["g2"], p["wo"], p["wgu"], p["wd"], None, c, cfg.eps, cfg.rope_theta)
+        args = (x, o, p["g2"], p["wo"], p["wgu"], p["wd"], None, c, cfg.eps, cfg.rope_theta, True)
         torch.library.opcheck(torch.ops.coda.block_post.default, args, test_utils=utils)
+        with torch.no_grad():  # a forward that does not save z
+            torch.library.opcheck(torch.ops.coda.block_post.default, args[:-1] + (False,),
+                                  test_utils=("test_schema", "test_faketensor"))
         # the norm across blocks: post with g_next, pre with xg and r1
         g_next = p["g1"].detach().clone()
         y, h, r2, z, yg, rn = torch.ops.coda.block_post(x, o, p["g2"], p["wo"], p["wgu"], p["wd"], g_next, c,
-                                                        cfg.eps, cfg.rope_theta)
+                                                        cfg.eps, cfg.rope_theta, True)
         torch.library.opcheck(torch.ops.coda.block_post.default,
-                              (x, o, p["g2"], p["wo"], p["wgu"], p["wd"], g_next, c, cfg.eps, cfg.rope_theta),
+                              (x, o, p["g2"], p["wo"], p["wgu"], p["wd"], g_next, c, cfg.eps, cfg.rope_theta, True),
                               test_utils=utils)
         torch.library.opcheck(torch.ops.coda.block_pre.default,
                               (y.detach().requires_grad_(True), pos, p["g1"], p["wqkv"], yg, rn, c, cfg.eps,
@@ -269,6 +329,7 @@ def main():
     loading(cfg)
     in_flight(cfg)
     fused_norms(cfg)
+    z_memory(cfg)
     model_trains(cfg)
     cuda_graph(cfg)
     custom_ops(cfg)

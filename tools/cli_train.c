@@ -345,16 +345,27 @@ int coda_cli_train(int argc, char **argv) {
     /* activations (each block's saved tensors) and scratch, where the model runs */
     size_t ws_bytes, aws_bytes;
     coda_attention_shape_t ash = {batch, seq, heads, kv, d / heads};
-    TRY(coda_block_workspace_size(blk, CODA_BLOCK_ANY, M, &ws_bytes));
+    /* one workspace for the calls a step makes; its one backward per
+     * forward spends z (dz is written over it) */
+    ws_bytes = 0;
+    const coda_block_call_t calls[] = {CODA_BLOCK_FORWARD_PRE, CODA_BLOCK_FORWARD_POST,
+                                       CODA_BLOCK_BACKWARD_POST_SPEND_Z, CODA_BLOCK_BACKWARD_PRE};
+    for (size_t i = 0; i < sizeof calls / sizeof calls[0]; i++) {
+        size_t n;
+        TRY(coda_block_workspace_size(blk, calls[i], M, &n));
+        if (n > ws_bytes) ws_bytes = n;
+    }
     TRY(coda_attention_workspace_size(ctx, dev, &ash, &aws_bytes));
     void *ws = dev_alloc(&dp, ws_bytes), *aws = aws_bytes ? dev_alloc(&dp, aws_bytes) : NULL;
     coda_tensor_t X[MAX_LAYERS + 1], O[MAX_LAYERS], ALSE[MAX_LAYERS], pos = d1(&dp, CODA_F32, M);
     coda_block_acts_t A[MAX_LAYERS];
+    memset(A, 0, sizeof A);
     for (int64_t l = 0; l <= L; l++) X[l] = d2(&dp, CODA_BF16, M, d);
     for (int64_t l = 0; l < L; l++) {
         O[l] = d2(&dp, CODA_BF16, M, nq), ALSE[l] = d2(&dp, CODA_F32, M, heads);
         A[l].r1 = d1(&dp, CODA_F32, M), A[l].qkv = d2(&dp, CODA_BF16, M, nqkv), A[l].h = d2(&dp, CODA_BF16, M, d);
         A[l].r2 = d1(&dp, CODA_F32, M), A[l].z = d2(&dp, CODA_BF16, M, 2 * ffn);
+        A[l].spend_z = 1;
     }
     coda_tensor_t yg = d2(&dp, CODA_BF16, M, d), rf = d1(&dp, CODA_F32, M), tg = d1(&dp, CODA_I32, M);
     coda_tensor_t lse = d1(&dp, CODA_F32, M), loss = d1(&dp, CODA_F32, M), dl = d2(&dp, CODA_BF16, M, VOCAB);

@@ -304,8 +304,9 @@ _ATTN_FIELDS = ("batch", "seq", "n_heads", "n_kv_heads", "head_dim")
 
 
 class BlockActs(ctypes.Structure):
-    """coda_block_acts_t: what a block's forward saves for its backward."""
-    _fields_ = [(n, Tensor) for n in ("r1", "qkv", "h", "r2", "z")]
+    """coda_block_acts_t: what a block's forward saves for its backward
+    (z empty: not saved), and spend_z (backward_post may write dz over z)."""
+    _fields_ = [(n, Tensor) for n in ("r1", "qkv", "h", "r2", "z")] + [("spend_z", ctypes.c_int)]
 
 
 _P = ctypes.POINTER
@@ -906,12 +907,13 @@ class Llama:
 # The block split at attention (coda.h section 9)
 # ---------------------------------------------------------------------------
 
-def _acts_struct(acts):
+def _acts_struct(acts, spend_z=False):
     s = BlockActs()
     for name in ("r1", "qkv", "h", "r2", "z"):
         t = acts.get(name)
         if t is not None:
             setattr(s, name, describe_tensor(t))
+    s.spend_z = 1 if spend_z else 0
     return s
 
 
@@ -928,6 +930,10 @@ class Block:
         do, dh, g = blk.backward_post(w, o, h, r2, z, dy)
         dqkv = attention_backward(do)
         dx, g2 = blk.backward_pre(w, x, pos, r1, qkv, dqkv, dh)
+
+    forward_post(..., save_z=False) is a forward for inference (z is None,
+    no (M, 2I) tensor); backward_post(..., spend_z=True) writes dz over z
+    (no (M, 2I) workspace; z is spent: a second backward from it is wrong).
     """
 
     def __init__(self, ctx, cfg, device="cpu"):
@@ -942,8 +948,9 @@ class Block:
         self._h = h
 
     def _workspace(self, call, m):
-        """The workspace of one call (0..3: forward_pre, forward_post,
-        backward_post, backward_pre), each its own size."""
+        """The workspace of one call (0..4: forward_pre, forward_post,
+        backward_post, backward_pre, backward_post spending z), each its
+        own size."""
         n = ctypes.c_size_t()
         _check(lib.coda_block_workspace_size(self._h, call, _int(m, "m"), ctypes.byref(n)))
         # 256 more bytes, so that a 256-byte aligned start exists in it
@@ -965,13 +972,14 @@ class Block:
                                           ctypes.byref(acts), ws, n, _stream(x)))
         return r1, qkv
 
-    def forward_post(self, w, x, o, g_next=None):
+    def forward_post(self, w, x, o, g_next=None, save_z=True):
         """-> (y, h, r2, z), and with g_next (the next norm's weight) also
-        y_g = y * g_next and r_next = rstd(y): (y, h, r2, z, y_g, r_next)."""
+        y_g = y * g_next and r_next = rstd(y): (y, h, r2, z, y_g, r_next).
+        save_z=False: z is not saved (None), a forward with no backward."""
         m, d = x.shape[0], self.cfg.d
         h = torch.empty(m, d, dtype=torch.bfloat16, device=self.device)
         r2 = torch.empty(m, dtype=torch.float32, device=self.device)
-        z = torch.empty(m, 2 * self.cfg.ffn, dtype=torch.bfloat16, device=self.device)
+        z = torch.empty(m, 2 * self.cfg.ffn, dtype=torch.bfloat16, device=self.device) if save_z else None
         y = torch.empty(m, d, dtype=torch.bfloat16, device=self.device)
         yg = rn = None
         if g_next is not None:
@@ -984,14 +992,18 @@ class Block:
                                            _stream(x)))
         return (y, h, r2, z) if g_next is None else (y, h, r2, z, yg, rn)
 
-    def backward_post(self, w, o, h, r2, z, dy, grad_dtype=torch.float32):
-        """-> (do (M, nq) bf16, dh (M, d) bf16, grads dict wo, g2, wgu, wd)."""
+    def backward_post(self, w, o, h, r2, z, dy, grad_dtype=torch.float32, spend_z=False):
+        """-> (do (M, nq) bf16, dh (M, d) bf16, grads dict wo, g2, wgu, wd).
+        spend_z=True: dz is written over z (in place; z is spent)."""
         m, d = dy.shape[0], self.cfg.d
+        if z is None:
+            raise ValueError("coda: Block.backward_post: z is None: its forward_post ran with save_z=False "
+                             "(a forward for inference has no backward)")
         do = torch.empty(m, self.nq, dtype=torch.bfloat16, device=self.device)
         dh = torch.empty(m, d, dtype=torch.bfloat16, device=self.device)
         g = {k: torch.empty(w[k].shape, dtype=grad_dtype, device=self.device) for k in ("wo", "g2", "wgu", "wd")}
-        acts = _acts_struct({"h": h, "r2": r2, "z": z})
-        buf, ws, n = self._workspace(2, m)
+        acts = _acts_struct({"h": h, "r2": r2, "z": z}, spend_z)
+        buf, ws, n = self._workspace(4 if spend_z else 2, m)
         _check(lib.coda_block_backward_post(self._h, ctypes.byref(_weights_struct(w)), _opt(o), ctypes.byref(acts),
                                             _opt(dy), _opt(do), _opt(dh), ctypes.byref(_weights_struct(g)), ws, n,
                                             _stream(dy)))

@@ -7,7 +7,7 @@ graph break: the compiler sees four opaque ops), CUDA graphs and activation
 checkpointing:
 
     coda::block_pre(x, pos, g1, wqkv, xg?, r1?, cfg) -> (r1, qkv)
-    coda::block_post(x, o, g2, wo, wgu, wd, g_next?, cfg) -> (y, h, r2, z, y_g, r_next)
+    coda::block_post(x, o, g2, wo, wgu, wd, g_next?, cfg, save_z) -> (y, h, r2, z, y_g, r_next)
     coda::block_pre_backward(...), coda::block_post_backward(...)  (their gradients)
     coda::lm_loss(x, w, targets, ignore_index, label_smoothing, z_loss, softcap,
                   reduction, chunk_rows, grad_x, grad_w, dw_f32) -> (total, loss, dx, dw)
@@ -25,6 +25,11 @@ through h); block_pre's is the RMSNorm path. On the Function path a Link
 shared by one block call hands dh from post's backward to pre's, whose C
 call adds it in its epilogue; on the custom-op path pre's backward runs
 with a zero residual gradient and autograd adds the two.
+
+Memory: without grad (torch.no_grad, or no input requiring it) block_post
+does not save z, the (M, 2I) gate/up pre-activation; on the eager path its
+backward writes dz over the saved z (SPEND_Z, below), so neither direction
+holds a second (M, 2I) tensor.
 
 The norm across blocks: block_post with g_next (the next block's g1) also
 returns y_g = y g_next and r_next = rstd(y) from its down projection's
@@ -93,21 +98,38 @@ def _pre(x, pos, g1, wqkv, xg, r1, cfg, eps, theta):
     return b.forward_pre(w, x.contiguous(), pos.contiguous(), xg=xg.contiguous(), r1=r1.clone())
 
 
-def _post(x, o, g2, wo, wgu, wd, g_next, cfg, eps, theta):
+def _post(x, o, g2, wo, wgu, wd, g_next, cfg, eps, theta, save_z=True):
+    """save_z=False: a forward with no backward; z comes back empty (0)."""
     b = blocks(cfg, eps, theta, x.device)
     w = _w(g2=g2, wo=wo, wgu=wgu, wd=wd)
     if g_next is None:
         none = x.new_empty(0)
-        return b.forward_post(w, x.contiguous(), o.contiguous()) + (none, none.float())
-    return b.forward_post(w, x.contiguous(), o.contiguous(), g_next=g_next.contiguous())
+        out = b.forward_post(w, x.contiguous(), o.contiguous(), save_z=save_z) + (none, none.float())
+    else:
+        out = b.forward_post(w, x.contiguous(), o.contiguous(), g_next=g_next.contiguous(), save_z=save_z)
+    return out if save_z else out[:3] + (x.new_empty(0),) + out[4:]
 
 
-def _post_bwd(o, h, r2, z, dy, g2, wo, wgu, wd, cfg, eps, theta):
+def _post_bwd(o, h, r2, z, dy, g2, wo, wgu, wd, cfg, eps, theta, spend_z=False):
+    """spend_z: dz written over z (the caller's last use of z)."""
     b = blocks(cfg, eps, theta, dy.device)
     # gradients in the weights' dtype (bf16): no f32 copies of the big ones
     do, dh, g = b.backward_post(_w(g2=g2, wo=wo, wgu=wgu, wd=wd), o.contiguous(), h, r2, z, dy.contiguous(),
-                                grad_dtype=wo.dtype)
+                                grad_dtype=wo.dtype, spend_z=spend_z)
     return do, dh, g["g2"], g["wo"], g["wgu"], g["wd"]
+
+
+# On the eager path block_post's backward writes dz over its saved z (an
+# (M, 2I) bf16 tensor, 0.5-1.75 GiB at LLaMA-3 1B-70B with 2 x 8192 tokens)
+# instead of a workspace of that size, as Liger-Kernel's SwiGLU does: a
+# second backward through the same forward (retain_graph=True) then raises.
+# False: z is only read, and such backwards work.
+SPEND_Z = True
+
+
+def _needs_grad(*ts):
+    """Whether a forward on these tensors is recorded for a backward."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts)
 
 
 def _pre_bwd(x, pos, r1, qkv, dqkv, g1, wqkv, cfg, eps, theta, dh=None):
@@ -130,12 +152,12 @@ def _pre_grads(ctx, dqkv, bwd, **kw):
     return dx, None, dg1.to(g1.dtype), dwqkv.to(wqkv.dtype)
 
 
-def _post_grads(ctx, dy, bwd):
+def _post_grads(ctx, dy, bwd, **kw):
     """block_post's gradients for (x, o, g2, wo, wgu, wd) from ctx's saved
-    tensors: bwd is the C call (the custom op or _post_bwd)."""
+    tensors: bwd is the C call (the custom op, or _post_bwd with spend_z=)."""
     o, h, r2, z, g2, wo, wgu, wd = ctx.saved_tensors
     do, dh, dg2, dwo, dwgu, dwd = bwd(o, h, r2, z, dy.to(torch.bfloat16), g2, wo, wgu, wd, ctx.cfg, ctx.eps,
-                                      ctx.theta)
+                                      ctx.theta, **kw)
     return dh, do, dg2.to(g2.dtype), dwo.to(wo.dtype), dwgu.to(wgu.dtype), dwd.to(wd.dtype)
 
 
@@ -155,16 +177,17 @@ if HAVE_CUSTOM_OPS:
     @torch.library.custom_op("coda::block_post", mutates_args=())
     def block_post(x: torch.Tensor, o: torch.Tensor, g2: torch.Tensor, wo: torch.Tensor, wgu: torch.Tensor,
                    wd: torch.Tensor, g_next: Optional[torch.Tensor], cfg: List[int], eps: float,
-                   theta: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                          torch.Tensor]:
-        return _post(x, o, g2, wo, wgu, wd, g_next, cfg, eps, theta)
+                   theta: float, save_z: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                        torch.Tensor, torch.Tensor]:
+        return _post(x, o, g2, wo, wgu, wd, g_next, cfg, eps, theta, save_z)
 
     @block_post.register_fake
-    def _(x, o, g2, wo, wgu, wd, g_next, cfg, eps, theta):
+    def _(x, o, g2, wo, wgu, wd, g_next, cfg, eps, theta, save_z):
         m, d = x.shape[0], x.shape[1]
         fused = g_next is not None
         return (x.new_empty(m, d), x.new_empty(m, d), x.new_empty(m, dtype=torch.float32),
-                x.new_empty(m, wgu.shape[0]), x.new_empty(m, d) if fused else x.new_empty(0),
+                x.new_empty(m, wgu.shape[0]) if save_z else x.new_empty(0),
+                x.new_empty(m, d) if fused else x.new_empty(0),
                 x.new_empty(m if fused else 0, dtype=torch.float32))
 
     @torch.library.custom_op("coda::block_post_backward", mutates_args=())
@@ -206,7 +229,7 @@ if HAVE_CUSTOM_OPS:
         return _pre_grads(ctx, dqkv, block_pre_backward) + (None,) * 5
 
     def _post_setup(ctx, inputs, output):
-        x, o, g2, wo, wgu, wd, g_next, cfg, eps, theta = inputs
+        x, o, g2, wo, wgu, wd, g_next, cfg, eps, theta, save_z = inputs
         y, h, r2, z, y_g, r_next = output
         ctx.save_for_backward(o, h, r2, z, g2, wo, wgu, wd)
         ctx.cfg, ctx.eps, ctx.theta = cfg, eps, theta
@@ -217,8 +240,8 @@ if HAVE_CUSTOM_OPS:
 
     def _post_backward(ctx, dy, dh_, dr2, dz, dyg, drn):
         if dy is None:  # y unused: no gradient
-            return (None,) * 10
-        return _post_grads(ctx, dy, block_post_backward) + (None,) * 4
+            return (None,) * 11
+        return _post_grads(ctx, dy, block_post_backward) + (None,) * 5
 
     torch.library.register_autograd("coda::block_pre", _pre_backward, setup_context=_pre_setup)
     torch.library.register_autograd("coda::block_post", _post_backward, setup_context=_post_setup)
@@ -272,7 +295,12 @@ class _Post(torch.autograd.Function):
     def backward(ctx, dy, dyg, drn):
         if dy is None:
             return (None,) * 11
-        g = _post_grads(ctx, dy, _post_bwd)
+        if getattr(ctx, "z_spent", False):
+            raise RuntimeError("coda: a second backward through a block_post whose first backward wrote its "
+                               "gradient over the saved z (coda.ops.SPEND_Z); set coda.ops.SPEND_Z = False "
+                               "before the forward to backpropagate through it more than once")
+        ctx.z_spent = SPEND_Z
+        g = _post_grads(ctx, dy, _post_bwd, spend_z=SPEND_Z)
         if ctx.link is not None:  # x's to block_pre's backward, which adds it (Link)
             ctx.link.dh, g = g[0], (None,) + g[1:]
         return g + (None,) * 5
@@ -292,8 +320,12 @@ def pre(x, pos, g1, wqkv, cfg, eps, theta, xg=None, r1=None, link=None):
 def post(x, o, g2, wo, wgu, wd, cfg, eps, theta, g_next=None, link=None):
     """-> y, or (y, y_g, r_next) with g_next (the custom op or the
     autograd.Function, as pre; link as pre's)."""
+    grad = _needs_grad(x, o, g2, wo, wgu, wd)
     if HAVE_CUSTOM_OPS and _traced(x):
-        y, h, r2, z, yg, rn = block_post(x, o, g2, wo, wgu, wd, g_next, list(cfg), float(eps), float(theta))
+        y, h, r2, z, yg, rn = block_post(x, o, g2, wo, wgu, wd, g_next, list(cfg), float(eps), float(theta), grad)
+        return y if g_next is None else (y, yg, rn)
+    if not grad:  # nothing records a backward: z is not saved
+        y, h, r2, z, yg, rn = _post(x, o, g2, wo, wgu, wd, g_next, tuple(cfg), float(eps), float(theta), False)
         return y if g_next is None else (y, yg, rn)
     y, yg, rn = _Post.apply(x, o, g2, wo, wgu, wd, g_next, tuple(cfg), float(eps), float(theta), link)
     return y if g_next is None else (y, yg, rn)

@@ -5,7 +5,8 @@
  * tiling, every program argument bound exactly once by name, each bound
  * tensor's exact shape / dtype / device for its argument kind, N even when a
  * half-space value or a full-space pair swap needs pairs, and no output
- * overlapping another output, A, B, or an input. */
+ * overlapping another output, A, B, or an input, except an output bound to
+ * the very view of a tile input of its own space (an update in place). */
 #include "api/gemm_check.h"
 
 #include <math.h>
@@ -163,6 +164,20 @@ static coda_status_t check_bound(const coda_program_t *p, int i, const coda_tens
 
 static int is_output(coda_arg_kind_t k) { return !coda__arg_is_input(k); }
 
+/* Whether output i may share its memory with input j: both tiles of one
+ * column space bound to the same view (base, dtype, shape, strides). Every
+ * backend reads a tile's inputs before it writes that tile's outputs, and a
+ * tile reads and writes only its own elements of a space, so each element
+ * is read before it is overwritten, and by the tile that overwrites it. */
+static int in_place(const coda_program_t *p, int i, int j, const coda_tensor_t *o, const coda_tensor_t *in) {
+    if (p->args[i].kind != CODA_OUT_TILE || p->args[j].kind != CODA_IN_TILE || p->args[i].space != p->args[j].space)
+        return 0;
+    if (o->data != in->data || o->dtype != in->dtype || o->ndim != in->ndim) return 0;
+    for (int d = 0; d < o->ndim; d++)
+        if (o->shape[d] != in->shape[d] || o->stride[d] != in->stride[d]) return 0;
+    return 1;
+}
+
 coda_status_t coda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout, const coda_tensor_t *a,
                                  const coda_tensor_t *b, const coda_program_t *program,
                                  const coda_binding_t *bindings, int n_bindings,
@@ -233,7 +248,8 @@ coda_status_t coda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout, cons
         CODA_TRY(check_bound(p, i, bound[i], a, m, n, tl));
     }
 
-    /* no output may overlap another output, A, B, or an input */
+    /* no output may overlap another output, A, B, or an input (but for an
+     * update in place of a tile input, in_place) */
     for (int i = 0; i < p->n_args; i++) {
         if (!is_output(p->args[i].kind)) continue;
         if (coda__tensors_overlap(bound[i], a))
@@ -242,6 +258,7 @@ coda_status_t coda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout, cons
             return coda__fail(CODA_ERR_OVERLAP, "%s: output '%s' overlaps b", fn, p->args[i].name);
         for (int j = 0; j < p->n_args; j++) {
             if (j == i || !bound[j] || (is_output(p->args[j].kind) && j < i)) continue;
+            if (in_place(p, i, j, bound[i], bound[j])) continue;
             if (coda__tensors_overlap(bound[i], bound[j]))
                 return coda__fail(CODA_ERR_OVERLAP, "%s: output '%s' overlaps %s '%s'", fn, p->args[i].name,
                                   is_output(p->args[j].kind) ? "output" : "input", p->args[j].name);

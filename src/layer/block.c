@@ -8,9 +8,11 @@
  *   [attention: the caller's]                                 o (M, nq)
  *   forward_post   O-proj     resid_norm(o Wo^T; res x, g2)   h, hg, ss2 -> r2
  *                  gate/up    gateup_swiglu_train(hg Wgu^T; r2)  z, c
+ *                             (gateup_swiglu, c alone, when z is not saved)
  *                  down       resid_add(c Wd^T; res h)        y
  *                             or resid_norm with the next norm's weight: y, y g, -> r
  *   backward_post  down dgrad swiglu_bwd(dy Wd; z)            dz, c, s2; dWd = dy^T c
+ *                             (dz over z when acts->spend_z)
  *                  gate/up    rmsnorm_bwd(dz Wgu; dres dy, x h, g2)  dh, b; dWgu = dz^T b
  *                  O dgrad    do = dh Wo                      dWo = dh^T o
  *   [attention backward: the caller's]                        dqkv (M, nqkv)
@@ -31,6 +33,7 @@ const char *const coda__llama_prog_names[CODA__P_COUNT] = {
     [CODA__P_RESID_NORM] = "resid_norm", [CODA__P_RESID_ADD] = "resid_add",   [CODA__P_QKV] = "qkv_rope",
     [CODA__P_GATEUP] = "gateup_swiglu_train", [CODA__P_LSE] = "lmhead_lse", [CODA__P_LM_BWD] = "lmhead_bwd",
     [CODA__P_SWIGLU_BWD] = "swiglu_bwd", [CODA__P_RMS_BWD] = "rmsnorm_bwd",
+    [CODA__P_GATEUP_INFER] = "gateup_swiglu",
 };
 
 /* ---- the workspace: one byte buffer, carved per call ---- */
@@ -99,7 +102,8 @@ typedef struct {
 
 enum {
     CALL_FWD_PRE = CODA_BLOCK_FORWARD_PRE, CALL_FWD_POST = CODA_BLOCK_FORWARD_POST,
-    CALL_BWD_POST = CODA_BLOCK_BACKWARD_POST, CALL_BWD_PRE = CODA_BLOCK_BACKWARD_PRE
+    CALL_BWD_POST = CODA_BLOCK_BACKWARD_POST, CALL_BWD_PRE = CODA_BLOCK_BACKWARD_PRE,
+    CALL_BWD_POST_SPEND_Z = CODA_BLOCK_BACKWARD_POST_SPEND_Z, CALL_LAST = CALL_BWD_POST_SPEND_Z
 };
 
 static coda_status_t layout(const coda_block_t *B, int call, int64_t m, arena_t *a, scratch_t *s) {
@@ -119,14 +123,22 @@ static coda_status_t layout(const coda_block_t *B, int call, int64_t m, arena_t 
         s->ss_down = rowparts(a, m, d, s->tl[G_DOWN]);
         break;
     case CALL_BWD_POST:
-        s->dz = carve(a, CODA_BF16, m, 2 * I);
+    case CALL_BWD_POST_SPEND_Z: { /* dz over acts->z when it is spent (the call sets s->dz) */
+        if (call == CALL_BWD_POST) s->dz = carve(a, CODA_BF16, m, 2 * I);
+        /* b over c: c is last read by dWd's GEMM, b first written by the
+         * gate/up dgrad after it (one stream) */
+        size_t at = a->used;
         s->c = carve(a, CODA_BF16, m, I);
+        size_t after_c = a->used;
+        a->used = at;
         s->b = carve(a, CODA_BF16, m, d);
+        if (a->used < after_c) a->used = after_c;
         s->s_down = rowparts(a, m, I, s->tl[G_DOWN_DGRAD]);
         s->svec = carve(a, CODA_F32, m, 0);
         s->dg = colparts(a, m, d, s->tl[G_GU_DGRAD]);
         s->gvec = carve(a, CODA_F32, d, 0);
         break;
+    }
     case CALL_BWD_PRE:
         s->dzq = carve(a, CODA_BF16, m, B->nqkv);
         s->b = carve(a, CODA_BF16, m, d);
@@ -140,13 +152,13 @@ static coda_status_t layout(const coda_block_t *B, int call, int64_t m, arena_t 
 
 coda_status_t coda_block_workspace_size(const coda_block_t *B, coda_block_call_t which, int64_t m, size_t *bytes) {
     if (!B || !bytes) return coda__fail(CODA_ERR_INVALID_ARG, "coda_block_workspace_size: NULL argument");
-    if (which < CODA_BLOCK_ANY || which > CODA_BLOCK_BACKWARD_PRE)
+    if (which < CODA_BLOCK_ANY || which > (coda_block_call_t)CALL_LAST)
         return coda__fail(CODA_ERR_INVALID_ARG, "coda_block_workspace_size: call %d is not a coda_block_call_t",
                           (int)which);
     if (m < 0 || m > ((int64_t)1 << 31))
         return coda__fail(CODA_ERR_SHAPE, "coda_block_workspace_size: m = %lld is outside 0..2^31", (long long)m);
     size_t most = 0;
-    for (int call = CALL_FWD_PRE; call <= CALL_BWD_PRE; call++) {
+    for (int call = CALL_FWD_PRE; call <= CALL_LAST; call++) {
         if (which != CODA_BLOCK_ANY && call != (int)which) continue;
         arena_t a = {NULL, 0, B->device, B->device_index};
         scratch_t s;
@@ -485,7 +497,8 @@ coda_status_t coda_block_forward_post(coda_block_t *B, const coda_llama_weights_
     CODA_TRY(coda__block_check_arg(B, o, fn, "o", m, B->nq, BF16, 1));
     CODA_TRY(coda__block_check_arg(B, &acts->h, fn, "acts->h", m, d, BF16, 1));
     CODA_TRY(coda__block_check_arg(B, &acts->r2, fn, "acts->r2", m, -1, F32, 1));
-    CODA_TRY(coda__block_check_arg(B, &acts->z, fn, "acts->z", m, 2 * I, BF16, 1));
+    const coda_tensor_t *z = acts->z.data ? &acts->z : NULL; /* NULL: inference, z not saved */
+    if (z) CODA_TRY(coda__block_check_arg(B, z, fn, "acts->z", m, 2 * I, BF16, 1));
     CODA_TRY(coda__block_check_arg(B, y, fn, "y", m, d, BF16, 1));
     if ((g_next != NULL) != (y_g != NULL) || (g_next != NULL) != (r_next != NULL))
         return coda__fail(CODA_ERR_INVALID_ARG, "%s: g_next, y_g and r_next come together (all or none)", fn);
@@ -494,13 +507,13 @@ coda_status_t coda_block_forward_post(coda_block_t *B, const coda_llama_weights_
         CODA_TRY(coda__block_check_arg(B, y_g, fn, "y_g", m, d, BF16, 1));
         CODA_TRY(coda__block_check_arg(B, r_next, fn, "r_next", m, -1, F32, 1));
     }
-    coda__named_t out[] = {{&acts->h, "acts->h"}, {&acts->r2, "acts->r2"}, {&acts->z, "acts->z"}, {y, "y"},
+    coda__named_t out[] = {{&acts->h, "acts->h"}, {&acts->r2, "acts->r2"}, {z, "acts->z"}, {y, "y"},
                      {y_g, "y_g"}, {r_next, "r_next"}};
     coda__named_t in[] = {{x, "x"}, {o, "o"}, {g_next, "g_next"}};
     CODA_TRY(coda__block_check_apart(fn, out, 6, in, 3, w, CODA__W_BLOCK, NULL, 0));
     coda__dev_arg_t da[] = {{&w->wo, "w->wo", 16}, {&w->g2, "w->g2", 4}, {&w->wgu, "w->wgu", 16}, {&w->wd, "w->wd", 16},
                       {x, "x", 4}, {o, "o", 16}, {&acts->h, "acts->h", 16}, {&acts->r2, "acts->r2", 4},
-                      {&acts->z, "acts->z", 4}, {y, "y", 4}, {g_next, "g_next", 4}, {y_g, "y_g", 16},
+                      {z, "acts->z", 4}, {y, "y", 4}, {g_next, "g_next", 4}, {y_g, "y_g", 16},
                       {r_next, "r_next", 4}};
     CODA_TRY(coda__block_check_on_device(B, fn, da, 13));
     scratch_t s;
@@ -512,9 +525,12 @@ coda_status_t coda_block_forward_post(coda_block_t *B, const coda_llama_weights_
         CODA_TRY(epilogue(B, &s, G_O, CODA__P_RESID_NORM, CODA_LAYOUT_NT, o, &w->wo, bs, 5, stream));
         CODA_TRY(coda_finish_rstd(B->ctx, &s.ss_o, d, B->cfg.eps, &acts->r2, stream));
     }
-    {   /* gate/up + r2 + SwiGLU, saving z */
-        coda_binding_t bs[] = {coda__bind("r", &acts->r2), coda__bind("z", &acts->z), coda__bind("c", &s.c)};
+    if (z) { /* gate/up + r2 + SwiGLU, saving z */
+        coda_binding_t bs[] = {coda__bind("r", &acts->r2), coda__bind("z", z), coda__bind("c", &s.c)};
         CODA_TRY(epilogue(B, &s, G_GU, CODA__P_GATEUP, CODA_LAYOUT_NT, &s.hg, &w->wgu, bs, 3, stream));
+    } else { /* the same without z: the same c, bit for bit */
+        coda_binding_t bs[] = {coda__bind("r", &acts->r2), coda__bind("c", &s.c)};
+        CODA_TRY(epilogue(B, &s, G_GU, CODA__P_GATEUP_INFER, CODA_LAYOUT_NT, &s.hg, &w->wgu, bs, 2, stream));
     }
     if (g_next) { /* down + residual + the next RMSNorm's first half */
         coda_binding_t bs[] = {coda__bind("res", &acts->h), coda__bind("g", g_next), coda__bind("h", y), coda__bind("hg", y_g),
@@ -542,6 +558,9 @@ coda_status_t coda_block_backward_post(coda_block_t *B, const coda_llama_weights
     CODA_TRY(coda__block_check_arg(B, o, fn, "o", m, B->nq, BF16, 1));
     CODA_TRY(coda__block_check_arg(B, &acts->h, fn, "acts->h", m, d, BF16, 1));
     CODA_TRY(coda__block_check_arg(B, &acts->r2, fn, "acts->r2", m, -1, F32, 1));
+    if (!acts->z.data)
+        return coda__fail(CODA_ERR_INVALID_ARG, "%s: acts->z is empty: its forward_post did not save it "
+                          "(a forward for inference has no backward)", fn);
     CODA_TRY(coda__block_check_arg(B, &acts->z, fn, "acts->z", m, 2 * I, BF16, 1));
     CODA_TRY(coda__block_check_arg(B, dy, fn, "dy", m, d, BF16, 1));
     CODA_TRY(coda__block_check_arg(B, do_, fn, "do_", m, B->nq, BF16, 1));
@@ -558,7 +577,8 @@ coda_status_t coda_block_backward_post(coda_block_t *B, const coda_llama_weights
                       {grads ? &grads->wgu : NULL, "grads->wgu", 16}, {grads ? &grads->wd : NULL, "grads->wd", 16}};
     CODA_TRY(coda__block_check_on_device(B, fn, da, 15));
     scratch_t s;
-    CODA_TRY(scratch(B, fn, CALL_BWD_POST, m, ws, ws_bytes, da, 15, &s));
+    CODA_TRY(scratch(B, fn, acts->spend_z ? CALL_BWD_POST_SPEND_Z : CALL_BWD_POST, m, ws, ws_bytes, da, 15, &s));
+    if (acts->spend_z) s.dz = acts->z; /* in place: each z element is read before its dz overwrites it */
 
     {   /* down dgrad + SwiGLU backward: dz, c recomputed, s2 */
         coda_binding_t bs[] = {coda__bind("z", &acts->z), coda__bind("dz", &s.dz), coda__bind("c", &s.c), coda__bind("s", &s.s_down)};

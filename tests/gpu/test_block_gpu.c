@@ -76,6 +76,7 @@ typedef struct {
 
 static coda_block_acts_t acts_of(mb_t *b, int dev) {
     coda_block_acts_t a;
+    memset(&a, 0, sizeof a); /* spend_z 0: z only read */
     a.r1 = dev ? b->r1.d : b->r1.h, a.qkv = dev ? b->qkv.d : b->qkv.h, a.h = dev ? b->h.d : b->h.h;
     a.r2 = dev ? b->r2.d : b->r2.h, a.z = dev ? b->z.d : b->z.h;
     return a;
@@ -184,6 +185,38 @@ int main(void) {
             free(got);
         }
         printf("\n");
+
+        /* a forward that does not save z, and a backward that spends z: the same bits */
+        {
+            dual_t y2 = dual(CODA_BF16, m, d), z2 = dual(CODA_BF16, m, 2 * CFG.ffn);
+            dual_t do2 = dual(CODA_BF16, m, nq), dh2 = dual(CODA_BF16, m, d), g2[NW];
+            for (int i = 0; i < NW; i++) g2[i] = dual(CODA_F32, ws_[i][0], ws_[i][1]);
+            coda_block_acts_t inf = ad;
+            memset(&inf.z, 0, sizeof inf.z);
+            CHECK_OK(coda_block_forward_post(Bg, &wd, &g.x.d, &g.o.d, &inf, &y2.d, NULL, NULL, NULL, wsd, wsb, NULL));
+            CUDA_OK(cudaMemcpy(z2.d.data, g.z.d.data, g.z.bytes, cudaMemcpyDeviceToDevice));
+            coda_block_acts_t sp = ad;
+            sp.z = z2.d, sp.spend_z = 1;
+            coda_llama_weights_t gs;
+            memset(&gs, 0, sizeof gs);
+            gs.wo = g2[2].d, gs.g2 = g2[3].d, gs.wgu = g2[4].d, gs.wd = g2[5].d;
+            size_t wss;
+            REQUIRE_OK(coda_block_workspace_size(Bg, CODA_BLOCK_BACKWARD_POST_SPEND_Z, m, &wss));
+            CHECK_OK(coda_block_backward_post(Bg, &wd, &g.o.d, &sp, &g.dy.d, &do2.d, &dh2.d, &gs, wsd, wss, NULL));
+            CUDA_OK(cudaDeviceSynchronize());
+            struct { const char *name; dual_t *want, *got; } same[] = {
+                {"y without z", &g.y, &y2}, {"do_ spending z", &g.do_, &do2}, {"dh spending z", &g.dh, &dh2},
+                {"dWo spending z", &g.g[2], &g2[2]}, {"dg2 spending z", &g.g[3], &g2[3]},
+                {"dWgu spending z", &g.g[4], &g2[4]}, {"dWd spending z", &g.g[5], &g2[5]}};
+            for (size_t k = 0; k < sizeof same / sizeof same[0]; k++) {
+                void *w_ = down(same[k].want), *g_ = down(same[k].got);
+                CHECK(!memcmp(w_, g_, same[k].want->bytes), "M %lld: %s differs from the default call's",
+                      (long long)m, same[k].name);
+                free(w_), free(g_);
+            }
+            dual_free(&y2), dual_free(&z2), dual_free(&do2), dual_free(&dh2);
+            for (int i = 0; i < NW; i++) dual_free(&g2[i]);
+        }
 
         /* dqkv in bf16 */
         for (int64_t i = 0; i < m * nqkv; i++)
