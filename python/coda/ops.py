@@ -314,6 +314,8 @@ def pre(x, pos, g1, wqkv, cfg, eps, theta, xg=None, r1=None, link=None):
     link: a Link shared with the same block call's post (Function path)."""
     if HAVE_CUSTOM_OPS and _traced(x):
         return block_pre(x, pos, g1, wqkv, xg, r1, list(cfg), float(eps), float(theta))[1]
+    if not _needs_grad(x, g1, wqkv):  # nothing records a backward: no Function, nothing saved
+        return _pre(x, pos, g1, wqkv, xg, r1, tuple(cfg), float(eps), float(theta))[1]
     return _Pre.apply(x, pos, g1, wqkv, xg, r1, tuple(cfg), float(eps), float(theta), link)
 
 
