@@ -227,7 +227,7 @@ class LlamaBlock(torch.nn.Module):
         batch, seq, d = x.shape
         xf, pos, m = _tokens(x)
         y = self.run(xf, pos, batch, seq, m)[0]
-        return y[:m].reshape(batch, seq, d)
+        return _real_rows(y, m).reshape(batch, seq, d)
 
     def run(self, xf, pos, batch, seq, m, xg=None, r1=None, g_next=None):
         """The block on tokens already flattened (and padded: xf (M', d)
@@ -265,6 +265,12 @@ def coda_layout(cfg, wq, wk, wv, w_gate, w_up):
     wqkv = torch.cat((heads(wq, cfg.n_heads), heads(wk, cfg.n_kv_heads), wv))
     wgu = torch.stack((w_gate, w_up), 1).reshape(2 * w_gate.shape[0], w_gate.shape[1])
     return {"wqkv": wqkv.contiguous(), "wgu": wgu.contiguous()}
+
+
+def _real_rows(t, m):
+    """t's first m rows; t itself when it has no padding rows (a slice,
+    even a whole one, costs its backward a zero tensor and a copy)."""
+    return t if t.shape[0] == m else t[:m]
 
 
 def _tokens(x):
@@ -478,5 +484,5 @@ class LlamaModel(torch.nn.Module):
             # the next block's first RMSNorm from this block's down projection
             g_next = self.layers[i + 1].g1.to(torch.bfloat16) if self.fuse_norms and i + 1 < n else None
             xf, xg, r1 = layer.run(xf, pos, batch, seq, m, xg=xg, r1=r1, g_next=g_next)
-        h = self.norm(xf[:m].reshape(batch, seq, d))
+        h = self.norm(_real_rows(xf, m).reshape(batch, seq, d))
         return h if targets is None else self.head(h, targets)
