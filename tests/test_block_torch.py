@@ -140,6 +140,14 @@ def z_memory(cfg):
         coda.Block.forward_post = real
     check(calls == [False, True], "save_z in forward_post: %s, want [False, True] (no_grad, grad)" % calls)
     check(torch.equal(y0, y1.detach()), "a forward without z differs from the training forward")
+    # no padding rows (M = 16): the output is the block's own, not a slice of it
+    # (a slice's backward would fill an (M, d) zero tensor and copy into it)
+    fns, f = [], y1.grad_fn
+    while f is not None and len(fns) < 4:
+        fns.append(type(f).__name__)
+        nxt = [g for g, _ in f.next_functions if g is not None]
+        f = nxt[0] if nxt else None
+    check(not any("Slice" in n for n in fns), "the block's output passes through a slice: %s" % fns)
     grads = {}
     for spend in (False, True):
         coda.ops.SPEND_Z = spend
