@@ -14,6 +14,7 @@
 #include "harness.h"
 #include "layer/attention.h"
 #include "cuda_check.h"
+#include "tuning.h"
 
 typedef struct { int64_t batch, seq; } shape_t;
 
@@ -213,6 +214,33 @@ int main(void) {
                 CHECK(!memcmp(w_, g_, same[k].want->bytes), "M %lld: %s differs from the default call's",
                       (long long)m, same[k].name);
                 free(w_), free(g_);
+            }
+            if (s == sizeof shapes / sizeof shapes[0] - 1) {
+                /* with stream-K forced: the down dgrad's units are shared
+                 * out by k-blocks, each epilogue (and so each in-place dz
+                 * write) run by the unit's owner on sums handed over; the
+                 * spent z's results against the same streamed call reading z */
+                tune_streamk(ctx, CODA_STREAMK_ON);
+                dual_t do3 = dual(CODA_BF16, m, nq), dh3 = dual(CODA_BF16, m, d), g3[NW];
+                for (int i = 0; i < NW; i++) g3[i] = dual(CODA_F32, ws_[i][0], ws_[i][1]);
+                coda_llama_weights_t gr;
+                memset(&gr, 0, sizeof gr);
+                gr.wo = g3[2].d, gr.g2 = g3[3].d, gr.wgu = g3[4].d, gr.wd = g3[5].d;
+                CHECK_OK(coda_block_backward_post(Bg, &wd, &g.o.d, &ad, &g.dy.d, &do3.d, &dh3.d, &gr, wsd, wsb, NULL));
+                CUDA_OK(cudaMemcpy(z2.d.data, g.z.d.data, g.z.bytes, cudaMemcpyDeviceToDevice));
+                CHECK_OK(coda_block_backward_post(Bg, &wd, &g.o.d, &sp, &g.dy.d, &do2.d, &dh2.d, &gs, wsd, wss, NULL));
+                CUDA_OK(cudaDeviceSynchronize());
+                tune_streamk(ctx, CODA_STREAMK_AUTO);
+                dual_t *want_[] = {&do3, &dh3, &g3[2], &g3[3], &g3[4], &g3[5]}, *got_[] = {&do2, &dh2, &g2[2], &g2[3],
+                                                                                           &g2[4], &g2[5]};
+                for (int k = 0; k < 6; k++) {
+                    void *w_ = down(want_[k]), *g_ = down(got_[k]);
+                    CHECK(!memcmp(w_, g_, want_[k]->bytes), "M %lld, stream-K: output %d of backward_post spending "
+                          "z differs from reading it", (long long)m, k);
+                    free(w_), free(g_);
+                }
+                dual_free(&do3), dual_free(&dh3);
+                for (int i = 0; i < NW; i++) dual_free(&g3[i]);
             }
             dual_free(&y2), dual_free(&z2), dual_free(&do2), dual_free(&dh2);
             for (int i = 0; i < NW; i++) dual_free(&g2[i]);
