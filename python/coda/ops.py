@@ -102,12 +102,13 @@ def _post(x, o, g2, wo, wgu, wd, g_next, cfg, eps, theta, save_z=True):
     """save_z=False: a forward with no backward; z comes back empty (0)."""
     b = blocks(cfg, eps, theta, x.device)
     w = _w(g2=g2, wo=wo, wgu=wgu, wd=wd)
+    none = x.new_empty(0)
     if g_next is None:
-        none = x.new_empty(0)
-        out = b.forward_post(w, x.contiguous(), o.contiguous(), save_z=save_z) + (none, none.float())
+        (y, h, r2, z), yg, rn = b.forward_post(w, x.contiguous(), o.contiguous(), save_z=save_z), none, none.float()
     else:
-        out = b.forward_post(w, x.contiguous(), o.contiguous(), g_next=g_next.contiguous(), save_z=save_z)
-    return out if save_z else out[:3] + (x.new_empty(0),) + out[4:]
+        y, h, r2, z, yg, rn = b.forward_post(w, x.contiguous(), o.contiguous(), g_next=g_next.contiguous(),
+                                             save_z=save_z)
+    return y, h, r2, x.new_empty(0) if z is None else z, yg, rn  # an op's outputs never alias each other
 
 
 def _post_bwd(o, h, r2, z, dy, g2, wo, wgu, wd, cfg, eps, theta, spend_z=False):
