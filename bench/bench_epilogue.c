@@ -1,6 +1,8 @@
 /* bench_epilogue.c - what a fused epilogue costs over the GEMM alone.
  *
- *   bench_epilogue [sizes...]      default: 2048 4096 8192 (M = N = K)
+ *   bench_epilogue [sizes...]      default: 2048 4096 8192 (M = N = K); a size
+ *                                  MxNxK is that GEMM (the LLaMA-3-1B block's
+ *                                  down dgrad: 16384x8192x2048)
  *   CODA_BENCH_AB="-DCODA_PROBE_..." bench_epilogue ...   A/B of a kernel
  *                                  option (a measurement probe,
  *                                  src/cuda/kernels/probes.cuh, or any -D
@@ -157,7 +159,7 @@ static void use_opts(const job_t *j) {
 
 /* Random device tensors for every argument of j's program, shaped for
  * j's tiling (ptrs[i]: what to free, or NULL). */
-static void bind_args(job_t *j, int64_t sz, h_rng *r, coda_binding_t *bind, void **ptrs) {
+static void bind_args(job_t *j, h_rng *r, coda_binding_t *bind, void **ptrs) {
     const coda_program_t *p = j->p;
     int na = coda_program_num_args(p);
     for (int i = 0; i < na; i++) {
@@ -169,10 +171,10 @@ static void bind_args(job_t *j, int64_t sz, h_rng *r, coda_binding_t *bind, void
         REQUIRE_OK(coda_program_arg_info(p, i, &an, &kind, &dt, &sp, &red));
         int nd;
         int64_t sh[3];
-        REQUIRE_OK(coda_program_arg_shape(p, i, sz, sz, &j->tl, &nd, sh, &dt));
-        if (kind == CODA_IN_ROWPART) sh[1] = (sz + 255) / 256; /* the partials of a GEMM like this one */
+        REQUIRE_OK(coda_program_arg_shape(p, i, j->m, j->n, &j->tl, &nd, sh, &dt));
+        if (kind == CODA_IN_ROWPART) sh[1] = (j->n + 255) / 256; /* the partials of a GEMM like this one */
         int64_t numel = nd == 0 ? 0 : nd == 1 ? sh[0] : nd == 2 ? sh[0] * sh[1] : sh[0] * sh[1] * sh[2];
-        ptrs[i] = numel ? dev_random_bytes((size_t)numel * coda_dtype_size(dt), dt, r, sz) : NULL;
+        ptrs[i] = numel ? dev_random_bytes((size_t)numel * coda_dtype_size(dt), dt, r, j->n) : NULL;
         if (kind == CODA_IN_ROWPART) { /* sums of squares: positive */
             float *h = h_alloc((size_t)numel * 4);
             for (int64_t e = 0; e < numel; e++) h[e] = 1.0f + 0.5f * rng_uniform(r);
@@ -246,7 +248,7 @@ static void time_jobs(job_t *const *jobs, int n, float *median) {
 }
 
 int main(int argc, char **argv) {
-    int64_t sizes[8] = {2048, 4096, 8192};
+    int64_t sizes[8][3] = {{2048, 2048, 2048}, {4096, 4096, 4096}, {8192, 8192, 8192}};
     int nsizes = 3;
     const char *opts0 = getenv("CODA_DEBUG_OPTS");
     if (opts0) snprintf(run_opts, sizeof run_opts, "%s", opts0);
@@ -294,7 +296,16 @@ int main(int argc, char **argv) {
     }
     if (argc > 1) {
         nsizes = 0;
-        for (int i = 1; i < argc && nsizes < 8; i++) sizes[nsizes++] = atoll(argv[i]);
+        for (int i = 1; i < argc && nsizes < 8; i++) {
+            int64_t *z = sizes[nsizes++];
+            long long m, n, k;
+            if (sscanf(argv[i], "%lldx%lldx%lld", &m, &n, &k) == 3) z[0] = m, z[1] = n, z[2] = k;
+            else z[0] = z[1] = z[2] = atoll(argv[i]);
+            if (z[0] < 1 || z[1] < 1 || z[2] < 1) {
+                fprintf(stderr, "bench_epilogue: size %s is not N or MxNxK\n", argv[i]);
+                return 2;
+            }
+        }
     }
     REQUIRE_OK(coda_context_create(NULL, &ctx));
     if (!coda_context_has_cuda(ctx)) {
@@ -313,20 +324,24 @@ int main(int argc, char **argv) {
         prog_names[n_progs] = *name, prog_texts[n_progs++] = coda_builtin_program(*name);
     if (h_program_files(getenv("CODA_BENCH_FILES"), prog_names, prog_texts, &n_progs, 64)) return 2;
     h_rng r = rng_new(2026);
-    printf("%-20s %6s %10s %10s %10s %8s %8s\n", "program", "M=N=K", "cuBLAS ms", "plain ms", "fused ms",
+    printf("%-20s %6s %10s %10s %10s %8s %8s\n", "program", "size", "cuBLAS ms", "plain ms", "fused ms",
            "fused/pl", "fused/cb");
     for (int si = 0; si < nsizes; si++) {
-        int64_t sz = sizes[si];
+        const int64_t m = sizes[si][0], n = sizes[si][1], k = sizes[si][2];
+        char sz[48]; /* the size column: N, or MxNxK */
+        if (m == n && n == k) snprintf(sz, sizeof sz, "%lld", (long long)m);
+        else snprintf(sz, sizeof sz, "%lldx%lldx%lld", (long long)m, (long long)n, (long long)k);
         job_t base;
         memset(&base, 0, sizeof base);
-        base.m = base.n = base.k = sz;
-        base.nsets = sz <= 2048 ? 4 : 1;
+        base.m = m, base.n = n, base.k = k;
+        /* operands rotate over 4 sets where one set would sit in L2 */
+        base.nsets = (m + n) * k * 2 <= ((int64_t)32 << 20) ? 4 : 1;
         for (int s = 0; s < base.nsets; s++) {
-            base.a[s] = coda_tensor_2d(dev_random_bytes((size_t)(sz * sz * 2), CODA_BF16, &r, 0), CODA_BF16, sz, sz);
-            base.b[s] = coda_tensor_2d(dev_random_bytes((size_t)(sz * sz * 2), CODA_BF16, &r, 0), CODA_BF16, sz, sz);
+            base.a[s] = coda_tensor_2d(dev_random_bytes((size_t)(m * k * 2), CODA_BF16, &r, 0), CODA_BF16, m, k);
+            base.b[s] = coda_tensor_2d(dev_random_bytes((size_t)(n * k * 2), CODA_BF16, &r, 0), CODA_BF16, n, k);
             base.a[s].device = base.b[s].device = CODA_DEVICE_CUDA;
         }
-        base.c = coda_tensor_2d(dev_random_bytes((size_t)(sz * sz * 2), CODA_BF16, &r, 0), CODA_BF16, sz, sz);
+        base.c = coda_tensor_2d(dev_random_bytes((size_t)(m * n * 2), CODA_BF16, &r, 0), CODA_BF16, m, n);
         base.c.device = CODA_DEVICE_CUDA;
         job_t jc = base, jp = base;
         jc.kind = RUN_CUBLAS;
@@ -346,8 +361,9 @@ int main(int argc, char **argv) {
             t_cb = t[0];
             t_pl = t[1];
         }
-        printf("%-20s %6lld %10.3f %10.3f %10s %8s %8s   (%.0f / %.0f TFLOP/s)\n", "(GEMM alone)", (long long)sz,
-               t_cb, t_pl, "", "", "", 2.0 * sz * sz * sz / t_cb / 1e9, 2.0 * sz * sz * sz / t_pl / 1e9);
+        const double flop = 2.0 * (double)m * (double)n * (double)k;
+        printf("%-20s %6s %10.3f %10.3f %10s %8s %8s   (%.0f / %.0f TFLOP/s)\n", "(GEMM alone)", sz, t_cb, t_pl, "",
+               "", "", flop / t_cb / 1e9, flop / t_pl / 1e9);
         for (int pi = 0; pi < n_progs; pi++) {
             const char *const *name = &prog_names[pi];
             if (only && strcmp(only, *name) != 0) continue;
@@ -358,11 +374,11 @@ int main(int argc, char **argv) {
             jf.kind = RUN_FUSED;
             jf.p = p;
             use_opts(&jf); /* the tiling follows CODA_GEMM_CFG, which B's runs set */
-            REQUIRE_OK(coda_choose_program_tiling(ctx, CODA_DEVICE_CUDA, CODA_LAYOUT_NT, sz, sz, sz, p, &jf.tl));
+            REQUIRE_OK(coda_choose_program_tiling(ctx, CODA_DEVICE_CUDA, CODA_LAYOUT_NT, m, n, k, p, &jf.tl));
             int na = coda_program_num_args(p);
             coda_binding_t bind[32], bind_b[32];
             void *ptrs[32], *ptrs_b[32] = {0};
-            bind_args(&jf, sz, &r, bind, ptrs);
+            bind_args(&jf, &r, bind, ptrs);
             /* B: the same kernel with an option, or another configuration
              * with its own tiling and arguments */
             job_t jb = jf;
@@ -370,9 +386,9 @@ int main(int argc, char **argv) {
             if (ab_cfg) {
                 jb.cfg = ab_cfg;
                 use_opts(&jb); /* the tiling follows CODA_GEMM_CFG */
-                REQUIRE_OK(coda_choose_program_tiling(ctx, CODA_DEVICE_CUDA, CODA_LAYOUT_NT, sz, sz, sz, p, &jb.tl));
+                REQUIRE_OK(coda_choose_program_tiling(ctx, CODA_DEVICE_CUDA, CODA_LAYOUT_NT, m, n, k, p, &jb.tl));
                 use_opts(&jf);
-                bind_args(&jb, sz, &r, bind_b, ptrs_b);
+                bind_args(&jb, &r, bind_b, ptrs_b);
             }
             float t_f = 0;
             if (only) {
@@ -387,8 +403,8 @@ int main(int argc, char **argv) {
                 time_jobs(jobs, ab ? 3 : 2, t);
                 t_pl = t[0];
                 t_f = t[1];
-                if (ab) printf("%-20s %6lld   A/B %s: plain %.3f  A %.3f  B %.3f  B/A %.3f  (A/plain %.3f, B/plain %.3f)\n",
-                               *name, (long long)sz, ab, t_pl, t_f, t[2], t[2] / t_f, t_f / t_pl, t[2] / t_pl);
+                if (ab) printf("%-20s %6s   A/B %s: plain %.3f  A %.3f  B %.3f  B/A %.3f  (A/plain %.3f, B/plain %.3f)\n",
+                               *name, sz, ab, t_pl, t_f, t[2], t[2] / t_f, t_f / t_pl, t[2] / t_pl);
             }
             if (tl_dev) {
                 job_t tp = jp, tf = jf;
@@ -396,7 +412,7 @@ int main(int argc, char **argv) {
                 timeline(&tp, "plain");
                 timeline(&tf, "fused");
             }
-            if (!only && !ab) printf("%-20s %6lld %10.3f %10.3f %10.3f %8.3f %8.3f  %s\n", *name, (long long)sz, t_cb, t_pl, t_f,
+            if (!only && !ab) printf("%-20s %6s %10.3f %10.3f %10.3f %8.3f %8.3f  %s\n", *name, sz, t_cb, t_pl, t_f,
                    t_f / t_pl, t_f / t_cb, jf.tl.tile_n == 128 ? "ping-pong 128" : "cooperative 256");
             fflush(stdout);
             for (int i = 0; i < na; i++) {

@@ -218,6 +218,14 @@ int main(int argc, char **argv) {
          * only where CODA_BENCH_ONLY names them ("70b") */
         {"70b.qkv.wgrad", CODA_LAYOUT_TN, 10240, 8192, T}, {"70b.o.wgrad", CODA_LAYOUT_TN, 8192, 8192, T},
         {"70b.gu.wgrad", CODA_LAYOUT_TN, 57344, 8192, T}, {"70b.down.wgrad", CODA_LAYOUT_TN, 8192, 28672, T},
+        /* LLaMA-3-1B's twelve (d 2048, qkv 3072, ffn 8192): only where
+         * CODA_BENCH_ONLY names them ("1b") */
+        {"1b.qkv.fwd", CODA_LAYOUT_NT, T, 3072, 2048},    {"1b.qkv.dgrad", CODA_LAYOUT_NN, T, 2048, 3072},
+        {"1b.qkv.wgrad", CODA_LAYOUT_TN, 3072, 2048, T},  {"1b.o.fwd", CODA_LAYOUT_NT, T, 2048, 2048},
+        {"1b.o.dgrad", CODA_LAYOUT_NN, T, 2048, 2048},    {"1b.o.wgrad", CODA_LAYOUT_TN, 2048, 2048, T},
+        {"1b.gu.fwd", CODA_LAYOUT_NT, T, 16384, 2048},    {"1b.gu.dgrad", CODA_LAYOUT_NN, T, 2048, 16384},
+        {"1b.gu.wgrad", CODA_LAYOUT_TN, 16384, 2048, T},  {"1b.down.fwd", CODA_LAYOUT_NT, T, 2048, 8192},
+        {"1b.down.dgrad", CODA_LAYOUT_NN, T, 8192, 2048}, {"1b.down.wgrad", CODA_LAYOUT_TN, 2048, 8192, T},
     };
     const char *lname[3] = {"NT", "NN", "TN"};
     int ns = (int)(sizeof shapes / sizeof shapes[0]);
@@ -275,7 +283,7 @@ int main(int argc, char **argv) {
         shape_t *s = &shapes[i];
         char full[40];
         snprintf(full, sizeof full, "%s.%s", s->name, lname[s->layout]);
-        if (only ? !strstr(full, only) : !strncmp(full, "70b.", 4)) continue;
+        if (only ? !strstr(full, only) : !strncmp(full, "70b.", 4) || !strncmp(full, "1b.", 3)) continue;
         size_t ea = (size_t)(s->m * s->k), eb = (size_t)(s->n * s->k), ec = (size_t)(s->m * s->n);
         size_t bytes = 2 * (ea + eb + ec);
         bufs_t bf;
