@@ -281,14 +281,11 @@ int main(int argc, char **argv) {
             /* ping-pong: several tiles per warpgroup */
             run_case((coda_layout_t)l, 1000, 392, 200, CODA_BF16, 1.0f, 0.0f, 4);
             run_case((coda_layout_t)l, 1000, 392, 136, CODA_F32, 0.5f, 1.5f, 5);
-            /* 128 x 192 tiles: N across three tiles and a partial one */
-            run_case((coda_layout_t)l, 300, 520, 200, CODA_F32, 0.5f, 1.5f, CODA_CUDA_GEMM_CFG_192);
         }
         /* stream-K (one partial wave and a whole one shared out by k-blocks) */
         tune_streamk(ctx, CODA_STREAMK_ON);
         run_case(CODA_LAYOUT_NT, 1500, 1800, 264, CODA_BF16, 1.0f, 0.0f, 1);
         run_case(CODA_LAYOUT_TN, 4096, 1300, 520, CODA_F32, 0.5f, 1.5f, 3);
-        run_case(CODA_LAYOUT_NN, 2000, 2000, 264, CODA_BF16, 1.0f, 0.0f, CODA_CUDA_GEMM_CFG_192);
         tune_streamk(ctx, CODA_STREAMK_AUTO);
         many_streams();
         bad_args();
@@ -315,11 +312,7 @@ int main(int argc, char **argv) {
         run_case((coda_layout_t)l, 1000, 392, 264, CODA_BF16, 2.0f, -1.0f, -1);
         run_case((coda_layout_t)l, 1000, 392, 264, CODA_BF16, -0.5f, 0.0f, -1); /* alpha alone */
         run_case((coda_layout_t)l, 513, 1000, 1032, CODA_F32, 0.75f, 0.5f, 1);
-        run_case((coda_layout_t)l, 513, 1000, 1032, CODA_F32, 0.75f, 0.5f, CODA_CUDA_GEMM_CFG_192);
     }
-    /* the default pick's 128 x 192 tiles (coda__cuda_gemm_pick_plain): the
-     * 1B QKV weight gradient's output shape, a short K */
-    for (int l = 0; l < 3; l++) run_case((coda_layout_t)l, 3072, 2048, 520, CODA_BF16, 1.0f, 0.0f, -1);
     /* stream-K, forced on: the last partial wave and one whole wave of units
      * are shared out by k-blocks (on 132 SMs: 144, 180 and 72 units of
      * configurations 0, 1 and 2/3, so no whole units first); odd N, K not a
