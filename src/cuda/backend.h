@@ -13,7 +13,7 @@
 #include <cuda.h>
 
 #define CODA_CUDA_MAX_DEVICES 16
-#define CODA_CUDA_GEMM_NCFG 7
+#define CODA_CUDA_GEMM_NCFG 6
 
 /* A compiled and loaded kernel, cached per device by key. */
 typedef struct coda_cuda_kernel {
@@ -164,16 +164,8 @@ typedef struct coda_cuda_gemm_cfg {
 
 extern const coda_cuda_gemm_cfg_t coda__cuda_gemm_cfgs[CODA_CUDA_GEMM_NCFG];
 
-/* Pick the configuration for a problem (index into coda__cuda_gemm_cfgs):
- * a fused GEMM's (tile width 128 or 256, which its epilogue is generated
- * for). */
+/* Pick the configuration for a problem (index into coda__cuda_gemm_cfgs). */
 int coda__cuda_gemm_pick(int64_t m, int64_t n, int64_t k, int sm_count);
-/* The plain GEMM's pick: coda__cuda_gemm_pick's, or the 128 x 192 tiles of
- * configuration CODA_CUDA_GEMM_CFG_192 where they fill the chip's waves
- * much better. clusters: co-resident 2-CTA clusters (0: sm_count / 2; a
- * fixed number, so that the same GEMM always gets the same kernel). */
-int coda__cuda_gemm_pick_plain(int64_t m, int64_t n, int64_t k, int sm_count, int clusters);
-#define CODA_CUDA_GEMM_CFG_192 6
 /* Stream-K split (kernels/gemm_streamk.cuh): how many of `units` tile pairs
  * run whole on `clusters` clusters before the rest is shared out by
  * k-blocks (kiters per unit); `units` means no stream-K. */

@@ -28,14 +28,13 @@
  * Returns -1 if no configuration has tl.tile_n. */
 static int cfg_for_tiling(const coda_context_t *ctx, coda_tiling_t tl, int64_t m, int64_t n, int sm_count) {
     int forced = coda__cuda_gemm_cfg_override(ctx);
-    if (forced == CODA_CUDA_GEMM_CFG_192) forced = -1; /* the plain GEMM's alone */
     if (forced >= 0 && coda__cuda_gemm_cfgs[forced].bn == tl.tile_n) return forced;
     int pp = tl.tile_n == PINGPONG_TILE_N, best = -1;
     int pick = coda__cuda_gemm_pick(m, n, 0, sm_count); /* the plain GEMM's, if it fits */
     if (!pp && coda__cuda_gemm_cfgs[pick].bn == tl.tile_n) return pick;
     for (int i = 0; i < CODA_CUDA_GEMM_NCFG; i++) {
         const coda_cuda_gemm_cfg_t *c = &coda__cuda_gemm_cfgs[i];
-        if (c->bn != tl.tile_n || c->pingpong != pp || i == CODA_CUDA_GEMM_CFG_192) continue;
+        if (c->bn != tl.tile_n || c->pingpong != pp) continue;
         int64_t tiles = coda__cdiv(m, c->bm) * coda__cdiv(n, c->bn);
         int want_cluster = tiles >= 2 * (int64_t)sm_count;
         if (best < 0 || (c->cluster_m > 1) == want_cluster) best = i;
@@ -61,8 +60,7 @@ coda_status_t coda__cuda_choose_tiling(coda_context_t *ctx, int index, int64_t m
     tiling->tile_m = GPU_TILE_M;
     tiling->tile_n = coda__cuda_gemm_cfgs[coda__cuda_gemm_pick(m, n, k, sm_count)].bn;
     int forced = coda__cuda_gemm_cfg_override(ctx); /* as in cfg_for_tiling */
-    if (forced >= 0 && forced != CODA_CUDA_GEMM_CFG_192) /* 192: plain GEMMs only */
-        tiling->tile_n = coda__cuda_gemm_cfgs[forced].bn;
+    if (forced >= 0) tiling->tile_n = coda__cuda_gemm_cfgs[forced].bn;
     return CODA_OK;
 }
 

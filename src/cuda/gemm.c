@@ -23,7 +23,6 @@ const coda_cuda_gemm_cfg_t coda__cuda_gemm_cfgs[CODA_CUDA_GEMM_NCFG] = {
     {128, 256, 64, 4, 2, 16, 0},
     {128, 128, 64, 6, 1, 8, 1},
     {128, 128, 64, 6, 2, 16, 1},
-    {128, 192, 64, 4, 1, 8, 0}, /* plain GEMMs only: CODA_CUDA_GEMM_CFG_192 */
 };
 
 int coda__cuda_gemm_pick(int64_t m, int64_t n, int64_t k, int sm_count) {
@@ -32,33 +31,6 @@ int coda__cuda_gemm_pick(int64_t m, int64_t n, int64_t k, int sm_count) {
     if (tiles256 >= sm_count) return 3;
     if (2 * tiles256 < sm_count) return 1;
     return 0;
-}
-
-/* The share of a grid's CTA slots that do work: `tiles` tiles on `slots`
- * persistent slots run in ceil(tiles / slots) waves. */
-static double wave_fill(int64_t tiles, int64_t slots) {
-    return (double)tiles / (double)(coda__cdiv(tiles, slots) * slots);
-}
-
-/* 128 x 192 tiles (no clusters) against the pick's: the LLaMA-3-1B QKV
- * weight gradient (3072 x 2048, K = 16384) is 96 tile pairs of 128 x 256
- * on 66 clusters, 1.45 waves with 27% of the second idle, where 264 tiles
- * of 128 x 192 fill two waves of 132. Taken only where its waves are
- * fuller by a margin (its tiles move more operand bytes per product than
- * the clustered 128 x 256 ones, which multicast B), columns past N
- * counted as idle. */
-int coda__cuda_gemm_pick_plain(int64_t m, int64_t n, int64_t k, int sm_count, int clusters) {
-    int pick = coda__cuda_gemm_pick(m, n, k, sm_count);
-    const coda_cuda_gemm_cfg_t *c = &coda__cuda_gemm_cfgs[pick];
-    if (c->bn != 256 || sm_count < 2) return pick;
-    if (clusters <= 0) clusters = sm_count / 2;
-    int64_t rows = coda__cdiv(m, 128);
-    int64_t slots = c->cluster_m > 1 ? clusters : sm_count;
-    double fill = wave_fill(coda__cdiv(rows, c->cluster_m) * coda__cdiv(n, 256), slots) *
-                  (double)n / (double)(coda__cdiv(n, 256) * 256);
-    double fill192 = wave_fill(rows * coda__cdiv(n, 192), sm_count) * (double)n /
-                     (double)(coda__cdiv(n, 192) * 192);
-    return fill192 >= 1.15 * fill ? CODA_CUDA_GEMM_CFG_192 : pick;
 }
 
 int coda__cuda_gemm_cfg_override(const coda_context_t *ctx) {
@@ -621,7 +593,7 @@ coda_status_t coda__cuda_gemm(coda_context_t *ctx, coda_layout_t layout, const c
     coda_cuda_device_t *d;
     CODA_TRY(coda__cuda_device(ctx, a->device_index, &d));
     int cfg = coda__cuda_gemm_cfg_override(ctx);
-    if (cfg < 0) cfg = coda__cuda_gemm_pick_plain(m, n, k, d->sm_count, 0);
+    if (cfg < 0) cfg = coda__cuda_gemm_pick(m, n, k, d->sm_count);
 
     plain_params_t p;
     memset(&p, 0, sizeof p);

@@ -8,10 +8,7 @@
  *                  1: ping-pong schedule (CODA_BN 128 only), each consumer
  *                  warpgroup owns every other 128 x 128 tile, so one runs
  *                  its epilogue while the other runs its mainloop
- *   CODA_BN        block tile columns: 128 or 256 (rows: CODA_BM = 128);
- *                  192 for the plain GEMM alone, without clusters (a
- *                  grid of 128 x 256 tiles that leaves most of its last
- *                  wave idle often fills whole waves in 128 x 192 ones)
+ *   CODA_BN        block tile columns: 128 or 256 (rows: CODA_BM = 128)
  *   CODA_STAGES    shared-memory pipeline depth
  *   CODA_TA        0: A is K-major (M, K) [NT, NN];  1: A is M-major (K, M) [TN]
  *   CODA_TB        0: B is K-major (N, K) [NT];      1: B is N-major (K, N) [NN, TN]
@@ -117,18 +114,10 @@
 
 #if CODA_BN == 256
 #define coda_wgmma coda_wgmma_n256
-#elif CODA_BN == 192
-#define coda_wgmma coda_wgmma_n192
 #elif CODA_BN == 128
 #define coda_wgmma coda_wgmma_n128
 #else
-#error "CODA_BN must be 128, 192 or 256"
-#endif
-/* 192: the plain GEMM's C store alone (a generated epilogue's slabs, ring
- * and partials are laid out for 128 and 256), and no clusters (the pair's
- * halves of B would split a 64-column chunk) */
-#if CODA_BN == 192 && (CODA_CLUSTER > 1 || CODA_PINGPONG || !CODA_EPI_STORE_C || CODA_EPI_RING)
-#error "CODA_BN 192: the plain GEMM's cooperative schedule without clusters only"
+#error "CODA_BN must be 128 or 256"
 #endif
 
 /* The pieces of work of this CTA, in order: tile pair `unit`, k-blocks

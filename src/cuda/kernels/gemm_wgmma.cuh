@@ -30,15 +30,6 @@
     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 #define CODA_WGMMA_D64(d) CODA_WGMMA_D32(d), CODA_WGMMA_D32((d) + 32)
 
-#define CODA_WGMMA_R96 \
-    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
-    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
-    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
-#define CODA_WGMMA_D96(d) CODA_WGMMA_D64(d), CODA_WGMMA_D32((d) + 64)
-
 #define CODA_WGMMA_R128 \
     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
@@ -67,8 +58,6 @@
 #define CODA_WGMMA_I32 34
 #define CODA_WGMMA_J64 65
 #define CODA_WGMMA_I64 66
-#define CODA_WGMMA_J96 97
-#define CODA_WGMMA_I96 98
 #define CODA_WGMMA_J128 129
 #define CODA_WGMMA_I128 130
 
@@ -76,7 +65,6 @@
  * the -D options) */
 CODA_WGMMA_SS(coda_wgmma_n64, 64, 32, CODA_TA, CODA_TB)
 CODA_WGMMA_SS(coda_wgmma_n128, 128, 64, CODA_TA, CODA_TB)
-CODA_WGMMA_SS(coda_wgmma_n192, 192, 96, CODA_TA, CODA_TB)
 CODA_WGMMA_SS(coda_wgmma_n256, 256, 128, CODA_TA, CODA_TB)
 /* both operands MN-major: the attention backward's dq = dS k, with dS
  * stored key-major (its transpose) and k as it is */
