@@ -315,7 +315,13 @@ _Static_assert(offsetof(sk_params_t, flag) == 8 && offsetof(sk_params_t, dp_unit
  * +1-2% at 15.5 waves (8192^3, the 16384 x 4096 layer GEMMs), 27 waves
  * (gate/up wgrad), but -3% at 3.9 waves (4096^3) and -13% at 3.9 waves with
  * K = 16384 (o wgrad). Hence: at least 8 whole waves, and a partial wave
- * that leaves at least 1% of the machine idle. mode (tuning, context.h):
+ * that leaves at least 1% of the machine idle. And K at most 8192 (128
+ * k-blocks a unit): the longer a unit's k-range, the more of its operands
+ * the tail reads from memory rather than L2 (measured on an H100,
+ * 2026-12-05, `bench_gemm variants`, ratio to cuBLAS with / without the
+ * tail: the LLaMA-3-8B down projection's weight gradient, 4096 x 14336 x
+ * 16384 at 13.6 waves, 0.921 / 0.991; the 70B one, 8192 x 28672 x 16384 at
+ * 54 waves, 0.995 / 1.002). mode (tuning, context.h):
  * CODA_STREAMK=0: never; =1:
  * whenever there is a partial wave (tests); =a (experiment): every unit
  * shared out by k-blocks, so that the CTAs' epilogues fall at staggered
@@ -327,7 +333,8 @@ int coda__cuda_streamk_dp_units(int64_t units, int64_t clusters, int64_t kiters,
         return (int)units;
     if (mode == CODA_STREAMK_ALL) return 0;
     int64_t waves = coda__cdiv(units, clusters), idle = waves * clusters - units;
-    if (mode == CODA_STREAMK_AUTO && (units / clusters < 8 || idle * 100 < waves * clusters)) return (int)units;
+    if (mode == CODA_STREAMK_AUTO && (units / clusters < 8 || idle * 100 < waves * clusters || kiters > 128))
+        return (int)units;
     return (int)((units / clusters - 1) * clusters);
 }
 
