@@ -115,24 +115,40 @@ import coda.ops as _ops
 _BLOCK_PARAMS = ("g1", "wqkv", "wo", "g2", "wgu", "wd")
 
 
+def _torch_at_least(major, minor):
+    try:
+        v = torch.__version__.split("+")[0].split(".")
+        return (int(v[0]), int(v[1])) >= (major, minor)
+    except (ValueError, IndexError):
+        return False
+
+
+# scaled_dot_product_attention takes enable_gqa (n_heads a multiple of
+# n_kv_heads, k and v heads shared by consecutive query heads, as
+# repeat_interleave would lay them out) from torch 2.5
+_SDPA_GQA = _torch_at_least(2, 5)
+
+
 def causal_attention(qkv, batch, seq, n_heads, n_kv_heads, head_dim):
     """The default attention of LlamaBlock: causal grouped-query attention
     over qkv (M, nqkv) bf16 as coda's QKV epilogue leaves it (q and k
     columns permuted within each head, the same way, so q.k is unchanged),
     -> o (M, nq). torch's scaled_dot_product_attention where there is one
-    (torch >= 2.0), else the same in plain torch ops."""
+    (torch >= 2.0; from 2.5 with enable_gqa, so k and v are read as they
+    are, not copied once per query head), else the same in plain torch ops."""
     nq, nkv = n_heads * head_dim, n_kv_heads * head_dim
     q, k, v = qkv.split([nq, nkv, nkv], dim=1)
     q = q.reshape(batch, seq, n_heads, head_dim).transpose(1, 2)
     k = k.reshape(batch, seq, n_kv_heads, head_dim).transpose(1, 2)
     v = v.reshape(batch, seq, n_kv_heads, head_dim).transpose(1, 2)
-    if n_kv_heads != n_heads:
+    sdpa = getattr(torch.nn.functional, "scaled_dot_product_attention", None)
+    gqa = n_kv_heads != n_heads and sdpa is not None and _SDPA_GQA
+    if n_kv_heads != n_heads and not gqa:
         rep = n_heads // n_kv_heads
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
-    sdpa = getattr(torch.nn.functional, "scaled_dot_product_attention", None)
     if sdpa is not None:
-        o = sdpa(q, k, v, is_causal=True)
+        o = sdpa(q, k, v, is_causal=True, enable_gqa=True) if gqa else sdpa(q, k, v, is_causal=True)
     else:
         s = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(head_dim)
         mask = torch.ones(seq, seq, dtype=torch.bool, device=qkv.device).triu(1)
