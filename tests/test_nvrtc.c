@@ -18,22 +18,26 @@ static double now(void) {
 }
 
 /* The stream-K rule (no GPU needed; src/cuda/gemm.c): a tail only from 8
- * whole waves, with at least 1% of the last wave idle, and K <= 8192. */
+ * whole waves, with at least 1% of the last wave idle, and K <= 8192 but
+ * on an H200's memory (4917 GB/s; an H100's 3352, unknown 0). */
 static void check_streamk_rule(void) {
-    static const struct { int64_t units, clusters, kiters; int tail; } cases[] = {
-        {896, 66, 256, 0},  /* LLaMA-3-8B down wgrad, 4096 x 14336 x 16384: K too long */
-        {896, 66, 64, 1},   /* the same tiles with K = 4096 */
-        {1024, 66, 128, 1}, /* 16384 x 4096 x 8192: 15.5 waves */
-        {256, 66, 64, 0},   /* 4096^3: 3.9 waves */
-        {1056, 66, 64, 0},  /* 16 whole waves */
+    static const struct { int64_t units, clusters, kiters; int gbps, tail; } cases[] = {
+        {896, 66, 256, 3352, 0},  /* LLaMA-3-8B down wgrad, 4096 x 14336 x 16384, H100: K too long */
+        {896, 66, 256, 0, 0},     /* the same, bandwidth unknown */
+        {896, 66, 256, 4917, 1},  /* the same on an H200 */
+        {896, 66, 64, 3352, 1},   /* the same tiles with K = 4096 */
+        {1024, 66, 128, 3352, 1}, /* 16384 x 4096 x 8192: 15.5 waves */
+        {256, 66, 64, 4917, 0},   /* 4096^3: 3.9 waves */
+        {1056, 66, 64, 4917, 0},  /* 16 whole waves */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         int dp = coda__cuda_streamk_dp_units(cases[i].units, cases[i].clusters, cases[i].kiters, 0,
-                                             CODA_STREAMK_AUTO);
-        CHECK((dp < cases[i].units) == cases[i].tail, "stream-K for %lld units on %lld clusters, %lld k-blocks: "
-              "%d whole", (long long)cases[i].units, (long long)cases[i].clusters, (long long)cases[i].kiters, dp);
-        CHECK(coda__cuda_streamk_dp_units(cases[i].units, cases[i].clusters, cases[i].kiters, 0,
-                                          CODA_STREAMK_OFF) == cases[i].units, "CODA_STREAMK=0: no tail");
+                                             CODA_STREAMK_AUTO, cases[i].gbps);
+        CHECK((dp < cases[i].units) == cases[i].tail, "stream-K for %lld units on %lld clusters, %lld k-blocks, "
+              "%d GB/s: %d whole", (long long)cases[i].units, (long long)cases[i].clusters,
+              (long long)cases[i].kiters, cases[i].gbps, dp);
+        CHECK(coda__cuda_streamk_dp_units(cases[i].units, cases[i].clusters, cases[i].kiters, 0, CODA_STREAMK_OFF,
+                                          cases[i].gbps) == cases[i].units, "CODA_STREAMK=0: no tail");
     }
 }
 

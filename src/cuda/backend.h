@@ -43,6 +43,7 @@ typedef struct coda_cuda_device {
     CUcontext pctx;        /* the device's primary context (shared with PyTorch) */
     int sm_count;
     int smem_optin;        /* max dynamic shared memory per block, bytes */
+    int mem_gbps;          /* peak memory bandwidth, GB/s (memory clock x bus width); 0: unknown */
     int cc_major, cc_minor;
     char name[128];
     coda_cuda_kernel_t *kernels;
@@ -168,8 +169,10 @@ extern const coda_cuda_gemm_cfg_t coda__cuda_gemm_cfgs[CODA_CUDA_GEMM_NCFG];
 int coda__cuda_gemm_pick(int64_t m, int64_t n, int64_t k, int sm_count);
 /* Stream-K split (kernels/gemm_streamk.cuh): how many of `units` tile pairs
  * run whole on `clusters` clusters before the rest is shared out by
- * k-blocks (kiters per unit); `units` means no stream-K. */
-int coda__cuda_streamk_dp_units(int64_t units, int64_t clusters, int64_t kiters, int pingpong, int mode);
+ * k-blocks (kiters per unit); `units` means no stream-K. mem_gbps: the
+ * device's peak memory bandwidth (0: unknown). */
+int coda__cuda_streamk_dp_units(int64_t units, int64_t clusters, int64_t kiters, int pingpong, int mode,
+                                int mem_gbps);
 
 /* The configuration ctx's tuning forces (gemm_cfg, a benchmarking
  * override, when it is a valid index), or -1. */

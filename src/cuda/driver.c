@@ -121,6 +121,15 @@ coda_status_t coda__cuda_device(coda_context_t *ctx, int index, coda_cuda_device
                           index, d->name, d->cc_major, d->cc_minor);
     CODA_CU(c, c->cu.DeviceGetAttribute(&d->sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, d->dev), "cuDeviceGetAttribute");
     CODA_CU(c, c->cu.DeviceGetAttribute(&d->smem_optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, d->dev), "cuDeviceGetAttribute");
+    /* peak memory bandwidth, for the stream-K rule (gemm.c): two transfers
+     * a clock on the bus (H100 SXM: 2619 MHz x 5120 bits, 3352 GB/s; H200:
+     * 3201 MHz x 6144 bits, 4917 GB/s). Unknown (0) if the driver does not
+     * say: nothing depends on it but a choice of schedule. */
+    int mem_khz = 0, bus_bits = 0;
+    if (c->cu.DeviceGetAttribute(&mem_khz, CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE, d->dev) == CUDA_SUCCESS &&
+        c->cu.DeviceGetAttribute(&bus_bits, CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH, d->dev) == CUDA_SUCCESS &&
+        mem_khz > 0 && bus_bits > 0)
+        d->mem_gbps = (int)((double)mem_khz * 2.0 * (double)bus_bits / 8.0 / 1e6);
     CODA_CU(c, c->cu.DevicePrimaryCtxRetain(&d->pctx, d->dev), "cuDevicePrimaryCtxRetain");
     d->opened = 1;
     *out = d;
@@ -169,8 +178,8 @@ coda_status_t coda__cuda_describe(coda_context_t *ctx, char *buf, size_t cap) {
     for (int i = 0; i < c->device_count; i++) {
         coda_cuda_device_t *d;
         if (coda__cuda_device(ctx, i, &d) == CODA_OK)
-            n = snprintf(buf + used, cap - used, "  cuda:%d %s, sm_%d%d, %d SMs, %d KiB smem/block\n",
-                         i, d->name, d->cc_major, d->cc_minor, d->sm_count, d->smem_optin / 1024);
+            n = snprintf(buf + used, cap - used, "  cuda:%d %s, sm_%d%d, %d SMs, %d KiB smem/block, %d GB/s\n",
+                         i, d->name, d->cc_major, d->cc_minor, d->sm_count, d->smem_optin / 1024, d->mem_gbps);
         else
             n = snprintf(buf + used, cap - used, "  cuda:%d unusable: %s\n", i, coda_last_error());
         if (n < 0 || (size_t)n >= cap - used)

@@ -316,24 +316,31 @@ _Static_assert(offsetof(sk_params_t, flag) == 8 && offsetof(sk_params_t, dp_unit
  * (gate/up wgrad), but -3% at 3.9 waves (4096^3) and -13% at 3.9 waves with
  * K = 16384 (o wgrad). Hence: at least 8 whole waves, and a partial wave
  * that leaves at least 1% of the machine idle. And K at most 8192 (128
- * k-blocks a unit): the longer a unit's k-range, the more of its operands
- * the tail reads from memory rather than L2 (measured on an H100,
- * 2026-12-05, `bench_gemm variants`, ratio to cuBLAS with / without the
- * tail: the LLaMA-3-8B down projection's weight gradient, 4096 x 14336 x
- * 16384 at 13.6 waves, 0.921 / 0.991; the 70B one, 8192 x 28672 x 16384 at
- * 54 waves, 0.995 / 1.002). mode (tuning, context.h):
+ * k-blocks a unit) unless the memory is an H200's (4 TB/s or more): the
+ * tail reads much of its operands from memory rather than L2, which the
+ * H100's slower memory makes cost more than the idle part of a wave.
+ * Measured with `bench_gemm variants`, ratio to cuBLAS with / without the
+ * tail: on an H100 (2026-12-05) the LLaMA-3-8B down projection's weight
+ * gradient, 4096 x 14336 x 16384 at 13.6 waves, 0.921 / 0.991, the 70B one,
+ * 8192 x 28672 x 16384 at 54 waves, 0.995 / 1.002; on the H200
+ * (bench/HISTORY.md, where stream-K came in) the 8B one 0.993 / 0.986 and
+ * the 8B gate/up one (27 waves) 1.018 / 1.004. mode (tuning, context.h):
  * CODA_STREAMK=0: never; =1:
  * whenever there is a partial wave (tests); =a (experiment): every unit
  * shared out by k-blocks, so that the CTAs' epilogues fall at staggered
  * times rather than all at the end of each wave. */
-int coda__cuda_streamk_dp_units(int64_t units, int64_t clusters, int64_t kiters, int pingpong, int mode) {
+#define STREAMK_LONG_K_GBPS 4000 /* the memory bandwidth from which a tail pays with K > 8192 */
+
+int coda__cuda_streamk_dp_units(int64_t units, int64_t clusters, int64_t kiters, int pingpong, int mode,
+                                int mem_gbps) {
     if (mode == CODA_STREAMK_OFF || pingpong || clusters < 2 || units <= clusters ||
         (units % clusters == 0 && mode != CODA_STREAMK_ALL) ||
         kiters < 4 || units * kiters >= INT32_MAX) /* the kernel numbers k-blocks in an int */
         return (int)units;
     if (mode == CODA_STREAMK_ALL) return 0;
     int64_t waves = coda__cdiv(units, clusters), idle = waves * clusters - units;
-    if (mode == CODA_STREAMK_AUTO && (units / clusters < 8 || idle * 100 < waves * clusters || kiters > 128))
+    if (mode == CODA_STREAMK_AUTO && (units / clusters < 8 || idle * 100 < waves * clusters ||
+                                      (kiters > 128 && mem_gbps < STREAMK_LONG_K_GBPS)))
         return (int)units;
     return (int)((units / clusters - 1) * clusters);
 }
@@ -496,7 +503,8 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
     sk_params_t skp;
     memset(&skp, 0, sizeof skp);
     int64_t kiters = coda__cdiv(k, cfg->bk);
-    int dp_units = coda__cuda_streamk_dp_units(units, clusters, kiters, cfg->pingpong, ctx->tuning.streamk);
+    int dp_units =
+        coda__cuda_streamk_dp_units(units, clusters, kiters, cfg->pingpong, ctx->tuning.streamk, d->mem_gbps);
     coda_cuda_sk_ws_t *ws = dp_units < units ? sk_workspace(cu, d, (CUstream)stream) : NULL;
     skp.dp_units = ws ? dp_units : (int)units;
     if (ws) {
