@@ -39,3 +39,12 @@ echo "== gpu test (full)"
 timeout 300 build/tests/gpu/test_gemm_gpu > "$OUT/full.log" 2>&1; echo "rc=$?"; grep -E "FAIL" "$OUT/full.log" | head -20; tail -2 "$OUT/full.log"
 echo "== bench"
 timeout 400 build/bench/bench_gemm ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep -v "^    cfg" | tail -40
+# the stream-K rule (src/cuda/gemm.c): long-K shapes with and without the
+# tail, side by side with cuBLAS ("3" is the default's configuration, "3-"
+# without a tail, "3s" with one forced); the first line of `bench` names the
+# card's memory bandwidth, which the rule reads
+echo "== stream-K at K = 16384 (ratio to cuBLAS)"
+for s in down.wgrad gu.wgrad 70b.down.wgrad 70b.qkv.wgrad; do
+  CODA_VARIANTS="3 3- 3s" CODA_BENCH_ONLY=$s timeout 120 build/bench/bench_gemm variants 2>&1 |
+    grep -E "^[0-9a-z.]+ +(NT|NN|TN) " | head -1
+done | tee "$OUT/streamk.log"
