@@ -41,8 +41,37 @@ static void check_streamk_rule(void) {
     }
 }
 
+/* The attention source (src/cuda/attention.c) compiles at both head
+ * dimensions with the backward's defaults and each ring of the forward
+ * (2 or 3 stages of k and v, freed together or apart); the options a
+ * launch would pass. */
+static void check_attention(void) {
+    char *src = NULL;
+    coda_status_t s = coda__cuda_join_sources(coda__cuda_attention_files, CODA_CUDA_ATTN_NFILES, NULL,
+                                              "CUDA attention", &src);
+    CHECK(s == CODA_OK, "attention source assembles: %s", coda_last_error());
+    if (s != CODA_OK) return;
+    for (int v = 0; v < 8; v++) {
+        const int hd = v < 4 ? 64 : 128, fwd_stages = 2 + (v >> 1 & 1), apart = v & 1;
+        const char *opts[CODA_CUDA_ATTN_NOPTS];
+        char buf[CODA_CUDA_ATTN_NOPTS][32];
+        int n = coda__cuda_attention_options(hd, hd == 128 ? 2 : 3, 1, 1, fwd_stages, apart, opts, buf);
+        char *cubin = NULL;
+        size_t size = 0;
+        double t0 = now();
+        s = coda__nvrtc_compile(src, opts, n, &cubin, &size);
+        CHECK(s == CODA_OK && size > 1000, "attention hd %d, forward %d stages %s: %s", hd, fwd_stages,
+              apart ? "apart" : "together", s == CODA_OK ? "tiny cubin" : coda_last_error());
+        printf("attention hd %d, forward ring %d stages, k and v freed %s: %s, %zu bytes, %.1f s\n", hd,
+               fwd_stages, apart ? "apart" : "together", s == CODA_OK ? "ok" : "FAILED", size, now() - t0);
+        free(cubin);
+    }
+    free(src);
+}
+
 int main(void) {
     check_streamk_rule();
+    check_attention();
     const char *epi = coda__cuda_source("epi_plain.cuh");
     CHECK(epi != NULL, "epi_plain.cuh is embedded");
     if (!epi) TEST_MAIN_END();

@@ -12,7 +12,8 @@ static void with_env(const char *const *kv, int n) {
 int main(void) {
     static const char *const names[] = {"CODA_GEMM_CFG", "CODA_STREAMK", "CODA_DEBUG_CLUSTERS", "CODA_DEBUG_L2",
                                         "CODA_DEBUG_NO_RING", "CODA_DEBUG_LAUNCH", "CODA_DEBUG_OPTS",
-                                        "CODA_DEBUG_ATTN_STAGES", "CODA_DEBUG_ATTN_PIPE"};
+                                        "CODA_DEBUG_ATTN_STAGES", "CODA_DEBUG_ATTN_PIPE",
+                                        "CODA_DEBUG_ATTN_FWD_STAGES", "CODA_DEBUG_ATTN_FWD_APART"};
     const int n_names = (int)(sizeof names / sizeof names[0]);
     for (int i = 0; i < n_names; i++) unsetenv(names[i]);
 
@@ -21,7 +22,7 @@ int main(void) {
     coda__tuning_t t = coda__get_tuning(ctx);
     CHECK(t.gemm_cfg == -1 && t.streamk == CODA_STREAMK_AUTO && t.clusters == 0 && t.l2_promotion == 3 &&
               !t.no_ring && !t.log_launch && !t.extra_opts[0] && t.code_key == 0 && t.attn_stages == 0 &&
-              t.attn_pipe == -1,
+              t.attn_pipe == -1 && t.attn_fwd_stages == 0 && t.attn_fwd_apart == -1,
           "defaults: cfg %d streamk %d clusters %d l2 %d attn stages %d pipe %d", t.gemm_cfg, t.streamk, t.clusters,
           t.l2_promotion, t.attn_stages, t.attn_pipe);
 
@@ -33,13 +34,14 @@ int main(void) {
     static const char *const env[] = {"CODA_GEMM_CFG", "4", "CODA_STREAMK", "a", "CODA_DEBUG_CLUSTERS", "64",
                                       "CODA_DEBUG_L2", "1", "CODA_DEBUG_NO_RING", "1", "CODA_DEBUG_LAUNCH", "1",
                                       "CODA_DEBUG_OPTS", "-DX=1 -DY=2", "CODA_DEBUG_ATTN_STAGES", "4",
-                                      "CODA_DEBUG_ATTN_PIPE", "0"};
-    with_env(env, 18);
+                                      "CODA_DEBUG_ATTN_PIPE", "0", "CODA_DEBUG_ATTN_FWD_STAGES", "3",
+                                      "CODA_DEBUG_ATTN_FWD_APART", "1"};
+    with_env(env, 22);
     REQUIRE_OK(coda_context_create(NULL, &ctx));
     t = coda__get_tuning(ctx);
     CHECK(t.gemm_cfg == 4 && t.streamk == CODA_STREAMK_ALL && t.clusters == 64 && t.l2_promotion == 1 &&
               t.no_ring && t.log_launch && strcmp(t.extra_opts, "-DX=1 -DY=2") == 0 && t.code_key != 0 &&
-              t.attn_stages == 4 && t.attn_pipe == 0,
+              t.attn_stages == 4 && t.attn_pipe == 0 && t.attn_fwd_stages == 3 && t.attn_fwd_apart == 1,
           "from the environment: cfg %d streamk %d clusters %d l2 %d opts '%s'", t.gemm_cfg, t.streamk,
           t.clusters, t.l2_promotion, t.extra_opts);
     uint64_t key = t.code_key;
@@ -48,13 +50,14 @@ int main(void) {
     /* values the variables do not spell are the defaults */
     static const char *const odd[] = {"CODA_GEMM_CFG", "12", "CODA_STREAMK", "yes", "CODA_DEBUG_L2", "7",
                                       "CODA_DEBUG_CLUSTERS", "-3", "CODA_DEBUG_ATTN_STAGES", "5",
-                                      "CODA_DEBUG_ATTN_PIPE", "2"};
+                                      "CODA_DEBUG_ATTN_PIPE", "2", "CODA_DEBUG_ATTN_FWD_STAGES", "4",
+                                      "CODA_DEBUG_ATTN_FWD_APART", "x"};
     for (int i = 0; i < n_names; i++) unsetenv(names[i]);
-    with_env(odd, 12);
+    with_env(odd, 16);
     REQUIRE_OK(coda_context_create(NULL, &ctx));
     t = coda__get_tuning(ctx);
     CHECK(t.gemm_cfg == -1 && t.streamk == CODA_STREAMK_AUTO && t.l2_promotion == 3 && t.clusters == 0 &&
-              t.attn_stages == 0 && t.attn_pipe == -1,
+              t.attn_stages == 0 && t.attn_pipe == -1 && t.attn_fwd_stages == 0 && t.attn_fwd_apart == -1,
           "unspelled values: cfg %d streamk %d l2 %d clusters %d attn stages %d pipe %d", t.gemm_cfg, t.streamk,
           t.l2_promotion, t.clusters, t.attn_stages, t.attn_pipe);
     for (int i = 0; i < n_names; i++) unsetenv(names[i]);
@@ -81,6 +84,17 @@ int main(void) {
     for (int i = 0; i < 2; i++) {
         bad = before;
         bad.attn_pipe = bad_pipe[i];
+        CHECK_STATUS(coda__set_tuning(ctx, &bad), CODA_ERR_INVALID_ARG);
+    }
+    static const int bad_fwd_stages[] = {1, 4, -1}, bad_apart[] = {2, -2};
+    for (int i = 0; i < 3; i++) {
+        bad = before;
+        bad.attn_fwd_stages = bad_fwd_stages[i];
+        CHECK_STATUS(coda__set_tuning(ctx, &bad), CODA_ERR_INVALID_ARG);
+    }
+    for (int i = 0; i < 2; i++) {
+        bad = before;
+        bad.attn_fwd_apart = bad_apart[i];
         CHECK_STATUS(coda__set_tuning(ctx, &bad), CODA_ERR_INVALID_ARG);
     }
     bad = before;

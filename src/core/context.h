@@ -38,6 +38,8 @@ typedef struct coda__tuning {
     int attn_split_bwd;  /* CODA_DEBUG_ATTN_SPLIT_BWD: the wgmma backward as its dk/dv and dq kernels */
     int attn_stages;     /* CODA_DEBUG_ATTN_STAGES: the wgmma backward's ring, 2..4 stages; 0 default */
     int attn_pipe;       /* CODA_DEBUG_ATTN_PIPE: the dq kernel pipelined and the forward's ping-pong (1) or neither (0); -1 default */
+    int attn_fwd_stages; /* CODA_DEBUG_ATTN_FWD_STAGES: the wgmma forward's k/v ring, 2 or 3 stages; 0 default */
+    int attn_fwd_apart;  /* CODA_DEBUG_ATTN_FWD_APART: the forward frees a stage's k and v apart (1) or together (0); -1 default */
     char extra_opts[CODA_TUNING_OPTS_CAP]; /* CODA_DEBUG_OPTS: up to 4 more NVRTC options */
     uint64_t code_key;   /* hash of extra_opts (0 when empty); set by coda__set_tuning    */
 } coda__tuning_t;

@@ -33,6 +33,10 @@ void coda__tuning_from_env(coda__tuning_t *t) {
     if (c >= '2' && c <= '4') t->attn_stages = c - '0';
     c = one_char("CODA_DEBUG_ATTN_PIPE");
     t->attn_pipe = c == '0' || c == '1' ? c - '0' : -1;
+    c = one_char("CODA_DEBUG_ATTN_FWD_STAGES");
+    if (c >= '2' && c <= '3') t->attn_fwd_stages = c - '0';
+    c = one_char("CODA_DEBUG_ATTN_FWD_APART");
+    t->attn_fwd_apart = c == '0' || c == '1' ? c - '0' : -1;
     v = getenv("CODA_DEBUG_OPTS");
     if (v && strlen(v) < sizeof t->extra_opts) snprintf(t->extra_opts, sizeof t->extra_opts, "%s", v);
 }
@@ -50,6 +54,12 @@ coda_status_t coda__set_tuning(coda_context_t *ctx, const coda__tuning_t *t) {
         return coda__fail(CODA_ERR_INVALID_ARG, "tuning: attn_stages %d is not 0 (default) or 2..4", t->attn_stages);
     if (t->attn_pipe < -1 || t->attn_pipe > 1)
         return coda__fail(CODA_ERR_INVALID_ARG, "tuning: attn_pipe %d is not -1 (default), 0 or 1", t->attn_pipe);
+    if (t->attn_fwd_stages != 0 && (t->attn_fwd_stages < 2 || t->attn_fwd_stages > 3))
+        return coda__fail(CODA_ERR_INVALID_ARG, "tuning: attn_fwd_stages %d is not 0 (default), 2 or 3",
+                          t->attn_fwd_stages);
+    if (t->attn_fwd_apart < -1 || t->attn_fwd_apart > 1)
+        return coda__fail(CODA_ERR_INVALID_ARG, "tuning: attn_fwd_apart %d is not -1 (default), 0 or 1",
+                          t->attn_fwd_apart);
     if (!memchr(t->extra_opts, 0, sizeof t->extra_opts))
         return coda__fail(CODA_ERR_INVALID_ARG, "tuning: extra_opts is not terminated");
     ctx->tuning = *t;

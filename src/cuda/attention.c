@@ -33,10 +33,11 @@
 #define BWD_ROWS 64
 #define MAX_GRID 65535
 
-static const char *const attn_files[] = {"gemm_prelude.cuh", "gemm_wgmma.cuh", "attention.cuh",
-                                         "attention_wgmma.cuh", "attention_bwd_wgmma.cuh"};
-#define N_ATTN_FILES (sizeof attn_files / sizeof attn_files[0])
-#define N_OPTS 9
+const char *const coda__cuda_attention_files[CODA_CUDA_ATTN_NFILES] = {
+    "gemm_prelude.cuh", "gemm_wgmma.cuh", "attention.cuh", "attention_wgmma.cuh", "attention_bwd_wgmma.cuh"};
+#define attn_files coda__cuda_attention_files
+#define N_ATTN_FILES CODA_CUDA_ATTN_NFILES
+#define N_OPTS CODA_CUDA_ATTN_NOPTS
 
 /* The kernels' argument block (attention.cuh's coda_attn_args_t). */
 typedef struct {
@@ -53,9 +54,12 @@ static long long es(const coda_tensor_t *t) {
 }
 
 /* Dynamic shared memory of each kernel, bytes (the layouts of attention.cuh
- * and attention_wgmma.cuh: q, 2 stages of k and v tiles of 128 rows, seven
- * mbarriers, 1024 bytes of slack to align the swizzled tiles). */
-static int smem_fwd_wgmma(int hd) { return 5 * (hd / 64) * 128 * 128 + 8 * 7 + 1024; }
+ * and attention_wgmma.cuh: q, `stages` stages of k and v tiles of 128 rows,
+ * 1 + 4 stages mbarriers, 1024 bytes of slack to align the swizzled tiles;
+ * at head_dim 128 three stages take 225 KiB of the 227 an SM offers). */
+static int smem_fwd_wgmma(int hd, int stages) {
+    return (1 + 2 * stages) * (hd / 64) * 128 * 128 + 8 * (1 + 4 * stages) + 1024;
+}
 static int smem_fwd(int hd) { return (FWD_ROWS + 4 * KV_TILE) * hd * 2; }
 /* threads of the mma.sync forward: a warp per 16 rows, 32 at HD 128 (its FWD_MT) */
 static int fwd_threads(int hd) { return FWD_ROWS / (hd == 128 ? 32 : 16) * 32; }
@@ -91,6 +95,11 @@ static int smem_bwd_wgmma(int hd, int stages, int kind) {
  * same way, at HD 64 where the registers would fit, ptxas serialised the
  * products for lack of registers and it ran at 175 against 211.) */
 #define BWD_PIPE 1
+/* The wgmma forward's ring of k and v tiles (CODA_AW_STAGES) and whether a
+ * stage's k is freed once the tile's S is made, before its v is used
+ * (CODA_AW_APART); tuning's attn_fwd_stages and attn_fwd_apart override. */
+#define FWD_STAGES 2
+#define FWD_APART 0
 static int bwd_stages(const coda_context_t *ctx, int hd) {
     int n = ctx->tuning.attn_stages ? ctx->tuning.attn_stages : BWD_STAGES;
     return !ctx->tuning.attn_split_bwd && hd == 128 && n > 2 ? 2 : n;
@@ -101,6 +110,23 @@ static int smem_dkdv(int hd) {
     return (2 * BWD_ROWS + 4 * qt) * hd * 2 + 4 * qt * (int)sizeof(float);
 }
 
+int coda__cuda_attention_options(int hd, int bwd_stages, int pipe, int dq_perm, int fwd_stages, int fwd_apart,
+                                 const char **opts, char (*buf)[32]) {
+    opts[0] = "--gpu-architecture=sm_90a";
+    opts[1] = "-default-device";
+    opts[2] = hd == 64 ? "-DCODA_ATTN_HD=64" : "-DCODA_ATTN_HD=128";
+    opts[3] = "-DCODA_TA=0"; /* gemm_wgmma.cuh's transpose bits: q, k K-major */
+    opts[4] = "-DCODA_TB=0";
+    snprintf(buf[5], 32, "-DCODA_AB_STAGES=%d", bwd_stages);
+    snprintf(buf[6], 32, "-DCODA_AB_PIPE=%d", pipe);
+    snprintf(buf[7], 32, "-DCODA_AW_PINGPONG=%d", pipe);
+    snprintf(buf[8], 32, "-DCODA_AB_DQ_PERM=%d", dq_perm);
+    snprintf(buf[9], 32, "-DCODA_AW_STAGES=%d", fwd_stages);
+    snprintf(buf[10], 32, "-DCODA_AW_APART=%d", fwd_apart);
+    for (int i = 5; i < CODA_CUDA_ATTN_NOPTS; i++) opts[i] = buf[i];
+    return CODA_CUDA_ATTN_NOPTS;
+}
+
 typedef struct {
     coda_context_t *ctx;
     coda_cuda_device_t *dev;
@@ -108,7 +134,9 @@ typedef struct {
     int hd;
     int stages, pipe;   /* the backward's CODA_AB_STAGES and CODA_AB_PIPE */
     int dq_perm;        /* CODA_AB_DQ_PERM: the fused backward's dq tile staged with rows permuted */
-    char stages_opt[32], pipe_opt[32], pingpong_opt[32], perm_opt[32];
+    int fwd_stages;     /* CODA_AW_STAGES: the wgmma forward's k/v ring */
+    int fwd_apart;      /* CODA_AW_APART: its k and v stages freed apart */
+    char optbuf[CODA_CUDA_ATTN_NOPTS][32];
     void *stream;
 } launcher_t;
 
@@ -118,7 +146,8 @@ static coda_status_t launch(launcher_t *L, const char *entry, unsigned gx, unsig
                             int threads, int smem, void **args) {
     struct coda_cuda *cu = L->ctx->cuda;
     uint64_t quick[2] = {KEY0 + (uint64_t)L->hd + 256u * (uint64_t)L->stages + 4096u * (uint64_t)L->pipe +
-                             65536u * (uint64_t)L->dq_perm,
+                             65536u * (uint64_t)L->dq_perm + (1u << 20) * (uint64_t)L->fwd_stages +
+                             (1u << 24) * (uint64_t)L->fwd_apart,
                          coda__hash(CODA_HASH_SEED0, entry, strlen(entry))};
     CUfunction fn = coda__cuda_kernel_find(L->dev, quick);
     if (!fn) { /* first use: compile (or load from the cache), which also raises the smem limit */
@@ -233,7 +262,7 @@ static coda_status_t run(launcher_t *L, const coda_attention_shape_t *s, const c
         CODA_TRY(seq_map(L->ctx, &map, qkv, s, FWD_ROWS, "cuTensorMapEncodeTiled(qkv)"));
         void *wargs[] = {&map, a};
         return launch(L, "coda_attn_fwd_wgmma_kernel", heads, batch, (unsigned)coda__cdiv(s->seq, FWD_ROWS), 384,
-                      smem_fwd_wgmma(L->hd), wargs);
+                      smem_fwd_wgmma(L->hd, L->fwd_stages), wargs);
     }
     if (!backward)
         return launch(L, "coda_attn_fwd_kernel", heads, batch, (unsigned)coda__cdiv(s->seq, FWD_ROWS),
@@ -276,25 +305,15 @@ coda_status_t coda__cuda_attention(coda_context_t *ctx, const coda_attention_sha
     L.hd = (int)shape->head_dim;
     L.stream = stream;
     CODA_TRY(coda__cuda_device(ctx, qkv->device_index, &L.dev));
-    L.opts[0] = "--gpu-architecture=sm_90a";
-    L.opts[1] = "-default-device";
-    L.opts[2] = L.hd == 64 ? "-DCODA_ATTN_HD=64" : "-DCODA_ATTN_HD=128";
-    L.opts[3] = "-DCODA_TA=0"; /* gemm_wgmma.cuh's transpose bits: q, k K-major */
-    L.opts[4] = "-DCODA_TB=0";
     L.stages = bwd_stages(ctx, L.hd);
     L.pipe = ctx->tuning.attn_pipe >= 0 ? ctx->tuning.attn_pipe : BWD_PIPE;
-    snprintf(L.stages_opt, sizeof L.stages_opt, "-DCODA_AB_STAGES=%d", L.stages);
-    snprintf(L.pipe_opt, sizeof L.pipe_opt, "-DCODA_AB_PIPE=%d", L.pipe);
-    L.opts[5] = L.stages_opt;
-    L.opts[6] = L.pipe_opt;
-    snprintf(L.pingpong_opt, sizeof L.pingpong_opt, "-DCODA_AW_PINGPONG=%d", L.pipe);
-    L.opts[7] = L.pingpong_opt;
     /* the permuted dq staging needs whole groups of 8 positions (its map
      * splits the position 8 g + 4 h + q); the forward takes the same
      * options as the usual backward, so they share one compilation */
     L.dq_perm = !backward || shape->seq % 8 == 0;
-    snprintf(L.perm_opt, sizeof L.perm_opt, "-DCODA_AB_DQ_PERM=%d", L.dq_perm);
-    L.opts[8] = L.perm_opt;
+    L.fwd_stages = ctx->tuning.attn_fwd_stages ? ctx->tuning.attn_fwd_stages : FWD_STAGES;
+    L.fwd_apart = ctx->tuning.attn_fwd_apart >= 0 ? ctx->tuning.attn_fwd_apart : FWD_APART;
+    coda__cuda_attention_options(L.hd, L.stages, L.pipe, L.dq_perm, L.fwd_stages, L.fwd_apart, L.opts, L.optbuf);
 
     attn_args_t a;
     memset(&a, 0, sizeof a);

@@ -151,6 +151,21 @@ const char *coda__cuda_source(const char *name);
 coda_status_t coda__cuda_join_sources(const char *const *files, size_t n, const char *fill, const char *what,
                                       char **out);
 
+/* ---- attention.c: the attention kernels' one NVRTC source ---- */
+
+#define CODA_CUDA_ATTN_NFILES 5
+#define CODA_CUDA_ATTN_NOPTS 11
+/* The embedded files joined into the attention source, in order. */
+extern const char *const coda__cuda_attention_files[CODA_CUDA_ATTN_NFILES];
+/* The NVRTC options of the attention source into opts[0..CODA_CUDA_ATTN_NOPTS)
+ * (buf holds the formatted ones): head dimension 64 or 128, the backward's
+ * ring (CODA_AB_STAGES) and pipelining (CODA_AB_PIPE, which also turns the
+ * forward's ping-pong on), the permuted dq staging, the forward's ring
+ * (CODA_AW_STAGES) and its k and v freed apart (CODA_AW_APART). Returns
+ * the count. */
+int coda__cuda_attention_options(int hd, int bwd_stages, int pipe, int dq_perm, int fwd_stages, int fwd_apart,
+                                 const char **opts, char (*buf)[32]);
+
 /* ---- gemm.c: the GEMM mainloop with a spliced-in epilogue (docs/gpu.md) ---- */
 
 /* A tile configuration of the kernel; each is one NVRTC compilation per

@@ -11,7 +11,8 @@
  * that attend to it; each with every kernel set (kernel_names); refused
  * calls return the documented status and write nothing. With "bench": the
  * LLaMA-3 shapes (batch 2 x 8192), ms and TFLOP/s counting the causal half;
- * "benchonly": the timings alone (for a profiler). Needs an sm_90a GPU. */
+ * "benchonly": the timings alone (for a profiler); "fwdab": the forward's
+ * ring variants tested and timed in turns. Needs an sm_90a GPU. */
 #include "harness.h"
 #include "gpu/cuda_check.h"
 #include "tuning.h"
@@ -418,7 +419,9 @@ static void test_refusals(coda_context_t *ctx) {
 
 /* ---- timing ---- */
 
-static void bench(coda_context_t *ctx) {
+/* Forward and backward (dirs 2) or the forward alone (dirs 1) at the LLaMA-3
+ * attention shapes, batch 2 x 8192: median of 15 timed calls after 3. */
+static void bench(coda_context_t *ctx, int dirs) {
     static const struct { const char *name; shape_t s; } shapes[] = {
         {"LLaMA-3 1B", {2, 8192, 32, 8, 64}}, {"LLaMA-3 8B", {2, 8192, 32, 8, 128}},
         {"LLaMA-3 70B", {2, 8192, 64, 8, 128}}};
@@ -443,7 +446,7 @@ static void bench(coda_context_t *ctx) {
         CUDA_OK(cudaEventCreate(&e0));
         CUDA_OK(cudaEventCreate(&e1));
         float tf = 0, tb = 0;
-        for (int dir = 0; dir < 2; dir++) {
+        for (int dir = 0; dir < dirs; dir++) {
             float best[15];
             for (int it = 0; it < 18; it++) {
                 CUDA_OK(cudaEventRecord(e0, NULL));
@@ -474,10 +477,40 @@ static void bench(coda_context_t *ctx) {
     }
 }
 
+/* "fwdab": the forward's ring variants (tuning attn_fwd_stages x
+ * attn_fwd_apart), each tested, then timed in turns, three rounds. */
+static void fwd_ab(coda_context_t *ctx) {
+    static const int v[4][2] = {{2, 0}, {2, 1}, {3, 0}, {3, 1}};
+    tune_attn(ctx, 0);
+    const coda__tuning_t t0 = coda__get_tuning(ctx);
+    for (int round = -1; round < 3; round++)
+        for (int i = 0; i < 4; i++) {
+            coda__tuning_t t = t0;
+            t.attn_fwd_stages = v[i][0];
+            t.attn_fwd_apart = v[i][1];
+            tune_set(ctx, &t);
+            printf("== forward ring: %d stages, k and v freed %s%s\n", v[i][0], v[i][1] ? "apart" : "together",
+                   round < 0 ? " (tests)" : "");
+            if (round < 0) {
+                test_shapes(ctx);
+                test_nan(ctx);
+            } else {
+                bench(ctx, 1);
+            }
+        }
+    tune_set(ctx, &t0);
+}
+
 int main(int argc, char **argv) {
     coda_context_t *ctx;
     REQUIRE_OK(coda_context_create(NULL, &ctx));
     test_refusals(ctx);
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "fwdab")) {
+            fwd_ab(ctx);
+            coda_context_free(ctx);
+            TEST_MAIN_END();
+        }
     /* "pass=N": only kernel set N (a sanitizer run of one set);
      * "benchonly": the timings without the tests (a profiler's run) */
     int only = -1, bench_it = 0, tests = 1;
@@ -494,7 +527,7 @@ int main(int argc, char **argv) {
             test_shapes(ctx);
             test_nan(ctx);
         }
-        if (bench_it) bench(ctx);
+        if (bench_it) bench(ctx, 2);
     }
     coda_context_free(ctx);
     TEST_MAIN_END();

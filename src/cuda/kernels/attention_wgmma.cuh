@@ -31,21 +31,34 @@
  * Only the last key tile of a block (the diagonal, and the sequence's end)
  * is masked; tiles past it are never loaded.
  *
+ * With CODA_AW_APART a stage's k is freed as soon as both consumers' S of
+ * its tile are made, and its v when their P v are; without, both when the
+ * P v are. (A tile's k is needed one round of products before its v: freed
+ * together, the next tile's k could only be loaded once the other
+ * warpgroup's round had ended, just when the first wants to issue.)
+ *
  * Shared memory (1024-byte aligned for the swizzle; the host adds the slack):
  *   q       HD / 64 chunks of 128 rows x 128 bytes (warpgroup c's rows at
  *           + 8 KiB c in each)
- *   k[s]    HD / 64 chunks of 128 rows x 128 bytes, per stage
+ *   k[s]    HD / 64 chunks of 128 rows x 128 bytes, per stage (CODA_AW_STAGES)
  *   v[s]    the same
- *   barriers q full, k full[s], v full[s], stage empty[s] */
+ *   barriers q full, k full[s], v full[s], k empty[s], v empty[s] (v empty
+ *            unused without CODA_AW_APART) */
 
+#ifndef CODA_AW_STAGES
+#define CODA_AW_STAGES 2
+#endif
+#ifndef CODA_AW_APART
+#define CODA_AW_APART 0
+#endif
 #define AW_BM 128                    /* query rows of a block            */
 #define AW_BN 128                    /* keys per tile                    */
-#define AW_STAGES 2
+#define AW_STAGES CODA_AW_STAGES
 #define AW_CONSUMER_THREADS 256      /* two consumer warpgroups (the backward's too) */
 #define AW_CHUNK (128 * 128)         /* bytes of one 64-column chunk of a tile */
 #define AW_TILE_BYTES (HD / 64 * AW_CHUNK)
 #define AW_BAR_OFF ((1 + 2 * AW_STAGES) * AW_TILE_BYTES)
-#define AW_SMEM (AW_BAR_OFF + 8 * (1 + 3 * AW_STAGES)) /* + 1024 of slack on the host */
+#define AW_SMEM (AW_BAR_OFF + 8 * (1 + 4 * AW_STAGES)) /* + 1024 of slack on the host */
 
 /* 3-D TMA tile load (column, position, sequence), completing on `bar`. */
 static __device__ __forceinline__ void aw_tma_load3(u32 dst, const coda_tmap *map, int col, int pos, int b,
@@ -175,7 +188,8 @@ coda_attn_fwd_wgmma_kernel(const __grid_constant__ coda_tmap tmap, coda_attn_arg
 #define BAR_Q (bars)
 #define BAR_K(s) (bars + 8 + 8 * (s))
 #define BAR_V(s) (bars + 8 + 8 * AW_STAGES + 8 * (s))
-#define BAR_E(s) (bars + 8 + 16 * AW_STAGES + 8 * (s))
+#define BAR_E(s) (bars + 8 + 16 * AW_STAGES + 8 * (s)) /* k's, or the whole stage's */
+#define BAR_EV(s) (bars + 8 + 24 * AW_STAGES + 8 * (s))
     const int seq = p.seq, h = blockIdx.x, b = blockIdx.y;
     const int tile = (int)gridDim.z - 1 - (int)blockIdx.z; /* the longest rows first */
     const int q0 = tile * AW_BM, n_kv = tile + 1;           /* causal: keys < q0 + AW_BM */
@@ -189,6 +203,7 @@ coda_attn_fwd_wgmma_kernel(const __grid_constant__ coda_tmap tmap, coda_attn_arg
             coda_mbar_init(BAR_K(s), 1);
             coda_mbar_init(BAR_V(s), 1);
             coda_mbar_init(BAR_E(s), AW_CONSUMER_THREADS); /* each releases for itself (below) */
+            coda_mbar_init(BAR_EV(s), AW_CONSUMER_THREADS);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -202,9 +217,11 @@ coda_attn_fwd_wgmma_kernel(const __grid_constant__ coda_tmap tmap, coda_attn_arg
             aw_load_tile(sq, &tmap, h * HD, q0, b, BAR_Q);
             for (int j = 0; j < n_kv; j++) {
                 const int s = j % AW_STAGES;
-                if (j >= AW_STAGES) coda_mbar_wait(BAR_E(s), (u32)((j / AW_STAGES) - 1) & 1u);
+                const u32 ph = (u32)((j / AW_STAGES) - 1) & 1u;
+                if (j >= AW_STAGES) coda_mbar_wait(BAR_E(s), ph);
                 coda_mbar_expect_tx(BAR_K(s), AW_TILE_BYTES);
                 aw_load_tile(sk + s * AW_TILE_BYTES, &tmap, col_k, j * AW_BN, b, BAR_K(s));
+                if (CODA_AW_APART && j >= AW_STAGES) coda_mbar_wait(BAR_EV(s), ph);
                 coda_mbar_expect_tx(BAR_V(s), AW_TILE_BYTES);
                 aw_load_tile(sv + s * AW_TILE_BYTES, &tmap, col_v, j * AW_BN, b, BAR_V(s));
             }
@@ -233,6 +250,7 @@ coda_attn_fwd_wgmma_kernel(const __grid_constant__ coda_tmap tmap, coda_attn_arg
     AW_TURN_PASS(c, 0);
     coda_wgmma_wait(0);
     AW_FENCE(s, AW_BN / 2);
+    if (CODA_AW_APART) coda_mbar_arrive(BAR_E(0)); /* k of tile 0 read */
     aw_softmax(s, 0, row0, seq, n_kv == 1, sl2, m, l, alpha);
     aw_pack(s, pa, AW_BN / 16);
 
@@ -247,12 +265,13 @@ coda_attn_fwd_wgmma_kernel(const __grid_constant__ coda_tmap tmap, coda_attn_arg
         AW_TURN_PASS(c, 0);
         coda_wgmma_wait(1); /* S done, P v of the previous tile in flight */
         AW_FENCE(s, AW_BN / 2);
+        if (CODA_AW_APART) coda_mbar_arrive(BAR_E(s_now)); /* k of tile j read */
         aw_softmax(s, j * AW_BN, row0, seq, j == n_kv - 1, sl2, m, l, alpha);
         coda_wgmma_wait(0);
         AW_FENCE(o, HD / 2);
         /* every thread releases for itself: no __syncwarp before one
          * lane's arrive (measured faster in the backward's dk/dv kernel) */
-        coda_mbar_arrive(BAR_E(s_prev));
+        coda_mbar_arrive(CODA_AW_APART ? BAR_EV(s_prev) : BAR_E(s_prev));
 #pragma unroll
         for (int i = 0; i < HD / 2; i++) o[i] *= alpha[(i >> 1) & 1];
         aw_pack(s, pa, AW_BN / 16);
@@ -289,4 +308,5 @@ coda_attn_fwd_wgmma_kernel(const __grid_constant__ coda_tmap tmap, coda_attn_arg
 #undef BAR_K
 #undef BAR_V
 #undef BAR_E
+#undef BAR_EV
 }
