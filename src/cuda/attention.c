@@ -149,11 +149,18 @@ static coda_status_t launch(launcher_t *L, const char *entry, unsigned gx, unsig
                              65536u * (uint64_t)L->dq_perm + (1u << 20) * (uint64_t)L->fwd_stages +
                              (1u << 24) * (uint64_t)L->fwd_apart,
                          coda__hash(CODA_HASH_SEED0, entry, strlen(entry))};
+    const coda__tuning_t *tu = &L->ctx->tuning;
+    if (tu->code_key) /* CODA_DEBUG_OPTS (experiments) change the code: part of the key */
+        quick[0] = coda__hash(quick[0], &tu->code_key, sizeof tu->code_key);
     CUfunction fn = coda__cuda_kernel_find(L->dev, quick);
     if (!fn) { /* first use: compile (or load from the cache), which also raises the smem limit */
         char *src;
         CODA_TRY(coda__cuda_join_sources(attn_files, N_ATTN_FILES, NULL, "CUDA attention", &src));
-        coda_status_t st = coda__cuda_kernel(L->ctx, L->dev, src, L->opts, N_OPTS, entry, quick, &fn);
+        const char *opts[N_OPTS + 4];
+        char xbuf[CODA_TUNING_OPTS_CAP + 64];
+        memcpy(opts, L->opts, sizeof L->opts);
+        int n_opts = coda__cuda_extra_options(tu->extra_opts, opts, N_OPTS, N_OPTS + 4, xbuf, sizeof xbuf);
+        coda_status_t st = coda__cuda_kernel(L->ctx, L->dev, src, opts, n_opts, entry, quick, &fn);
         free(src);
         CODA_TRY(st);
     }

@@ -151,6 +151,11 @@ const char *coda__cuda_source(const char *name);
 coda_status_t coda__cuda_join_sources(const char *const *files, size_t n, const char *fill, const char *what,
                                       char **out);
 
+/* Up to 4 more options from tuning's extra_opts (CODA_DEBUG_OPTS, split at
+ * spaces, each at most 60 characters) appended to opts[0..n) as long as n
+ * < max, copied into buf (cap bytes); returns the new count. */
+int coda__cuda_extra_options(const char *x, const char **opts, int n, int max, char *buf, size_t cap);
+
 /* ---- attention.c: the attention kernels' one NVRTC source ---- */
 
 #define CODA_CUDA_ATTN_NFILES 5

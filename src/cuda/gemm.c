@@ -80,9 +80,9 @@ int coda__cuda_gemm_options(coda_layout_t layout, const coda_cuda_gemm_cfg_t *cf
 
 /* Tuning's extra NVRTC options (experiments): up to 4 space-separated
  * options after the n in opts, copied into buf; returns the new count. */
-static int extra_options(const char *x, const char **opts, int n, char *buf, size_t cap) {
+int coda__cuda_extra_options(const char *x, const char **opts, int n, int max, char *buf, size_t cap) {
     size_t used = 0;
-    for (int added = 0; x && *x && added < 4 && n < CODA_CUDA_GEMM_MAX_OPTS && used + 64 < cap; added++) {
+    for (int added = 0; x && *x && added < 4 && n < max && used + 64 < cap; added++) {
         while (*x == ' ') x++;
         size_t len = strcspn(x, " ");
         if (!len || len > 60) break;
@@ -206,7 +206,7 @@ static coda_status_t get_kernel(coda_context_t *ctx, coda_cuda_device_t *d, coda
         if ((simple & PLAIN_SIMPLE) && n_opts < CODA_CUDA_GEMM_MAX_OPTS) opts[n_opts++] = "-DCODA_PLAIN_SIMPLE=1";
         if ((simple & PLAIN_C_TAIL) && n_opts < CODA_CUDA_GEMM_MAX_OPTS) opts[n_opts++] = "-DCODA_C_TAIL=1";
         char xbuf[CODA_TUNING_OPTS_CAP + 64];
-        n_opts = extra_options(tu->extra_opts, opts, n_opts, xbuf, sizeof xbuf);
+        n_opts = coda__cuda_extra_options(tu->extra_opts, opts, n_opts, CODA_CUDA_GEMM_MAX_OPTS, xbuf, sizeof xbuf);
         coda_status_t s = coda__cuda_kernel(ctx, d, src, opts, n_opts, "coda_gemm_kernel", quick, &f);
         free(src);
         CODA_TRY(s);
