@@ -478,25 +478,28 @@ static void bench(coda_context_t *ctx, int dirs) {
 }
 
 /* "fwdab": the forward's ring variants (tuning attn_fwd_stages x
- * attn_fwd_apart), each tested, then timed in turns, three rounds. */
+ * attn_fwd_apart) timed in turns, two rounds, then each tested. */
 static void fwd_ab(coda_context_t *ctx) {
     static const int v[4][2] = {{2, 0}, {2, 1}, {3, 0}, {3, 1}};
     tune_attn(ctx, 0);
     const coda__tuning_t t0 = coda__get_tuning(ctx);
-    for (int round = -1; round < 3; round++)
+    for (int round = 0; round < 3; round++)
         for (int i = 0; i < 4; i++) {
             coda__tuning_t t = t0;
             t.attn_fwd_stages = v[i][0];
             t.attn_fwd_apart = v[i][1];
             tune_set(ctx, &t);
             printf("== forward ring: %d stages, k and v freed %s%s\n", v[i][0], v[i][1] ? "apart" : "together",
-                   round < 0 ? " (tests)" : "");
-            if (round < 0) {
+                   round == 2 ? " (tests)" : "");
+            fflush(stdout);
+            if (round == 2) {
                 test_shapes(ctx);
                 test_nan(ctx);
+                printf("   checks so far %d, failures %d\n", h_checks, h_failures);
             } else {
                 bench(ctx, 1);
             }
+            fflush(stdout);
         }
     tune_set(ctx, &t0);
 }
