@@ -717,7 +717,12 @@ CODA_API coda_status_t coda_block_forward_post(coda_block_t *block, const coda_l
                                                size_t workspace_bytes, void *stream);
 /* From dy (M, d) bf16 = dL/dy: do_ (M, nq) bf16 = dL/do for the attention's
  * backward, dh (M, d) bf16 = dL/dh for backward_pre, and grads->wo, g2,
- * wgu, wd. */
+ * wgu, wd. do_ NULL leaves the O projection's backward to the caller (o and
+ * grads->wo are then neither checked nor used): do_ = dh wo and
+ * dwo = dh^T o, coda_gemm NN and TN, which give the same bits as this call
+ * would. Run after this call, with its workspace freed, those two outputs
+ * need not exist beside the workspace (they are 256 + 128 MiB in bf16 at
+ * LLaMA-3 70B with 2 x 8192 tokens). */
 CODA_API coda_status_t coda_block_backward_post(coda_block_t *block, const coda_llama_weights_t *w,
                                                 const coda_tensor_t *o, const coda_block_acts_t *acts,
                                                 const coda_tensor_t *dy, coda_tensor_t *do_, coda_tensor_t *dh,

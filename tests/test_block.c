@@ -200,6 +200,32 @@ int main(void) {
         mb_free(&s);
     }
 
+    /* ---- do_ NULL: the O projection's backward left to the caller ---- */
+    {
+        mb_t s = mb_new(&r, 2, 5);
+        size_t wo_bytes = (size_t)(CFG.d * NQ * 4);
+        memset(s.grads.wo.data, 0x5a, wo_bytes);
+        coda_context_t *cctx;
+        CHECK_OK(coda_context_create(NULL, &cctx));
+        /* o and grads->wo are not looked at: bad ones change nothing */
+        coda_llama_weights_t g = s.grads;
+        g.wo.shape[0] = 3;
+        CHECK_OK(coda_block_backward_post(B, &w, NULL, &a.acts, &a.dy, NULL, &s.dh, &g, ws, wsb, NULL));
+        CHECK(same(&s.dh, &a.dh), "dh without the O projection's backward differs");
+        CHECK(same(&s.grads.g2, &a.grads.g2) && same(&s.grads.wgu, &a.grads.wgu) && same(&s.grads.wd, &a.grads.wd),
+              "g2, wgu or wd without the O projection's backward differ");
+        int untouched = 1;
+        for (size_t i = 0; i < wo_bytes; i++) untouched &= ((unsigned char *)s.grads.wo.data)[i] == 0x5a;
+        CHECK(untouched, "backward_post with do_ NULL wrote grads->wo");
+        /* the caller's two GEMMs: the call's bits */
+        CHECK_OK(coda_gemm(cctx, CODA_LAYOUT_NN, &s.dh, &w.wo, &s.do_, 1.0f, 0.0f, NULL));
+        CHECK_OK(coda_gemm(cctx, CODA_LAYOUT_TN, &s.dh, &a.o, &s.grads.wo, 1.0f, 0.0f, NULL));
+        CHECK(same(&s.do_, &a.do_), "do_ = dh wo by coda_gemm differs from backward_post's");
+        CHECK(same(&s.grads.wo, &a.grads.wo), "dwo = dh^T o by coda_gemm differs from backward_post's");
+        coda_context_free(cctx);
+        mb_free(&s);
+    }
+
     /* ---- dqkv in bf16 ---- */
     {
         coda_tensor_t d16 = zbf(a.m, NQKV), dx16 = zbf(a.m, CFG.d);

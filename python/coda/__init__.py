@@ -999,14 +999,28 @@ class Block:
         if z is None:
             raise ValueError("coda: Block.backward_post: z is None: its forward_post ran with save_z=False "
                              "(a forward for inference has no backward)")
-        do = torch.empty(m, self.nq, dtype=torch.bfloat16, device=self.device)
+        # o is read only after the call (below): checked first, so that a
+        # bad o is refused before z is spent
+        if not isinstance(o, torch.Tensor) or tuple(o.shape) != (m, self.nq) or o.dtype != torch.bfloat16 \
+                or o.device.type != self.device.type:
+            raise ValueError("coda: Block.backward_post: o must be a (%d, %d) bfloat16 tensor on the block's device, "
+                             "got %s" % (m, self.nq, "%s %s on %s" % (tuple(o.shape), o.dtype, o.device)
+                                         if isinstance(o, torch.Tensor) else type(o).__name__))
         dh = torch.empty(m, d, dtype=torch.bfloat16, device=self.device)
-        g = {k: torch.empty(w[k].shape, dtype=grad_dtype, device=self.device) for k in ("wo", "g2", "wgu", "wd")}
+        g = {k: torch.empty(w[k].shape, dtype=grad_dtype, device=self.device) for k in ("g2", "wgu", "wd")}
         acts = _acts_struct({"h": h, "r2": r2, "z": z}, spend_z)
         buf, ws, n = self._workspace(4 if spend_z else 2, m)
-        _check(lib.coda_block_backward_post(self._h, ctypes.byref(_weights_struct(w)), _opt(o), ctypes.byref(acts),
-                                            _opt(dy), _opt(do), _opt(dh), ctypes.byref(_weights_struct(g)), ws, n,
+        # do NULL: the O projection's backward is left out of the call and
+        # run below, once the workspace is freed, so that do and dwo never
+        # exist beside it (the same bits as the call's own, coda.h)
+        _check(lib.coda_block_backward_post(self._h, ctypes.byref(_weights_struct(w)), None, ctypes.byref(acts),
+                                            _opt(dy), None, _opt(dh), ctypes.byref(_weights_struct(g)), ws, n,
                                             _stream(dy)))
+        del buf, ws  # back to torch's allocator, stream-ordered: the GEMMs below may reuse it
+        do = torch.empty(m, self.nq, dtype=torch.bfloat16, device=self.device)
+        g["wo"] = torch.empty(w["wo"].shape, dtype=grad_dtype, device=self.device)
+        gemm(self.ctx, "nn", dh, w["wo"], do)
+        gemm(self.ctx, "tn", dh, o, g["wo"])
         return do, dh, g
 
     def backward_pre(self, w, x, pos, r1, qkv, dqkv, dh, grad_dtype=torch.float32):

@@ -553,9 +553,11 @@ coda_status_t coda_block_backward_post(coda_block_t *B, const coda_llama_weights
     if (!B) return coda__fail(CODA_ERR_INVALID_ARG, "%s: block is NULL", fn);
     if (!acts) return coda__fail(CODA_ERR_INVALID_ARG, "%s: acts is NULL", fn);
     int64_t m, d = B->cfg.d, I = B->cfg.ffn;
+    /* do_ NULL: the O projection's backward is the caller's (grads->wo and o unused) */
+    const unsigned gmask = do_ ? POST_GRADS : POST_GRADS & ~(1u << 2);
     CODA_TRY(check_m(B, fn, dy, "dy", &m));
     CODA_TRY(coda__block_check_weights(B, w, POST_GRADS, fn, "w", BF16, 1));
-    CODA_TRY(coda__block_check_arg(B, o, fn, "o", m, B->nq, BF16, 1));
+    if (do_) CODA_TRY(coda__block_check_arg(B, o, fn, "o", m, B->nq, BF16, 1));
     CODA_TRY(coda__block_check_arg(B, &acts->h, fn, "acts->h", m, d, BF16, 1));
     CODA_TRY(coda__block_check_arg(B, &acts->r2, fn, "acts->r2", m, -1, F32, 1));
     if (!acts->z.data)
@@ -563,17 +565,18 @@ coda_status_t coda_block_backward_post(coda_block_t *B, const coda_llama_weights
                           "(a forward for inference has no backward)", fn);
     CODA_TRY(coda__block_check_arg(B, &acts->z, fn, "acts->z", m, 2 * I, BF16, 1));
     CODA_TRY(coda__block_check_arg(B, dy, fn, "dy", m, d, BF16, 1));
-    CODA_TRY(coda__block_check_arg(B, do_, fn, "do_", m, B->nq, BF16, 1));
+    if (do_) CODA_TRY(coda__block_check_arg(B, do_, fn, "do_", m, B->nq, BF16, 1));
     CODA_TRY(coda__block_check_arg(B, dh, fn, "dh", m, d, BF16, 1));
-    if (grads) CODA_TRY(coda__block_check_weights(B, grads, POST_GRADS, fn, "grads", GRAD, 2));
+    if (grads) CODA_TRY(coda__block_check_weights(B, grads, gmask, fn, "grads", GRAD, 2));
+    const coda_tensor_t *o_in = do_ ? o : NULL;
     coda__named_t out[] = {{do_, "do_"}, {dh, "dh"}};
-    coda__named_t in[] = {{o, "o"}, {&acts->h, "acts->h"}, {&acts->r2, "acts->r2"}, {&acts->z, "acts->z"}, {dy, "dy"}};
-    CODA_TRY(coda__block_check_apart(fn, out, 2, in, 5, w, CODA__W_BLOCK, grads, POST_GRADS));
+    coda__named_t in[] = {{o_in, "o"}, {&acts->h, "acts->h"}, {&acts->r2, "acts->r2"}, {&acts->z, "acts->z"}, {dy, "dy"}};
+    CODA_TRY(coda__block_check_apart(fn, out, 2, in, 5, w, CODA__W_BLOCK, grads, gmask));
     coda__dev_arg_t da[] = {{&w->wo, "w->wo", 16}, {&w->g2, "w->g2", 4}, {&w->wgu, "w->wgu", 16},
-                      {&w->wd, "w->wd", 16}, {o, "o", 16}, {&acts->h, "acts->h", 4},
+                      {&w->wd, "w->wd", 16}, {o_in, "o", 16}, {&acts->h, "acts->h", 4},
                       {&acts->r2, "acts->r2", 4}, {&acts->z, "acts->z", 16}, {dy, "dy", 16},
                       {do_, "do_", 16}, {dh, "dh", 16},
-                      {grads ? &grads->wo : NULL, "grads->wo", 16}, {grads ? &grads->g2 : NULL, "grads->g2", 0},
+                      {grads && do_ ? &grads->wo : NULL, "grads->wo", 16}, {grads ? &grads->g2 : NULL, "grads->g2", 0},
                       {grads ? &grads->wgu : NULL, "grads->wgu", 16}, {grads ? &grads->wd : NULL, "grads->wd", 16}};
     CODA_TRY(coda__block_check_on_device(B, fn, da, 15));
     scratch_t s;
@@ -590,6 +593,7 @@ coda_status_t coda_block_backward_post(coda_block_t *B, const coda_llama_weights
     CODA_TRY(norm_backward(B, &s, G_GU_DGRAD, &s.dz, &w->wgu, dy, &acts->h, &w->g2, &acts->r2, &s.svec, &s.b, &s.dg,
                            &s.gvec, dh, grads ? &grads->g2 : NULL, stream));
     if (grads) CODA_TRY(wgrad(B, &s.dz, &s.b, &grads->wgu, stream));
+    if (!do_) return CODA_OK;
     /* O dgrad and wgrad: plain GEMMs */
     CODA_TRY(coda_gemm(B->ctx, CODA_LAYOUT_NN, dh, &w->wo, do_, 1.0f, 0.0f, stream));
     if (grads) CODA_TRY(wgrad(B, dh, o, &grads->wo, stream));
