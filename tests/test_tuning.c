@@ -64,39 +64,25 @@ int main(void) {
 
     /* coda__set_tuning: refused values change nothing */
     coda__tuning_t before = coda__get_tuning(ctx), bad = before;
-    bad.gemm_cfg = 10;
-    CHECK_STATUS(coda__set_tuning(ctx, &bad), CODA_ERR_INVALID_ARG);
-    bad = before;
-    bad.streamk = 4;
-    CHECK_STATUS(coda__set_tuning(ctx, &bad), CODA_ERR_INVALID_ARG);
-    bad = before;
-    bad.l2_promotion = -1;
-    CHECK_STATUS(coda__set_tuning(ctx, &bad), CODA_ERR_INVALID_ARG);
-    bad = before;
-    bad.clusters = -1;
-    CHECK_STATUS(coda__set_tuning(ctx, &bad), CODA_ERR_INVALID_ARG);
-    static const int bad_stages[] = {1, 5, -1}, bad_pipe[] = {2, -2};
-    for (int i = 0; i < 3; i++) {
-        bad = before;
-        bad.attn_stages = bad_stages[i];
-        CHECK_STATUS(coda__set_tuning(ctx, &bad), CODA_ERR_INVALID_ARG);
-    }
-    for (int i = 0; i < 2; i++) {
-        bad = before;
-        bad.attn_pipe = bad_pipe[i];
-        CHECK_STATUS(coda__set_tuning(ctx, &bad), CODA_ERR_INVALID_ARG);
-    }
-    static const int bad_fwd_stages[] = {1, 4, -1}, bad_apart[] = {2, -2};
-    for (int i = 0; i < 3; i++) {
-        bad = before;
-        bad.attn_fwd_stages = bad_fwd_stages[i];
-        CHECK_STATUS(coda__set_tuning(ctx, &bad), CODA_ERR_INVALID_ARG);
-    }
-    for (int i = 0; i < 2; i++) {
-        bad = before;
-        bad.attn_fwd_apart = bad_apart[i];
-        CHECK_STATUS(coda__set_tuning(ctx, &bad), CODA_ERR_INVALID_ARG);
-    }
+    /* each value of vals[] in field: refused */
+#define REFUSE_EACH(field, ...)                                                   \
+    do {                                                                          \
+        static const int vals_[] = {__VA_ARGS__};                                 \
+        for (size_t i_ = 0; i_ < sizeof vals_ / sizeof vals_[0]; i_++) {          \
+            bad = before;                                                         \
+            bad.field = vals_[i_];                                                \
+            CHECK_STATUS(coda__set_tuning(ctx, &bad), CODA_ERR_INVALID_ARG);      \
+        }                                                                         \
+    } while (0)
+    REFUSE_EACH(gemm_cfg, 10);
+    REFUSE_EACH(streamk, 4);
+    REFUSE_EACH(l2_promotion, -1);
+    REFUSE_EACH(clusters, -1);
+    REFUSE_EACH(attn_stages, 1, 5, -1);
+    REFUSE_EACH(attn_pipe, 2, -2);
+    REFUSE_EACH(attn_fwd_stages, 1, 4, -1);
+    REFUSE_EACH(attn_fwd_apart, 2, -2);
+#undef REFUSE_EACH
     bad = before;
     memset(bad.extra_opts, 'x', sizeof bad.extra_opts);
     CHECK_STATUS(coda__set_tuning(ctx, &bad), CODA_ERR_INVALID_ARG);
