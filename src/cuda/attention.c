@@ -35,8 +35,6 @@
 
 const char *const coda__cuda_attention_files[CODA_CUDA_ATTN_NFILES] = {
     "gemm_prelude.cuh", "gemm_wgmma.cuh", "attention.cuh", "attention_wgmma.cuh", "attention_bwd_wgmma.cuh"};
-#define attn_files coda__cuda_attention_files
-#define N_ATTN_FILES CODA_CUDA_ATTN_NFILES
 #define N_OPTS CODA_CUDA_ATTN_NOPTS
 
 /* The kernels' argument block (attention.cuh's coda_attn_args_t). */
@@ -155,7 +153,7 @@ static coda_status_t launch(launcher_t *L, const char *entry, unsigned gx, unsig
     CUfunction fn = coda__cuda_kernel_find(L->dev, quick);
     if (!fn) { /* first use: compile (or load from the cache), which also raises the smem limit */
         char *src;
-        CODA_TRY(coda__cuda_join_sources(attn_files, N_ATTN_FILES, NULL, "CUDA attention", &src));
+        CODA_TRY(coda__cuda_join_sources(coda__cuda_attention_files, CODA_CUDA_ATTN_NFILES, NULL, "CUDA attention", &src));
         const char *opts[N_OPTS + 4];
         char xbuf[CODA_TUNING_OPTS_CAP + 64];
         memcpy(opts, L->opts, sizeof L->opts);

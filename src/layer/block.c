@@ -554,7 +554,7 @@ coda_status_t coda_block_backward_post(coda_block_t *B, const coda_llama_weights
     if (!acts) return coda__fail(CODA_ERR_INVALID_ARG, "%s: acts is NULL", fn);
     int64_t m, d = B->cfg.d, I = B->cfg.ffn;
     /* do_ NULL: the O projection's backward is the caller's (grads->wo and o unused) */
-    const unsigned gmask = do_ ? POST_GRADS : POST_GRADS & ~(1u << 2);
+    const unsigned gmask = do_ ? POST_GRADS : POST_GRADS & ~(1u << 2); /* bit 2: wo (weight_names) */
     CODA_TRY(check_m(B, fn, dy, "dy", &m));
     CODA_TRY(coda__block_check_weights(B, w, POST_GRADS, fn, "w", BF16, 1));
     if (do_) CODA_TRY(coda__block_check_arg(B, o, fn, "o", m, B->nq, BF16, 1));
