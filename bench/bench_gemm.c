@@ -208,24 +208,20 @@ int main(int argc, char **argv) {
         {"sq4096", CODA_LAYOUT_NN, 4096, 4096, 4096}, {"sq4096", CODA_LAYOUT_TN, 4096, 4096, 4096},
         {"sq8192", CODA_LAYOUT_NT, 8192, 8192, 8192}, {"sq8192", CODA_LAYOUT_NN, 8192, 8192, 8192},
         {"sq8192", CODA_LAYOUT_TN, 8192, 8192, 8192},
-        {"qkv.fwd", CODA_LAYOUT_NT, T, 6144, 4096},   {"qkv.dgrad", CODA_LAYOUT_NN, T, 4096, 6144},
-        {"qkv.wgrad", CODA_LAYOUT_TN, 6144, 4096, T}, {"o.fwd", CODA_LAYOUT_NT, T, 4096, 4096},
-        {"o.dgrad", CODA_LAYOUT_NN, T, 4096, 4096},   {"o.wgrad", CODA_LAYOUT_TN, 4096, 4096, T},
-        {"gu.fwd", CODA_LAYOUT_NT, T, 28672, 4096},   {"gu.dgrad", CODA_LAYOUT_NN, T, 4096, 28672},
-        {"gu.wgrad", CODA_LAYOUT_TN, 28672, 4096, T}, {"down.fwd", CODA_LAYOUT_NT, T, 4096, 14336},
-        {"down.dgrad", CODA_LAYOUT_NN, T, 14336, 4096}, {"down.wgrad", CODA_LAYOUT_TN, 4096, 14336, T},
+        /* a projection's three GEMMs: y = x w^T (T x n x k), its dgrad
+         * dx = dy w (T x k x n) and its wgrad dw = dy^T x (n x k x T) */
+#define PROJ(name, n, k) {name ".fwd", CODA_LAYOUT_NT, T, n, k}, {name ".dgrad", CODA_LAYOUT_NN, T, k, n}, \
+                         {name ".wgrad", CODA_LAYOUT_TN, n, k, T}
+        /* LLaMA-3-8B's (d 4096, qkv 6144, ffn 14336) */
+        PROJ("qkv", 6144, 4096), PROJ("o", 4096, 4096), PROJ("gu", 28672, 4096), PROJ("down", 4096, 14336),
         /* LLaMA-3-70B's weight gradients (d 8192, qkv 10240, ffn 28672):
          * only where CODA_BENCH_ONLY names them ("70b") */
         {"70b.qkv.wgrad", CODA_LAYOUT_TN, 10240, 8192, T}, {"70b.o.wgrad", CODA_LAYOUT_TN, 8192, 8192, T},
         {"70b.gu.wgrad", CODA_LAYOUT_TN, 57344, 8192, T}, {"70b.down.wgrad", CODA_LAYOUT_TN, 8192, 28672, T},
         /* LLaMA-3-1B's twelve (d 2048, qkv 3072, ffn 8192): only where
          * CODA_BENCH_ONLY names them ("1b") */
-        {"1b.qkv.fwd", CODA_LAYOUT_NT, T, 3072, 2048},    {"1b.qkv.dgrad", CODA_LAYOUT_NN, T, 2048, 3072},
-        {"1b.qkv.wgrad", CODA_LAYOUT_TN, 3072, 2048, T},  {"1b.o.fwd", CODA_LAYOUT_NT, T, 2048, 2048},
-        {"1b.o.dgrad", CODA_LAYOUT_NN, T, 2048, 2048},    {"1b.o.wgrad", CODA_LAYOUT_TN, 2048, 2048, T},
-        {"1b.gu.fwd", CODA_LAYOUT_NT, T, 16384, 2048},    {"1b.gu.dgrad", CODA_LAYOUT_NN, T, 2048, 16384},
-        {"1b.gu.wgrad", CODA_LAYOUT_TN, 16384, 2048, T},  {"1b.down.fwd", CODA_LAYOUT_NT, T, 2048, 8192},
-        {"1b.down.dgrad", CODA_LAYOUT_NN, T, 8192, 2048}, {"1b.down.wgrad", CODA_LAYOUT_TN, 2048, 8192, T},
+        PROJ("1b.qkv", 3072, 2048), PROJ("1b.o", 2048, 2048), PROJ("1b.gu", 16384, 2048), PROJ("1b.down", 2048, 8192),
+#undef PROJ
     };
     const char *lname[3] = {"NT", "NN", "TN"};
     int ns = (int)(sizeof shapes / sizeof shapes[0]);
