@@ -17,6 +17,12 @@ CUDA events; peak = torch.cuda.max_memory_allocated during one step minus
 what was allocated before it (weights, inputs).
 
     python3 bench/bench_model.py [--layers 16] [--batch 2] [--seq 8192] [--vocab 128256]
+                                 [--variants eager,torch.compile,liger,coda] [--profile 12]
+
+--profile N also runs one step of each variant under torch.profiler (CUPTI)
+and prints its GPU busy time (kernels summed) beside the step's time, and
+its N costliest kernels: where a variant's step goes when the blocks alone
+(bench_block.py) rank differently from the whole model.
 """
 import argparse
 import os
@@ -32,6 +38,7 @@ sys.path.insert(0, HERE)
 import coda  # noqa: E402
 import coda.nn  # noqa: E402
 import bench_block as bb  # noqa: E402
+from profile_block import kernel_table  # noqa: E402
 
 
 class Head(torch.nn.Module):
@@ -70,7 +77,11 @@ def main():
     ap.add_argument("--seq", type=int, default=8192)
     ap.add_argument("--vocab", type=int, default=128256)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--variants", default="eager,torch.compile,liger,coda")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="one profiled step a variant: GPU busy and the N costliest kernels")
     a = ap.parse_args()
+    want = a.variants.split(",")
     dev = torch.device("cuda")
     shape = bb.SHAPES["1b"]
     d, H, KV, hd, ffn, theta = shape
@@ -100,15 +111,22 @@ def main():
                      "post_attention_layernorm.weight": W["g2"]}.items():
             sd["model.layers.%d.%s" % (i, k)] = v
     t0 = time.time()
-    models = [("eager", TorchModel(emb, [bb.TorchBlock(W, shape, a.seq) for _ in range(a.layers)], Head(wlm, gf)))]
-    comp = TorchModel(emb, [torch.compile(bb.TorchBlock(W, shape, a.seq)) for _ in range(a.layers)], Head(wlm, gf))
-    comp.head = torch.compile(comp.head)
-    models.append(("torch.compile", comp))
-    if liger:
+    models = []
+    if "eager" in want:
+        models.append(("eager", TorchModel(emb, [bb.TorchBlock(W, shape, a.seq) for _ in range(a.layers)],
+                                           Head(wlm, gf))))
+    if "torch.compile" in want:
+        comp = TorchModel(emb, [torch.compile(bb.TorchBlock(W, shape, a.seq)) for _ in range(a.layers)],
+                          Head(wlm, gf))
+        comp.head = torch.compile(comp.head)
+        models.append(("torch.compile", comp))
+    if liger and "liger" in want:
         models.append(("liger", TorchModel(emb, [bb.TorchBlock(W, shape, a.seq, liger) for _ in range(a.layers)],
                                            Head(wlm, gf, flce))))
-    cm = coda.nn.LlamaModel.from_state_dict(cfg, sd, device=dev, dtype=torch.bfloat16, attention=bb.coda_attention)
-    models.append(("coda", cm))
+    if "coda" in want:
+        cm = coda.nn.LlamaModel.from_state_dict(cfg, sd, device=dev, dtype=torch.bfloat16,
+                                                attention=bb.coda_attention)
+        models.append(("coda", cm))
 
     def step(m):
         for p in m.parameters():
@@ -146,6 +164,17 @@ def main():
         peak = (torch.cuda.max_memory_allocated() - base) / 2**30
         ms = sorted(times[name])[len(times[name]) // 2]
         print("  %-14s %10.1f %12.0f %10.2f %8.4f" % (name, ms, ntok / (ms * 1e-3), peak, losses[name]), flush=True)
+
+    if a.profile > 0:
+        for name, m in models:
+            rows = kernel_table(lambda: step(m), 1)
+            total = sum(t for _, t in rows.values()) / 1e3
+            ms = sorted(times[name])[len(times[name]) // 2]
+            print("%s: GPU busy %.1f ms of a %.1f ms step (kernels summed), %d launches"
+                  % (name, total, ms, round(sum(n for n, _ in rows.values()))))
+            for k, (n, t) in sorted(rows.items(), key=lambda r: -r[1][1])[:a.profile]:
+                print("  %9.3f ms %5.1f%% %5.0fx  %s" % (t / 1e3, 100 * t / 1e3 / total, n, k[:100]))
+            sys.stdout.flush()
 
 
 if __name__ == "__main__":
