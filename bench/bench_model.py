@@ -11,6 +11,9 @@ Liger-Kernel, in one process, the same attention (SDPA) everywhere.
                  Liger's fused linear cross-entropy head
   coda           coda.nn.LlamaModel (coda blocks around SDPA); its LM head is
                  coda.nn.LMHeadLoss (coda_lm_loss: logits in bf16 chunks)
+  coda-fn        (only when named in --variants) coda with fuse_norms=True:
+                 each next block's first RMSNorm from this one's down
+                 projection epilogue
 
 bf16 parameters for all; the median of --reps steps after two warm-ups,
 CUDA events; peak = torch.cuda.max_memory_allocated during one step minus
@@ -127,6 +130,10 @@ def main():
         cm = coda.nn.LlamaModel.from_state_dict(cfg, sd, device=dev, dtype=torch.bfloat16,
                                                 attention=bb.coda_attention)
         models.append(("coda", cm))
+    if "coda-fn" in want:  # fuse_norms: each next block's first norm from the down projection's epilogue
+        models.append(("coda-fn", coda.nn.LlamaModel.from_state_dict(cfg, sd, device=dev, dtype=torch.bfloat16,
+                                                                     attention=bb.coda_attention,
+                                                                     fuse_norms=True)))
 
     def step(m):
         for p in m.parameters():
