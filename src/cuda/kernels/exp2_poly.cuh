@@ -22,18 +22,10 @@
  * Used by attention_wgmma.cuh under CODA_AW_EMU_EVERY (an experiment). */
 
 #ifdef CODA_EXP2_POLY_HOST
-#include <string.h>
 #define EXP2P_FN static inline
-static inline float exp2p_bits_to_float(unsigned u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static inline unsigned exp2p_float_to_bits(float f) {
-    unsigned u;
-    memcpy(&u, &f, 4);
-    return u;
-}
+/* C reads a union's other member as the bits of the one written */
+static inline float exp2p_bits_to_float(unsigned u) { return ((union { unsigned u; float f; }){.u = u}).f; }
+static inline unsigned exp2p_float_to_bits(float f) { return ((union { float f; unsigned u; }){.f = f}).u; }
 static inline float exp2p_max_nan(float a, float b) { return a != a ? a : (a > b ? a : b); }
 #else
 #define EXP2P_FN static __device__ __forceinline__
