@@ -97,8 +97,8 @@ static int smem_bwd_wgmma(int hd, int stages, int kind) {
 /* The wgmma forward's ring of k and v tiles (CODA_AW_STAGES) and whether a
  * stage's k is freed once the tile's S is made, before its v is used
  * (CODA_AW_APART); tuning's attn_fwd_stages and attn_fwd_apart override. */
-#define FWD_STAGES 2
-#define FWD_APART 0
+#define FWD_STAGES 3
+#define FWD_APART 1
 static int bwd_stages(const coda_context_t *ctx, int hd) {
     int n = ctx->tuning.attn_stages ? ctx->tuning.attn_stages : BWD_STAGES;
     return !ctx->tuning.attn_split_bwd && hd == 128 && n > 2 ? 2 : n;

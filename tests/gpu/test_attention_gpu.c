@@ -23,15 +23,15 @@
  * kernels (CODA_DEBUG_ATTN_SPLIT_BWD), 2 the mma.sync kernels of attention.cuh
  * (CODA_DEBUG_ATTN_MMA), 3 the wgmma kernels' serial schedules (a block a
  * forward tile, no ping-pong, the dq kernel one step at a time:
- * CODA_DEBUG_ATTN_PIPE=0), 4 the wgmma forward with a ring of 3 stages whose
- * k and v are freed apart (CODA_DEBUG_ATTN_FWD_STAGES=3, _APART=1). The
+ * CODA_DEBUG_ATTN_PIPE=0), 4 the wgmma forward with its ring before stop 42:
+ * 2 stages, k and v freed together (CODA_DEBUG_ATTN_FWD_STAGES=2, _APART=0). The
  * other sets keep the environment's attn_pipe and forward ring (the A/B
  * runs of "bench"). */
 #define N_KERNEL_SETS 5
 static const char *const kernel_names[N_KERNEL_SETS] = {
     "wgmma (fused backward)", "wgmma, split backward: dk/dv and dq kernels (CODA_DEBUG_ATTN_SPLIT_BWD)",
     "mma.sync (CODA_DEBUG_ATTN_MMA)", "wgmma, serial schedules (CODA_DEBUG_ATTN_PIPE=0)",
-    "wgmma, forward ring of 3 stages, k and v freed apart (CODA_DEBUG_ATTN_FWD_STAGES=3, _APART=1)"};
+    "wgmma, the forward's old ring: 2 stages, k and v freed together (CODA_DEBUG_ATTN_FWD_STAGES=2, _APART=0)"};
 static int use_mma, env_pipe = -2, env_fwd_stages, env_fwd_apart;
 static void tune_attn(coda_context_t *ctx, int kernels) {
     coda__tuning_t t = coda__get_tuning(ctx);
@@ -43,8 +43,8 @@ static void tune_attn(coda_context_t *ctx, int kernels) {
     t.attn_mma = kernels == 2;
     t.attn_split_bwd = kernels == 1;
     t.attn_pipe = kernels == 3 ? 0 : env_pipe;
-    t.attn_fwd_stages = kernels == 4 ? 3 : env_fwd_stages;
-    t.attn_fwd_apart = kernels == 4 ? 1 : env_fwd_apart;
+    t.attn_fwd_stages = kernels == 4 ? 2 : env_fwd_stages;
+    t.attn_fwd_apart = kernels == 4 ? 0 : env_fwd_apart;
     tune_set(ctx, &t);
     use_mma = kernels == 2;
 }
