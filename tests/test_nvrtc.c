@@ -51,24 +51,19 @@ static void check_attention(void) {
                                               "CUDA attention", &src);
     CHECK(s == CODA_OK, "attention source assembles: %s", coda_last_error());
     if (s != CODA_OK) return;
-    /* v 8, 9: the exponential experiment (exp2_poly.cuh, every 4th score) */
-    for (int v = 0; v < 10; v++) {
-        const int hd = v < 4 || v == 8 ? 64 : 128, fwd_stages = v < 8 ? 2 + (v >> 1 & 1) : 2;
-        const int apart = v < 8 ? v & 1 : 0;
-        const char *opts[CODA_CUDA_ATTN_NOPTS + 1];
+    for (int v = 0; v < 8; v++) {
+        const int hd = v < 4 ? 64 : 128, fwd_stages = 2 + (v >> 1 & 1), apart = v & 1;
+        const char *opts[CODA_CUDA_ATTN_NOPTS];
         char buf[CODA_CUDA_ATTN_NOPTS][32];
         int n = coda__cuda_attention_options(hd, hd == 128 ? 2 : 3, 1, 1, fwd_stages, apart, opts, buf);
-        if (v >= 8) opts[n++] = "-DCODA_AW_EMU_EVERY=4";
         char *cubin = NULL;
         size_t size = 0;
         double t0 = now();
         s = coda__nvrtc_compile(src, opts, n, &cubin, &size);
-        CHECK(s == CODA_OK && size > 1000, "attention hd %d, forward %d stages %s%s: %s", hd, fwd_stages,
-              apart ? "apart" : "together", v >= 8 ? ", emulated exp2" : "",
-              s == CODA_OK ? "tiny cubin" : coda_last_error());
-        printf("attention hd %d, forward ring %d stages, k and v freed %s%s: %s, %zu bytes, %.1f s\n", hd,
-               fwd_stages, apart ? "apart" : "together", v >= 8 ? ", every 4th exp2 emulated" : "",
-               s == CODA_OK ? "ok" : "FAILED", size, now() - t0);
+        CHECK(s == CODA_OK && size > 1000, "attention hd %d, forward %d stages %s: %s", hd, fwd_stages,
+              apart ? "apart" : "together", s == CODA_OK ? "tiny cubin" : coda_last_error());
+        printf("attention hd %d, forward ring %d stages, k and v freed %s: %s, %zu bytes, %.1f s\n", hd,
+               fwd_stages, apart ? "apart" : "together", s == CODA_OK ? "ok" : "FAILED", size, now() - t0);
         free(cubin);
     }
     free(src);

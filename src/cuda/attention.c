@@ -34,8 +34,7 @@
 #define MAX_GRID 65535
 
 const char *const coda__cuda_attention_files[CODA_CUDA_ATTN_NFILES] = {
-    "gemm_prelude.cuh", "gemm_wgmma.cuh", "attention.cuh", "exp2_poly.cuh", "attention_wgmma.cuh",
-    "attention_bwd_wgmma.cuh"};
+    "gemm_prelude.cuh", "gemm_wgmma.cuh", "attention.cuh", "attention_wgmma.cuh", "attention_bwd_wgmma.cuh"};
 #define N_OPTS CODA_CUDA_ATTN_NOPTS
 
 /* The kernels' argument block (attention.cuh's coda_attn_args_t). */

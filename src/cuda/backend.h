@@ -158,7 +158,7 @@ int coda__cuda_extra_options(const char *x, const char **opts, int n, int max, c
 
 /* ---- attention.c: the attention kernels' one NVRTC source ---- */
 
-#define CODA_CUDA_ATTN_NFILES 6
+#define CODA_CUDA_ATTN_NFILES 5
 #define CODA_CUDA_ATTN_NOPTS 11
 /* The embedded files joined into the attention source, in order. */
 extern const char *const coda__cuda_attention_files[CODA_CUDA_ATTN_NFILES];

@@ -4,8 +4,8 @@
  * mma.sync, stays as the CODA_DEBUG_ATTN_MMA alternative).
  *
  * Compiled after gemm_prelude.cuh (TMA, mbarrier, descriptors),
- * gemm_wgmma.cuh (the wgmma wrappers, CODA_TA = CODA_TB = 0),
- * attention.cuh (HD, coda_attn_args_t, constants) and exp2_poly.cuh.
+ * gemm_wgmma.cuh (the wgmma wrappers, CODA_TA = CODA_TB = 0) and
+ * attention.cuh (HD, coda_attn_args_t, constants).
  *
  * One block per (128 query rows, head, sequence), 384 threads:
  *   warpgroup 0      the producer: one thread issues the TMA loads of the
@@ -54,13 +54,6 @@
 #ifndef CODA_AW_TREE /* experiment: the softmax's row max and sum in four chains a row */
 #define CODA_AW_TREE 0
 #endif
-#ifndef CODA_AW_EMU_EVERY /* experiment: every Nth exponential on the FMA pipe (exp2_poly.cuh); 0: none */
-#define CODA_AW_EMU_EVERY 0
-#endif
-/* Score i's 2^x: the SFU's, or exp2_poly.cuh's for one score in
- * CODA_AW_EMU_EVERY (i is a compile-time constant in the unrolled loops). */
-#define AW_EXP2(i, x) \
-    ((CODA_AW_EMU_EVERY > 0 && (i) % (CODA_AW_EMU_EVERY > 0 ? CODA_AW_EMU_EVERY : 1) == 0) ? coda_exp2_poly(x) : attn_exp2(x))
 #define AW_BM 128                    /* query rows of a block            */
 #define AW_BN 128                    /* keys per tile                    */
 #define AW_STAGES CODA_AW_STAGES
@@ -130,7 +123,7 @@ static __device__ __forceinline__ void aw_softmax(float *s, int k0, int row0, in
 #pragma unroll
     for (int i = 0; i < AW_BN / 2; i++) {
         const int r = (i >> 1) & 1, q = (i & 1) | ((i >> 2) & 2);
-        s[i] = AW_EXP2(i, fmaf(s[i], sl2, -base[r]));
+        s[i] = attn_exp2(fmaf(s[i], sl2, -base[r]));
         lq[r][q] += s[i];
     }
 #pragma unroll
@@ -140,7 +133,7 @@ static __device__ __forceinline__ void aw_softmax(float *s, int k0, int row0, in
 #pragma unroll
     for (int i = 0; i < AW_BN / 2; i++) {
         const int r = (i >> 1) & 1;
-        s[i] = AW_EXP2(i, fmaf(s[i], sl2, -base[r]));
+        s[i] = attn_exp2(fmaf(s[i], sl2, -base[r]));
         ls[r] += s[i];
     }
 #pragma unroll
