@@ -158,6 +158,7 @@ def main():
             e1.record()
             e1.synchronize()
             times[name].append(e0.elapsed_time(e1))
+    median = {n: sorted(t)[len(t) // 2] for n, t in times.items()}
     print("  %-14s %10s %12s %10s %8s" % ("variant", "ms/step", "tokens/s", "peak GiB", "loss"))
     ntok = a.batch * a.seq
     for name, m in models:
@@ -169,16 +170,15 @@ def main():
         step(m)
         torch.cuda.synchronize()
         peak = (torch.cuda.max_memory_allocated() - base) / 2**30
-        ms = sorted(times[name])[len(times[name]) // 2]
+        ms = median[name]
         print("  %-14s %10.1f %12.0f %10.2f %8.4f" % (name, ms, ntok / (ms * 1e-3), peak, losses[name]), flush=True)
 
     if a.profile > 0:
         for name, m in models:
             rows = kernel_table(lambda: step(m), 1)
             total = sum(t for _, t in rows.values()) / 1e3
-            ms = sorted(times[name])[len(times[name]) // 2]
             print("%s: GPU busy %.1f ms of a %.1f ms step (kernels summed), %d launches"
-                  % (name, total, ms, round(sum(n for n, _ in rows.values()))))
+                  % (name, total, median[name], round(sum(n for n, _ in rows.values()))))
             for k, (n, t) in sorted(rows.items(), key=lambda r: -r[1][1])[:a.profile]:
                 print("  %9.3f ms %5.1f%% %5.0fx  %s" % (t / 1e3, 100 * t / 1e3 / total, n, k[:100]))
             sys.stdout.flush()

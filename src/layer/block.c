@@ -446,9 +446,10 @@ static coda_status_t wgrad(const coda_block_t *B, const coda_tensor_t *a, const 
 /* ---- forward ---- */
 
 /* the weights each half reads and whose gradients it writes: wo g2 wgu wd,
- * and g1 wqkv (bit i for field i, coda__weight) */
+ * and g1 wqkv (bit i for field i, coda__weight); wo's alone */
 #define POST_GRADS 0x3cu
 #define PRE_GRADS 0x03u
+#define WO_GRAD 0x04u
 
 coda_status_t coda_block_forward_pre(coda_block_t *B, const coda_llama_weights_t *w, const coda_tensor_t *x,
                                      const coda_tensor_t *xg, const coda_tensor_t *pos, coda_block_acts_t *acts,
@@ -554,7 +555,7 @@ coda_status_t coda_block_backward_post(coda_block_t *B, const coda_llama_weights
     if (!acts) return coda__fail(CODA_ERR_INVALID_ARG, "%s: acts is NULL", fn);
     int64_t m, d = B->cfg.d, I = B->cfg.ffn;
     /* do_ NULL: the O projection's backward is the caller's (grads->wo and o unused) */
-    const unsigned gmask = do_ ? POST_GRADS : POST_GRADS & ~(1u << 2); /* bit 2: wo (weight_names) */
+    const unsigned gmask = do_ ? POST_GRADS : POST_GRADS & ~WO_GRAD;
     CODA_TRY(check_m(B, fn, dy, "dy", &m));
     CODA_TRY(coda__block_check_weights(B, w, POST_GRADS, fn, "w", BF16, 1));
     if (do_) CODA_TRY(coda__block_check_arg(B, o, fn, "o", m, B->nq, BF16, 1));

@@ -51,9 +51,6 @@
 #ifndef CODA_AW_APART
 #define CODA_AW_APART 0
 #endif
-#ifndef CODA_AW_TREE /* experiment: the softmax's row max and sum in four chains a row */
-#define CODA_AW_TREE 0
-#endif
 #define AW_BM 128                    /* query rows of a block            */
 #define AW_BN 128                    /* keys per tile                    */
 #define AW_STAGES CODA_AW_STAGES
@@ -104,20 +101,8 @@ static __device__ __forceinline__ void aw_softmax(float *s, int k0, int row0, in
             if (kc > row || kc >= seq) s[i] = NEG_INF;
         }
     }
-#if CODA_AW_TREE
-    /* four chains a row (i & 8 picks two of them), joined at the end */
-    float mq[2][4] = {{NEG_INF, NEG_INF, NEG_INF, NEG_INF}, {NEG_INF, NEG_INF, NEG_INF, NEG_INF}};
-#pragma unroll
-    for (int i = 0; i < AW_BN / 2; i++) {
-        const int r = (i >> 1) & 1, q = (i & 1) | ((i >> 2) & 2);
-        mq[r][q] = fmaxf(mq[r][q], s[i]);
-    }
-#pragma unroll
-    for (int r = 0; r < 2; r++) mx[r] = fmaxf(fmaxf(mq[r][0], mq[r][1]), fmaxf(mq[r][2], mq[r][3]));
-#else
 #pragma unroll
     for (int i = 0; i < AW_BN / 2; i++) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
-#endif
     float base[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -128,17 +113,6 @@ static __device__ __forceinline__ void aw_softmax(float *s, int k0, int row0, in
         alpha[r] = attn_exp2(m[r] - base[r]);
         m[r] = mnew;
     }
-#if CODA_AW_TREE
-    float lq[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll
-    for (int i = 0; i < AW_BN / 2; i++) {
-        const int r = (i >> 1) & 1, q = (i & 1) | ((i >> 2) & 2);
-        s[i] = attn_exp2(fmaf(s[i], sl2, -base[r]));
-        lq[r][q] += s[i];
-    }
-#pragma unroll
-    for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + ((lq[r][0] + lq[r][1]) + (lq[r][2] + lq[r][3]));
-#else
     float ls[2] = {0.f, 0.f};
 #pragma unroll
     for (int i = 0; i < AW_BN / 2; i++) {
@@ -148,7 +122,6 @@ static __device__ __forceinline__ void aw_softmax(float *s, int k0, int row0, in
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + ls[r];
-#endif
 }
 
 /* An accumulator (m64nN layout, N = 16 k16) as bf16 A fragments, one per
