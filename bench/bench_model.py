@@ -176,11 +176,12 @@ def main():
     if a.profile > 0:
         for name, m in models:
             rows = kernel_table(lambda: step(m), 1)
-            total = sum(t for _, t in rows.values()) / 1e3
+            total = sum(us for _, us in rows.values()) / 1e3
             print("%s: GPU busy %.1f ms of a %.1f ms step (kernels summed), %d launches"
                   % (name, total, median[name], round(sum(n for n, _ in rows.values()))))
-            for k, (n, t) in sorted(rows.items(), key=lambda r: -r[1][1])[:a.profile]:
-                print("  %9.3f ms %5.1f%% %5.0fx  %s" % (t / 1e3, 100 * t / 1e3 / total, n, k[:100]))
+            # not `t`: that name is the targets the step closes over
+            for k, (n, us) in sorted(rows.items(), key=lambda r: -r[1][1])[:a.profile]:
+                print("  %9.3f ms %5.1f%% %5.0fx  %s" % (us / 1e3, 100 * us / 1e3 / total, n, k[:100]))
             sys.stdout.flush()
 
 

@@ -45,6 +45,7 @@ typedef struct {
     long long ld_qkv, ld_o, ld_do, ld_lse, ld_out;
     int seq, n_heads, n_kv_heads;
     float scale;
+    int kv_parts, kb_major;
 } attn_args_t;
 
 static long long es(const coda_tensor_t *t) {
@@ -98,6 +99,39 @@ static int smem_bwd_wgmma(int hd, int stages, int kind) {
  * (CODA_AW_APART); tuning's attn_fwd_stages and attn_fwd_apart override. */
 #define FWD_STAGES 3
 #define FWD_APART 1
+/* The fused backward's layout: the blocks a kv group's query heads are
+ * shared over (`parts`, dk and dv added in the parts' order) and the launch
+ * order (kb_major: one group's key blocks fastest, else the groups of one
+ * key block fastest). Each key block reads q and do and adds dq over every
+ * head of its group, so what the blocks running at once share is that
+ * group's q, do and f32 dq over a sequence: group x seq x hd x 8 bytes.
+ *   - While that fits the L2 (LLaMA-3 1B: 17 MB, 8B: 34 MB of the H100's
+ *     50), one block a group, groups fastest (the longest blocks first):
+ *     375 / 437 TFLOP/s at 1B / 8B, against 343 / 426 with key blocks
+ *     fastest, whose longest blocks of the last groups start late.
+ *   - Past it (70B: 67 MB) the 16 groups' blocks running at once evict
+ *     each other's tiles: 62% L2 hits, 28 GB of DRAM traffic a call, 362
+ *     TFLOP/s. Then key blocks fastest, the group in the fewest parts
+ *     whose share fits (70B: 2, 448-454 TFLOP/s; 1 part 438-444; one head
+ *     a block 401-402, 97% L2 hits but short blocks).
+ * (H100, `test_attention_gpu bwdab`, two rounds; ncu's dram__bytes and
+ * lts__t_sector_hit_rate; bench/RESULTS.md, stop 43.) Tuning's
+ * attn_bwd_parts (-1: one head a block) and attn_bwd_order override; a
+ * count that does not divide the group is taken as 1. */
+static void bwd_layout(const coda_context_t *ctx, const coda_cuda_device_t *d, const coda_attention_shape_t *s,
+                       int *parts, int *kb_major) {
+    const int group = (int)(s->n_heads / s->n_kv_heads);
+    const double l2 = d->l2_bytes > 0 ? (double)d->l2_bytes : 50.0 * (1 << 20);
+    const double share = (double)group * (double)s->seq * (double)s->head_dim * 8.0;
+    int n = 1;
+    if (share > l2)
+        while (n < group && (group % n || share / n > l2)) n++;
+    *kb_major = share > l2;
+    const coda__tuning_t *t = &ctx->tuning;
+    if (t->attn_bwd_parts) n = t->attn_bwd_parts == -1 ? group : t->attn_bwd_parts;
+    if (t->attn_bwd_order >= 0) *kb_major = t->attn_bwd_order;
+    *parts = group % n == 0 ? n : 1;
+}
 static int bwd_stages(const coda_context_t *ctx, int hd) {
     int n = ctx->tuning.attn_stages ? ctx->tuning.attn_stages : BWD_STAGES;
     return !ctx->tuning.attn_split_bwd && hd == 128 && n > 2 ? 2 : n;
@@ -239,6 +273,7 @@ static coda_status_t run_bwd_wgmma(launcher_t *L, const coda_attention_shape_t *
         CUtensorMap dqm;
         if (L->dq_perm) CODA_TRY(dq_perm_map(L->ctx, &dqm, out, s));
         else CODA_TRY(seq_map(L->ctx, &dqm, out, s, 64, "cuTensorMapEncodeTiled(dqkv, 64 rows)"));
+        bwd_layout(L->ctx, L->dev, s, &a->kv_parts, &a->kb_major);
         void *kv_args[] = {&qkv128, &qkv64, &do64, &dqm, a}; /* the fused kernel's query tiles: 64 rows */
         const int64_t pad = coda__cdiv(s->seq, 128) * 128, plane = s->batch * s->n_heads * pad;
         struct coda_cuda *cu = L->ctx->cuda;
@@ -246,7 +281,7 @@ static coda_status_t run_bwd_wgmma(launcher_t *L, const coda_attention_shape_t *
                 cu->cu.MemsetD32Async((CUdeviceptr)(a->dsum + 2 * plane), 0, (size_t)(plane / 64 * 2),
                                       (CUstream)L->stream),
                 "cuMemsetD32Async(attention's dq counters)");
-        return launch(L, "coda_attn_bwd_wgmma_kernel", (unsigned)s->n_kv_heads, batch, blocks, 384,
+        return launch(L, "coda_attn_bwd_wgmma_kernel", (unsigned)(s->n_kv_heads * a->kv_parts), batch, blocks, 384,
                       smem_bwd_wgmma(L->hd, L->stages, BWD_FUSED), kv_args);
     }
     const int wide = kv_tile_rows(L->hd) == 128;
@@ -337,6 +372,7 @@ coda_status_t coda__cuda_attention(coda_context_t *ctx, const coda_attention_sha
     a.n_heads = (int)shape->n_heads;
     a.n_kv_heads = (int)shape->n_kv_heads;
     a.scale = (float)(1.0 / sqrt((double)shape->head_dim));
+    a.kv_parts = 1; /* the fused backward's choices: run_bwd_wgmma */
 
     struct coda_cuda *cu = ctx->cuda;
     CODA_CU(cu, cu->cu.CtxPushCurrent(L.dev->pctx), "cuCtxPushCurrent");

@@ -44,6 +44,7 @@ typedef struct coda_cuda_device {
     int sm_count;
     int smem_optin;        /* max dynamic shared memory per block, bytes */
     int mem_gbps;          /* peak memory bandwidth, GB/s (memory clock x bus width); 0: unknown */
+    int l2_bytes;          /* L2 cache size, bytes; 0: unknown */
     int cc_major, cc_minor;
     char name[128];
     coda_cuda_kernel_t *kernels;

@@ -130,6 +130,9 @@ coda_status_t coda__cuda_device(coda_context_t *ctx, int index, coda_cuda_device
         c->cu.DeviceGetAttribute(&bus_bits, CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH, d->dev) == CUDA_SUCCESS &&
         mem_khz > 0 && bus_bits > 0)
         d->mem_gbps = (int)((double)mem_khz * 2.0 * (double)bus_bits / 8.0 / 1e6);
+    /* the L2's size, for the attention backward's layout (attention.c); 0 if unknown */
+    if (c->cu.DeviceGetAttribute(&d->l2_bytes, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, d->dev) != CUDA_SUCCESS)
+        d->l2_bytes = 0;
     CODA_CU(c, c->cu.DevicePrimaryCtxRetain(&d->pctx, d->dev), "cuDevicePrimaryCtxRetain");
     d->opened = 1;
     *out = d;
@@ -178,8 +181,9 @@ coda_status_t coda__cuda_describe(coda_context_t *ctx, char *buf, size_t cap) {
     for (int i = 0; i < c->device_count; i++) {
         coda_cuda_device_t *d;
         if (coda__cuda_device(ctx, i, &d) == CODA_OK)
-            n = snprintf(buf + used, cap - used, "  cuda:%d %s, sm_%d%d, %d SMs, %d KiB smem/block, %d GB/s\n",
-                         i, d->name, d->cc_major, d->cc_minor, d->sm_count, d->smem_optin / 1024, d->mem_gbps);
+            n = snprintf(buf + used, cap - used, "  cuda:%d %s, sm_%d%d, %d SMs, %d KiB smem/block, %d GB/s, %d MiB L2\n",
+                         i, d->name, d->cc_major, d->cc_minor, d->sm_count, d->smem_optin / 1024, d->mem_gbps,
+                         d->l2_bytes >> 20);
         else
             n = snprintf(buf + used, cap - used, "  cuda:%d unusable: %s\n", i, coda_last_error());
         if (n < 0 || (size_t)n >= cap - used)

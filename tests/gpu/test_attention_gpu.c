@@ -24,27 +24,34 @@
  * (CODA_DEBUG_ATTN_MMA), 3 the wgmma kernels' serial schedules (a block a
  * forward tile, no ping-pong, the dq kernel one step at a time:
  * CODA_DEBUG_ATTN_PIPE=0), 4 the wgmma forward with its ring before stop 42:
- * 2 stages, k and v freed together (CODA_DEBUG_ATTN_FWD_STAGES=2, _APART=0). The
- * other sets keep the environment's attn_pipe and forward ring (the A/B
- * runs of "bench"). */
-#define N_KERNEL_SETS 5
+ * 2 stages, k and v freed together (CODA_DEBUG_ATTN_FWD_STAGES=2, _APART=0),
+ * 5 the fused backward with one query head a block, dk and dv added over the
+ * group in order, key blocks launched fastest (CODA_DEBUG_ATTN_BWD_PARTS=h,
+ * _ORDER=1). The other sets keep the environment's attn_pipe, forward ring
+ * and backward layout (the A/B runs of "bench"). */
+#define N_KERNEL_SETS 6
 static const char *const kernel_names[N_KERNEL_SETS] = {
     "wgmma (fused backward)", "wgmma, split backward: dk/dv and dq kernels (CODA_DEBUG_ATTN_SPLIT_BWD)",
     "mma.sync (CODA_DEBUG_ATTN_MMA)", "wgmma, serial schedules (CODA_DEBUG_ATTN_PIPE=0)",
-    "wgmma, the forward's old ring: 2 stages, k and v freed together (CODA_DEBUG_ATTN_FWD_STAGES=2, _APART=0)"};
-static int use_mma, env_pipe = -2, env_fwd_stages, env_fwd_apart;
+    "wgmma, the forward's old ring: 2 stages, k and v freed together (CODA_DEBUG_ATTN_FWD_STAGES=2, _APART=0)",
+    "wgmma, backward one head a block, key blocks fastest (CODA_DEBUG_ATTN_BWD_PARTS=h, _ORDER=1)"};
+static int use_mma, env_pipe = -2, env_fwd_stages, env_fwd_apart, env_bwd_parts, env_bwd_order;
 static void tune_attn(coda_context_t *ctx, int kernels) {
     coda__tuning_t t = coda__get_tuning(ctx);
     if (env_pipe == -2) {
         env_pipe = t.attn_pipe;
         env_fwd_stages = t.attn_fwd_stages;
         env_fwd_apart = t.attn_fwd_apart;
+        env_bwd_parts = t.attn_bwd_parts;
+        env_bwd_order = t.attn_bwd_order;
     }
     t.attn_mma = kernels == 2;
     t.attn_split_bwd = kernels == 1;
     t.attn_pipe = kernels == 3 ? 0 : env_pipe;
     t.attn_fwd_stages = kernels == 4 ? 2 : env_fwd_stages;
     t.attn_fwd_apart = kernels == 4 ? 0 : env_fwd_apart;
+    t.attn_bwd_parts = kernels == 5 ? -1 : env_bwd_parts;
+    t.attn_bwd_order = kernels == 5 ? 1 : env_bwd_order;
     tune_set(ctx, &t);
     use_mma = kernels == 2;
 }
@@ -487,26 +494,38 @@ static void bench(coda_context_t *ctx, int dirs) {
 }
 
 /* "fwdab": the forward's ring variants (tuning attn_fwd_stages x
- * attn_fwd_apart) timed in turns, two rounds, then each tested. */
-static void fwd_ab(coda_context_t *ctx) {
-    static const int v[4][2] = {{2, 0}, {2, 1}, {3, 0}, {3, 1}};
+ * attn_fwd_apart); "bwdab": the fused backward's (attn_bwd_parts x
+ * attn_bwd_order). Each timed in turns, two rounds, then each tested. */
+static void variants_ab(coda_context_t *ctx, int backward) {
+    static const int fwd[4][2] = {{2, 0}, {2, 1}, {3, 0}, {3, 1}};
+    static const int bwd[6][2] = {{1, 0}, {1, 1}, {2, 0}, {2, 1}, {-1, 0}, {-1, 1}};
+    const int n = backward ? 6 : 4;
     tune_attn(ctx, 0);
     const coda__tuning_t t0 = coda__get_tuning(ctx);
     for (int round = 0; round < 3; round++)
-        for (int i = 0; i < 4; i++) {
+        for (int i = 0; i < n; i++) {
             coda__tuning_t t = t0;
-            t.attn_fwd_stages = v[i][0];
-            t.attn_fwd_apart = v[i][1];
+            const char *tag = round == 2 ? " (tests)" : "";
+            if (backward) {
+                t.attn_bwd_parts = bwd[i][0];
+                t.attn_bwd_order = bwd[i][1];
+                printf("== fused backward: %s, %s%s\n",
+                       bwd[i][0] == -1 ? "one head a block" : bwd[i][0] == 1 ? "a kv group a block" : "2 parts a group",
+                       bwd[i][1] ? "key blocks fastest" : "kv heads fastest", tag);
+            } else {
+                t.attn_fwd_stages = fwd[i][0];
+                t.attn_fwd_apart = fwd[i][1];
+                printf("== forward ring: %d stages, k and v freed %s%s\n", fwd[i][0],
+                       fwd[i][1] ? "apart" : "together", tag);
+            }
             tune_set(ctx, &t);
-            printf("== forward ring: %d stages, k and v freed %s%s\n", v[i][0], v[i][1] ? "apart" : "together",
-                   round == 2 ? " (tests)" : "");
             fflush(stdout);
             if (round == 2) {
                 test_shapes(ctx);
                 test_nan(ctx);
                 printf("   checks so far %d, failures %d\n", h_checks, h_failures);
             } else {
-                bench(ctx, 1);
+                bench(ctx, backward ? 2 : 1);
             }
             fflush(stdout);
         }
@@ -518,8 +537,8 @@ int main(int argc, char **argv) {
     REQUIRE_OK(coda_context_create(NULL, &ctx));
     test_refusals(ctx);
     for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "fwdab")) {
-            fwd_ab(ctx);
+        if (!strcmp(argv[i], "fwdab") || !strcmp(argv[i], "bwdab")) {
+            variants_ab(ctx, argv[i][0] == 'b');
             coda_context_free(ctx);
             TEST_MAIN_END();
         }

@@ -233,6 +233,8 @@ typedef struct {
     long long ld_qkv, ld_o, ld_do, ld_lse, ld_out;
     int seq, n_heads, n_kv_heads;
     float scale;     /* softmax scale, 1/sqrt(HD)                */
+    int kv_parts;    /* fused bwd: blocks a kv group's heads are shared over (dk, dv added in order) */
+    int kb_major;    /* fused bwd: launched key blocks fastest (1) or kv groups fastest (0)          */
 } coda_attn_args_t;
 
 /* The backward's per-row statistics in the workspace, written by

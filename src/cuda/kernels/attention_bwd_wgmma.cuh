@@ -162,9 +162,10 @@ static __device__ __forceinline__ void ab_issue_nt(float *acc, u32 a, u32 b) {
 #define AB_ROW8(i) (((i) & 2) * 4)
 
 /* Stores a 64 x HD accumulator of one warpgroup, times scale, as f32 rows
- * (the thread's rows row0 and row0 + 8; rows past seq dropped). */
+ * (the thread's rows row0 and row0 + 8; rows past seq dropped); with
+ * `add`, added to what is there (read through L2: another block wrote it). */
 static __device__ __forceinline__ void ab_store(const float *acc, float scale, float *base, long long ld,
-                                                int row0, int seq) {
+                                                int row0, int seq, const int add) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -172,8 +173,15 @@ static __device__ __forceinline__ void ab_store(const float *acc, float scale, f
         if (row >= seq) continue;
         float *dst = base + (long long)row * ld + (lane & 3) * 2;
 #pragma unroll
-        for (int t = 0; t < HD / 8; t++)
-            *(float2 *)(dst + 8 * t) = make_float2(acc[4 * t + 2 * r] * scale, acc[4 * t + 2 * r + 1] * scale);
+        for (int t = 0; t < HD / 8; t++) {
+            float2 v = make_float2(acc[4 * t + 2 * r] * scale, acc[4 * t + 2 * r + 1] * scale);
+            if (add) {
+                const float2 o = __ldcg((const float2 *)(dst + 8 * t));
+                v.x += o.x;
+                v.y += o.y;
+            }
+            *(float2 *)(dst + 8 * t) = v;
+        }
     }
 }
 
@@ -512,6 +520,24 @@ static __device__ __forceinline__ void ab_store_ds(u32 ds, u32 (*pd)[4], int wro
                      : "memory");
 }
 
+/* The block's (kv head x part, sequence, key block). Launched in the order
+ * of the linear block index, x fastest: with kb_major the key blocks of
+ * one kv head (part) come together (a head's q, do and dq shared among
+ * blocks running at once), else the kv heads and sequences of one key
+ * block (the longest first). Either way a key block comes after the one
+ * before it and a part after the one before it, which is all the dq and
+ * dk/dv orders wait for. */
+static __device__ __forceinline__ void ab_block(const coda_attn_args_t &p, int *xb, int *b, int *jb) {
+    if (!p.kb_major) {
+        *xb = blockIdx.x, *b = blockIdx.y, *jb = blockIdx.z;
+        return;
+    }
+    const unsigned lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    *jb = (int)(lin % gridDim.z);
+    *xb = (int)(lin / gridDim.z % gridDim.x);
+    *b = (int)(lin / (gridDim.z * gridDim.x));
+}
+
 /* dk, dv (and with `fused`, dq) of one block of 128 keys: the body of
  * coda_attn_bwd_dkdv_wgmma_kernel (fused = 0, dq from its own kernel) and
  * coda_attn_bwd_wgmma_kernel (fused = 1). */
@@ -527,13 +553,18 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
     const u32 sds = base + AB_DS_OFF;                              /* [2] dS^T (128 keys, 64 queries) */
     const u32 sdq = base + AB_DQB_OFF;                             /* [2] dq (64 queries, HD) f32 */
     const u32 bars = base + (fused ? AB_BARS_FUSED : AB_BARS_DKDV);
-    const int seq = p.seq, kvh = blockIdx.x, b = blockIdx.y;
-    const int jb = blockIdx.z, k0 = jb * AB_ROWS; /* block 0 (the most query tiles) first */
+    const int seq = p.seq;
+    int xb, b, jb; /* (kv head, part), sequence, key block */
+    ab_block(p, &xb, &b, &jb);
+    const int k0 = jb * AB_ROWS;
     const int group = p.n_heads / p.n_kv_heads, nq = p.n_heads * HD, nkv = p.n_kv_heads * HD;
+    /* the block's heads: hpb of kvh's group from h0 */
+    const int kvh = xb / p.kv_parts, part = xb % p.kv_parts, hpb = group / p.kv_parts;
+    const int h0 = kvh * group + part * hpb;
     /* the query tiles' rows (t_q and t_do have boxes of qt rows) */
     const int qt = fused ? AB_TILE : AB_KV_QT;
     const int qt0 = k0 / qt, n_qt = (seq + qt - 1) / qt - qt0;
-    const int steps = group * n_qt; /* step i: ab_kv_step's head (of kvh's group) and query tile */
+    const int steps = hpb * n_qt; /* step i: ab_kv_step's head (of the block's) and query tile */
     const int wg = threadIdx.x / 128;
 
     ab_init_bars(bars, 1 + 32, fused); /* the TMA thread's expect_tx, the statistics warp's 32 lanes */
@@ -541,7 +572,7 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
     if (wg == 0) { /* producer: thread 0 the tiles (TMA), warp 1 the statistics, fused: threads 64, 96 dq */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
         if (fused && (threadIdx.x == 64 || threadIdx.x == 96)) /* even steps, odd steps */
-            ab_dq_writer(t_dq, p, bars, sdq, threadIdx.x == 96, steps, group, n_qt, qt0, kvh * group, jb, b);
+            ab_dq_writer(t_dq, p, bars, sdq, threadIdx.x == 96, steps, hpb, n_qt, qt0, h0, jb, b);
         if (threadIdx.x == 0) {
             coda_prefetch_tmap(t_q);
             coda_prefetch_tmap(t_do);
@@ -551,8 +582,8 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
             ab_load(sv, t_qkv128, nq + nkv + kvh * HD, k0, b, AB_BIG_CHUNK, AB_BAR_BLOCK(bars));
             for (int i = 0; i < steps; i++) {
                 int g, tile;
-                ab_kv_step(i, group, n_qt, qt0, fused, &g, &tile);
-                const int s = i % AB_STAGES, h = kvh * group + g, qs = tile * qt;
+                ab_kv_step(i, hpb, n_qt, qt0, fused, &g, &tile);
+                const int s = i % AB_STAGES, h = h0 + g, qs = tile * qt;
                 const u32 full = AB_BAR_FULL(bars, s);
                 if (i >= AB_STAGES) coda_mbar_wait(AB_BAR_EMPTY(bars, s), (u32)(i / AB_STAGES - 1) & 1u);
                 coda_mbar_expect_tx(full, 2 * (HD / 64) * qt * 128);
@@ -572,8 +603,8 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
             float4 *dst = (float4 *)(smem + (sst - coda_smem_addr(smem)));
             for (int i = 0; i < steps; i++) {
                 int g, tile;
-                ab_kv_step(i, group, n_qt, qt0, fused, &g, &tile);
-                const int s = i % AB_STAGES, h = kvh * group + g, qs = tile * qt;
+                ab_kv_step(i, hpb, n_qt, qt0, fused, &g, &tile);
+                const int s = i % AB_STAGES, h = h0 + g, qs = tile * qt;
                 const float *src = p.dsum + STAT_AT(p, b, h, qs);
                 const float4 v = ((const float4 *)(src + (lane < q4 ? 0 : plane)))[lane % q4];
                 if (i >= AB_STAGES) coda_mbar_wait(AB_BAR_EMPTY(bars, s), (u32)(i / AB_STAGES - 1) & 1u);
@@ -599,7 +630,7 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
     coda_mbar_wait(AB_BAR_BLOCK(bars), 0);
     for (int i = 0; i < steps; i++) {
         int g, tile;
-        ab_kv_step(i, group, n_qt, qt0, fused, &g, &tile);
+        ab_kv_step(i, hpb, n_qt, qt0, fused, &g, &tile);
         const int st = i % AB_STAGES, qs = tile * qt;
         coda_mbar_wait(AB_BAR_FULL(bars, st), (u32)(i / AB_STAGES) & 1u);
         if (!fused && qs + qt - 1 < lo) { /* every query of the tile before every key of the warpgroup */
@@ -695,8 +726,31 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
 
     float *out = (float *)p.out + (long long)b * seq * p.ld_out + nq + kvh * HD;
     const int row0 = kr;
-    ab_store(dk, p.scale, out, p.ld_out, row0, seq);
-    ab_store(dv, 1.f, out + nkv, p.ld_out, row0, seq);
+    if (p.kv_parts == 1) {
+        ab_store(dk, p.scale, out, p.ld_out, row0, seq, 0);
+        ab_store(dv, 1.f, out + nkv, p.ld_out, row0, seq, 0);
+        return;
+    }
+    /* the group's parts of dk and dv, in the order of the parts (the same
+     * bits run to run): part 0 stores, each next adds once the one before
+     * has said so through the key block's counter (ab_dq_writer's counters'
+     * second word); part - 1 was launched before this block (ab_block) */
+    u32 *count = (u32 *)(p.dsum + 2 * STAT_PLANE(p, gridDim.y)) +
+                 (((long long)b * p.n_heads + kvh) * (STAT_PAD(p.seq) / AB_TILE) + jb) * 2 + 1;
+    if (threadIdx.x == 128) {
+        u32 v;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(count) : "memory");
+        } while (v != (u32)part);
+    }
+    coda_consumer_sync();
+    ab_store(dk, p.scale, out, p.ld_out, row0, seq, part > 0);
+    ab_store(dv, 1.f, out + nkv, p.ld_out, row0, seq, part > 0);
+    coda_consumer_sync();
+    if (threadIdx.x == 128) {
+        __threadfence();
+        asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(count), "r"((u32)part + 1) : "memory");
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)
@@ -849,5 +903,5 @@ coda_attn_bwd_dq_wgmma_kernel(const __grid_constant__ coda_tmap t_qkv128, const 
 
 #endif
 
-    ab_store(dq, p.scale, (float *)p.out + (long long)b * seq * p.ld_out + h * HD, p.ld_out, row0, seq);
+    ab_store(dq, p.scale, (float *)p.out + (long long)b * seq * p.ld_out + h * HD, p.ld_out, row0, seq, 0);
 }
