@@ -43,31 +43,27 @@ static void check_streamk_rule(void) {
 
 /* The attention source (src/cuda/attention.c) compiles at both head
  * dimensions with the backward's defaults and each ring of the forward
- * (2 or 3 stages of k and v, freed together or apart), and with the
- * backward's CODA_AB_L2HINT experiment; the options a launch would pass. */
+ * (2 or 3 stages of k and v, freed together or apart); the options a
+ * launch would pass. */
 static void check_attention(void) {
     char *src = NULL;
     coda_status_t s = coda__cuda_join_sources(coda__cuda_attention_files, CODA_CUDA_ATTN_NFILES, NULL,
                                               "CUDA attention", &src);
     CHECK(s == CODA_OK, "attention source assembles: %s", coda_last_error());
     if (s != CODA_OK) return;
-    /* v 8, 9: the backward's L2-hint experiment (CODA_AB_L2HINT) at both head dims */
-    for (int v = 0; v < 10; v++) {
-        const int hd = v < 4 || v == 8 ? 64 : 128, fwd_stages = v < 8 ? 2 + (v >> 1 & 1) : 3;
-        const int apart = v < 8 ? v & 1 : 1, hint = v >= 8;
-        const char *opts[CODA_CUDA_ATTN_NOPTS + 1];
+    for (int v = 0; v < 8; v++) {
+        const int hd = v < 4 ? 64 : 128, fwd_stages = 2 + (v >> 1 & 1), apart = v & 1;
+        const char *opts[CODA_CUDA_ATTN_NOPTS];
         char buf[CODA_CUDA_ATTN_NOPTS][32];
         int n = coda__cuda_attention_options(hd, hd == 128 ? 2 : 3, 1, 1, fwd_stages, apart, opts, buf);
-        if (hint) opts[n++] = "-DCODA_AB_L2HINT=1";
         char *cubin = NULL;
         size_t size = 0;
         double t0 = now();
         s = coda__nvrtc_compile(src, opts, n, &cubin, &size);
-        CHECK(s == CODA_OK && size > 1000, "attention hd %d, forward %d stages %s%s: %s", hd, fwd_stages,
-              apart ? "apart" : "together", hint ? ", L2 hints" : "", s == CODA_OK ? "tiny cubin" : coda_last_error());
-        printf("attention hd %d, forward ring %d stages, k and v freed %s%s: %s, %zu bytes, %.1f s\n", hd,
-               fwd_stages, apart ? "apart" : "together", hint ? ", backward's L2 hints" : "",
-               s == CODA_OK ? "ok" : "FAILED", size, now() - t0);
+        CHECK(s == CODA_OK && size > 1000, "attention hd %d, forward %d stages %s: %s", hd, fwd_stages,
+              apart ? "apart" : "together", s == CODA_OK ? "tiny cubin" : coda_last_error());
+        printf("attention hd %d, forward ring %d stages, k and v freed %s: %s, %zu bytes, %.1f s\n", hd, fwd_stages,
+               apart ? "apart" : "together", s == CODA_OK ? "ok" : "FAILED", size, now() - t0);
         free(cubin);
     }
     free(src);

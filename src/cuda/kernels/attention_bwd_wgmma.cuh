@@ -68,9 +68,6 @@
 #define CODA_AB_PIPE 1                    /* 1: the dq kernel's steps overlapped; 0: one at a time */
 #endif
 #define AB_STAGES CODA_AB_STAGES
-#ifndef CODA_AB_L2HINT /* experiment: q, do and the dq adds kept in L2 (evict_last); 0: no hint */
-#define CODA_AB_L2HINT 0
-#endif
 #ifndef CODA_AB_DQ_PERM
 #define CODA_AB_DQ_PERM 0                 /* 1: the staged dq tile's rows permuted (ab_dq_at) */
 #endif
@@ -110,30 +107,6 @@ static __device__ __forceinline__ void ab_load(u32 dst, const coda_tmap *map, in
                                                u32 chunk_bytes, u32 bar) {
 #pragma unroll
     for (int c = 0; c < HD / 64; c++) aw_tma_load3(dst + c * chunk_bytes, map, col0 + 64 * c, pos, b, bar);
-}
-
-/* The L2 policy of CODA_AB_L2HINT: q, do and dq are each read or added by
- * every key block of their kv group, at steps far apart once the blocks of
- * a group no longer start together (a group's q, do and f32 dq at 70B are
- * 64 MiB a sequence, more than L2). */
-static __device__ __forceinline__ u64 ab_l2_keep(void) {
-    u64 pol;
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
-    return pol;
-}
-
-/* ab_load of a tile read by many key blocks (q, do): under CODA_AB_L2HINT
- * with ab_l2_keep's policy. */
-static __device__ __forceinline__ void ab_load_shared(u32 dst, const coda_tmap *map, int col0, int pos, int b,
-                                                      u32 chunk_bytes, u32 bar, u64 policy) {
-#if CODA_AB_L2HINT
-#pragma unroll
-    for (int c = 0; c < HD / 64; c++)
-        aw_tma_load3_hint(dst + c * chunk_bytes, map, col0 + 64 * c, pos, b, bar, policy);
-#else
-    (void)policy;
-    ab_load(dst, map, col0, pos, b, chunk_bytes, bar);
-#endif
 }
 
 /* acc (64 x n) = a (64 rows of a 128-row block, K-major) . b^T (a tile of
@@ -363,21 +336,12 @@ static __device__ __forceinline__ void ab_kv_step(int i, int group, int n_qt, in
  * sequence) whose box puts position 8 g + 4 h + q back from the staged
  * row 8 g + 2 q + h (ab_dq_at); positions past a sequence's end
  * are not written. */
-static __device__ __forceinline__ void ab_tma_out_dq(const coda_tmap *map, u32 src, int col, int pos, int b, int add,
-                                                     u64 policy) {
-#if CODA_AB_L2HINT /* the adds with ab_l2_keep's policy: the next key block adds into the same tile */
-#define AB_DQ_HINT ".L2::cache_hint"
-#define AB_DQ_POLICY(n) ", %" #n
-#else
-#define AB_DQ_HINT ""
-#define AB_DQ_POLICY(n) ""
-    (void)policy;
-#endif
+static __device__ __forceinline__ void ab_tma_out_dq(const coda_tmap *map, u32 src, int col, int pos, int b, int add) {
 #if CODA_AB_DQ_PERM /* the map is (column, h, q, g, sequence), position 8 g + 4 h + q */
     if (add)
-        asm volatile("cp.reduce.async.bulk.tensor.5d.global.shared::cta.add.tile.bulk_group" AB_DQ_HINT
-                     " [%0, {%2, %3, %3, %4, %5}], [%1]" AB_DQ_POLICY(6) ";"
-                     ::"l"((u64)map), "r"(src), "r"(col), "r"(0), "r"(pos >> 3), "r"(b), "l"(policy)
+        asm volatile("cp.reduce.async.bulk.tensor.5d.global.shared::cta.add.tile.bulk_group"
+                     " [%0, {%2, %3, %3, %4, %5}], [%1];"
+                     ::"l"((u64)map), "r"(src), "r"(col), "r"(0), "r"(pos >> 3), "r"(b)
                      : "memory");
     else
         asm volatile("cp.async.bulk.tensor.5d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %3, %4, %5}], [%1];"
@@ -385,17 +349,15 @@ static __device__ __forceinline__ void ab_tma_out_dq(const coda_tmap *map, u32 s
                      : "memory");
 #else
     if (add)
-        asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group" AB_DQ_HINT
-                     " [%0, {%2, %3, %4}], [%1]" AB_DQ_POLICY(5) ";"
-                     ::"l"((u64)map), "r"(src), "r"(col), "r"(pos), "r"(b), "l"(policy)
+        asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group"
+                     " [%0, {%2, %3, %4}], [%1];"
+                     ::"l"((u64)map), "r"(src), "r"(col), "r"(pos), "r"(b)
                      : "memory");
     else
         asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4}], [%1];"
                      ::"l"((u64)map), "r"(src), "r"(col), "r"(pos), "r"(b)
                      : "memory");
 #endif
-#undef AB_DQ_HINT
-#undef AB_DQ_POLICY
 }
 
 /* One of the fused kernel's two dq writers (threads 64 and 96 of the
@@ -426,7 +388,6 @@ static __device__ __forceinline__ void ab_dq_writer(const coda_tmap *t_dq, const
                                                     int h0, int jb, int b) {
     u32 *counters = (u32 *)(p.dsum + 2 * STAT_PLANE(p, gridDim.y));
     const u32 turn = (u32)jb;
-    const u64 keep = CODA_AB_L2HINT ? ab_l2_keep() : 0;
     coda_prefetch_tmap(t_dq);
     for (int i = first; i < steps; i += 2) {
         int g, qti;
@@ -442,7 +403,7 @@ static __device__ __forceinline__ void ab_dq_writer(const coda_tmap *t_dq, const
         const u32 src = sdq + d * AB_DQB_BYTES;
 #pragma unroll
         for (int t = 0; t < HD / 32; t++)
-            ab_tma_out_dq(t_dq, src + t * AB_DQB_BOX, hq * HD + 32 * t, qti * AB_TILE, b, turn > 0, keep);
+            ab_tma_out_dq(t_dq, src + t * AB_DQB_BOX, hq * HD + 32 * t, qti * AB_TILE, b, turn > 0);
         coda_bulk_commit();
         coda_bulk_wait_read(0);
         coda_mbar_arrive(AB_BAR_DQ_EMPTY(bars, d));
@@ -576,7 +537,6 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
         if (threadIdx.x == 0) {
             coda_prefetch_tmap(t_q);
             coda_prefetch_tmap(t_do);
-            const u64 keep = CODA_AB_L2HINT ? ab_l2_keep() : 0;
             coda_mbar_expect_tx(AB_BAR_BLOCK(bars), 2 * AB_BIG);
             ab_load(sk, t_qkv128, nq + kvh * HD, k0, b, AB_BIG_CHUNK, AB_BAR_BLOCK(bars));
             ab_load(sv, t_qkv128, nq + nkv + kvh * HD, k0, b, AB_BIG_CHUNK, AB_BAR_BLOCK(bars));
@@ -587,8 +547,8 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
                 const u32 full = AB_BAR_FULL(bars, s);
                 if (i >= AB_STAGES) coda_mbar_wait(AB_BAR_EMPTY(bars, s), (u32)(i / AB_STAGES - 1) & 1u);
                 coda_mbar_expect_tx(full, 2 * (HD / 64) * qt * 128);
-                ab_load_shared(sq + s * AB_KV_SMALL, t_q, h * HD, qs, b, qt * 128, full, keep);
-                ab_load_shared(sdo + s * AB_KV_SMALL, t_do, h * HD, qs, b, qt * 128, full, keep);
+                ab_load(sq + s * AB_KV_SMALL, t_q, h * HD, qs, b, qt * 128, full);
+                ab_load(sdo + s * AB_KV_SMALL, t_do, h * HD, qs, b, qt * 128, full);
             }
         } else if (threadIdx.x / 32 == 1) {
             /* Ordinary loads and stores, not a bulk copy: the consumers read

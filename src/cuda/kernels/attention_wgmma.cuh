@@ -69,16 +69,6 @@ static __device__ __forceinline__ void aw_tma_load3(u32 dst, const coda_tmap *ma
                  : "memory");
 }
 
-/* The same with an L2 cache policy (createpolicy's 64-bit handle): the
- * backward's CODA_AB_L2HINT experiment. */
-static __device__ __forceinline__ void aw_tma_load3_hint(u32 dst, const coda_tmap *map, int col, int pos, int b,
-                                                         u32 bar, u64 policy) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
-                 " [%0], [%1, {%2, %3, %4}], [%5], %6;" ::"r"(dst),
-                 "l"((u64)map), "r"(col), "r"(pos), "r"(b), "r"(bar), "l"(policy)
-                 : "memory");
-}
-
 /* One 128-key tile (HD columns) from column col0 into the tile at dst. */
 static __device__ __forceinline__ void aw_load_tile(u32 dst, const coda_tmap *map, int col0, int pos, int b,
                                                     u32 bar) {
