@@ -45,7 +45,7 @@ typedef struct {
     long long ld_qkv, ld_o, ld_do, ld_lse, ld_out;
     int seq, n_heads, n_kv_heads;
     float scale;
-    int kv_parts, kb_major, dq_any_order;
+    int kv_parts, kb_major;
 } attn_args_t;
 
 static long long es(const coda_tensor_t *t) {
@@ -274,7 +274,6 @@ static coda_status_t run_bwd_wgmma(launcher_t *L, const coda_attention_shape_t *
         if (L->dq_perm) CODA_TRY(dq_perm_map(L->ctx, &dqm, out, s));
         else CODA_TRY(seq_map(L->ctx, &dqm, out, s, 64, "cuTensorMapEncodeTiled(dqkv, 64 rows)"));
         bwd_layout(L->ctx, L->dev, s, &a->kv_parts, &a->kb_major);
-        a->dq_any_order = L->ctx->tuning.attn_dq_any_order;
         void *kv_args[] = {&qkv128, &qkv64, &do64, &dqm, a}; /* the fused kernel's query tiles: 64 rows */
         const int64_t pad = coda__cdiv(s->seq, 128) * 128, plane = s->batch * s->n_heads * pad;
         struct coda_cuda *cu = L->ctx->cuda;
@@ -282,12 +281,6 @@ static coda_status_t run_bwd_wgmma(launcher_t *L, const coda_attention_shape_t *
                 cu->cu.MemsetD32Async((CUdeviceptr)(a->dsum + 2 * plane), 0, (size_t)(plane / 64 * 2),
                                       (CUstream)L->stream),
                 "cuMemsetD32Async(attention's dq counters)");
-        if (a->dq_any_order) /* every block adds: dq's columns start at zero */
-            CODA_CU(cu,
-                    cu->cu.MemsetD2D8Async((CUdeviceptr)out->data, (size_t)out->stride[0], 0,
-                                           (size_t)(s->n_heads * s->head_dim) * sizeof(float),
-                                           (size_t)(s->batch * s->seq), (CUstream)L->stream),
-                    "cuMemsetD2D8Async(attention's dq)");
         return launch(L, "coda_attn_bwd_wgmma_kernel", (unsigned)(s->n_kv_heads * a->kv_parts), batch, blocks, 384,
                       smem_bwd_wgmma(L->hd, L->stages, BWD_FUSED), kv_args);
     }

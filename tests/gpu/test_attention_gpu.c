@@ -333,12 +333,10 @@ static void test_shapes(coda_context_t *ctx) {
             CHECK(within_tol(eg[i], eb[i]), "%s: %s error %.3e above 2 x %.3e", "shape", names[i], eg[i], eb[i]);
         }
         const size_t no = 2 * (size_t)(p.m * p.nq), nl = 4 * (size_t)(p.m * s.nh), ng = 4 * (size_t)(p.m * p.w);
-        if (!coda__get_tuning(ctx).attn_dq_any_order) { /* that experiment adds dq in any order */
-            CHECK(!memcmp(g.o, g2.o, no) && !memcmp(g.lse, g2.lse, nl) && !memcmp(g.dqkv, g2.dqkv, ng),
-                  "two runs differ (not deterministic)");
-            CHECK(!memcmp(g.o, gp.o, no) && !memcmp(g.lse, gp.lse, nl) && !memcmp(g.dqkv, gp.dqkv, ng),
-                  "padded row strides change the result");
-        }
+        CHECK(!memcmp(g.o, g2.o, no) && !memcmp(g.lse, g2.lse, nl) && !memcmp(g.dqkv, g2.dqkv, ng),
+              "two runs differ (not deterministic)");
+        CHECK(!memcmp(g.o, gp.o, no) && !memcmp(g.lse, gp.lse, nl) && !memcmp(g.dqkv, gp.dqkv, ng),
+              "padded row strides change the result");
         CHECK(gp.pad_ok, "a call wrote into the padding of a view");
         unrun(&g), unrun(&g2), unrun(&gp), unrun(&c);
         unmake(&p);
@@ -498,27 +496,23 @@ static void bench(coda_context_t *ctx, int dirs) {
 
 /* "fwdab": the forward's ring variants (tuning attn_fwd_stages x
  * attn_fwd_apart); "bwdab": the fused backward's (attn_bwd_parts x
- * attn_bwd_order, dq in any order). Each timed in turns, two rounds, then
- * each tested (unless `timed_only`). */
-static void variants_ab(coda_context_t *ctx, int backward, int timed_only) {
+ * attn_bwd_order). Each timed in turns, two rounds, then each tested. */
+static void variants_ab(coda_context_t *ctx, int backward) {
     static const int fwd[4][2] = {{2, 0}, {2, 1}, {3, 0}, {3, 1}};
-    /* parts (0: the rule's), order (-1: the rule's), dq in any order */
-    static const int bwd[8][3] = {{1, 0, 0}, {1, 1, 0}, {2, 0, 0}, {2, 1, 0}, {-1, 0, 0}, {-1, 1, 0}, {0, -1, 0}, {0, -1, 1}};
-    const int n = backward ? 8 : 4;
+    static const int bwd[6][2] = {{1, 0}, {1, 1}, {2, 0}, {2, 1}, {-1, 0}, {-1, 1}};
+    const int n = backward ? 6 : 4;
     tune_attn(ctx, 0);
     const coda__tuning_t t0 = coda__get_tuning(ctx);
-    for (int round = 0; round < (timed_only ? 2 : 3); round++)
+    for (int round = 0; round < 3; round++)
         for (int i = 0; i < n; i++) {
             coda__tuning_t t = t0;
             const char *tag = round == 2 ? " (tests)" : "";
             if (backward) {
                 t.attn_bwd_parts = bwd[i][0];
                 t.attn_bwd_order = bwd[i][1];
-                t.attn_dq_any_order = bwd[i][2];
-                static const char *const parts[] = {"the L2 rule's layout", "a kv group a block", "2 parts a group"};
-                printf("== fused backward: %s, %s%s%s\n", bwd[i][0] == -1 ? "one head a block" : parts[bwd[i][0]],
-                       bwd[i][1] < 0 ? "" : bwd[i][1] ? "key blocks fastest" : "kv heads fastest",
-                       bwd[i][2] ? "dq added in any order (not deterministic)" : "", tag);
+                printf("== fused backward: %s, %s%s\n",
+                       bwd[i][0] == -1 ? "one head a block" : bwd[i][0] == 1 ? "a kv group a block" : "2 parts a group",
+                       bwd[i][1] ? "key blocks fastest" : "kv heads fastest", tag);
             } else {
                 t.attn_fwd_stages = fwd[i][0];
                 t.attn_fwd_apart = fwd[i][1];
@@ -543,11 +537,9 @@ int main(int argc, char **argv) {
     coda_context_t *ctx;
     REQUIRE_OK(coda_context_create(NULL, &ctx));
     test_refusals(ctx);
-    int timed_only = 0;
-    for (int i = 1; i < argc; i++) timed_only |= !strcmp(argv[i], "benchonly");
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "fwdab") || !strcmp(argv[i], "bwdab")) {
-            variants_ab(ctx, argv[i][0] == 'b', timed_only);
+            variants_ab(ctx, argv[i][0] == 'b');
             coda_context_free(ctx);
             TEST_MAIN_END();
         }

@@ -235,7 +235,6 @@ typedef struct {
     float scale;     /* softmax scale, 1/sqrt(HD)                */
     int kv_parts;    /* fused bwd: blocks a kv group's heads are shared over (dk, dv added in order) */
     int kb_major;    /* fused bwd: launched key blocks fastest (1) or kv groups fastest (0)          */
-    int dq_any_order; /* fused bwd: dq's adds in any order, into zeros (an experiment)              */
 } coda_attn_args_t;
 
 /* The backward's per-row statistics in the workspace, written by

@@ -383,10 +383,6 @@ static __device__ __forceinline__ void ab_tma_out_dq(const coda_tmap *map, u32 s
  * test_attention_gpu benchonly, two runs). Consecutive steps are
  * different (head, tile) pairs, so the two never add into the same dq
  * rows and each tile's order stays the key blocks'. */
-/* With p.dq_any_order (an experiment: CODA_DEBUG_ATTN_DQ_ANY_ORDER) the
- * blocks add in whatever order they come, into a dq the host has zeroed:
- * what the fixed order costs, since cuDNN's default backward is not
- * deterministic either. */
 static __device__ __forceinline__ void ab_dq_writer(const coda_tmap *t_dq, const coda_attn_args_t &p, u32 bars,
                                                     u32 sdq, int first, int steps, int group, int n_qt, int qt0,
                                                     int h0, int jb, int b) {
@@ -399,26 +395,22 @@ static __device__ __forceinline__ void ab_dq_writer(const coda_tmap *t_dq, const
         const int d = i & 1, hq = h0 + g;
         u32 *count = counters + (((long long)b * p.n_heads + hq) * (STAT_PAD(p.seq) / AB_TILE) + qti) * 2;
         coda_mbar_wait(AB_BAR_DQ_FULL(bars, d), (u32)(i >> 1) & 1u);
-        if (!p.dq_any_order) {
-            u32 v;
-            do {
-                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(count) : "memory");
-            } while (v != turn);
-            asm volatile("fence.proxy.async;" ::: "memory"); /* the last turn's adds (async proxy) before ours */
-        }
+        u32 v;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(count) : "memory");
+        } while (v != turn);
+        asm volatile("fence.proxy.async;" ::: "memory"); /* the last turn's adds (async proxy) before ours */
         const u32 src = sdq + d * AB_DQB_BYTES;
 #pragma unroll
         for (int t = 0; t < HD / 32; t++)
-            ab_tma_out_dq(t_dq, src + t * AB_DQB_BOX, hq * HD + 32 * t, qti * AB_TILE, b, p.dq_any_order || turn > 0);
+            ab_tma_out_dq(t_dq, src + t * AB_DQB_BOX, hq * HD + 32 * t, qti * AB_TILE, b, turn > 0);
         coda_bulk_commit();
         coda_bulk_wait_read(0);
         coda_mbar_arrive(AB_BAR_DQ_EMPTY(bars, d));
-        if (p.dq_any_order) continue;
         coda_bulk_wait(0);
         asm volatile("fence.proxy.async;" ::: "memory"); /* our adds done before the counter says so */
         asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(count), "r"(turn + 1) : "memory");
     }
-    coda_bulk_wait(0);
 }
 
 /* The elementwise part of a dk/dv step (the thread's keys kr and kr + 8,
