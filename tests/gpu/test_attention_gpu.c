@@ -496,14 +496,15 @@ static void bench(coda_context_t *ctx, int dirs) {
 
 /* "fwdab": the forward's ring variants (tuning attn_fwd_stages x
  * attn_fwd_apart); "bwdab": the fused backward's (attn_bwd_parts x
- * attn_bwd_order). Each timed in turns, two rounds, then each tested. */
-static void variants_ab(coda_context_t *ctx, int backward) {
+ * attn_bwd_order). Each timed in turns, two rounds, then each tested
+ * (unless `timed_only`). */
+static void variants_ab(coda_context_t *ctx, int backward, int timed_only) {
     static const int fwd[4][2] = {{2, 0}, {2, 1}, {3, 0}, {3, 1}};
     static const int bwd[6][2] = {{1, 0}, {1, 1}, {2, 0}, {2, 1}, {-1, 0}, {-1, 1}};
     const int n = backward ? 6 : 4;
     tune_attn(ctx, 0);
     const coda__tuning_t t0 = coda__get_tuning(ctx);
-    for (int round = 0; round < 3; round++)
+    for (int round = 0; round < (timed_only ? 2 : 3); round++)
         for (int i = 0; i < n; i++) {
             coda__tuning_t t = t0;
             const char *tag = round == 2 ? " (tests)" : "";
@@ -537,9 +538,11 @@ int main(int argc, char **argv) {
     coda_context_t *ctx;
     REQUIRE_OK(coda_context_create(NULL, &ctx));
     test_refusals(ctx);
+    int timed_only = 0;
+    for (int i = 1; i < argc; i++) timed_only |= !strcmp(argv[i], "benchonly");
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "fwdab") || !strcmp(argv[i], "bwdab")) {
-            variants_ab(ctx, argv[i][0] == 'b');
+            variants_ab(ctx, argv[i][0] == 'b', timed_only);
             coda_context_free(ctx);
             TEST_MAIN_END();
         }
