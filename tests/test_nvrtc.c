@@ -41,6 +41,37 @@ static void check_streamk_rule(void) {
     }
 }
 
+/* The attention backward's layout rule (src/cuda/attention.c): the old
+ * layout while a kv group's q, do and f32 dq fit the L2; past it key
+ * blocks fastest, the group in the fewest parts whose share fits; the
+ * tuning's overrides, and counts that do not divide the group. */
+static void check_attn_layout(void) {
+    const int64_t mib = 1 << 20;
+    static const struct { int group; int64_t seq, hd, l2_mib; int tp, to, parts, kb; } cases[] = {
+        {4, 8192, 64, 50, 0, -1, 1, 0},   /* LLaMA-3 1B: 16 MiB a group */
+        {4, 8192, 128, 50, 0, -1, 1, 0},  /* 8B: 32 MiB */
+        {8, 8192, 128, 50, 0, -1, 2, 1},  /* 70B on an H100: 64 MiB, 2 parts of 32 */
+        {8, 8192, 128, 60, 0, -1, 2, 1},  /* 70B on an H200 */
+        {8, 8192, 128, 0, 0, -1, 2, 1},   /* L2 unknown: 50 MiB */
+        {8, 65536, 128, 50, 0, -1, 8, 1}, /* no part fits: one head a block */
+        {1, 262144, 128, 50, 0, -1, 1, 1},/* one head a group: no parts, key blocks fastest */
+        {6, 8192, 128, 40, 0, -1, 2, 1},  /* 48 MiB: 2 parts of 24 (the divisors of 6) */
+        {5, 8192, 128, 30, 0, -1, 5, 1},  /* 40 MiB: 5 is prime */
+        {4, 8192, 128, 50, -1, 1, 4, 1},  /* tuning: one head a block, key blocks fastest */
+        {8, 8192, 128, 50, 1, 0, 1, 0},   /* tuning: the old layout at 70B */
+        {6, 8192, 128, 50, 4, -1, 1, 0},  /* tuning's 4 does not divide 6: 1 */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int parts = -7, kb = -7;
+        coda__cuda_attn_bwd_layout(cases[i].group, cases[i].seq, cases[i].hd, cases[i].l2_mib * mib, cases[i].tp,
+                                   cases[i].to, &parts, &kb);
+        CHECK(parts == cases[i].parts && kb == cases[i].kb,
+              "attention backward layout, group %d seq %lld hd %lld L2 %lld MiB (tuning %d, %d): %d parts, "
+              "key blocks fastest %d; want %d, %d", cases[i].group, (long long)cases[i].seq, (long long)cases[i].hd,
+              (long long)cases[i].l2_mib, cases[i].tp, cases[i].to, parts, kb, cases[i].parts, cases[i].kb);
+    }
+}
+
 /* The attention source (src/cuda/attention.c) compiles at both head
  * dimensions with the backward's defaults and each ring of the forward
  * (2 or 3 stages of k and v, freed together or apart); the options a
@@ -71,6 +102,7 @@ static void check_attention(void) {
 
 int main(void) {
     check_streamk_rule();
+    check_attn_layout();
     check_attention();
     const char *epi = coda__cuda_source("epi_plain.cuh");
     CHECK(epi != NULL, "epi_plain.cuh is embedded");

@@ -117,20 +117,19 @@ static int smem_bwd_wgmma(int hd, int stages, int kind) {
  * (H100, `test_attention_gpu bwdab`, two rounds; ncu's dram__bytes and
  * lts__t_sector_hit_rate; bench/RESULTS.md, stop 43.) Tuning's
  * attn_bwd_parts (-1: one head a block) and attn_bwd_order override; a
- * count that does not divide the group is taken as 1. */
-static void bwd_layout(const coda_context_t *ctx, const coda_cuda_device_t *d, const coda_attention_shape_t *s,
-                       int *parts, int *kb_major) {
-    const int group = (int)(s->n_heads / s->n_kv_heads);
-    const double l2 = d->l2_bytes > 0 ? (double)d->l2_bytes : 50.0 * (1 << 20);
-    const double share = (double)group * (double)s->seq * (double)s->head_dim * 8.0;
+ * count that does not divide the group is taken as 1. test_nvrtc checks
+ * the rule at the LLaMA-3 shapes. */
+void coda__cuda_attn_bwd_layout(int group, int64_t seq, int64_t hd, int64_t l2_bytes, int tune_parts,
+                                int tune_order, int *parts, int *kb_major) {
+    const double l2 = l2_bytes > 0 ? (double)l2_bytes : 50.0 * (1 << 20);
+    const double share = (double)group * (double)seq * (double)hd * 8.0;
     int n = 1;
     if (share > l2)
         while (n < group && (group % n || share / n > l2)) n++;
     *kb_major = share > l2;
-    const coda__tuning_t *t = &ctx->tuning;
-    if (t->attn_bwd_parts) n = t->attn_bwd_parts == -1 ? group : t->attn_bwd_parts;
-    if (t->attn_bwd_order >= 0) *kb_major = t->attn_bwd_order;
-    *parts = group % n == 0 ? n : 1;
+    if (tune_parts) n = tune_parts == -1 ? group : tune_parts;
+    if (tune_order >= 0) *kb_major = tune_order;
+    *parts = n >= 1 && group % n == 0 ? n : 1;
 }
 static int bwd_stages(const coda_context_t *ctx, int hd) {
     int n = ctx->tuning.attn_stages ? ctx->tuning.attn_stages : BWD_STAGES;
@@ -273,7 +272,9 @@ static coda_status_t run_bwd_wgmma(launcher_t *L, const coda_attention_shape_t *
         CUtensorMap dqm;
         if (L->dq_perm) CODA_TRY(dq_perm_map(L->ctx, &dqm, out, s));
         else CODA_TRY(seq_map(L->ctx, &dqm, out, s, 64, "cuTensorMapEncodeTiled(dqkv, 64 rows)"));
-        bwd_layout(L->ctx, L->dev, s, &a->kv_parts, &a->kb_major);
+        coda__cuda_attn_bwd_layout((int)(s->n_heads / s->n_kv_heads), s->seq, s->head_dim, L->dev->l2_bytes,
+                                   L->ctx->tuning.attn_bwd_parts, L->ctx->tuning.attn_bwd_order, &a->kv_parts,
+                                   &a->kb_major);
         void *kv_args[] = {&qkv128, &qkv64, &do64, &dqm, a}; /* the fused kernel's query tiles: 64 rows */
         const int64_t pad = coda__cdiv(s->seq, 128) * 128, plane = s->batch * s->n_heads * pad;
         struct coda_cuda *cu = L->ctx->cuda;

@@ -171,6 +171,14 @@ extern const char *const coda__cuda_attention_files[CODA_CUDA_ATTN_NFILES];
  * the count. */
 int coda__cuda_attention_options(int hd, int bwd_stages, int pipe, int dq_perm, int fwd_stages, int fwd_apart,
                                  const char **opts, char (*buf)[32]);
+/* The fused attention backward's layout for a kv group of `group` query
+ * heads over `seq` positions of head_dim hd, on an L2 of l2_bytes (0:
+ * unknown, taken as 50 MiB): *parts, the blocks a group's heads are shared
+ * over, and *kb_major, launched key blocks fastest. tune_parts (0: the
+ * rule's, -1: one head a block) and tune_order (-1: the rule's) are
+ * tuning's overrides (attention.c's bwd_layout says why). */
+void coda__cuda_attn_bwd_layout(int group, int64_t seq, int64_t hd, int64_t l2_bytes, int tune_parts,
+                                int tune_order, int *parts, int *kb_major);
 
 /* ---- gemm.c: the GEMM mainloop with a spliced-in epilogue (docs/gpu.md) ---- */
 

@@ -28,14 +28,18 @@
  * 2 stages, k and v freed together (CODA_DEBUG_ATTN_FWD_STAGES=2, _APART=0),
  * 5 the fused backward with one query head a block, dk and dv added over the
  * group in order, key blocks launched fastest (CODA_DEBUG_ATTN_BWD_PARTS=h,
- * _ORDER=1). The other sets keep the environment's attn_pipe, forward ring
- * and backward layout (the A/B runs of "bench"). */
-#define N_KERNEL_SETS 6
+ * _ORDER=1), 6 two parts a group, key blocks fastest (what LLaMA-3 70B's
+ * shape gets, which no test shape is large enough to choose:
+ * CODA_DEBUG_ATTN_BWD_PARTS=2, _ORDER=1). The other sets keep the
+ * environment's attn_pipe, forward ring and backward layout (the A/B runs
+ * of "bench"). */
+#define N_KERNEL_SETS 7
 static const char *const kernel_names[N_KERNEL_SETS] = {
     "wgmma (fused backward)", "wgmma, split backward: dk/dv and dq kernels (CODA_DEBUG_ATTN_SPLIT_BWD)",
     "mma.sync (CODA_DEBUG_ATTN_MMA)", "wgmma, serial schedules (CODA_DEBUG_ATTN_PIPE=0)",
     "wgmma, the forward's old ring: 2 stages, k and v freed together (CODA_DEBUG_ATTN_FWD_STAGES=2, _APART=0)",
-    "wgmma, backward one head a block, key blocks fastest (CODA_DEBUG_ATTN_BWD_PARTS=h, _ORDER=1)"};
+    "wgmma, backward one head a block, key blocks fastest (CODA_DEBUG_ATTN_BWD_PARTS=h, _ORDER=1)",
+    "wgmma, backward 2 parts a group, key blocks fastest (CODA_DEBUG_ATTN_BWD_PARTS=2, _ORDER=1)"};
 static int use_mma, env_pipe = -2, env_fwd_stages, env_fwd_apart, env_bwd_parts, env_bwd_order;
 static void tune_attn(coda_context_t *ctx, int kernels) {
     coda__tuning_t t = coda__get_tuning(ctx);
@@ -51,8 +55,8 @@ static void tune_attn(coda_context_t *ctx, int kernels) {
     t.attn_pipe = kernels == 3 ? 0 : env_pipe;
     t.attn_fwd_stages = kernels == 4 ? 2 : env_fwd_stages;
     t.attn_fwd_apart = kernels == 4 ? 0 : env_fwd_apart;
-    t.attn_bwd_parts = kernels == 5 ? -1 : env_bwd_parts;
-    t.attn_bwd_order = kernels == 5 ? 1 : env_bwd_order;
+    t.attn_bwd_parts = kernels == 5 ? -1 : kernels == 6 ? 2 : env_bwd_parts;
+    t.attn_bwd_order = kernels == 5 || kernels == 6 ? 1 : env_bwd_order;
     tune_set(ctx, &t);
     use_mma = kernels == 2;
 }
