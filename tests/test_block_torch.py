@@ -219,6 +219,53 @@ def fused_norms(cfg):
           % (float(la), float(lb), worst))
 
 
+def final_norm():
+    """coda.nn.RMSNorm (its own backward) against autograd through the
+    formula (rms_norm_torch): float64 to 1e-12, bf16 input within bf16's
+    rounding of the f32 result; and it keeps fewer bytes for the backward."""
+    g64 = torch.Generator().manual_seed(7)
+    M, d = 37, 48
+    x = torch.randn(3, M, d, generator=g64, dtype=torch.float64) * 3
+    w = 1 + 0.2 * torch.randn(d, generator=g64, dtype=torch.float64)
+    dy = torch.randn(3, M, d, generator=g64, dtype=torch.float64)
+    worst = 0.0
+    for dt, tol in ((torch.float64, 1e-12), (torch.bfloat16, 1e-2)):
+        outs = []
+        for fn in (lambda a, b: coda.nn._RMSNormFn.apply(a, b, 1e-5), lambda a, b: coda.nn.rms_norm_torch(a, b, 1e-5)):
+            a = x.to(dt).detach().clone().requires_grad_()
+            b = w.to(dt).detach().clone().requires_grad_()
+            y = fn(a, b)
+            y.backward(dy.to(dt))
+            outs.append((y.double(), a.grad.double(), b.grad.double()))
+        for name, u, v in zip(("y", "dx", "dg"), outs[0], outs[1]):
+            err = ((u - v).norm() / v.norm()).item()
+            worst = max(worst, err) if dt == torch.float64 else worst
+            check(err <= tol, "RMSNorm %s %s: relative error %.2e against the formula's autograd (tolerance %.0e)"
+                  % (dt, name, err, tol))
+    check(torch.autograd.gradcheck(lambda a, b: coda.nn._RMSNormFn.apply(a, b, 1e-5),
+                                   (x[:, :5].clone().requires_grad_(), w.clone().requires_grad_())),
+          "RMSNorm: gradcheck")
+
+    def saved_bytes(fn):
+        seen = {}
+
+        def pack(t):
+            seen[t.data_ptr()] = max(seen.get(t.data_ptr(), 0), t.numel() * t.element_size())
+            return t
+        a = torch.randn(4, 64, 256, dtype=torch.bfloat16).requires_grad_()
+        b = torch.ones(256, dtype=torch.bfloat16, requires_grad=True)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            fn(a, b)
+        return sum(n for p, n in seen.items() if p not in (a.data_ptr(), b.data_ptr()))
+    if hasattr(torch.autograd.graph, "saved_tensors_hooks"):
+        mine = saved_bytes(lambda a, b: coda.nn._RMSNormFn.apply(a, b, 1e-5))
+        formula = saved_bytes(lambda a, b: coda.nn.rms_norm_torch(a, b, 1e-5))
+        check(mine < formula // 8, "RMSNorm saves %d bytes beside x and g for the backward, the formula %d"
+              % (mine, formula))
+        print("RMSNorm: float64 worst error %.1e; saved for the backward beside x and g: %d bytes (formula's "
+              "autograd %d) at (256 rows, 256) bf16" % (worst, mine, formula))
+
+
 def model_trains(cfg):
     torch.manual_seed(1)
     vocab, B, S = 97, 2, 16
@@ -337,6 +384,7 @@ def main():
     loading(cfg)
     in_flight(cfg)
     fused_norms(cfg)
+    final_norm()
     z_memory(cfg)
     model_trains(cfg)
     cuda_graph(cfg)
