@@ -395,10 +395,8 @@ static __device__ __forceinline__ void ab_dq_writer(const coda_tmap *t_dq, const
         const int d = i & 1, hq = h0 + g;
         u32 *count = counters + (((long long)b * p.n_heads + hq) * (STAT_PAD(p.seq) / AB_TILE) + qti) * 2;
         coda_mbar_wait(AB_BAR_DQ_FULL(bars, d), (u32)(i >> 1) & 1u);
-        u32 v;
-        do {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(count) : "memory");
-        } while (v != turn);
+        while (coda_ld_acquire_u32(count) != turn) {
+        }
         asm volatile("fence.proxy.async;" ::: "memory"); /* the last turn's adds (async proxy) before ours */
         const u32 src = sdq + d * AB_DQB_BYTES;
 #pragma unroll
@@ -409,7 +407,7 @@ static __device__ __forceinline__ void ab_dq_writer(const coda_tmap *t_dq, const
         coda_mbar_arrive(AB_BAR_DQ_EMPTY(bars, d));
         coda_bulk_wait(0);
         asm volatile("fence.proxy.async;" ::: "memory"); /* our adds done before the counter says so */
-        asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(count), "r"(turn + 1) : "memory");
+        coda_st_release_u32(count, turn + 1);
     }
 }
 
@@ -697,19 +695,16 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
      * second word); part - 1 was launched before this block (ab_block) */
     u32 *count = (u32 *)(p.dsum + 2 * STAT_PLANE(p, gridDim.y)) +
                  (((long long)b * p.n_heads + kvh) * (STAT_PAD(p.seq) / AB_TILE) + jb) * 2 + 1;
-    if (threadIdx.x == 128) {
-        u32 v;
-        do {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(count) : "memory");
-        } while (v != (u32)part);
-    }
+    if (threadIdx.x == 128)
+        while (coda_ld_acquire_u32(count) != (u32)part) {
+        }
     coda_consumer_sync();
     ab_store(dk, p.scale, out, p.ld_out, row0, seq, part > 0);
     ab_store(dv, 1.f, out + nkv, p.ld_out, row0, seq, part > 0);
     coda_consumer_sync();
     if (threadIdx.x == 128) {
         __threadfence();
-        asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(count), "r"((u32)part + 1) : "memory");
+        coda_st_release_u32(count, (u32)part + 1);
     }
 }
 

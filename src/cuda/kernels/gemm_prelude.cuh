@@ -164,6 +164,17 @@ static __device__ __forceinline__ u64 coda_desc(u32 addr, u32 lbo, u32 sbo) {
            (1ull << 62);
 }
 
+/* Flags between CTAs in global memory (the stream-K partials, the attention
+ * backward's turns): a GPU-scope acquire load and release store. */
+static __device__ __forceinline__ unsigned coda_ld_acquire_u32(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+static __device__ __forceinline__ void coda_st_release_u32(unsigned *p, unsigned v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
 /* Ping-pong turn passing between the consumer warpgroups (named barriers
  * 4 and 5, 256 threads): one warpgroup arrives, the other waits. */
 static __device__ __forceinline__ void coda_turn_pass(int id) {

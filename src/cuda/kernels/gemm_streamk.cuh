@@ -89,14 +89,6 @@ static __device__ __forceinline__ bool coda_work_next(coda_work &w, const coda_s
 }
 
 /* ---- partial sums between CTAs ---- */
-static __device__ __forceinline__ unsigned coda_ld_acquire_u32(const unsigned *p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-static __device__ __forceinline__ void coda_st_release_u32(unsigned *p, unsigned v) {
-    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
 static __device__ __forceinline__ void coda_st_relaxed_u32(unsigned *p, unsigned v) {
     asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
