@@ -6,6 +6,12 @@
  *                               write each kernel's cubin there, NAME.cubin,
  *                               for bench/sass_stats.sh, and the
  *                               generated epilogue, NAME.epi.cu)
+ *   kernel_stats attn HD [OPTION]   the attention source (src/cuda/attention.c)
+ *                               at head_dim HD with the options a launch
+ *                               passes (backward: seq a multiple of 8), and
+ *                               OPTION (e.g. -DCODA_AB_DQ_ALT=0): ptxas's
+ *                               registers, spills and serialisation notes
+ *                               for every attention kernel
  *   CODA_BENCH_FILES="a.coda,b.coda" kernel_stats ...   also these program
  *                               files (named by file)
  *   kernel_stats cfg DIR all   every kernel the library compiles for cfg,
@@ -48,24 +54,14 @@ static void write_cubin(nvrtcProgram prog, const char *name) {
     free(bin);
 }
 
-static void stats(const char *name, const char *epi, int cfg) {
-    char *src = coda__cuda_gemm_source(epi);
-    if (!src) {
-        printf("%s: %s\n", name, coda_last_error());
-        return;
-    }
-    const char *opts[CODA_CUDA_GEMM_MAX_OPTS + 2]; /* the options, -v, CODA_STATS_OPTS */
-    char optbuf[768];
-    const char *sk = getenv("CODA_STATS_STREAMK"); /* 1: the stream-K variants */
-    int n = coda__cuda_gemm_options(CODA_LAYOUT_NT, &coda__cuda_gemm_cfgs[cfg], 0, 0, sk && *sk == '1', opts,
-                                    optbuf, sizeof optbuf);
+/* Compiles src with opts (n of them, room for one more: -v) and prints
+ * ptxas's lines about each kernel, prefixed by name; with cubin_dir, the
+ * cubin into it as NAME.cubin. */
+static void ptxas_report(const char *name, const char *src, const char **opts, int n) {
     opts[n++] = "--ptxas-options=-v";
-    const char *xo = getenv("CODA_STATS_OPTS"); /* one more option, e.g. -DCODA_PROBE_NO_COL_LOAD */
-    if (xo && *xo) opts[n++] = xo;
     nvrtcProgram prog;
     if (nvrtcCreateProgram(&prog, src, "k.cu", 0, NULL, NULL) != NVRTC_SUCCESS) {
         printf("%s: nvrtcCreateProgram failed\n", name);
-        free(src);
         return;
     }
     nvrtcResult r = nvrtcCompileProgram(prog, n, opts);
@@ -77,11 +73,28 @@ static void stats(const char *name, const char *epi, int cfg) {
         /* keep the ptxas lines about the kernel */
         for (char *line = strtok(log, "\n"); line; line = strtok(NULL, "\n"))
             if (r != NVRTC_SUCCESS || strstr(line, "registers") || strstr(line, "spill") ||
-                strstr(line, "stack") || strstr(line, "serialized"))
+                strstr(line, "stack") || strstr(line, "serialized") || strstr(line, "entry"))
                 printf("%-20s %s\n", name, line);
     }
     free(log);
     if (r == NVRTC_SUCCESS && cubin_dir) write_cubin(prog, name);
+    nvrtcDestroyProgram(&prog);
+}
+
+static void stats(const char *name, const char *epi, int cfg) {
+    char *src = coda__cuda_gemm_source(epi);
+    if (!src) {
+        printf("%s: %s\n", name, coda_last_error());
+        return;
+    }
+    const char *opts[CODA_CUDA_GEMM_MAX_OPTS + 2]; /* the options, CODA_STATS_OPTS, -v */
+    char optbuf[768];
+    const char *sk = getenv("CODA_STATS_STREAMK"); /* 1: the stream-K variants */
+    int n = coda__cuda_gemm_options(CODA_LAYOUT_NT, &coda__cuda_gemm_cfgs[cfg], 0, 0, sk && *sk == '1', opts,
+                                    optbuf, sizeof optbuf);
+    const char *xo = getenv("CODA_STATS_OPTS"); /* one more option, e.g. -DCODA_PROBE_NO_COL_LOAD */
+    if (xo && *xo) opts[n++] = xo;
+    ptxas_report(name, src, opts, n);
     if (cubin_dir) { /* the generated epilogue too, NAME.epi.cu, to read beside the SASS */
         char path[1024];
         snprintf(path, sizeof path, "%s/%s.epi.cu", cubin_dir, name[0] == '(' ? "plain" : name);
@@ -89,8 +102,26 @@ static void stats(const char *name, const char *epi, int cfg) {
         if (!f || fputs(epi, f) < 0) fprintf(stderr, "kernel_stats: cannot write %s\n", path);
         if (f) fclose(f);
     }
-    nvrtcDestroyProgram(&prog);
     free(src);
+}
+
+/* ---- kernel_stats attn HD [OPTION] ---- */
+static int attn_stats(int hd, const char *extra) {
+    if (hd != 64 && hd != 128) return fprintf(stderr, "kernel_stats attn: HD is 64 or 128\n"), 2;
+    char *src = NULL;
+    REQUIRE_OK(coda__cuda_join_sources(coda__cuda_attention_files, CODA_CUDA_ATTN_NFILES, NULL, "CUDA attention",
+                                       &src));
+    const char *opts[CODA_CUDA_ATTN_NOPTS + 2];
+    char buf[CODA_CUDA_ATTN_NOPTS][32];
+    /* attention.c's defaults: the backward's ring 2 stages at HD 128, 3 at
+     * 64, pipelined, dq rows permuted; the forward's ring 3 stages apart */
+    int n = coda__cuda_attention_options(hd, hd == 128 ? 2 : 3, 1, 1, 3, 1, opts, buf);
+    if (extra && *extra) opts[n++] = extra;
+    char name[32];
+    snprintf(name, sizeof name, "attn.hd%d", hd);
+    ptxas_report(name, src, opts, n);
+    free(src);
+    return 0;
 }
 
 /* ---- kernel_stats cfg DIR all ---- */
@@ -199,6 +230,7 @@ static int dump_all(int cfg, const char *const *names, const char *const *texts,
 }
 
 int main(int argc, char **argv) {
+    if (argc > 2 && strcmp(argv[1], "attn") == 0) return attn_stats(atoi(argv[2]), argc > 3 ? argv[3] : NULL);
     int cfg = argc > 1 ? atoi(argv[1]) : 3;
     cubin_dir = argc > 2 ? argv[2] : NULL;
     const int all = argc > 3 && strcmp(argv[3], "all") == 0;

@@ -12,7 +12,8 @@
  * calls return the documented status and write nothing. With "bench": the
  * LLaMA-3 shapes (batch 2 x 8192), ms and TFLOP/s counting the causal half;
  * "benchonly": the timings alone (for a profiler); "fwdab": the forward's
- * ring variants, "bwdab" the fused backward's layouts, timed in turns and
+ * ring variants, "bwdab" the fused backward's layouts, "dqab" its two dq
+ * forms, timed in turns and
  * tested ("benchonly" beside them: timed only). Needs an sm_90a GPU. */
 #include "harness.h"
 #include "gpu/cuda_check.h"
@@ -30,17 +31,22 @@
  * group in order, key blocks launched fastest (CODA_DEBUG_ATTN_BWD_PARTS=h,
  * _ORDER=1), 6 two parts a group, key blocks fastest (what LLaMA-3 70B's
  * shape gets, which no test shape is large enough to choose:
- * CODA_DEBUG_ATTN_BWD_PARTS=2, _ORDER=1). The other sets keep the
+ * CODA_DEBUG_ATTN_BWD_PARTS=2, _ORDER=1), 7 the fused backward's dq by
+ * one warpgroup a step over all 128 keys (CODA_DEBUG_OPTS=-DCODA_AB_DQ_ALT=1,
+ * attention_bwd_wgmma.cuh). The other sets keep the
  * environment's attn_pipe, forward ring and backward layout (the A/B runs
  * of "bench"). */
-#define N_KERNEL_SETS 7
+#define N_KERNEL_SETS 8
+#define DQ_ALT_OPT "-DCODA_AB_DQ_ALT=1"
 static const char *const kernel_names[N_KERNEL_SETS] = {
     "wgmma (fused backward)", "wgmma, split backward: dk/dv and dq kernels (CODA_DEBUG_ATTN_SPLIT_BWD)",
     "mma.sync (CODA_DEBUG_ATTN_MMA)", "wgmma, serial schedules (CODA_DEBUG_ATTN_PIPE=0)",
     "wgmma, the forward's old ring: 2 stages, k and v freed together (CODA_DEBUG_ATTN_FWD_STAGES=2, _APART=0)",
     "wgmma, backward one head a block, key blocks fastest (CODA_DEBUG_ATTN_BWD_PARTS=h, _ORDER=1)",
-    "wgmma, backward 2 parts a group, key blocks fastest (CODA_DEBUG_ATTN_BWD_PARTS=2, _ORDER=1)"};
+    "wgmma, backward 2 parts a group, key blocks fastest (CODA_DEBUG_ATTN_BWD_PARTS=2, _ORDER=1)",
+    "wgmma, backward dq by one warpgroup a step (CODA_DEBUG_OPTS=" DQ_ALT_OPT ")"};
 static int use_mma, env_pipe = -2, env_fwd_stages, env_fwd_apart, env_bwd_parts, env_bwd_order;
+static char env_opts[CODA_TUNING_OPTS_CAP];
 static void tune_attn(coda_context_t *ctx, int kernels) {
     coda__tuning_t t = coda__get_tuning(ctx);
     if (env_pipe == -2) {
@@ -49,6 +55,7 @@ static void tune_attn(coda_context_t *ctx, int kernels) {
         env_fwd_apart = t.attn_fwd_apart;
         env_bwd_parts = t.attn_bwd_parts;
         env_bwd_order = t.attn_bwd_order;
+        memcpy(env_opts, t.extra_opts, sizeof env_opts);
     }
     t.attn_mma = kernels == 2;
     t.attn_split_bwd = kernels == 1;
@@ -57,6 +64,7 @@ static void tune_attn(coda_context_t *ctx, int kernels) {
     t.attn_fwd_apart = kernels == 4 ? 0 : env_fwd_apart;
     t.attn_bwd_parts = kernels == 5 ? -1 : kernels == 6 ? 2 : env_bwd_parts;
     t.attn_bwd_order = kernels == 5 || kernels == 6 ? 1 : env_bwd_order;
+    snprintf(t.extra_opts, sizeof t.extra_opts, "%s", kernels == 7 ? DQ_ALT_OPT : env_opts);
     tune_set(ctx, &t);
     use_mma = kernels == 2;
 }
@@ -500,19 +508,25 @@ static void bench(coda_context_t *ctx, int dirs) {
 
 /* "fwdab": the forward's ring variants (tuning attn_fwd_stages x
  * attn_fwd_apart); "bwdab": the fused backward's (attn_bwd_parts x
- * attn_bwd_order). Each timed in turns, two rounds, then each tested
+ * attn_bwd_order); "dqab": its two dq forms (CODA_AB_DQ_ALT 0 and 1, the
+ * default layout). Each timed in turns, two rounds, then each tested
  * (unless `timed_only`). */
-static void variants_ab(coda_context_t *ctx, int backward, int timed_only) {
+static void variants_ab(coda_context_t *ctx, char mode, int timed_only) {
     static const int fwd[4][2] = {{2, 0}, {2, 1}, {3, 0}, {3, 1}};
     static const int bwd[6][2] = {{1, 0}, {1, 1}, {2, 0}, {2, 1}, {-1, 0}, {-1, 1}};
-    const int n = backward ? 6 : 4;
+    static const char *const dq[2] = {"-DCODA_AB_DQ_ALT=0", "-DCODA_AB_DQ_ALT=1"};
+    const int backward = mode != 'f', n = mode == 'b' ? 6 : mode == 'd' ? 2 : 4;
     tune_attn(ctx, 0);
     const coda__tuning_t t0 = coda__get_tuning(ctx);
     for (int round = 0; round < (timed_only ? 2 : 3); round++)
         for (int i = 0; i < n; i++) {
             coda__tuning_t t = t0;
             const char *tag = round == 2 ? " (tests)" : "";
-            if (backward) {
+            if (mode == 'd') {
+                snprintf(t.extra_opts, sizeof t.extra_opts, "%s", dq[i]);
+                printf("== fused backward's dq: %s%s\n",
+                       i ? "one warpgroup a step, 128 keys" : "both warpgroups, staged sum", tag);
+            } else if (backward) {
                 t.attn_bwd_parts = bwd[i][0];
                 t.attn_bwd_order = bwd[i][1];
                 printf("== fused backward: %s, %s%s\n",
@@ -545,8 +559,8 @@ int main(int argc, char **argv) {
     int timed_only = 0;
     for (int i = 1; i < argc; i++) timed_only |= !strcmp(argv[i], "benchonly");
     for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "fwdab") || !strcmp(argv[i], "bwdab")) {
-            variants_ab(ctx, argv[i][0] == 'b', timed_only);
+        if (!strcmp(argv[i], "fwdab") || !strcmp(argv[i], "bwdab") || !strcmp(argv[i], "dqab")) {
+            variants_ab(ctx, argv[i][0], timed_only);
             coda_context_free(ctx);
             TEST_MAIN_END();
         }

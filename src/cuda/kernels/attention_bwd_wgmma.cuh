@@ -71,6 +71,9 @@
 #ifndef CODA_AB_DQ_PERM
 #define CODA_AB_DQ_PERM 0                 /* 1: the staged dq tile's rows permuted (ab_dq_at) */
 #endif
+#ifndef CODA_AB_DQ_ALT
+#define CODA_AB_DQ_ALT 0                  /* 1: the fused kernel's dq by one warpgroup a step, over all 128 keys */
+#endif
 #define AB_BIG_CHUNK (AB_ROWS * 128)      /* one 64-column chunk of a block */
 #define AB_SMALL_CHUNK (AB_TILE * 128)    /* ... of a streamed tile         */
 #define AB_BIG (HD / 64 * AB_BIG_CHUNK)
@@ -295,6 +298,20 @@ static __device__ __forceinline__ void ab_dq_stage(const float *dq, float scale,
 static __device__ __forceinline__ void ab_issue_dq(float *dq, u32 ds, u32 kb) {
 #pragma unroll
     for (int kk = 0; kk < 4; kk++)
+#if HD == 128
+        coda_wgmma_mn_n128(dq, coda_desc(ds + kk * 2048, AB_DS_BYTES, 1024),
+                           coda_desc(kb + kk * 2048, AB_BIG_CHUNK, 1024), kk > 0);
+#else
+        coda_wgmma_mn_n64(dq, coda_desc(ds + kk * 2048, AB_DS_BYTES, 1024),
+                          coda_desc(kb + kk * 2048, AB_BIG_CHUNK, 1024), kk > 0);
+#endif
+}
+
+/* The same over all 128 keys of the block (CODA_AB_DQ_ALT): dS from both
+ * warpgroups' halves of the buffer, k from the block's first row. */
+static __device__ __forceinline__ void ab_issue_dq_all(float *dq, u32 ds, u32 kb) {
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++)
 #if HD == 128
         coda_wgmma_mn_n128(dq, coda_desc(ds + kk * 2048, AB_DS_BYTES, 1024),
                            coda_desc(kb + kk * 2048, AB_BIG_CHUNK, 1024), kk > 0);
@@ -598,7 +615,8 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
         const u32 tq = sq + st * AB_KV_SMALL, tdo = sdo + st * AB_KV_SMALL;
         /* fused: warpgroup 0 stages this step's dq in a tile the writer
          * has read out (ab_dq_writer); waited for here, before any product */
-        if (fused && c == 0 && i >= 2) coda_mbar_wait(AB_BAR_DQ_EMPTY(bars, i & 1), (u32)((i >> 1) - 1) & 1u);
+        if (fused && c == (CODA_AB_DQ_ALT ? (i & 1) : 0) && i >= 2)
+            coda_mbar_wait(AB_BAR_DQ_EMPTY(bars, i & 1), (u32)((i >> 1) - 1) & 1u);
         const float *dd = stats + st * (AB_STAT_BYTES / 4), *l2 = dd + qt;
         coda_wgmma_fence();
         ab_issue_nt_n(s, sk + c * 8192, tq, qt, qt * 128);
@@ -623,6 +641,58 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
             aw_issue_rs(dv, pa, tdo, qt / 16, qt * 128);
             aw_issue_rs(dk, pd, tq, qt / 16, qt * 128);
             coda_wgmma_commit();
+            coda_wgmma_wait(0);
+            AW_FENCE(dk, HD / 2);
+            AW_FENCE(dv, HD / 2);
+            ab_release(bars, st);
+        } else if (CODA_AB_DQ_ALT) {
+            /* dq by one warpgroup a step, over all 128 keys: warpgroup i & 1
+             * (the "dq warpgroup"), which stages it alone into dq tile i & 1
+             * (no sum of two parts, no turn between the warpgroups' staging).
+             * It reads the other warpgroup's half of dS^T, so named barrier
+             * 6 says that half is stored (the other arrives, the dq
+             * warpgroup syncs: its own 128 threads are counted too) and 7
+             * that the dq product has read both halves (the dq warpgroup
+             * arrives once its product is done, the other syncs before it
+             * stores its next dS^T: it is the next step's dq warpgroup).
+             * The dq warpgroup of a parity is always the same, so dq tile d
+             * has one writer warpgroup. */
+            const int wrow = 64 * c + 16 * (tid >> 5);
+            const int mine = (i & 1) == c;
+            const u32 spt = sds + c * 8192, sdt = sds + AB_DS_BYTES + c * 8192;
+            ab_store_ds(sds, pa, wrow);
+            if (mine && i > 0) coda_turn_wait(7); /* step i - 1's dq has read our half */
+            ab_store_ds(sds + AB_DS_BYTES, pd, wrow);
+            coda_fence_proxy_async();
+            if (mine) {
+                coda_turn_wait(6); /* both halves of dS^T stored */
+                float dq[HD / 2];
+                coda_wgmma_fence();
+                ab_issue_dq_all(dq, sds + AB_DS_BYTES, sk);
+                coda_wgmma_commit();
+                ab_issue_kn(dv, spt, tdo);
+                ab_issue_kn(dk, sdt, tq);
+                coda_wgmma_commit();
+                coda_wgmma_wait(1);
+                AW_FENCE(dq, HD / 2);
+                if (i + 1 < steps) coda_turn_pass(7);
+                const u32 dqb = sdq + (i & 1) * AB_DQB_BYTES;
+                const int row = 16 * (tid >> 5) + (lane >> 2);
+#if !CODA_AB_DQ_PERM
+#pragma unroll
+                for (int h = 0; h < HD / 64; h++) ab_dq_order(dq + 32 * h, row & 3);
+#endif
+                ab_dq_stage(dq, p.scale, dqb, row, 0);
+                coda_fence_proxy_async(); /* the staged tile before the writer's TMA reads it */
+                coda_mbar_arrive(AB_BAR_DQ_FULL(bars, i & 1));
+            } else {
+                coda_turn_pass(6);
+                coda_wg_sync(2 + c);
+                coda_wgmma_fence();
+                ab_issue_kn(dv, spt, tdo);
+                ab_issue_kn(dk, sdt, tq);
+                coda_wgmma_commit();
+            }
             coda_wgmma_wait(0);
             AW_FENCE(dk, HD / 2);
             AW_FENCE(dv, HD / 2);
