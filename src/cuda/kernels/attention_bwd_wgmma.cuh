@@ -651,17 +651,23 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
              * (no sum of two parts, no turn between the warpgroups' staging).
              * It reads the other warpgroup's half of dS^T, so named barrier
              * 6 says that half is stored (the other arrives, the dq
-             * warpgroup syncs: its own 128 threads are counted too) and 7
-             * that the dq product has read both halves (the dq warpgroup
-             * arrives once its product is done, the other syncs before it
-             * stores its next dS^T: it is the next step's dq warpgroup).
-             * The dq warpgroup of a parity is always the same, so dq tile d
-             * has one writer warpgroup. */
+             * warpgroup syncs: its own 128 threads are counted too) and 7 +
+             * (i & 1) that step i's dq product has read both halves (the dq
+             * warpgroup arrives once its product is done, the other syncs
+             * before it stores its next dS^T: it is the next step's dq
+             * warpgroup). One barrier for the latter hung at LLaMA-3
+             * shapes: the dq warpgroup, a step ahead (the ring's next stage
+             * was free), synced at step i + 2 on its own arrival of step i,
+             * 256 arrivals without the other's. With a barrier per parity
+             * its next arrival there comes after the other's sync (it
+             * follows barrier 6 of step i + 2). The dq warpgroup of a
+             * parity is always the same, so dq tile d has one writer
+             * warpgroup. */
             const int wrow = 64 * c + 16 * (tid >> 5);
             const int mine = (i & 1) == c;
             const u32 spt = sds + c * 8192, sdt = sds + AB_DS_BYTES + c * 8192;
             ab_store_ds(sds, pa, wrow);
-            if (mine && i > 0) coda_turn_wait(7); /* step i - 1's dq has read our half */
+            if (mine && i > 0) coda_turn_wait(7 + ((i - 1) & 1)); /* step i - 1's dq has read our half */
             ab_store_ds(sds + AB_DS_BYTES, pd, wrow);
             coda_fence_proxy_async();
             if (mine) {
@@ -675,7 +681,7 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
                 coda_wgmma_commit();
                 coda_wgmma_wait(1);
                 AW_FENCE(dq, HD / 2);
-                if (i + 1 < steps) coda_turn_pass(7);
+                if (i + 1 < steps) coda_turn_pass(7 + (i & 1));
                 const u32 dqb = sdq + (i & 1) * AB_DQB_BYTES;
                 const int row = 16 * (tid >> 5) + (lane >> 2);
 #if !CODA_AB_DQ_PERM
