@@ -9,7 +9,7 @@
  *   kernel_stats attn HD [OPTION]   the attention source (src/cuda/attention.c)
  *                               at head_dim HD with the options a launch
  *                               passes (backward: seq a multiple of 8), and
- *                               OPTION (e.g. -DCODA_AB_DQ_ALT=0): ptxas's
+ *                               OPTION (e.g. -DCODA_AB_DQ_ONE=0): ptxas's
  *                               registers, spills and serialisation notes
  *                               for every attention kernel
  *   CODA_BENCH_FILES="a.coda,b.coda" kernel_stats ...   also these program

@@ -31,20 +31,21 @@
  * group in order, key blocks launched fastest (CODA_DEBUG_ATTN_BWD_PARTS=h,
  * _ORDER=1), 6 two parts a group, key blocks fastest (what LLaMA-3 70B's
  * shape gets, which no test shape is large enough to choose:
- * CODA_DEBUG_ATTN_BWD_PARTS=2, _ORDER=1), 7 the fused backward's dq by
- * one warpgroup a step over all 128 keys (CODA_DEBUG_OPTS=-DCODA_AB_DQ_ALT=1,
- * attention_bwd_wgmma.cuh). The other sets keep the
+ * CODA_DEBUG_ATTN_BWD_PARTS=2, _ORDER=1), 7 the fused backward's dq as
+ * before stop 44: both warpgroups' 64-key parts, summed in the staging
+ * (CODA_DEBUG_OPTS=-DCODA_AB_DQ_ONE=0, attention_bwd_wgmma.cuh). The other
+ * sets keep the
  * environment's attn_pipe, forward ring and backward layout (the A/B runs
  * of "bench"). */
 #define N_KERNEL_SETS 8
-#define DQ_ALT_OPT "-DCODA_AB_DQ_ALT=1"
+#define DQ_SUM_OPT "-DCODA_AB_DQ_ONE=0"
 static const char *const kernel_names[N_KERNEL_SETS] = {
     "wgmma (fused backward)", "wgmma, split backward: dk/dv and dq kernels (CODA_DEBUG_ATTN_SPLIT_BWD)",
     "mma.sync (CODA_DEBUG_ATTN_MMA)", "wgmma, serial schedules (CODA_DEBUG_ATTN_PIPE=0)",
     "wgmma, the forward's old ring: 2 stages, k and v freed together (CODA_DEBUG_ATTN_FWD_STAGES=2, _APART=0)",
     "wgmma, backward one head a block, key blocks fastest (CODA_DEBUG_ATTN_BWD_PARTS=h, _ORDER=1)",
     "wgmma, backward 2 parts a group, key blocks fastest (CODA_DEBUG_ATTN_BWD_PARTS=2, _ORDER=1)",
-    "wgmma, backward dq by one warpgroup a step (CODA_DEBUG_OPTS=" DQ_ALT_OPT ")"};
+    "wgmma, backward dq as two warpgroups' parts, summed (CODA_DEBUG_OPTS=" DQ_SUM_OPT ")"};
 static int use_mma, env_pipe = -2, env_fwd_stages, env_fwd_apart, env_bwd_parts, env_bwd_order;
 static char env_opts[CODA_TUNING_OPTS_CAP];
 static void tune_attn(coda_context_t *ctx, int kernels) {
@@ -64,7 +65,7 @@ static void tune_attn(coda_context_t *ctx, int kernels) {
     t.attn_fwd_apart = kernels == 4 ? 0 : env_fwd_apart;
     t.attn_bwd_parts = kernels == 5 ? -1 : kernels == 6 ? 2 : env_bwd_parts;
     t.attn_bwd_order = kernels == 5 || kernels == 6 ? 1 : env_bwd_order;
-    snprintf(t.extra_opts, sizeof t.extra_opts, "%s", kernels == 7 ? DQ_ALT_OPT : env_opts);
+    snprintf(t.extra_opts, sizeof t.extra_opts, "%s", kernels == 7 ? DQ_SUM_OPT : env_opts);
     tune_set(ctx, &t);
     use_mma = kernels == 2;
 }
@@ -508,13 +509,13 @@ static void bench(coda_context_t *ctx, int dirs) {
 
 /* "fwdab": the forward's ring variants (tuning attn_fwd_stages x
  * attn_fwd_apart); "bwdab": the fused backward's (attn_bwd_parts x
- * attn_bwd_order); "dqab": its two dq forms (CODA_AB_DQ_ALT 0 and 1, the
+ * attn_bwd_order); "dqab": its two dq forms (CODA_AB_DQ_ONE 0 and 1, the
  * default layout). Each timed in turns, two rounds, then each tested
  * (unless `timed_only`). */
 static void variants_ab(coda_context_t *ctx, char mode, int timed_only) {
     static const int fwd[4][2] = {{2, 0}, {2, 1}, {3, 0}, {3, 1}};
     static const int bwd[6][2] = {{1, 0}, {1, 1}, {2, 0}, {2, 1}, {-1, 0}, {-1, 1}};
-    static const char *const dq[2] = {"-DCODA_AB_DQ_ALT=0", "-DCODA_AB_DQ_ALT=1"};
+    static const char *const dq[2] = {"-DCODA_AB_DQ_ONE=0", "-DCODA_AB_DQ_ONE=1"};
     const int backward = mode != 'f', n = mode == 'b' ? 6 : mode == 'd' ? 2 : 4;
     tune_attn(ctx, 0);
     const coda__tuning_t t0 = coda__get_tuning(ctx);

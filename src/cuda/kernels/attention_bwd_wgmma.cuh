@@ -25,9 +25,10 @@
  *            P^T, dS^T in registers, then bf16 into shared memory
  *            dv  += P^T do     wgmma m64nHD, both from shared memory
  *            dk  += dS^T q     the same
- *            dq   = dS k       (the warpgroup's 64 keys), staged as f32;
- *                              the two warpgroups' sum goes into dqkv by
- *                              a TMA reduce-add in the block's turn
+ *            dq   = dS k       over the block's 128 keys, by one
+ *                              warpgroup a step (the steps' parity),
+ *                              staged as f32 and added into dqkv by a
+ *                              TMA reduce-add in the block's turn
  *   dk/dv  as the fused kernel without dq, head by head, query tiles (128
  *          rows at HD 64) from the diagonal on, P^T and dS^T as register
  *          A operands (the accumulator layout is the A fragment's)
@@ -71,8 +72,9 @@
 #ifndef CODA_AB_DQ_PERM
 #define CODA_AB_DQ_PERM 0                 /* 1: the staged dq tile's rows permuted (ab_dq_at) */
 #endif
-#ifndef CODA_AB_DQ_ALT
-#define CODA_AB_DQ_ALT 0                  /* 1: the fused kernel's dq by one warpgroup a step, over all 128 keys */
+#ifndef CODA_AB_DQ_ONE
+#define CODA_AB_DQ_ONE 1                  /* the fused kernel's dq: 1 by one warpgroup a step over all 128
+                                             keys; 0 both warpgroups' 64-key parts, summed in the staging */
 #endif
 #define AB_BIG_CHUNK (AB_ROWS * 128)      /* one 64-column chunk of a block */
 #define AB_SMALL_CHUNK (AB_TILE * 128)    /* ... of a streamed tile         */
@@ -307,7 +309,7 @@ static __device__ __forceinline__ void ab_issue_dq(float *dq, u32 ds, u32 kb) {
 #endif
 }
 
-/* The same over all 128 keys of the block (CODA_AB_DQ_ALT): dS from both
+/* The same over all 128 keys of the block (CODA_AB_DQ_ONE): dS from both
  * warpgroups' halves of the buffer, k from the block's first row. */
 static __device__ __forceinline__ void ab_issue_dq_all(float *dq, u32 ds, u32 kb) {
 #pragma unroll
@@ -379,9 +381,8 @@ static __device__ __forceinline__ void ab_tma_out_dq(const coda_tmap *map, u32 s
 
 /* One of the fused kernel's two dq writers (threads 64 and 96 of the
  * producer warpgroup, steps i = first, first + 2, ...: the two dq tiles):
- * step i's dq tile (head hq, 64-query tile qti), once both consumer
- * warpgroups have staged their parts of it (the sum over the block's 128
- * keys), goes into dq in its turn. The contributions to a tile come from
+ * step i's dq tile (head hq, 64-query tile qti: the sum over the block's
+ * 128 keys), once staged, goes into dq in its turn. The contributions to a tile come from
  * the key blocks j = 0 ... jmax in that order (block j's turn is j: the
  * first stores, the others add), each waiting for the one before it
  * through the tile's counter in the workspace; blocks are launched with j
@@ -615,7 +616,7 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
         const u32 tq = sq + st * AB_KV_SMALL, tdo = sdo + st * AB_KV_SMALL;
         /* fused: warpgroup 0 stages this step's dq in a tile the writer
          * has read out (ab_dq_writer); waited for here, before any product */
-        if (fused && c == (CODA_AB_DQ_ALT ? (i & 1) : 0) && i >= 2)
+        if (fused && c == (CODA_AB_DQ_ONE ? (i & 1) : 0) && i >= 2)
             coda_mbar_wait(AB_BAR_DQ_EMPTY(bars, i & 1), (u32)((i >> 1) - 1) & 1u);
         const float *dd = stats + st * (AB_STAT_BYTES / 4), *l2 = dd + qt;
         coda_wgmma_fence();
@@ -645,10 +646,16 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
             AW_FENCE(dk, HD / 2);
             AW_FENCE(dv, HD / 2);
             ab_release(bars, st);
-        } else if (CODA_AB_DQ_ALT) {
-            /* dq by one warpgroup a step, over all 128 keys: warpgroup i & 1
+        } else if (CODA_AB_DQ_ONE) {
+            /* P^T and dS^T go to shared memory (key-major, the warpgroup's
+             * 64 rows of each buffer; why: the other form's comment, below).
+             * dq by one warpgroup a step, over all 128 keys: warpgroup i & 1
              * (the "dq warpgroup"), which stages it alone into dq tile i & 1
-             * (no sum of two parts, no turn between the warpgroups' staging).
+             * (no sum of two parts, no turn between the warpgroups' staging:
+             * +9% / +4% / +5% at LLaMA-3 1B / 8B / 70B over both warpgroups'
+             * 64-key parts summed in the staging, H100, test_attention_gpu
+             * dqab, two rounds; the dq product is twice as long on one
+             * warpgroup and none on the other, and they alternate).
              * It reads the other warpgroup's half of dS^T, so named barrier
              * 6 says that half is stored (the other arrives, the dq
              * warpgroup syncs: its own 128 threads are counted too) and 7 +
@@ -703,7 +710,7 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
             AW_FENCE(dk, HD / 2);
             AW_FENCE(dv, HD / 2);
             ab_release(bars, st);
-        } else {
+        } else { /* CODA_AB_DQ_ONE=0: the form before stop 44 (the A/B's base) */
             /* P^T and dS^T go to shared memory (key-major, the warpgroup's
              * 64 rows of each buffer), so that dv += P^T do, dk += dS^T q
              * and dq += dS k are all read from there and in flight at
