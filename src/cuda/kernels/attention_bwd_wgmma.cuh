@@ -76,6 +76,9 @@
 #define CODA_AB_DQ_ONE 1                  /* the fused kernel's dq: 1 by one warpgroup a step over all 128
                                              keys; 0 both warpgroups' 64-key parts, summed in the staging */
 #endif
+#ifndef CODA_AB_PT_REG
+#define CODA_AB_PT_REG 0                  /* 1 (with CODA_AB_DQ_ONE): dv += P^T do with P^T from registers */
+#endif
 #define AB_BIG_CHUNK (AB_ROWS * 128)      /* one 64-column chunk of a block */
 #define AB_SMALL_CHUNK (AB_TILE * 128)    /* ... of a streamed tile         */
 #define AB_BIG (HD / 64 * AB_BIG_CHUNK)
@@ -673,7 +676,7 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
             const int wrow = 64 * c + 16 * (tid >> 5);
             const int mine = (i & 1) == c;
             const u32 spt = sds + c * 8192, sdt = sds + AB_DS_BYTES + c * 8192;
-            ab_store_ds(sds, pa, wrow);
+            if (!CODA_AB_PT_REG) ab_store_ds(sds, pa, wrow);
             if (mine && i > 0) coda_turn_wait(7 + ((i - 1) & 1)); /* step i - 1's dq has read our half */
             ab_store_ds(sds + AB_DS_BYTES, pd, wrow);
             coda_fence_proxy_async();
@@ -683,7 +686,11 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
                 coda_wgmma_fence();
                 ab_issue_dq_all(dq, sds + AB_DS_BYTES, sk);
                 coda_wgmma_commit();
+#if CODA_AB_PT_REG
+                aw_issue_rs(dv, pa, tdo, qt / 16, qt * 128);
+#else
                 ab_issue_kn(dv, spt, tdo);
+#endif
                 ab_issue_kn(dk, sdt, tq);
                 coda_wgmma_commit();
                 coda_wgmma_wait(1);
@@ -702,7 +709,11 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
                 coda_turn_pass(6);
                 coda_wg_sync(2 + c);
                 coda_wgmma_fence();
+#if CODA_AB_PT_REG
+                aw_issue_rs(dv, pa, tdo, qt / 16, qt * 128);
+#else
                 ab_issue_kn(dv, spt, tdo);
+#endif
                 ab_issue_kn(dk, sdt, tq);
                 coda_wgmma_commit();
             }
