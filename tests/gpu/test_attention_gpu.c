@@ -12,7 +12,7 @@
  * calls return the documented status and write nothing. With "bench": the
  * LLaMA-3 shapes (batch 2 x 8192), ms and TFLOP/s counting the causal half;
  * "benchonly": the timings alone (for a profiler); "fwdab": the forward's
- * ring variants, "bwdab" the fused backward's layouts, "dqab" its two dq
+ * ring variants, "bwdab" the fused backward's layouts, "dqab" its dq
  * forms, timed in turns and
  * tested ("benchonly" beside them: timed only). Needs an sm_90a GPU. */
 #include "harness.h"
