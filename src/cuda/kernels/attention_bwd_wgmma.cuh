@@ -77,7 +77,8 @@
                                              keys; 0 both warpgroups' 64-key parts, summed in the staging */
 #endif
 #ifndef CODA_AB_PT_REG
-#define CODA_AB_PT_REG 0                  /* 1 (with CODA_AB_DQ_ONE): dv += P^T do with P^T from registers */
+#define CODA_AB_PT_REG 1                  /* with CODA_AB_DQ_ONE: dv += P^T do with P^T from registers
+                                             (1), or from shared memory (0) */
 #endif
 #define AB_BIG_CHUNK (AB_ROWS * 128)      /* one 64-column chunk of a block */
 #define AB_SMALL_CHUNK (AB_TILE * 128)    /* ... of a streamed tile         */
@@ -676,6 +677,10 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
             const int wrow = 64 * c + 16 * (tid >> 5);
             const int mine = (i & 1) == c;
             const u32 spt = sds + c * 8192, sdt = sds + AB_DS_BYTES + c * 8192;
+            /* P^T: a register A operand of dv's product (CODA_AB_PT_REG:
+             * +1% / +1% / +3% at 1B / 8B / 70B, H100, dqab, two rounds; no
+             * spill beside dq, dk and dv now that only dS^T is shared), or
+             * stored like dS^T; its buffer is then unused */
             if (!CODA_AB_PT_REG) ab_store_ds(sds, pa, wrow);
             if (mine && i > 0) coda_turn_wait(7 + ((i - 1) & 1)); /* step i - 1's dq has read our half */
             ab_store_ds(sds + AB_DS_BYTES, pd, wrow);
