@@ -22,9 +22,10 @@
  *          query heads of the group:
  *            S^T  = k q^T      wgmma m64n64, k and q K-major
  *            dP^T = v do^T     the same
- *            P^T, dS^T in registers, then bf16 into shared memory
- *            dv  += P^T do     wgmma m64nHD, both from shared memory
- *            dk  += dS^T q     the same
+ *            P^T, dS^T in registers; dS^T then bf16 into shared memory
+ *            dv  += P^T do     wgmma m64nHD, P^T from registers
+ *                              (CODA_AB_PT_REG), do from shared memory
+ *            dk  += dS^T q     wgmma m64nHD from shared memory
  *            dq   = dS k       over the block's 128 keys, by one
  *                              warpgroup a step (the steps' parity),
  *                              staged as f32 and added into dqkv by a
@@ -174,8 +175,8 @@ static __device__ __forceinline__ void ab_store(const float *acc, float scale, f
 #define AB_BAR_BLOCK(bars) (bars)
 #define AB_BAR_FULL(bars, s) ((bars) + 8 + 8 * (s))
 #define AB_BAR_EMPTY(bars, s) ((bars) + 8 + 8 * AB_STAGES + 8 * (s))
-/* fused, dq tile d: both warpgroups' parts staged (the sum), read out by
- * TMA */
+/* fused, dq tile d: staged (by warpgroup d, or with CODA_AB_DQ_ONE=0 both
+ * warpgroups' parts summed), read out by TMA */
 #define AB_BAR_DQ_FULL(bars, d) ((bars) + 8 + 16 * AB_STAGES + 8 * (d))
 #define AB_BAR_DQ_EMPTY(bars, d) ((bars) + 24 + 16 * AB_STAGES + 8 * (d))
 
@@ -332,9 +333,10 @@ static __device__ __forceinline__ void ab_issue_dq_all(float *dq, u32 ds, u32 kb
 }
 
 /* acc (64 keys x HD) += a (64 keys x 64 queries, key-major at a: 128-byte
- * rows, swizzled) . b (the step's 64-query tile, N-major): dv += P^T do and
- * dk += dS^T q of the fused kernel, both operands from shared memory.
- * Issued, not committed. */
+ * rows, swizzled) . b (the step's 64-query tile, N-major): dk += dS^T q of
+ * the fused kernel (and dv += P^T do where P^T is stored: CODA_AB_PT_REG=0
+ * or CODA_AB_DQ_ONE=0), both operands from shared memory. Issued, not
+ * committed. */
 static __device__ __forceinline__ void ab_issue_kn(float *acc, u32 a, u32 b) {
 #pragma unroll
     for (int kk = 0; kk < 4; kk++)
@@ -622,8 +624,9 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
             continue;
         }
         const u32 tq = sq + st * AB_KV_SMALL, tdo = sdo + st * AB_KV_SMALL;
-        /* fused: warpgroup 0 stages this step's dq in a tile the writer
-         * has read out (ab_dq_writer); waited for here, before any product */
+        /* fused: the warpgroup that stages this step's dq (i & 1, or 0
+         * with CODA_AB_DQ_ONE=0) needs a tile the writer has read out
+         * (ab_dq_writer); waited for here, before any product */
         if (fused && c == (CODA_AB_DQ_ONE ? (i & 1) : 0) && i >= 2)
             coda_mbar_wait(AB_BAR_DQ_EMPTY(bars, i & 1), (u32)((i >> 1) - 1) & 1u);
         const float *dd = stats + st * (AB_STAT_BYTES / 4), *l2 = dd + qt;
@@ -655,9 +658,9 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
             AW_FENCE(dv, HD / 2);
             ab_release(bars, st);
         } else if (CODA_AB_DQ_ONE) {
-            /* P^T and dS^T go to shared memory (key-major, the warpgroup's
-             * 64 rows of each buffer; why: the other form's comment, below).
-             * dq by one warpgroup a step, over all 128 keys: warpgroup i & 1
+            /* dS^T goes to shared memory (key-major, the warpgroup's 64
+             * rows of the buffer; why: the other form's comment, below), P^T
+             * too where CODA_AB_PT_REG=0. dq by one warpgroup a step, over all 128 keys: warpgroup i & 1
              * (the "dq warpgroup"), which stages it alone into dq tile i & 1
              * (no sum of two parts, no turn between the warpgroups' staging:
              * +9% / +4% / +5% at LLaMA-3 1B / 8B / 70B over both warpgroups'
