@@ -38,20 +38,16 @@
 #include "codegen/codegen.h"
 #include "cuda/backend.h"
 
-#include <nvrtc.h>
 
 static const char *cubin_dir;
 
-/* DIR/NAME.cubin from the compiled program (errors are reported, not fatal). */
-static void write_cubin(nvrtcProgram prog, const char *name) {
-    size_t size = 0;
-    if (nvrtcGetCUBINSize(prog, &size) != NVRTC_SUCCESS || !size) return;
-    char *bin = malloc(size), path[1024];
-    snprintf(path, sizeof path, "%s/%s.cubin", cubin_dir, name[0] == '(' ? "plain" : name);
-    FILE *f = bin && nvrtcGetCUBIN(prog, bin) == NVRTC_SUCCESS ? fopen(path, "wb") : NULL;
-    if (!f || fwrite(bin, 1, size, f) != size) fprintf(stderr, "kernel_stats: cannot write %s\n", path);
+/* DIR/FILE: the n bytes of data. */
+static void write_file(const char *file, const char *data, size_t n) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", cubin_dir, file);
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(data, 1, n, f) != n) fprintf(stderr, "kernel_stats: cannot write %s\n", path);
     if (f) fclose(f);
-    free(bin);
 }
 
 /* Compiles src with opts (n of them, room for one more: -v) and prints
@@ -59,26 +55,24 @@ static void write_cubin(nvrtcProgram prog, const char *name) {
  * cubin into it as NAME.cubin. */
 static void ptxas_report(const char *name, const char *src, const char **opts, int n) {
     opts[n++] = "--ptxas-options=-v";
-    nvrtcProgram prog;
-    if (nvrtcCreateProgram(&prog, src, "k.cu", 0, NULL, NULL) != NVRTC_SUCCESS) {
-        printf("%s: nvrtcCreateProgram failed\n", name);
+    char *cubin = NULL, *log = NULL;
+    size_t size = 0;
+    if (coda__nvrtc_compile_log(src, opts, n, &cubin, &size, &log) != CODA_OK) {
+        printf("%-20s %s\n", name, coda_last_error());
         return;
     }
-    nvrtcResult r = nvrtcCompileProgram(prog, n, opts);
-    size_t len = 0;
-    nvrtcGetProgramLogSize(prog, &len);
-    char *log = malloc(len + 1);
-    if (log && nvrtcGetProgramLog(prog, log) == NVRTC_SUCCESS) {
-        log[len] = 0;
-        /* keep the ptxas lines about the kernel */
-        for (char *line = strtok(log, "\n"); line; line = strtok(NULL, "\n"))
-            if (r != NVRTC_SUCCESS || strstr(line, "registers") || strstr(line, "spill") ||
-                strstr(line, "stack") || strstr(line, "serialized") || strstr(line, "entry"))
-                printf("%-20s %s\n", name, line);
+    /* keep the ptxas lines about the kernels */
+    for (char *line = log ? strtok(log, "\n") : NULL; line; line = strtok(NULL, "\n"))
+        if (strstr(line, "registers") || strstr(line, "spill") || strstr(line, "stack") ||
+            strstr(line, "serialized") || strstr(line, "entry") || strstr(line, "properties"))
+            printf("%-20s %s\n", name, line);
+    if (cubin_dir) {
+        char file[512];
+        snprintf(file, sizeof file, "%s.cubin", name[0] == '(' ? "plain" : name);
+        write_file(file, cubin, size);
     }
     free(log);
-    if (r == NVRTC_SUCCESS && cubin_dir) write_cubin(prog, name);
-    nvrtcDestroyProgram(&prog);
+    free(cubin);
 }
 
 static void stats(const char *name, const char *epi, int cfg) {
@@ -126,14 +120,6 @@ static int attn_stats(int hd, const char *extra) {
 
 /* ---- kernel_stats cfg DIR all ---- */
 
-/* DIR/FILE: the n bytes of data. */
-static void write_file(const char *file, const char *data, size_t n) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s", cubin_dir, file);
-    FILE *f = fopen(path, "wb");
-    if (!f || fwrite(data, 1, n, f) != n) fprintf(stderr, "kernel_stats: cannot write %s\n", path);
-    if (f) fclose(f);
-}
 
 /* One kernel as the library compiles it (coda__nvrtc_compile, the options
  * of get_kernel in src/cuda/gemm.c), into DIR/FILE.cubin. */

@@ -1,8 +1,13 @@
 /* test_nvrtc.c - every GEMM mainloop variant coda can launch compiles with
  * NVRTC for sm_90a (every configuration and layout; C stored by the
  * mainloop as bf16 or f32, or left to the epilogue as fused GEMMs do; the
- * generated epilogues themselves are compiled by the codegen tests). Needs the CUDA toolkit, not a GPU: CI runs it, so an
- * NVRTC regression (or crash) shows there and not in a user's process. */
+ * generated epilogues themselves are compiled by the codegen tests); the
+ * attention source compiles at both head dimensions, and the fused
+ * attention backward neither spills nor has its wgmma serialised in any
+ * of its dq forms; the stream-K rule and the attention backward's layout
+ * rule pick what they should. Needs the CUDA toolkit, not a GPU: CI runs
+ * it, so an NVRTC regression (or crash) shows there and not in a user's
+ * process. */
 #pragma GCC diagnostic ignored "-Wunused-function"
 #include "harness.h"
 
@@ -82,7 +87,7 @@ static void check_attention(void) {
                                               "CUDA attention", &src);
     CHECK(s == CODA_OK, "attention source assembles: %s", coda_last_error());
     if (s != CODA_OK) return;
-    for (int v = 0; v < 8; v++) {
+    for (int v = 0; v < 6; v++) {
         const int hd = v < 4 ? 64 : 128, fwd_stages = 2 + (v >> 1 & 1), apart = v & 1;
         const char *opts[CODA_CUDA_ATTN_NOPTS];
         char buf[CODA_CUDA_ATTN_NOPTS][32];
@@ -100,10 +105,66 @@ static void check_attention(void) {
     free(src);
 }
 
+/* The fused attention backward keeps its registers (the one-warpgroup dq
+ * form and P^T as a register operand live beside dq, dk and dv, with
+ * little room: a spill or a serialised wgmma would cost more than either
+ * saves): ptxas's log (--ptxas-options=-v) for coda_attn_bwd_wgmma_kernel
+ * says 0 bytes of spill stores and loads, and no kernel's wgmma is
+ * serialised, at both head dimensions, in each dq form the tests and
+ * `test_attention_gpu dqab` run. */
+/* 1 where ptxas's -v log says `kernel` has 0 bytes of spill stores and
+ * loads: the line after "Function properties for KERNEL". */
+static int ptxas_no_spill(const char *log, const char *kernel) {
+    char key[160];
+    snprintf(key, sizeof key, "Function properties for %s\n", kernel);
+    const char *at = log ? strstr(log, key) : NULL;
+    if (!at) return 0;
+    const char *line = at + strlen(key), *end = strchr(line, '\n');
+    const char *hit = strstr(line, " frame, 0 bytes spill stores, 0 bytes spill loads");
+    return hit && (!end || hit < end);
+}
+
+static void check_attention_registers(void) {
+    /* the parser itself, on logs of the form ptxas writes */
+    static const char ok_log[] = "ptxas info    : Function properties for k\n"
+                                 "ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n",
+                      spill_log[] = "ptxas info    : Function properties for k\n"
+                                    "ptxas         .     0 bytes stack frame, 40 bytes spill stores, 0 bytes spill loads\n"
+                                    "ptxas info    : Function properties for j\n"
+                                    "ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n";
+    CHECK(ptxas_no_spill(ok_log, "k") && !ptxas_no_spill(spill_log, "k") && ptxas_no_spill(spill_log, "j") &&
+              !ptxas_no_spill(ok_log, "j") && !ptxas_no_spill(NULL, "k"),
+          "ptxas log parser");
+    static const char *const forms[] = {NULL, "-DCODA_AB_DQ_ONE=0", "-DCODA_AB_PT_REG=0"};
+    char *src = NULL;
+    if (coda__cuda_join_sources(coda__cuda_attention_files, CODA_CUDA_ATTN_NFILES, NULL, "CUDA attention", &src) !=
+        CODA_OK)
+        return;
+    for (int v = 0; v < 6; v++) {
+        const int hd = v & 1 ? 128 : 64;
+        const char *form = forms[v >> 1], *opts[CODA_CUDA_ATTN_NOPTS + 2];
+        char buf[CODA_CUDA_ATTN_NOPTS][32], *cubin = NULL, *log = NULL;
+        int n = coda__cuda_attention_options(hd, hd == 128 ? 2 : 3, 1, 1, 3, 1, opts, buf);
+        if (form) opts[n++] = form;
+        opts[n++] = "--ptxas-options=-v";
+        size_t size = 0;
+        coda_status_t s = coda__nvrtc_compile_log(src, opts, n, &cubin, &size, &log);
+        const int no_spill = ptxas_no_spill(log, "coda_attn_bwd_wgmma_kernel");
+        CHECK(s == CODA_OK && no_spill && !strstr(log, "serialized"),
+              "attention backward hd %d %s: compiled %s, no spill %d, serialised wgmma %s", hd,
+              form ? form : "(default)", s == CODA_OK ? "ok" : coda_last_error(), no_spill,
+              log && strstr(log, "serialized") ? "yes" : "no");
+        free(cubin);
+        free(log);
+    }
+    free(src);
+}
+
 int main(void) {
     check_streamk_rule();
     check_attn_layout();
     check_attention();
+    check_attention_registers();
     const char *epi = coda__cuda_source("epi_plain.cuh");
     CHECK(epi != NULL, "epi_plain.cuh is embedded");
     if (!epi) TEST_MAIN_END();

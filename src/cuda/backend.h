@@ -130,6 +130,11 @@ coda_status_t coda__cuda_check_pointer(struct coda_cuda *cu, const coda_tensor_t
  * the head of the compile log. */
 coda_status_t coda__nvrtc_compile(const char *src, const char *const *opts, int n_opts,
                                   char **cubin, size_t *size);
+/* The same, and with log non-NULL the compile log of a success too (what
+ * ptxas said under --ptxas-options=-v: registers, spills, serialised
+ * wgmma), malloc'ed for the caller to free, NULL when empty. */
+coda_status_t coda__nvrtc_compile_log(const char *src, const char *const *opts, int n_opts, char **cubin,
+                                      size_t *size, char **log);
 /* Hash of source, options and the NVRTC version: the cache key. */
 void coda__nvrtc_key(const char *src, const char *const *opts, int n_opts, uint64_t key[2]);
 /* Compile (or find in the memory or disk cache) and load `src`; return the

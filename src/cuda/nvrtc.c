@@ -63,27 +63,41 @@ void coda__nvrtc_key(const char *src, const char *const *opts, int n_opts, uint6
     }
 }
 
+/* The program's log, malloc'ed (NULL where there is none or no memory). */
+static char *program_log(nvrtcProgram prog) {
+    size_t n = 0;
+    if (nvrtcGetProgramLogSize(prog, &n) != NVRTC_SUCCESS || n <= 1) return NULL;
+    char *log = malloc(n);
+    if (log && nvrtcGetProgramLog(prog, log) != NVRTC_SUCCESS) {
+        free(log);
+        log = NULL;
+    }
+    return log;
+}
+
 coda_status_t coda__nvrtc_compile(const char *src, const char *const *opts, int n_opts,
                                   char **cubin, size_t *size) {
+    return coda__nvrtc_compile_log(src, opts, n_opts, cubin, size, NULL);
+}
+
+coda_status_t coda__nvrtc_compile_log(const char *src, const char *const *opts, int n_opts, char **cubin,
+                                      size_t *size, char **log_out) {
     *cubin = NULL;
     *size = 0;
+    if (log_out) *log_out = NULL;
     nvrtcProgram prog;
     nvrtcResult r = nvrtcCreateProgram(&prog, src, "coda_kernel.cu", 0, NULL, NULL);
     if (r != NVRTC_SUCCESS)
         return coda__fail(CODA_ERR_COMPILE, "nvrtcCreateProgram: %s", nvrtcGetErrorString(r));
     r = nvrtcCompileProgram(prog, n_opts, opts);
     if (r != NVRTC_SUCCESS) {
-        size_t n = 0;
-        char log[1536] = "";
-        if (nvrtcGetProgramLogSize(prog, &n) == NVRTC_SUCCESS && n > 1) {
-            char *full = malloc(n);
-            if (full && nvrtcGetProgramLog(prog, full) == NVRTC_SUCCESS)
-                snprintf(log, sizeof log, "%s", full);
-            free(full);
-        }
+        char log[1536] = "", *full = program_log(prog);
+        if (full) snprintf(log, sizeof log, "%s", full);
+        free(full);
         nvrtcDestroyProgram(&prog);
         return coda__fail(CODA_ERR_COMPILE, "NVRTC failed (%s): %s", nvrtcGetErrorString(r), log);
     }
+    if (log_out) *log_out = program_log(prog);
     size_t n = 0;
     r = nvrtcGetCUBINSize(prog, &n);
     char *out = r == NVRTC_SUCCESS ? malloc(n) : NULL;
@@ -91,6 +105,10 @@ coda_status_t coda__nvrtc_compile(const char *src, const char *const *opts, int 
     nvrtcDestroyProgram(&prog);
     if (r != NVRTC_SUCCESS || !out) {
         free(out);
+        if (log_out) {
+            free(*log_out);
+            *log_out = NULL;
+        }
         return r != NVRTC_SUCCESS
                    ? coda__fail(CODA_ERR_COMPILE, "nvrtcGetCUBIN: %s", nvrtcGetErrorString(r))
                    : coda__fail(CODA_ERR_NO_MEMORY, "NVRTC: out of memory for the cubin");

@@ -510,19 +510,16 @@ static void bench(coda_context_t *ctx, int dirs) {
 /* "fwdab": the forward's ring variants (tuning attn_fwd_stages x
  * attn_fwd_apart); "bwdab": the fused backward's (attn_bwd_parts x
  * attn_bwd_order); "dqab": its dq forms (CODA_AB_DQ_ONE 0; 1 with
- * CODA_AB_PT_REG 0 and 1, the default; that with CODA_AB_DST_REG; the
- * default layout). Each timed in turns, two rounds, then each tested
+ * CODA_AB_PT_REG 0 and 1, the default; the default layout). Each timed in turns, two rounds, then each tested
  * (unless `timed_only`). */
 static void variants_ab(coda_context_t *ctx, char mode, int timed_only) {
     static const int fwd[4][2] = {{2, 0}, {2, 1}, {3, 0}, {3, 1}};
     static const int bwd[6][2] = {{1, 0}, {1, 1}, {2, 0}, {2, 1}, {-1, 0}, {-1, 1}};
-    static const char *const dq[4] = {"-DCODA_AB_DQ_ONE=0", "-DCODA_AB_DQ_ONE=1 -DCODA_AB_PT_REG=0",
-                                      "-DCODA_AB_DQ_ONE=1 -DCODA_AB_PT_REG=1",
-                                      "-DCODA_AB_DQ_ONE=1 -DCODA_AB_PT_REG=1 -DCODA_AB_DST_REG=1"};
-    static const char *const dq_name[4] = {"both warpgroups, staged sum", "one warpgroup a step, 128 keys",
-                                           "one warpgroup a step, P^T from registers (the default)",
-                                           "one warpgroup a step, P^T and dk's dS^T from registers"};
-    const int backward = mode != 'f', n = mode == 'b' ? 6 : 4;
+    static const char *const dq[3] = {"-DCODA_AB_DQ_ONE=0", "-DCODA_AB_DQ_ONE=1 -DCODA_AB_PT_REG=0",
+                                      "-DCODA_AB_DQ_ONE=1 -DCODA_AB_PT_REG=1"};
+    static const char *const dq_name[3] = {"both warpgroups, staged sum", "one warpgroup a step, 128 keys",
+                                           "one warpgroup a step, P^T from registers (the default)"};
+    const int backward = mode != 'f', n = mode == 'b' ? 6 : mode == 'd' ? 3 : 4;
     tune_attn(ctx, 0);
     const coda__tuning_t t0 = coda__get_tuning(ctx);
     for (int round = 0; round < (timed_only ? 2 : 3); round++)

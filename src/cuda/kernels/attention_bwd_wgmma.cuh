@@ -81,10 +81,6 @@
 #define CODA_AB_PT_REG 1                  /* with CODA_AB_DQ_ONE: dv += P^T do with P^T from registers
                                              (1), or from shared memory (0) */
 #endif
-#ifndef CODA_AB_DST_REG
-#define CODA_AB_DST_REG 0                 /* 1 (with CODA_AB_DQ_ONE): dk += dS^T q with dS^T from registers
-                                             too (it is still stored for dq) */
-#endif
 #define AB_BIG_CHUNK (AB_ROWS * 128)      /* one 64-column chunk of a block */
 #define AB_SMALL_CHUNK (AB_TILE * 128)    /* ... of a streamed tile         */
 #define AB_BIG (HD / 64 * AB_BIG_CHUNK)
@@ -703,11 +699,7 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
 #else
                 ab_issue_kn(dv, spt, tdo);
 #endif
-#if CODA_AB_DST_REG
-                aw_issue_rs(dk, pd, tq, qt / 16, qt * 128);
-#else
                 ab_issue_kn(dk, sdt, tq);
-#endif
                 coda_wgmma_commit();
                 coda_wgmma_wait(1);
                 AW_FENCE(dq, HD / 2);
@@ -730,11 +722,7 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
 #else
                 ab_issue_kn(dv, spt, tdo);
 #endif
-#if CODA_AB_DST_REG
-                aw_issue_rs(dk, pd, tq, qt / 16, qt * 128);
-#else
                 ab_issue_kn(dk, sdt, tq);
-#endif
                 coda_wgmma_commit();
             }
             coda_wgmma_wait(0);
