@@ -299,26 +299,14 @@ static __device__ __forceinline__ void ab_dq_stage(const float *dq, float scale,
     }
 }
 
-/* dq (64 queries x HD) = dS (64 queries x 64 keys, key-major at ds,
- * 128-byte rows) . k (those 64 keys' rows from kb): both operands
- * MN-major. Issued, not committed. */
-static __device__ __forceinline__ void ab_issue_dq(float *dq, u32 ds, u32 kb) {
+/* dq (64 queries x HD) = dS (64 queries x `keys` keys, key-major at ds,
+ * 128-byte rows) . k (those keys' rows from kb): both operands MN-major;
+ * keys 64 (a warpgroup's own, CODA_AB_DQ_ONE=0) or 128 (the block's: both
+ * warpgroups' halves of the dS^T buffer, k from the block's first row).
+ * Issued, not committed. */
+static __device__ __forceinline__ void ab_issue_dq(float *dq, u32 ds, u32 kb, const int keys) {
 #pragma unroll
-    for (int kk = 0; kk < 4; kk++)
-#if HD == 128
-        coda_wgmma_mn_n128(dq, coda_desc(ds + kk * 2048, AB_DS_BYTES, 1024),
-                           coda_desc(kb + kk * 2048, AB_BIG_CHUNK, 1024), kk > 0);
-#else
-        coda_wgmma_mn_n64(dq, coda_desc(ds + kk * 2048, AB_DS_BYTES, 1024),
-                          coda_desc(kb + kk * 2048, AB_BIG_CHUNK, 1024), kk > 0);
-#endif
-}
-
-/* The same over all 128 keys of the block (CODA_AB_DQ_ONE): dS from both
- * warpgroups' halves of the buffer, k from the block's first row. */
-static __device__ __forceinline__ void ab_issue_dq_all(float *dq, u32 ds, u32 kb) {
-#pragma unroll
-    for (int kk = 0; kk < 8; kk++)
+    for (int kk = 0; kk < keys / 16; kk++)
 #if HD == 128
         coda_wgmma_mn_n128(dq, coda_desc(ds + kk * 2048, AB_DS_BYTES, 1024),
                            coda_desc(kb + kk * 2048, AB_BIG_CHUNK, 1024), kk > 0);
@@ -342,6 +330,22 @@ static __device__ __forceinline__ void ab_issue_kn(float *acc, u32 a, u32 b) {
 #else
         coda_wgmma_kn_n64(acc, coda_desc(a + kk * 32, 16, 1024), coda_desc(b + kk * 2048, AB_KV_CHUNK, 1024), 1);
 #endif
+}
+
+/* dv += P^T do (P^T from the packed registers pa with CODA_AB_PT_REG, else
+ * from spt) and dk += dS^T q (dS^T at sdt), the fused kernel's step i
+ * under CODA_AB_DQ_ONE: issued and committed as one group. */
+static __device__ __forceinline__ void ab_issue_dv_dk(float *dv, float *dk, u32 (*pa)[4], u32 spt, u32 sdt, u32 tq,
+                                                      u32 tdo) {
+#if CODA_AB_PT_REG
+    (void)spt;
+    aw_issue_rs(dv, pa, tdo, AB_TILE / 16, AB_TILE * 128);
+#else
+    (void)pa;
+    ab_issue_kn(dv, spt, tdo);
+#endif
+    ab_issue_kn(dk, sdt, tq);
+    coda_wgmma_commit();
 }
 
 /* Step i of a dk/dv block: its query head (of the group's) and query tile.
@@ -692,15 +696,9 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
                 coda_turn_wait(6); /* both halves of dS^T stored */
                 float dq[HD / 2];
                 coda_wgmma_fence();
-                ab_issue_dq_all(dq, sds + AB_DS_BYTES, sk);
+                ab_issue_dq(dq, sds + AB_DS_BYTES, sk, 128);
                 coda_wgmma_commit();
-#if CODA_AB_PT_REG
-                aw_issue_rs(dv, pa, tdo, qt / 16, qt * 128);
-#else
-                ab_issue_kn(dv, spt, tdo);
-#endif
-                ab_issue_kn(dk, sdt, tq);
-                coda_wgmma_commit();
+                ab_issue_dv_dk(dv, dk, pa, spt, sdt, tq, tdo);
                 coda_wgmma_wait(1);
                 AW_FENCE(dq, HD / 2);
                 if (i + 1 < steps) coda_turn_pass(7 + (i & 1));
@@ -717,13 +715,7 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
                 coda_turn_pass(6);
                 coda_wg_sync(2 + c);
                 coda_wgmma_fence();
-#if CODA_AB_PT_REG
-                aw_issue_rs(dv, pa, tdo, qt / 16, qt * 128);
-#else
-                ab_issue_kn(dv, spt, tdo);
-#endif
-                ab_issue_kn(dk, sdt, tq);
-                coda_wgmma_commit();
+                ab_issue_dv_dk(dv, dk, pa, spt, sdt, tq, tdo);
             }
             coda_wgmma_wait(0);
             AW_FENCE(dk, HD / 2);
@@ -746,7 +738,7 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
             coda_wg_sync(2 + c);
             float dq[HD / 2];
             coda_wgmma_fence();
-            ab_issue_dq(dq, sdt, kb);
+            ab_issue_dq(dq, sdt, kb, 64);
             coda_wgmma_commit();
             ab_issue_kn(dv, spt, tdo);
             ab_issue_kn(dk, sdt, tq);
