@@ -6,12 +6,17 @@
  *                               write each kernel's cubin there, NAME.cubin,
  *                               for bench/sass_stats.sh, and the
  *                               generated epilogue, NAME.epi.cu)
- *   kernel_stats attn HD [OPTION]   the attention source (src/cuda/attention.c)
- *                               at head_dim HD with the options a launch
- *                               passes (backward: seq a multiple of 8), and
- *                               OPTION (e.g. -DCODA_AB_DQ_ONE=0): ptxas's
- *                               registers, spills and serialisation notes
- *                               for every attention kernel
+ *   kernel_stats attn HD [OPTION] [DIR]   the attention source
+ *                               (src/cuda/attention.c) at head_dim HD with
+ *                               the options a launch passes (backward: seq
+ *                               a multiple of 8), and OPTION (e.g.
+ *                               -DCODA_AB_DQ_ONE=0): ptxas's registers,
+ *                               spills and serialisation notes for every
+ *                               attention kernel; with DIR (an argument not
+ *                               starting with '-') also its cubin there,
+ *                               attn.hdHD.cubin: two dumps' md5sums show
+ *                               whether a source change left the kernels
+ *                               as they were
  *   CODA_BENCH_FILES="a.coda,b.coda" kernel_stats ...   also these program
  *                               files (named by file)
  *   kernel_stats cfg DIR all   every kernel the library compiles for cfg,
@@ -100,7 +105,12 @@ static void stats(const char *name, const char *epi, int cfg) {
 }
 
 /* ---- kernel_stats attn HD [OPTION] ---- */
-static int attn_stats(int hd, const char *extra) {
+static int attn_stats(int hd, int argc, char **argv) {
+    const char *extra = NULL;
+    for (int i = 0; i < argc; i++) {
+        if (argv[i][0] == '-') extra = argv[i];
+        else cubin_dir = argv[i];
+    }
     if (hd != 64 && hd != 128) return fprintf(stderr, "kernel_stats attn: HD is 64 or 128\n"), 2;
     char *src = NULL;
     REQUIRE_OK(coda__cuda_join_sources(coda__cuda_attention_files, CODA_CUDA_ATTN_NFILES, NULL, "CUDA attention",
@@ -216,7 +226,7 @@ static int dump_all(int cfg, const char *const *names, const char *const *texts,
 }
 
 int main(int argc, char **argv) {
-    if (argc > 2 && strcmp(argv[1], "attn") == 0) return attn_stats(atoi(argv[2]), argc > 3 ? argv[3] : NULL);
+    if (argc > 2 && strcmp(argv[1], "attn") == 0) return attn_stats(atoi(argv[2]), argc - 3, argv + 3);
     int cfg = argc > 1 ? atoi(argv[1]) : 3;
     cubin_dir = argc > 2 ? argv[2] : NULL;
     const int all = argc > 3 && strcmp(argv[3], "all") == 0;
