@@ -117,9 +117,7 @@ static int attn_stats(int hd, int argc, char **argv) {
                                        &src));
     const char *opts[CODA_CUDA_ATTN_NOPTS + 2];
     char buf[CODA_CUDA_ATTN_NOPTS][32];
-    /* attention.c's defaults: the backward's ring 2 stages at HD 128, 3 at
-     * 64, pipelined, dq rows permuted; the forward's ring 3 stages apart */
-    int n = coda__cuda_attention_options(hd, hd == 128 ? 2 : 3, 1, 1, 3, 1, opts, buf);
+    int n = coda__cuda_attention_default_options(hd, opts, buf);
     if (extra && *extra) opts[n++] = extra;
     char name[32];
     snprintf(name, sizeof name, "attn.hd%d", hd);

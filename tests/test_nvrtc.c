@@ -150,7 +150,7 @@ static void check_attention_registers(void) {
         const int hd = v & 1 ? 128 : 64;
         const char *form = forms[v >> 1], *opts[CODA_CUDA_ATTN_NOPTS + 2];
         char buf[CODA_CUDA_ATTN_NOPTS][32], *cubin = NULL, *log = NULL;
-        int n = coda__cuda_attention_options(hd, hd == 128 ? 2 : 3, 1, 1, 3, 1, opts, buf);
+        int n = coda__cuda_attention_default_options(hd, opts, buf);
         if (form) opts[n++] = form;
         opts[n++] = "--ptxas-options=-v";
         size_t size = 0;

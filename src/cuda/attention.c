@@ -131,9 +131,14 @@ void coda__cuda_attn_bwd_layout(int group, int64_t seq, int64_t hd, int64_t l2_b
     if (tune_order >= 0) *kb_major = tune_order;
     *parts = n >= 1 && group % n == 0 ? n : 1;
 }
+/* The backward's ring: tuning's attn_stages (0: BWD_STAGES), at most 2 for
+ * the fused kernel at head_dim 128. */
+static int bwd_stages_of(int tuned, int split, int hd) {
+    int n = tuned ? tuned : BWD_STAGES;
+    return !split && hd == 128 && n > 2 ? 2 : n;
+}
 static int bwd_stages(const coda_context_t *ctx, int hd) {
-    int n = ctx->tuning.attn_stages ? ctx->tuning.attn_stages : BWD_STAGES;
-    return !ctx->tuning.attn_split_bwd && hd == 128 && n > 2 ? 2 : n;
+    return bwd_stages_of(ctx->tuning.attn_stages, ctx->tuning.attn_split_bwd, hd);
 }
 static int smem_dq(int hd) { return (2 * BWD_ROWS + 4 * KV_TILE) * hd * 2; }
 static int smem_dkdv(int hd) {
@@ -156,6 +161,10 @@ int coda__cuda_attention_options(int hd, int bwd_stages, int pipe, int dq_perm, 
     snprintf(buf[10], 32, "-DCODA_AW_APART=%d", fwd_apart);
     for (int i = 5; i < CODA_CUDA_ATTN_NOPTS; i++) opts[i] = buf[i];
     return CODA_CUDA_ATTN_NOPTS;
+}
+
+int coda__cuda_attention_default_options(int hd, const char **opts, char (*buf)[32]) {
+    return coda__cuda_attention_options(hd, bwd_stages_of(0, 0, hd), BWD_PIPE, 1, FWD_STAGES, FWD_APART, opts, buf);
 }
 
 typedef struct {

@@ -176,6 +176,10 @@ extern const char *const coda__cuda_attention_files[CODA_CUDA_ATTN_NFILES];
  * the count. */
 int coda__cuda_attention_options(int hd, int bwd_stages, int pipe, int dq_perm, int fwd_stages, int fwd_apart,
                                  const char **opts, char (*buf)[32]);
+/* The same with the options an untuned launch passes (the backward's with
+ * seq a multiple of 8): what the tools and tests that inspect the compiled
+ * attention kernels compile. */
+int coda__cuda_attention_default_options(int hd, const char **opts, char (*buf)[32]);
 /* The fused attention backward's layout for a kv group of `group` query
  * heads over `seq` positions of head_dim hd, on an L2 of l2_bytes (0:
  * unknown, taken as 50 MiB): *parts, the blocks a group's heads are shared

@@ -265,10 +265,15 @@ static __device__ __forceinline__ u32 ab_dq_at(u32 buf, int row, int t, int r) {
 #endif
 }
 
-/* The thread's dq values (64 x HD accumulator layout, in ab_dq_order's
- * order unless CODA_AB_DQ_PERM), times scale, into the staged tile at buf;
- * with `add`, added to what the other warpgroup's thread staged there. */
-static __device__ __forceinline__ void ab_dq_stage(const float *dq, float scale, u32 buf, int row, const int add) {
+/* The thread's dq values (64 x HD accumulator layout; put in ab_dq_order's
+ * order here first unless CODA_AB_DQ_PERM), times scale, into the staged
+ * tile at buf; with `add`, added to what the other warpgroup's thread
+ * staged there. */
+static __device__ __forceinline__ void ab_dq_stage(float *dq, float scale, u32 buf, int row, const int add) {
+#if !CODA_AB_DQ_PERM
+#pragma unroll
+    for (int h = 0; h < HD / 64; h++) ab_dq_order(dq + 32 * h, row & 3);
+#endif
     /* four accesses' loads, then their stores: the loads' latencies
      * overlap (one load then its store, 32 times, was a chain of
      * latencies). Predicated loads, not a branch (a branch here, on
@@ -392,8 +397,8 @@ static __device__ __forceinline__ void ab_tma_out_dq(const coda_tmap *map, u32 s
 /* One of the fused kernel's two dq writers (threads 64 and 96 of the
  * producer warpgroup, steps i = first, first + 2, ...: the two dq tiles):
  * step i's dq tile (head hq, 64-query tile qti: the sum over the block's
- * 128 keys), once staged, goes into dq in its turn. The contributions to a tile come from
- * the key blocks j = 0 ... jmax in that order (block j's turn is j: the
+ * 128 keys), once staged, goes into dq in its turn. The contributions to
+ * a tile come from the key blocks j = 0 ... jmax in that order (block j's turn is j: the
  * first stores, the others add), each waiting for the one before it
  * through the tile's counter in the workspace; blocks are launched with j
  * ascending (the longest first), so a block only ever waits for blocks
@@ -660,8 +665,9 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
         } else if (CODA_AB_DQ_ONE) {
             /* dS^T goes to shared memory (key-major, the warpgroup's 64
              * rows of the buffer; why: the other form's comment, below), P^T
-             * too where CODA_AB_PT_REG=0. dq by one warpgroup a step, over all 128 keys: warpgroup i & 1
-             * (the "dq warpgroup"), which stages it alone into dq tile i & 1
+             * too where CODA_AB_PT_REG=0. dq by one warpgroup a step, over
+             * all 128 keys: warpgroup i & 1 (the "dq warpgroup"), which
+             * stages it alone into dq tile i & 1
              * (no sum of two parts, no turn between the warpgroups' staging:
              * +9% / +4% / +5% at LLaMA-3 1B / 8B / 70B over both warpgroups'
              * 64-key parts summed in the staging, H100, test_attention_gpu
@@ -704,10 +710,6 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
                 if (i + 1 < steps) coda_turn_pass(7 + (i & 1));
                 const u32 dqb = sdq + (i & 1) * AB_DQB_BYTES;
                 const int row = 16 * (tid >> 5) + (lane >> 2);
-#if !CODA_AB_DQ_PERM
-#pragma unroll
-                for (int h = 0; h < HD / 64; h++) ab_dq_order(dq + 32 * h, row & 3);
-#endif
                 ab_dq_stage(dq, p.scale, dqb, row, 0);
                 coda_fence_proxy_async(); /* the staged tile before the writer's TMA reads it */
                 coda_mbar_arrive(AB_BAR_DQ_FULL(bars, i & 1));
@@ -758,10 +760,6 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
             const u32 dqb = sdq + (i & 1) * AB_DQB_BYTES;
             const int row = 16 * (tid >> 5) + (lane >> 2);
             if (c == 1) coda_turn_wait(6 + (i & 1));
-#if !CODA_AB_DQ_PERM
-#pragma unroll
-            for (int h = 0; h < HD / 64; h++) ab_dq_order(dq + 32 * h, row & 3);
-#endif
             ab_dq_stage(dq, p.scale, dqb, row, c);
             if (c == 0) {
                 coda_turn_pass(6 + (i & 1));
