@@ -13,8 +13,8 @@
  * LLaMA-3 shapes (batch 2 x 8192), ms and TFLOP/s counting the causal half;
  * "benchonly": the timings alone (for a profiler); "fwdab": the forward's
  * ring variants, "bwdab" the fused backward's layouts, "dqab" its dq
- * forms, timed in turns and
- * tested ("benchonly" beside them: timed only). Needs an sm_90a GPU. */
+ * forms, timed in turns and tested ("benchonly" beside them: timed only).
+ * Needs an sm_90a GPU. */
 #include "harness.h"
 #include "gpu/cuda_check.h"
 #include "tuning.h"
@@ -34,9 +34,8 @@
  * CODA_DEBUG_ATTN_BWD_PARTS=2, _ORDER=1), 7 the fused backward's dq as
  * before stop 44: both warpgroups' 64-key parts, summed in the staging
  * (CODA_DEBUG_OPTS=-DCODA_AB_DQ_ONE=0, attention_bwd_wgmma.cuh). The other
- * sets keep the
- * environment's attn_pipe, forward ring and backward layout (the A/B runs
- * of "bench"). */
+ * sets keep the environment's attn_pipe, forward ring, backward layout and
+ * CODA_DEBUG_OPTS (the A/B runs of "bench"). */
 #define N_KERNEL_SETS 8
 #define DQ_SUM_OPT "-DCODA_AB_DQ_ONE=0"
 static const char *const kernel_names[N_KERNEL_SETS] = {
@@ -510,8 +509,8 @@ static void bench(coda_context_t *ctx, int dirs) {
 /* "fwdab": the forward's ring variants (tuning attn_fwd_stages x
  * attn_fwd_apart); "bwdab": the fused backward's (attn_bwd_parts x
  * attn_bwd_order); "dqab": its dq forms (CODA_AB_DQ_ONE 0; 1 with
- * CODA_AB_PT_REG 0 and 1, the default; the default layout). Each timed in turns, two rounds, then each tested
- * (unless `timed_only`). */
+ * CODA_AB_PT_REG 0 and 1, the default; the default layout). Each timed in
+ * turns, two rounds, then each tested (unless `timed_only`). */
 static void variants_ab(coda_context_t *ctx, char mode, int timed_only) {
     static const int fwd[4][2] = {{2, 0}, {2, 1}, {3, 0}, {3, 1}};
     static const int bwd[6][2] = {{1, 0}, {1, 1}, {2, 0}, {2, 1}, {-1, 0}, {-1, 1}};
