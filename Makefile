@@ -170,6 +170,7 @@ test-py: lib $(ORACLE_SO) $(LAYOUT_BIN)
 	    for t in $(wildcard tests/test_*.py); do echo "== $$t"; $(PYTHON) $$t; done
 	@echo "== tests/test_install.sh"; sh tests/test_install.sh $(PYTHON)
 	@echo "== bench/bench_vs_torch.py --check"; $(PYTHON) bench/bench_vs_torch.py --check
+	@echo "== bench/trace_gaps.py --selftest"; $(PYTHON) bench/trace_gaps.py --selftest
 	@echo "== bench/bench_vs_torch_train.py --check"; $(PYTHON) bench/bench_vs_torch_train.py --check
 
 # The C tests again with AddressSanitizer (leaks included) and UBSan, in a

@@ -21,8 +21,11 @@ torch.cuda.max_memory_allocated over one run, minus what was allocated
 before it (inputs and weights), so it is what the step itself holds.
 Shapes: LLaMA-3 1B / 8B / 70B blocks at batch 2 x sequence 8192 (--shapes,
 --batch, --seq to change). --check compares coda's y and dx with eager's.
+--gaps N profiles one forward+backward of the floor, torch.compile and coda
+with the host and prints how long the GPU waited for the host
+(trace_gaps.py).
 
-    python3 bench/bench_block.py [--shapes 1b,8b,70b] [--reps 10] [--check]
+    python3 bench/bench_block.py [--shapes 1b,8b,70b] [--reps 10] [--check] [--gaps N]
 """
 import argparse
 import math
@@ -36,6 +39,9 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
 import coda  # noqa: E402
 import coda.nn  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from trace_gaps import gaps  # noqa: E402
 
 SHAPES = {  # d, n_heads, n_kv_heads, head_dim, ffn, rope_theta
     "1b": (2048, 32, 8, 64, 8192, 500000.0),
@@ -208,7 +214,7 @@ def coda_block(W, shape, dev):
                                               attention=coda_attention)
 
 
-def bench_shape(name, shape, B, S, reps, liger, do_check):
+def bench_shape(name, shape, B, S, reps, liger, do_check, n_gaps=0):
     dev = torch.device("cuda")
     d, H, KV, hd, ffn, theta = shape
     W = weights(shape, dev)
@@ -271,6 +277,9 @@ def bench_shape(name, shape, B, S, reps, liger, do_check):
         for v, _ in variants:
             print("  %-17s %-14s %9.3f %8.3f %10.2f" % ("", v, med[v], med[v] / fl, peaks[v]))
         res[mode] = (med, peaks)
+    for v, fns in variants if n_gaps > 0 else ():
+        if v in ("floor", "torch.compile", "coda"):
+            gaps(fns[1], "%s %s forward+backward" % (name, v), n_gaps)
     if do_check:
         eager, cm = mods[0][1], mods[-1][1]
         with torch.no_grad():
@@ -290,13 +299,16 @@ def main():
     ap.add_argument("--seq", type=int, default=8192)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--gaps", type=int, default=0, metavar="N",
+                    help="profile one forward+backward of floor, torch.compile and coda with the host: "
+                         "GPU idle and the N largest waits for the host (trace_gaps.py)")
     a = ap.parse_args()
     liger, why = load_liger()
     print("device: %s; torch %s; Liger-Kernel: %s; coda custom ops: %s"
           % (torch.cuda.get_device_name(), torch.__version__, "yes" if liger else "no (%s)" % why,
              coda.ops.HAVE_CUSTOM_OPS), flush=True)
     for s in a.shapes.split(","):
-        bench_shape(s, SHAPES[s], a.batch, a.seq, a.reps, liger, a.check)
+        bench_shape(s, SHAPES[s], a.batch, a.seq, a.reps, liger, a.check, a.gaps)
 
 
 if __name__ == "__main__":

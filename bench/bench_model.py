@@ -26,6 +26,10 @@ what was allocated before it (weights, inputs).
 and prints its GPU busy time (kernels summed) beside the step's time, and
 its N costliest kernels: where a variant's step goes when the blocks alone
 (bench_block.py) rank differently from the whole model.
+--gaps N profiles one step of each variant with the host's activity too and
+prints how long the GPU waited for the host, the host calls that can stall
+the stream, and the N largest waits with the ops that launched the late
+kernel (trace_gaps.py).
 """
 import argparse
 import os
@@ -42,6 +46,7 @@ import coda  # noqa: E402
 import coda.nn  # noqa: E402
 import bench_block as bb  # noqa: E402
 from profile_block import kernel_table  # noqa: E402
+from trace_gaps import gaps  # noqa: E402
 
 
 class Head(torch.nn.Module):
@@ -83,6 +88,8 @@ def main():
     ap.add_argument("--variants", default="eager,torch.compile,liger,coda")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="one profiled step a variant: GPU busy and the N costliest kernels")
+    ap.add_argument("--gaps", type=int, default=0, metavar="N",
+                    help="one profiled step a variant with the host: GPU idle and the N largest host waits")
     a = ap.parse_args()
     want = a.variants.split(",")
     dev = torch.device("cuda")
@@ -183,6 +190,9 @@ def main():
             for k, (n, us) in sorted(rows.items(), key=lambda r: -r[1][1])[:a.profile]:
                 print("  %9.3f ms %5.1f%% %5.0fx  %s" % (us / 1e3, 100 * us / 1e3 / total, n, k[:100]))
             sys.stdout.flush()
+    if a.gaps > 0:
+        for name, m in models:
+            gaps(lambda: step(m), name, a.gaps)
 
 
 if __name__ == "__main__":
