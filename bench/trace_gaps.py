@@ -10,7 +10,10 @@ For each kernel of one step, the idle time on the GPU before it (from the
 previous kernel's end) is split by when the host launched it: launched after
 the previous kernel had ended means the GPU waited for the host ("host
 gap"); launched before, the gap is the GPU's own (a dependency, a copy, a
-sync inside the driver). Printed: the idle time summed both ways, the host
+sync inside the driver). Printed: the step's time by CUDA events (what the benchmarks time), how
+long its first kernel waited for the host ("lead") and how long the host
+stayed in the step after its last kernel had ended ("tail"; the benchmarks'
+end event waits for it), the idle time summed both ways, the host
 calls that can stall a stream (synchronize, blocking copies, allocations,
 with their total host time), and the `top` largest host gaps with the
 Python/C++ ops on the host stack when the late kernel was launched.
@@ -27,8 +30,12 @@ _STALLS = ("Synchronize", "cudaMemcpy", "cuMemcpy", "cudaMalloc", "cuMemAlloc", 
            "cudaHostAlloc", "cudaStreamWaitEvent", "cudaEventSynchronize")
 
 
-def analyse(trace, top=12):
-    """trace: the Chrome trace dict -> (summary dict, report lines)."""
+def analyse(trace, top=12, step_name=None):
+    """trace: the Chrome trace dict -> (summary dict, report lines).
+    step_name: a user annotation around the step (gaps() makes one), whose
+    host span is compared with the kernels': the GPU's wait for the host
+    before the first kernel ("lead") and after the last one ("tail": the
+    host still inside the step when the GPU has nothing left)."""
     ev = trace["traceEvents"] if isinstance(trace, dict) else trace
     kernels, launches, cpu_ops, runtime = [], {}, [], []
     for e in ev:
@@ -70,6 +77,20 @@ def analyse(trace, top=12):
     out = ["kernels %d, busy %.1f ms of %.1f ms from the first kernel's start to the last's end; "
            "idle %.2f ms waiting for the host, %.2f ms otherwise"
            % (len(kernels), busy / 1e3, span / 1e3, host_gap / 1e3, dev_gap / 1e3)]
+    lead = tail = None
+    st = [o for o in cpu_ops if o["name"] == step_name] if step_name else []
+    if st and kernels:
+        s0, s1 = st[0]["ts"], st[0]["ts"] + st[0].get("dur", 0.0)
+        k_end = kernels[-1]["ts"] + kernels[-1].get("dur", 0.0)
+        lead, tail = kernels[0]["ts"] - s0, s1 - k_end
+        out.append("  step on the host %.2f ms: its first kernel starts %.2f ms after the step's start, "
+                   "the host leaves the step %.2f ms after the last kernel's end"
+                   % ((s1 - s0) / 1e3, lead / 1e3, tail / 1e3))
+        if tail > 0:  # what the host did while the GPU had nothing left
+            late_ops = sorted((o for o in cpu_ops if o["ts"] >= k_end and o["ts"] < s1 and o is not st[0]),
+                              key=lambda o: -o.get("dur", 0.0))
+            for o in late_ops[:4]:
+                out.append("      after the last kernel: %-50s %9.1f us" % (o["name"][:50], o.get("dur", 0.0)))
     for name, (n, t) in sorted(stalls.items(), key=lambda s: -s[1][1]):
         out.append("  host call %-34s x%-4d %9.1f us" % (name[:34], n, t))
     rows.sort(key=lambda r: -r[0])
@@ -78,7 +99,10 @@ def analyse(trace, top=12):
         out.append("  %8.1f us late (gap %8.1f) before %s" % (late, gap, k["name"][:60]))
         out.append("      launched in: %s" % (" > ".join(s[:40] for s in stack[-4:]) or "?"))
     return {"kernels": len(kernels), "busy_us": busy, "span_us": span, "host_gap_us": host_gap,
-            "dev_gap_us": dev_gap, "stalls": stalls}, out
+            "dev_gap_us": dev_gap, "stalls": stalls, "lead_us": lead, "tail_us": tail}, out
+
+
+STEP = "trace_gaps.step"  # gaps()'s annotation around the step
 
 
 def _gaps_before(kernels):
@@ -96,8 +120,12 @@ def gaps(step, label, top=12):
     import torch
     torch.cuda.synchronize()
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with torch.profiler.profile(activities=acts) as prof:
-        step()
+        e0.record()
+        with torch.profiler.record_function(STEP):
+            step()
+        e1.record()
         torch.cuda.synchronize()
     fd, path = tempfile.mkstemp(suffix=".json")
     os.close(fd)
@@ -107,8 +135,9 @@ def gaps(step, label, top=12):
             trace = json.load(f)
     finally:
         os.unlink(path)
-    summary, lines = analyse(trace, top)
-    print("%s: %s" % (label, lines[0]))
+    summary, lines = analyse(trace, top, STEP)
+    summary["events_ms"] = e0.elapsed_time(e1)
+    print("%s: the step %.2f ms by CUDA events; %s" % (label, summary["events_ms"], lines[0]))
     for line in lines[1:]:
         print(line)
     sys.stdout.flush()
@@ -119,6 +148,7 @@ def _selftest():
     """Three kernels: the second launched late (host gap 40 us), the third
     launched early but started 5 us after the second ended (device gap)."""
     ev = [
+        {"ph": "X", "cat": "user_annotation", "name": "step", "ts": 0, "dur": 150},
         {"ph": "X", "cat": "cpu_op", "name": "outer", "ts": 0, "dur": 200},
         {"ph": "X", "cat": "cpu_op", "name": "inner", "ts": 90, "dur": 20},
         {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 1, "dur": 2, "args": {"correlation": 1}},
@@ -131,10 +161,10 @@ def _selftest():
         {"ph": "X", "cat": "kernel", "name": "k2", "ts": 105, "dur": 10, "args": {"correlation": 2}},
         {"ph": "X", "cat": "kernel", "name": "k3", "ts": 120, "dur": 10, "args": {"correlation": 3}},
     ]
-    s, lines = analyse({"traceEvents": ev}, top=5)
+    s, lines = analyse({"traceEvents": ev}, top=5, step_name="step")
     ok = (s["kernels"] == 3 and s["busy_us"] == 70 and s["span_us"] == 120 and abs(s["host_gap_us"] - 40) < 1e-9
           and abs(s["dev_gap_us"] - 10) < 1e-9 and s["stalls"] == {"cudaStreamSynchronize": (1, 30)}
-          and any("outer > inner" in line for line in lines))
+          and any("outer > inner" in line for line in lines) and s["lead_us"] == 10 and s["tail_us"] == 20)
     print("\n".join(lines))
     print("trace_gaps selftest:", "ok" if ok else "FAILED")
     return 0 if ok else 1
