@@ -242,6 +242,24 @@ def final_norm():
             worst = max(worst, err) if dt == torch.float64 else worst
             check(err <= tol, "RMSNorm %s %s: relative error %.2e against the formula's autograd (tolerance %.0e)"
                   % (dt, name, err, tol))
+    if DEVICE != "cpu":  # the module on the device: torch's fused kernels where rms_norm_fused says so
+        for dt, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
+            norm = coda.nn.RMSNorm(d, 1e-5, device=DEVICE, dtype=dt)
+            with torch.no_grad():
+                norm.weight.copy_(w.to(DEVICE, dt))
+            outs = []
+            for fn in (norm, lambda a: coda.nn.rms_norm_torch(a, norm.weight, 1e-5)):
+                norm.weight.grad = None
+                a = x.to(DEVICE, dt).detach().clone().requires_grad_()
+                y = fn(a)
+                y.backward(dy.to(DEVICE, dt))
+                outs.append((y.double(), a.grad.double(), norm.weight.grad.double()))
+            fused = coda.nn.rms_norm_fused(a, norm.weight, 1e-5)
+            for name, u, v in zip(("y", "dx", "dg"), outs[0], outs[1]):
+                err = ((u - v).norm() / v.norm()).item()
+                check(err <= tol, "RMSNorm on %s, %s (%s) %s: relative error %.2e against the formula's autograd "
+                      "(tolerance %.0e)" % (DEVICE, dt, "torch's fused" if fused else "_RMSNormFn", name, err, tol))
+            print("RMSNorm on %s, %s: %s" % (DEVICE, dt, "torch's fused kernels" if fused else "_RMSNormFn"))
     check(torch.autograd.gradcheck(lambda a, b: coda.nn._RMSNormFn.apply(a, b, 1e-5),
                                    (x[:, :5].clone().requires_grad_(), w.clone().requires_grad_())),
           "RMSNorm: gradcheck")
