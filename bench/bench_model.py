@@ -157,15 +157,26 @@ def main():
     print("LLaMA-3-1B shape, %d blocks, vocab %d, batch %d x %d tokens (warm-up and compile %.0f s)"
           % (a.layers, a.vocab, a.batch, a.seq, time.time() - t0), flush=True)
     times = {n: [] for n, _ in models}
+    # the caching allocator's trips to the driver during each variant's timed
+    # steps (a cudaFree synchronises the device; retries free cached blocks)
+    allocs = {n: [0, 0, 0] for n, _ in models}
+    keys = ("num_device_alloc", "num_device_free", "num_alloc_retries")
     for _ in range(a.reps):
         for name, m in models:
+            s0 = torch.cuda.memory_stats()
             e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             e0.record()
             step(m)
             e1.record()
             e1.synchronize()
             times[name].append(e0.elapsed_time(e1))
+            s1 = torch.cuda.memory_stats()
+            for i, k in enumerate(keys):
+                allocs[name][i] += s1.get(k, 0) - s0.get(k, 0)
     median = {n: sorted(t)[len(t) // 2] for n, t in times.items()}
+    for n, ts in times.items():  # not `t`: the targets the step closes over
+        print("  %-14s steps %s ms; in them the allocator made %d device allocations, %d frees, %d retries"
+              % (n, " ".join("%.1f" % v for v in ts), *allocs[n]))
     print("  %-14s %10s %12s %10s %8s" % ("variant", "ms/step", "tokens/s", "peak GiB", "loss"))
     ntok = a.batch * a.seq
     for name, m in models:
