@@ -13,11 +13,16 @@ turns (CUDA events, median), forward and backward:
     python3 bench/sdpa_layout.py [--shapes 1b,8b,70b] [--reps 15]
 """
 import argparse
+import os
 import statistics
+import sys
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_attention import Timer  # noqa: E402  (CUDA events around one call)
 
 SHAPES = {"1b": (32, 8, 64), "8b": (32, 8, 128), "70b": (64, 8, 128)}  # heads, kv heads, head_dim
 
@@ -30,15 +35,6 @@ def layouts(B, S, H, KV, hd, dev):
     bshd = [t.contiguous().reshape(B, S, n, hd).transpose(1, 2) for t, n in ((q, H), (k, KV), (v, KV))]
     bhsd = [t.contiguous() for t in views]
     return {"qkv views": views, "bshd": bshd, "bhsd": bhsd}
-
-
-def timed(fn):
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    fn()
-    e1.record()
-    e1.synchronize()
-    return e0.elapsed_time(e1)
 
 
 def main():
@@ -73,7 +69,7 @@ def main():
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             for f, b, _ in runs.values():  # warm-up
                 f(), b()
-            t = {n: ([], []) for n in runs}
+            t, timed = {n: ([], []) for n in runs}, Timer(True)
             for _ in range(a.reps):
                 for n, (f, b, _) in runs.items():
                     t[n][0].append(timed(f))
