@@ -26,7 +26,8 @@ what was allocated before it (weights, inputs).
 and prints its GPU busy time (kernels summed) beside the step's time, and
 its N costliest kernels: where a variant's step goes when the blocks alone
 (bench_block.py) rank differently from the whole model.
---gaps N profiles one step of each variant with the host's activity too and
+--gaps N profiles one step of each variant (--gap-rounds R: R rounds, the
+variants interleaved as in the timed steps) with the host's activity too and
 prints how long the GPU waited for the host, the host calls that can stall
 the stream, and the N largest waits with the ops that launched the late
 kernel (trace_gaps.py).
@@ -90,6 +91,8 @@ def main():
                     help="one profiled step a variant: GPU busy and the N costliest kernels")
     ap.add_argument("--gaps", type=int, default=0, metavar="N",
                     help="one profiled step a variant with the host: GPU idle and the N largest host waits")
+    ap.add_argument("--gap-rounds", type=int, default=1, metavar="R",
+                    help="with --gaps: R rounds of one profiled step a variant, interleaved")
     a = ap.parse_args()
     want = a.variants.split(",")
     dev = torch.device("cuda")
@@ -201,9 +204,9 @@ def main():
             for k, (n, us) in sorted(rows.items(), key=lambda r: -r[1][1])[:a.profile]:
                 print("  %9.3f ms %5.1f%% %5.0fx  %s" % (us / 1e3, 100 * us / 1e3 / total, n, k[:100]))
             sys.stdout.flush()
-    if a.gaps > 0:
+    for r in range(a.gap_rounds if a.gaps > 0 else 0):  # interleaved as the timed steps are
         for name, m in models:
-            gaps(lambda: step(m), name, a.gaps)
+            gaps(lambda: step(m), "%s (round %d)" % (name, r + 1), a.gaps)
 
 
 if __name__ == "__main__":
