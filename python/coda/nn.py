@@ -378,7 +378,7 @@ class _RMSNormFn(torch.autograd.Function):
 _FUSED_RMS_NORM = hasattr(torch.nn.functional, "rms_norm") and hasattr(torch.ops.aten, "_fused_rms_norm")
 
 
-def rms_norm_fused(x, g, eps):
+def rms_norm_fused(x, g):
     """Whether RMSNorm(x) with weight g runs torch's fused kernels: CUDA, g
     of x's dtype (f32 masters with bf16 x keep _RMSNormFn, which takes g in
     f32), a torch that has them."""
@@ -397,7 +397,7 @@ class RMSNorm(torch.nn.Module):
         self.weight = torch.nn.Parameter(torch.ones(d, device=device, dtype=dtype))
 
     def forward(self, x):
-        if rms_norm_fused(x, self.weight, self.eps):
+        if rms_norm_fused(x, self.weight):
             return torch.nn.functional.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         return _RMSNormFn.apply(x, self.weight, self.eps)
 
