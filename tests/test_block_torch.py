@@ -243,10 +243,13 @@ def final_norm():
             check(err <= tol, "RMSNorm %s %s: relative error %.2e against the formula's autograd (tolerance %.0e)"
                   % (dt, name, err, tol))
     if DEVICE != "cpu":  # the module on the device: torch's fused kernels where rms_norm_fused says so
-        for dt, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
-            norm = coda.nn.RMSNorm(d, 1e-5, device=DEVICE, dtype=dt)
+        # (x's dtype, g's dtype, tolerance): bf16 x with f32 g is a model's
+        # f32 master weight, which the fused call takes rounded to bf16
+        for dt, gt, tol in ((torch.float32, torch.float32, 1e-5), (torch.bfloat16, torch.bfloat16, 1e-2),
+                            (torch.bfloat16, torch.float32, 1e-2)):
+            norm = coda.nn.RMSNorm(d, 1e-5, device=DEVICE, dtype=gt)
             with torch.no_grad():
-                norm.weight.copy_(w.to(DEVICE, dt))
+                norm.weight.copy_(w.to(DEVICE, gt))
             outs = []
             for fn in (norm, lambda a: coda.nn.rms_norm_torch(a, norm.weight, 1e-5)):
                 norm.weight.grad = None
@@ -254,12 +257,16 @@ def final_norm():
                 y = fn(a)
                 y.backward(dy.to(DEVICE, dt))
                 outs.append((y.double(), a.grad.double(), norm.weight.grad.double()))
+                if len(outs) == 1:
+                    g_dtype = norm.weight.grad.dtype  # the module's, not the formula's
             fused = coda.nn.rms_norm_fused(a, norm.weight)
             for name, u, v in zip(("y", "dx", "dg"), outs[0], outs[1]):
                 err = ((u - v).norm() / v.norm()).item()
-                check(err <= tol, "RMSNorm on %s, %s (%s) %s: relative error %.2e against the formula's autograd "
-                      "(tolerance %.0e)" % (DEVICE, dt, "torch's fused" if fused else "_RMSNormFn", name, err, tol))
-            print("RMSNorm on %s, %s: %s" % (DEVICE, dt, "torch's fused kernels" if fused else "_RMSNormFn"))
+                check(err <= tol, "RMSNorm on %s, x %s, g %s (%s) %s: relative error %.2e against the formula's "
+                      "autograd (tolerance %.0e)" % (DEVICE, dt, gt, "torch's fused" if fused else "_RMSNormFn", name,
+                                                     err, tol))
+            check(g_dtype == gt, "RMSNorm on %s: g's gradient is %s, g is %s" % (DEVICE, g_dtype, gt))
+            print("RMSNorm on %s, x %s, g %s: %s" % (DEVICE, dt, gt, "torch's fused kernels" if fused else "_RMSNormFn"))
     check(torch.autograd.gradcheck(lambda a, b: coda.nn._RMSNormFn.apply(a, b, 1e-5),
                                    (x[:, :5].clone().requires_grad_(), w.clone().requires_grad_())),
           "RMSNorm: gradcheck")

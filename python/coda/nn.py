@@ -379,17 +379,20 @@ _FUSED_RMS_NORM = hasattr(torch.nn.functional, "rms_norm") and hasattr(torch.ops
 
 
 def rms_norm_fused(x, g):
-    """Whether RMSNorm(x) with weight g runs torch's fused kernels: CUDA, g
-    of x's dtype (f32 masters with bf16 x keep _RMSNormFn, which takes g in
-    f32), a torch that has them."""
-    return _FUSED_RMS_NORM and x.is_cuda and g.dtype == x.dtype and x.dtype in (torch.bfloat16, torch.float32)
+    """Whether RMSNorm(x) with weight g runs torch's fused kernels: x on
+    CUDA, x and g bf16 or f32, a torch that has them. g goes in as x's dtype:
+    f32 masters with bf16 x are rounded to bf16 for the call, as LlamaBlock
+    rounds its norms' weights (bf16 compute); the gradient comes back in
+    g's dtype."""
+    ok = (torch.bfloat16, torch.float32)
+    return _FUSED_RMS_NORM and x.is_cuda and x.dtype in ok and g.dtype in ok
 
 
 class RMSNorm(torch.nn.Module):
     """The final norm: x * rsqrt(mean(x^2) + eps) * g, in f32 (f64 for f64
     x), out in x's dtype (rms_norm_torch). On CUDA, where torch has a fused
-    RMSNorm and g has x's dtype, torch's (rms_norm_fused); else through
-    _RMSNormFn's backward."""
+    RMSNorm, torch's with g in x's dtype (rms_norm_fused); else through
+    _RMSNormFn's backward, with g as it is."""
 
     def __init__(self, d, eps=1e-5, device="cpu", dtype=torch.float32):
         super().__init__()
@@ -398,7 +401,7 @@ class RMSNorm(torch.nn.Module):
 
     def forward(self, x):
         if rms_norm_fused(x, self.weight):
-            return torch.nn.functional.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+            return torch.nn.functional.rms_norm(x, (x.shape[-1],), self.weight.to(x.dtype), self.eps)
         return _RMSNormFn.apply(x, self.weight, self.eps)
 
 
