@@ -165,12 +165,13 @@ test-c: $(TEST_BIN) $(BUILD)/coda $(BUILD)/tools/op_docs $(BUILD)/libcoda.so
 
 # the benchmark's peers too: its eager formulas and coda's programs agree
 # (on the CPU; on the GPU where there is one)
-test-py: lib $(ORACLE_SO) $(LAYOUT_BIN)
+test-py: lib $(BUILD)/coda $(ORACLE_SO) $(LAYOUT_BIN)
 	@set -e; export CODA_ORACLE_LIB=$(abspath $(ORACLE_SO)) CODA_PRINT_LAYOUTS=$(abspath $(LAYOUT_BIN)); \
 	    for t in $(wildcard tests/test_*.py); do echo "== $$t"; $(PYTHON) $$t; done
 	@echo "== tests/test_install.sh"; sh tests/test_install.sh $(PYTHON)
 	@echo "== bench/bench_vs_torch.py --check"; $(PYTHON) bench/bench_vs_torch.py --check
 	@echo "== bench/trace_gaps.py --selftest"; $(PYTHON) bench/trace_gaps.py --selftest
+	@echo "== bench/train_cli_curve.py --check"; $(PYTHON) bench/train_cli_curve.py --check
 	@echo "== bench/bench_vs_torch_train.py --check"; $(PYTHON) bench/bench_vs_torch_train.py --check
 
 # The C tests again with AddressSanitizer (leaks included) and UBSan, in a
