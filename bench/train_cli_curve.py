@@ -42,6 +42,9 @@ import torch
 import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from train_curve import plot, smooth, train  # noqa: E402  (the loop, smoothing and plot of coda.nn's curves)
+
 CODA = os.path.join(os.path.dirname(HERE), "build", "coda")
 DATA = "/usr/share/common-licenses/GPL-3"  # coda train's default corpus (Debian's base-files)
 
@@ -122,17 +125,7 @@ def train_torch(a, data, seed, device):
     vecs = [p for p in model.parameters() if p.dim() == 1]
     opt = torch.optim.AdamW([{"params": mats, "weight_decay": 0.01}, {"params": vecs, "weight_decay": 0.0}],
                             lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
-    n = data.numel() - a.seq - 1
-    losses = []
-    for _ in range(a.steps):
-        idx = torch.randint(0, n, (a.batch,), generator=gen)
-        chunk = torch.stack([data[i: i + a.seq + 1] for i in idx.tolist()]).to(device)
-        loss = model(chunk[:, :-1], chunk[:, 1:])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach()))
-    return losses
+    return train(model, opt, data, gen, a.steps, a.batch, a.seq, device)
 
 
 def train_coda(a, seed):
@@ -146,16 +139,6 @@ def train_coda(a, seed):
         sys.exit("train_cli_curve: %s exited %d with %d losses of %d:\n%s"
                  % (" ".join(cmd), out.returncode, len(losses), a.steps, out.stdout[-2000:]))
     return losses
-
-
-def smooth(v, k=20):
-    out, acc = [], 0.0
-    for i, x in enumerate(v):
-        acc += x
-        if i >= k:
-            acc -= v[i - k]
-        out.append(acc / min(i + 1, k))
-    return out
 
 
 def main():
@@ -206,22 +189,8 @@ def main():
                                         "within twice the noise" if ok else "OUTSIDE twice the noise"))
     print("final smoothed loss: %s" % ", ".join("%s %.3f" % (k, v[-1]) for k, v in s.items()))
     if a.png:
-        try:
-            import matplotlib
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-            fig, ax = plt.subplots(figsize=(7, 4))
-            for k in s:
-                ax.plot(s[k], "-" if k == "coda train" else ":", label="%s (smoothed)" % k)
-            ax.set_xlabel("step")
-            ax.set_ylabel("cross-entropy (nats/byte)")
-            ax.set_title("coda train against plain PyTorch (%s)" % a.device)
-            ax.legend()
-            fig.tight_layout()
-            fig.savefig(a.png, dpi=100)
-            print("plot: %s" % a.png)
-        except ImportError as e:
-            print("no plot (%s)" % e)
+        plot(s, {k: "-" if k == "coda train" else ":" for k in s}, "coda train against plain PyTorch (%s)" % a.device,
+             a.png)
     return 0 if ok or not a.check else 1
 
 

@@ -77,9 +77,9 @@ def layer_bf16(layer, h):
     return torch.func.functional_call(layer, params, (h,))
 
 
-def train(model, data, order, steps, batch, seq, lr, device):
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    g = torch.Generator().manual_seed(order)
+def train(model, opt, data, g, steps, batch, seq, device):
+    """steps of opt on windows of seq + 1 bytes at offsets drawn from
+    generator g -> the losses."""
     n = data.numel() - seq - 1
     losses = []
     for step in range(steps):
@@ -126,7 +126,9 @@ def main():
     runs = {}
     for name, model, order in (("coda", cm, 1), ("torch", tm, 1), ("torch B", tm_b, 2)):
         t0 = time.time()
-        runs[name] = train(model, train_data, order, a.steps, a.batch, a.seq, a.lr, a.device)
+        opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.0)
+        runs[name] = train(model, opt, train_data, torch.Generator().manual_seed(order), a.steps, a.batch, a.seq,
+                           a.device)
         print("  %-8s loss %.3f -> %.3f (%.1f s)" % (name, runs[name][0], runs[name][-1], time.time() - t0),
               flush=True)
     s = {k: smooth(v) for k, v in runs.items()}
@@ -136,23 +138,31 @@ def main():
     ok = diff <= noise
     print("second half, smoothed (20 steps): mean |coda - torch| %.4f, mean |torch - torch B| (noise) %.4f: %s"
           % (diff, noise, "within noise" if ok else "OUTSIDE noise"))
+    plot(s, {"coda": "-", "torch": "--", "torch B": ":"},
+         "byte-level LLaMA on base-files' license texts (%s)" % a.device, a.png)
+    return 0 if ok else 1
+
+
+def plot(curves, styles, title, png):
+    """The smoothed curves ({name: losses}, line style by name) in a PNG,
+    where matplotlib is installed."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for k, st in (("coda", "-"), ("torch", "--"), ("torch B", ":")):
-            ax.plot(s[k], st, label="%s (smoothed)" % k)
-        ax.set_xlabel("step")
-        ax.set_ylabel("cross-entropy (nats/byte)")
-        ax.set_title("byte-level LLaMA on base-files' license texts (%s)" % a.device)
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(a.png, dpi=100)
-        print("plot: %s" % a.png)
     except ImportError as e:
         print("no plot (%s)" % e)
-    return 0 if ok else 1
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for k, v in curves.items():
+        ax.plot(v, styles.get(k, "-"), label="%s (smoothed)" % k)
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats/byte)")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    print("plot: %s" % png)
 
 
 if __name__ == "__main__":
