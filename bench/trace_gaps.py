@@ -15,8 +15,11 @@ long its first kernel waited for the host ("lead") and how long the host
 stayed in the step after its last kernel had ended ("tail"; the benchmarks'
 end event waits for it), the idle time summed both ways, the host
 calls that can stall a stream (synchronize, blocking copies, allocations,
-with their total host time), and the `top` largest host gaps with the
-Python/C++ ops on the host stack when the late kernel was launched.
+with their total host time), the `top` largest host gaps with the
+Python/C++ ops on the host stack when the late kernel was launched, and the
+kernels' time by the outermost op that launched them (the forward's
+autograd Functions and torch ops, the backward's autograd nodes): which
+part of a step its kernel time goes to.
 
 With --selftest it checks the analysis on a synthetic trace (no GPU).
 """
@@ -95,11 +98,29 @@ def analyse(trace, top=12, step_name=None):
         out.append("  host call %-34s x%-4d %9.1f us" % (name[:34], n, t))
     rows.sort(key=lambda r: -r[0])
     for late, gap, k, la in rows[:top]:
-        stack = [o["name"] for o in cpu_ops if o["ts"] <= la["ts"] <= o["ts"] + o.get("dur", 0.0)]
+        stack = [o["name"] for o in _stack(cpu_ops, la)]
         out.append("  %8.1f us late (gap %8.1f) before %s" % (late, gap, k["name"][:60]))
         out.append("      launched in: %s" % (" > ".join(s[:40] for s in stack[-4:]) or "?"))
+    # kernel time by the outermost op that launched it (besides the step's
+    # annotation): the forward's autograd Functions and torch ops, the
+    # backward's "autograd::engine::evaluate_function: ..." nodes
+    by_op = {}
+    for k in kernels:
+        la = launches.get(k.get("args", {}).get("correlation"))
+        st = [o for o in _stack(cpu_ops, la) if o["name"] != step_name] if la is not None else []
+        n, t = by_op.get(st[0]["name"] if st else "?", (0, 0.0))
+        by_op[st[0]["name"] if st else "?"] = (n + 1, t + k.get("dur", 0.0))
+    out.append("  kernel time by the op that launched it:")
+    for name, (n, t) in sorted(by_op.items(), key=lambda r: -r[1][1])[:top]:
+        out.append("    %9.1f us %4dx  %s" % (t, n, name[:90]))
     return {"kernels": len(kernels), "busy_us": busy, "span_us": span, "host_gap_us": host_gap,
-            "dev_gap_us": dev_gap, "stalls": stalls, "lead_us": lead, "tail_us": tail}, out
+            "dev_gap_us": dev_gap, "stalls": stalls, "lead_us": lead, "tail_us": tail, "by_op": by_op}, out
+
+
+def _stack(cpu_ops, la):
+    """The host ops of la's thread that enclose launch la, outermost first."""
+    return [o for o in cpu_ops if o.get("tid") == la.get("tid") and o.get("pid") == la.get("pid")
+            and o["ts"] <= la["ts"] <= o["ts"] + o.get("dur", 0.0)]
 
 
 STEP = "trace_gaps.step"  # gaps()'s annotation around the step
@@ -151,6 +172,7 @@ def _selftest():
         {"ph": "X", "cat": "user_annotation", "name": "step", "ts": 0, "dur": 150},
         {"ph": "X", "cat": "cpu_op", "name": "outer", "ts": 0, "dur": 200},
         {"ph": "X", "cat": "cpu_op", "name": "inner", "ts": 90, "dur": 20},
+        {"ph": "X", "cat": "cpu_op", "name": "elsewhere", "ts": 0, "dur": 300, "tid": 2},  # another thread
         {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 1, "dur": 2, "args": {"correlation": 1}},
         {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 100, "dur": 2,
          "args": {"correlation": 2}},
@@ -161,10 +183,12 @@ def _selftest():
         {"ph": "X", "cat": "kernel", "name": "k2", "ts": 105, "dur": 10, "args": {"correlation": 2}},
         {"ph": "X", "cat": "kernel", "name": "k3", "ts": 120, "dur": 10, "args": {"correlation": 3}},
     ]
+    for e in ev:
+        e.setdefault("tid", 1)
     s, lines = analyse({"traceEvents": ev}, top=5, step_name="step")
-    ok = (s["kernels"] == 3 and s["busy_us"] == 70 and s["span_us"] == 120 and abs(s["host_gap_us"] - 40) < 1e-9
+    ok = (s["by_op"] == {"outer": (3, 70)} and s["kernels"] == 3 and s["busy_us"] == 70 and s["span_us"] == 120 and abs(s["host_gap_us"] - 40) < 1e-9
           and abs(s["dev_gap_us"] - 10) < 1e-9 and s["stalls"] == {"cudaStreamSynchronize": (1, 30)}
-          and any("outer > inner" in line for line in lines) and s["lead_us"] == 10 and s["tail_us"] == 20)
+          and any("launched in: step > outer > inner" in line for line in lines) and s["lead_us"] == 10 and s["tail_us"] == 20)
     print("\n".join(lines))
     print("trace_gaps selftest:", "ok" if ok else "FAILED")
     return 0 if ok else 1
