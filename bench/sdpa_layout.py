@@ -46,27 +46,29 @@ def main():
     a = ap.parse_args()
     dev = torch.device("cuda")
     print("device: %s; torch %s" % (torch.cuda.get_device_name(), torch.__version__))
-    print("| shape | layout | fwd ms | bwd ms | strides of q |")
+    print("| shape | layout | fwd ms | bwd ms | strides of q, the backward's node |")
     print("|---|---|---:|---:|---|")
     for name in a.shapes.split(","):
         H, KV, hd = SHAPES[name]
         lay = layouts(a.batch, a.seq, H, KV, hd, dev)
         do = torch.randn(a.batch, H, a.seq, hd, device=dev, dtype=torch.bfloat16)
         runs = {}
-        for lname, (q, k, v) in lay.items():
-            q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
-
-            def fwd(q=q, k=k, v=v):
-                with torch.no_grad():
-                    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-
-            def bwd(o=o, q=q, k=k, v=v):
-                return torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
-
-            runs[lname] = (fwd, bwd, tuple(q.stride()))
+        # the forward whose graph the backward runs is made under the cuDNN
+        # backend too (the backward's kernel is fixed by it); its node is printed
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            for lname, (q, k, v) in lay.items():
+                q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
+
+                def fwd(q=q, k=k, v=v):
+                    with torch.no_grad():
+                        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+                def bwd(o=o, q=q, k=k, v=v):
+                    return torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+
+                runs[lname] = (fwd, bwd, "%s, backward %s" % (tuple(q.stride()), type(o.grad_fn).__name__))
             for f, b, _ in runs.values():  # warm-up
                 f(), b()
             t, timed = {n: ([], []) for n in runs}, Timer(True)

@@ -10,12 +10,14 @@ For each kernel of one step, the idle time on the GPU before it (from the
 previous kernel's end) is split by when the host launched it: launched after
 the previous kernel had ended means the GPU waited for the host ("host
 gap"); launched before, the gap is the GPU's own (a dependency, a copy, a
-sync inside the driver). Printed: the step's time by CUDA events (what the benchmarks time), how
-long its first kernel waited for the host ("lead") and how long the host
-stayed in the step after its last kernel had ended ("tail"; the benchmarks'
-end event waits for it), the idle time summed both ways, the host
-calls that can stall a stream (synchronize, blocking copies, allocations,
-with their total host time), the `top` largest host gaps with the
+sync inside the driver). Printed: the step's time by CUDA events (what
+the benchmarks time), how long its first kernel waited for the host
+("lead") and how long the host stayed in the step after its last kernel
+had ended ("tail"; the benchmarks' end event waits for it), the idle time
+summed both ways, the host calls inside the step that can stall a stream
+(synchronize, blocking copies, allocations, with their total host time;
+gaps()'s own synchronize after the step is left out), the `top` largest
+host gaps with the
 Python/C++ ops on the host stack when the late kernel was launched, and the
 kernels' time by the outermost op that launched them (the forward's
 autograd Functions and torch ops, the backward's autograd nodes): which
@@ -55,7 +57,9 @@ def analyse(trace, top=12, step_name=None):
         elif cat in ("cpu_op", "python_function", "user_annotation"):
             cpu_ops.append(e)
     kernels.sort(key=lambda e: e["ts"])
-    cpu_ops.sort(key=lambda e: e["ts"])
+    cpu_ops.sort(key=lambda e: (e["ts"], -e.get("dur", 0.0)))  # a parent before a child that starts with it
+    st = [o for o in cpu_ops if o["name"] == step_name] if step_name else []
+    s0, s1 = (st[0]["ts"], st[0]["ts"] + st[0].get("dur", 0.0)) if st else (float("-inf"), float("inf"))
     host_gap = dev_gap = 0.0
     rows = []
     for prev_end, k in _gaps_before(kernels):
@@ -70,20 +74,18 @@ def analyse(trace, top=12, step_name=None):
             rows.append((late, gap, k, la))
         else:
             dev_gap += gap
-    stalls = {}
+    stalls = {}  # inside the step only (gaps()'s own synchronize comes after it)
     for r in runtime:
-        if any(s in r["name"] for s in _STALLS):
+        if s0 <= r["ts"] <= s1 and any(x in r["name"] for x in _STALLS) and "Async" not in r["name"]:
             n, t = stalls.get(r["name"], (0, 0.0))
             stalls[r["name"]] = (n + 1, t + r.get("dur", 0.0))
     busy = sum(k.get("dur", 0.0) for k in kernels)
     span = (kernels[-1]["ts"] + kernels[-1].get("dur", 0.0) - kernels[0]["ts"]) if kernels else 0.0
-    out = ["kernels %d, busy %.1f ms of %.1f ms from the first kernel's start to the last's end; "
+    out = ["kernels and copies %d, busy %.1f ms of %.1f ms from the first one's start to the last's end; "
            "idle %.2f ms waiting for the host, %.2f ms otherwise"
            % (len(kernels), busy / 1e3, span / 1e3, host_gap / 1e3, dev_gap / 1e3)]
     lead = tail = None
-    st = [o for o in cpu_ops if o["name"] == step_name] if step_name else []
     if st and kernels:
-        s0, s1 = st[0]["ts"], st[0]["ts"] + st[0].get("dur", 0.0)
         k_end = kernels[-1]["ts"] + kernels[-1].get("dur", 0.0)
         lead, tail = kernels[0]["ts"] - s0, s1 - k_end
         out.append("  step on the host %.2f ms: its first kernel starts %.2f ms after the step's start, "
@@ -170,7 +172,7 @@ def _selftest():
     launched early but started 5 us after the second ended (device gap)."""
     ev = [
         {"ph": "X", "cat": "user_annotation", "name": "step", "ts": 0, "dur": 150},
-        {"ph": "X", "cat": "cpu_op", "name": "outer", "ts": 0, "dur": 200},
+        {"ph": "X", "cat": "cpu_op", "name": "outer", "ts": 0, "dur": 120},
         {"ph": "X", "cat": "cpu_op", "name": "inner", "ts": 90, "dur": 20},
         {"ph": "X", "cat": "cpu_op", "name": "elsewhere", "ts": 0, "dur": 300, "tid": 2},  # another thread
         {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 1, "dur": 2, "args": {"correlation": 1}},
@@ -178,7 +180,9 @@ def _selftest():
          "args": {"correlation": 2}},
         {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 101, "dur": 2,
          "args": {"correlation": 3}},
-        {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 150, "dur": 30},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 140, "dur": 30},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "ts": 130, "dur": 5},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaDeviceSynchronize", "ts": 160, "dur": 50},  # after
         {"ph": "X", "cat": "kernel", "name": "k1", "ts": 10, "dur": 50, "args": {"correlation": 1}},
         {"ph": "X", "cat": "kernel", "name": "k2", "ts": 105, "dur": 10, "args": {"correlation": 2}},
         {"ph": "X", "cat": "kernel", "name": "k3", "ts": 120, "dur": 10, "args": {"correlation": 3}},

@@ -376,7 +376,10 @@ class _RMSNormFn(torch.autograd.Function):
 # elementwise and reduction kernels of a LLaMA-3-1B model step (16384 x 2048
 # tokens, H100) came to 1.9 ms, torch.compile's fused norm to 0.13 ms, and
 # the fused kernels took 0.2 (bench_model.py --profile, stop 45).
-_FUSED_RMS_NORM = hasattr(torch.nn.functional, "rms_norm") and hasattr(torch.ops.aten, "_fused_rms_norm")
+# (torch 2.7 has the op for Apple GPUs only: its CUDA rms_norm is the
+# unfused composite, which keeps f32 (M, d) tensors for the backward)
+_FUSED_RMS_NORM = (_torch_at_least(2, 8) and hasattr(torch.nn.functional, "rms_norm")
+                   and hasattr(torch.ops.aten, "_fused_rms_norm"))
 
 
 def rms_norm_fused(x, g):
