@@ -277,8 +277,8 @@ def bench_shape(name, shape, B, S, reps, liger, do_check, n_gaps=0):
         for v, _ in variants:
             print("  %-17s %-14s %9.3f %8.3f %10.2f" % ("", v, med[v], med[v] / fl, peaks[v]))
         res[mode] = (med, peaks)
-    for v, fns in variants if n_gaps > 0 else ():
-        if v in ("floor", "torch.compile", "coda"):
+    for v, fns in variants:
+        if n_gaps > 0 and v in ("floor", "torch.compile", "coda"):
             gaps(fns[1], "%s %s forward+backward" % (name, v), n_gaps)
     if do_check:
         eager, cm = mods[0][1], mods[-1][1]

@@ -17,9 +17,8 @@ had ended ("tail"; the benchmarks' end event waits for it), the idle time
 summed both ways, the host calls inside the step that can stall a stream
 (synchronize, blocking copies, allocations, with their total host time;
 gaps()'s own synchronize after the step is left out), the `top` largest
-host gaps with the
-Python/C++ ops on the host stack when the late kernel was launched, and the
-kernels' time by the outermost op that launched them (the forward's
+host gaps with the Python/C++ ops on the host stack when the late kernel
+was launched, and the kernels' time by the outermost op that launched them (the forward's
 autograd Functions and torch ops, the backward's autograd nodes): which
 part of a step its kernel time goes to.
 
@@ -109,9 +108,10 @@ def analyse(trace, top=12, step_name=None):
     by_op = {}
     for k in kernels:
         la = launches.get(k.get("args", {}).get("correlation"))
-        st = [o for o in _stack(cpu_ops, la) if o["name"] != step_name] if la is not None else []
-        n, t = by_op.get(st[0]["name"] if st else "?", (0, 0.0))
-        by_op[st[0]["name"] if st else "?"] = (n + 1, t + k.get("dur", 0.0))
+        ops = [o["name"] for o in _stack(cpu_ops, la) if o["name"] != step_name] if la is not None else []
+        op = ops[0] if ops else "?"
+        n, t = by_op.get(op, (0, 0.0))
+        by_op[op] = (n + 1, t + k.get("dur", 0.0))
     out.append("  kernel time by the op that launched it:")
     for name, (n, t) in sorted(by_op.items(), key=lambda r: -r[1][1])[:top]:
         out.append("    %9.1f us %4dx  %s" % (t, n, name[:90]))

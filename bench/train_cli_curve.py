@@ -48,36 +48,21 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from train_curve import plot, smooth, train  # noqa: E402  (the loop, smoothing and plot of coda.nn's curves)
 
+from coda.nn import causal_attention, rms_norm_torch  # noqa: E402  (train_curve put the binding on the path)
+
 CODA = os.path.join(os.path.dirname(HERE), "build", "coda")
+EPS = 1e-5  # cli_train.c's RMSNorm eps
 DATA = "/usr/share/common-licenses/GPL-3"  # coda train's default corpus (Debian's base-files)
 
 
-def rmsnorm(x, g, eps=1e-5):
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * g.float()).to(x.dtype)
-
-
 def rope(x, pos, theta=10000.0):
-    """Rotate-half RoPE over the last dim of x (B, H, S, hd), in f32."""
+    """Rotate-half RoPE over the last dim of x (B, S, heads, hd), in f32."""
     hd = x.shape[-1]
     f = theta ** (-torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd)
-    ang = pos[:, None].float() * f[None, :]  # (S, hd/2)
+    ang = (pos[:, None].float() * f[None, :])[:, None, :]  # (S, 1, hd/2): the same for every head
     c, s = torch.cos(ang), torch.sin(ang)
     x1, x2 = x[..., : hd // 2].float(), x[..., hd // 2:].float()
     return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), -1).to(x.dtype)
-
-
-def attention(q, k, v):
-    """Causal attention, q (B, H, S, hd), k and v (B, KV, S, hd)."""
-    rep = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-    sdpa = getattr(F, "scaled_dot_product_attention", None)
-    if sdpa is not None:
-        return sdpa(q, k, v, is_causal=True)
-    S = q.shape[2]
-    s = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    s = s.masked_fill(torch.ones(S, S, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
-    return (s.softmax(-1) @ v.float()).to(q.dtype)
 
 
 class Model(torch.nn.Module):
@@ -108,17 +93,19 @@ class Model(torch.nn.Module):
         pos = torch.arange(S, device=tokens.device)
         h = self.embed[tokens].to(bf)  # gathered in f32: the rows' gradients add up in f32, as in C
         for b in self.blocks:
-            x = rmsnorm(h, b.g1.to(bf))
-            q = F.linear(x, b.wq.to(bf)).view(B, S, self.heads, self.hd).transpose(1, 2)
-            k = F.linear(x, b.wk.to(bf)).view(B, S, self.kv, self.hd).transpose(1, 2)
-            v = F.linear(x, b.wv.to(bf)).view(B, S, self.kv, self.hd).transpose(1, 2)
-            o = attention(rope(q, pos), rope(k, pos), v).transpose(1, 2).reshape(B, S, -1)
+            x = rms_norm_torch(h, b.g1.to(bf), EPS)
+            q = F.linear(x, b.wq.to(bf)).view(B, S, self.heads, self.hd)
+            k = F.linear(x, b.wk.to(bf)).view(B, S, self.kv, self.hd)
+            # q and k roped, then coda.nn's causal GQA attention over the (M, nqkv) rows
+            qkv = torch.cat((rope(q, pos).reshape(B * S, -1), rope(k, pos).reshape(B * S, -1),
+                             F.linear(x, b.wv.to(bf)).reshape(B * S, -1)), -1)
+            o = causal_attention(qkv, B, S, self.heads, self.kv, self.hd).view(B, S, -1)
             h = h + F.linear(o, b.wo.to(bf))
-            x = rmsnorm(h, b.g2.to(bf))
+            x = rms_norm_torch(h, b.g2.to(bf), EPS)
             c = F.silu(F.linear(x, b.w_gate.to(bf))) * F.linear(x, b.w_up.to(bf))
             h = h + F.linear(c, b.w_down.to(bf))
         # the logits in f32 from bf16 operands, as coda's LM head keeps them
-        z = F.linear(rmsnorm(h, self.gf.to(bf)).float(), self.wlm.to(bf).float())
+        z = F.linear(rms_norm_torch(h, self.gf.to(bf), EPS).float(), self.wlm.to(bf).float())
         return F.cross_entropy(z.reshape(-1, 256), targets.reshape(-1))
 
 
