@@ -633,6 +633,7 @@ CODA_API coda_status_t coda_llama_backward(coda_llama_t *layer, const coda_llama
  *   coda_block_backward_post  dy -> do, dh; grads wo g2 wgu wd
  *     attention backward      do -> dqkv                     (the caller's)
  *   coda_block_backward_pre   dqkv, dh -> dx; grads g1 wqkv
+ *     (or _split: dq, dk, dv)
  *
  * Everything a forward saves for its backward is in the caller's tensors
  * (acts, and x, pos, o), so any number of forwards may be in flight
@@ -735,6 +736,19 @@ CODA_API coda_status_t coda_block_backward_pre(coda_block_t *block, const coda_l
                                                const coda_tensor_t *dh, coda_tensor_t *dx,
                                                coda_llama_weights_t *grads, void *workspace,
                                                size_t workspace_bytes, void *stream);
+/* The same with dqkv's three column blocks as three tensors, as an
+ * attention library returns them (PyTorch's SDPA: dq, dk, dv, each its own
+ * buffer): dq (M, nq), dk and dv (M, nkv), all f32 or all bf16, any row
+ * strides (4-byte aligned on the GPU). No concatenation is made: the RoPE
+ * backward reads them where they are. The results are those of
+ * coda_block_backward_pre on their concatenation, bit for bit. */
+CODA_API coda_status_t coda_block_backward_pre_split(coda_block_t *block, const coda_llama_weights_t *w,
+                                                     const coda_tensor_t *x, const coda_tensor_t *pos,
+                                                     const coda_block_acts_t *acts, const coda_tensor_t *dq,
+                                                     const coda_tensor_t *dk, const coda_tensor_t *dv,
+                                                     const coda_tensor_t *dh, coda_tensor_t *dx,
+                                                     coda_llama_weights_t *grads, void *workspace,
+                                                     size_t workspace_bytes, void *stream);
 
 /* ---------------------------------------------------------------------------
  * 10. LM head and cross-entropy, forward and backward in one call

@@ -16,6 +16,7 @@ static const coda_llama_config_t CFG = {.d = 64, .n_heads = 4, .n_kv_heads = 2, 
                                         .vocab = 0, .eps = 1e-5f, .rope_theta = 10000.0f};
 #define NQ 64
 #define NQKV 128
+#define NKV 32 /* n_kv_heads head_dim */
 
 /* A random bf16 (or zero f32) matrix of its own allocation. */
 static coda_tensor_t mat(h_rng *r, coda_dtype_t dt, int64_t rows, int64_t cols, float scale) {
@@ -235,6 +236,48 @@ int main(void) {
         double e = rel_diff_bf16(&dx16, &a.dx);
         CHECK(e < 1e-2, "dx from a bf16 dqkv: %.3g from the f32 one's", e);
         free(d16.data), free(dx16.data), free_weights(&g16);
+    }
+
+    /* ---- dqkv as three tensors (coda_block_backward_pre_split): the same bits ---- */
+    {
+        const int64_t w3[3] = {NQ, NKV, NKV};
+        coda_tensor_t parts[3], dxs = zbf(a.m, CFG.d);
+        for (int q = 0, off = 0; q < 3; off += (int)w3[q], q++) { /* each its own buffer, padded rows */
+            parts[q] = coda_tensor_2d(malloc((size_t)(a.m * (w3[q] + 2)) * 4), CODA_F32, a.m, w3[q]);
+            parts[q].stride[0] = (w3[q] + 2) * 4;
+            for (int64_t i = 0; i < a.m; i++)
+                memcpy((char *)parts[q].data + i * parts[q].stride[0], (float *)a.dqkv.data + i * NQKV + off,
+                       (size_t)w3[q] * 4);
+        }
+        coda_llama_weights_t gs = weights(&r, CODA_F32);
+        CHECK_OK(coda_block_backward_pre_split(B, &w, &a.x, &a.pos, &a.acts, &parts[0], &parts[1], &parts[2], &a.dh,
+                                               &dxs, &gs, ws, wsb, NULL));
+        CHECK(same(&dxs, &a.dx), "dx from dq, dk, dv differs from dx from dqkv");
+        CHECK(same(&gs.g1, &a.grads.g1) && same(&gs.wqkv, &a.grads.wqkv), "g1 or wqkv grads from dq, dk, dv differ");
+        /* refused, nothing written */
+        memset(dxs.data, 0x5a, (size_t)(a.m * CFG.d) * 2);
+        coda_tensor_t t = parts[1];
+        t.shape[1] = NKV - 2;
+        CHECK_STATUS(coda_block_backward_pre_split(B, &w, &a.x, &a.pos, &a.acts, &parts[0], &t, &parts[2], &a.dh,
+                                                   &dxs, &gs, ws, wsb, NULL), CODA_ERR_SHAPE);
+        CHECK(strstr(coda_last_error(), "dk") != NULL, "narrow dk: %s", coda_last_error());
+        t = coda_tensor_2d(parts[2].data, CODA_BF16, a.m, NKV);
+        t.stride[0] = parts[2].stride[0];
+        CHECK_STATUS(coda_block_backward_pre_split(B, &w, &a.x, &a.pos, &a.acts, &parts[0], &parts[1], &t, &a.dh,
+                                                   &dxs, &gs, ws, wsb, NULL), CODA_ERR_DTYPE);
+        CHECK(strstr(coda_last_error(), "one dtype") != NULL, "mixed dtypes: %s", coda_last_error());
+        CHECK_STATUS(coda_block_backward_pre_split(B, &w, &a.x, &a.pos, &a.acts, &parts[0], NULL, &parts[2], &a.dh,
+                                                   &dxs, &gs, ws, wsb, NULL), CODA_ERR_INVALID_ARG);
+        t = coda_tensor_2d(parts[0].data, CODA_BF16, a.m, CFG.d);
+        t.stride[0] = parts[0].stride[0];
+        CHECK_STATUS(coda_block_backward_pre_split(B, &w, &a.x, &a.pos, &a.acts, &parts[0], &parts[1], &parts[2],
+                                                   &a.dh, &t, &gs, ws, wsb, NULL), CODA_ERR_OVERLAP);
+        CHECK(strstr(coda_last_error(), "dx overlaps dq") != NULL, "dx over dq: %s", coda_last_error());
+        int untouched = 1;
+        for (int64_t i = 0; i < a.m * CFG.d * 2; i++) untouched &= ((unsigned char *)dxs.data)[i] == 0x5a;
+        CHECK(untouched, "a refused backward_pre_split wrote dx");
+        for (int q = 0; q < 3; q++) free(parts[q].data);
+        free(dxs.data), free_weights(&gs);
     }
 
     /* ---- the next block's norm from this block's down projection ---- */

@@ -411,6 +411,62 @@ def custom_ops(cfg):
         check(False, "torch.compile: %s: %s" % (type(e).__name__, str(e)[:400]))
 
 
+def split_grads(cfg):
+    """The default attention takes q, k, v by coda.ops.split_qkv: their
+    gradients reach block_pre's backward as three tensors
+    (coda_block_backward_pre_split), with no cat, and every gradient has
+    the bits of the concatenated form (the same attention on a copy of qkv,
+    which split_qkv splits the plain way)."""
+    blk = coda.nn.LlamaBlock(cfg, device=DEVICE)
+    x0 = torch.randn(2, 9, cfg.d, device=DEVICE).bfloat16()
+    dy = torch.randn(2, 9, cfg.d, device=DEVICE)
+    seen = []
+    inner = coda.ops._pre_bwd
+
+    def spy(x, pos, r1, qkv, dqkv, *a, **kw):
+        seen.append(isinstance(dqkv, tuple))
+        return inner(x, pos, r1, qkv, dqkv, *a, **kw)
+
+    def run(attention):
+        blk.attention = attention
+        blk.zero_grad()
+        x = x0.clone().requires_grad_(True)
+        (blk(x).float() * dy).sum().backward()
+        return {n: getattr(blk, n).grad.clone() for n in coda.nn._BLOCK_PARAMS}, x.grad.clone()
+
+    coda.ops._pre_bwd = spy
+    try:
+        g_split, dx_split = run(coda.nn.causal_attention)
+        g_cat, dx_cat = run(lambda qkv, *shape: coda.nn.causal_attention(qkv * 1, *shape))
+    finally:
+        coda.ops._pre_bwd = inner
+        blk.attention = coda.nn.causal_attention
+    check(seen == [True, False], "split_qkv: block_pre's backward got parts %s (want [True, False])" % seen)
+    for n in coda.nn._BLOCK_PARAMS:
+        check(torch.equal(g_split[n], g_cat[n]), "split_qkv: grad %s differs from the concatenated form's" % n)
+    check(torch.equal(dx_split, dx_cat), "split_qkv: x.grad differs from the concatenated form's")
+    # a second split of the same qkv is a plain one (the Link takes one);
+    # both gradients, the Link's parts and autograd's dqkv, are added
+    nq, nkv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    pos = torch.arange(18, device=DEVICE).float()
+
+    def x_grad(plain):
+        x = x0.reshape(-1, cfg.d).clone().requires_grad_(True)
+        qkv = coda.ops.pre(x, pos, blk.g1.bfloat16(), blk.wqkv.bfloat16(), blk._cfg_list, blk._eps, blk._theta,
+                           link=coda.ops.Link())
+        a = coda.ops.split_qkv(qkv * 1 if plain else qkv, nq, nkv)
+        b = coda.ops.split_qkv(qkv, nq, nkv)
+        nodes = (type(a[0].grad_fn).__name__, type(b[0].grad_fn).__name__)
+        (a[0].float().sum() + (b[1].float() ** 2).sum() + 3 * a[2].float().sum()).backward()
+        return x.grad, nodes
+
+    (g_mix, nodes), (g_plain, _) = x_grad(False), x_grad(True)
+    check(nodes[0] == "_SplitBackward" and nodes[1] != "_SplitBackward",
+          "split_qkv: first and second split's nodes %s" % (nodes,))
+    check(torch.equal(g_mix, g_plain), "split_qkv: parts + dqkv give another x.grad than dqkv alone")
+    print("split_qkv: dq, dk, dv to block_pre's backward as they are, same bits as the cat: ok")
+
+
 def main():
     cfg = coda.LlamaConfig(64, 4, 2, 16, 160, vocab=0)
     case("gqa, bf16 params", cfg, 2, 13, torch.bfloat16)
@@ -418,6 +474,7 @@ def main():
     case("mqa", coda.LlamaConfig(48, 2, 1, 24, 96, vocab=0), 3, 8, torch.float32)
     loading(cfg)
     in_flight(cfg)
+    split_grads(cfg)
     fused_norms(cfg)
     final_norm()
     z_memory(cfg)

@@ -197,74 +197,95 @@ static void rope_backward(coda_context_t *ctx) {
     memcpy(pool_init, pool, POOL);
     coda_tensor_t t;
 
-    REFUSED(coda__cuda_rope_backward(NULL, &dy, &y, &pos, &freq, &dz, &s, NULL), CODA_ERR_INVALID_ARG, "ctx");
-    REFUSED(coda__cuda_rope_backward(ctx, NULL, &y, &pos, &freq, &dz, &s, NULL), CODA_ERR_INVALID_ARG, "dy is NULL");
-    REFUSED(coda__cuda_rope_backward(ctx, &dy, NULL, &pos, &freq, &dz, &s, NULL), CODA_ERR_INVALID_ARG, "y is NULL");
-    REFUSED(coda__cuda_rope_backward(ctx, &dy, &y, NULL, &freq, &dz, &s, NULL), CODA_ERR_INVALID_ARG, "pos is NULL");
-    REFUSED(coda__cuda_rope_backward(ctx, &dy, &y, &pos, NULL, &dz, &s, NULL), CODA_ERR_INVALID_ARG, "freq is NULL");
-    REFUSED(coda__cuda_rope_backward(ctx, &dy, &y, &pos, &freq, NULL, &s, NULL), CODA_ERR_INVALID_ARG, "dz is NULL");
-    REFUSED(coda__cuda_rope_backward(ctx, &dy, &y, &pos, &freq, &dz, NULL, NULL), CODA_ERR_INVALID_ARG, "s is NULL");
+    REFUSED(coda__cuda_rope_backward(NULL, &dy, 1, &y, &pos, &freq, &dz, &s, NULL), CODA_ERR_INVALID_ARG, "ctx");
+    REFUSED(coda__cuda_rope_backward(ctx, NULL, 1, &y, &pos, &freq, &dz, &s, NULL), CODA_ERR_INVALID_ARG, "dy is NULL");
+    REFUSED(coda__cuda_rope_backward(ctx, &dy, 1, NULL, &pos, &freq, &dz, &s, NULL), CODA_ERR_INVALID_ARG, "y is NULL");
+    REFUSED(coda__cuda_rope_backward(ctx, &dy, 1, &y, NULL, &freq, &dz, &s, NULL), CODA_ERR_INVALID_ARG, "pos is NULL");
+    REFUSED(coda__cuda_rope_backward(ctx, &dy, 1, &y, &pos, NULL, &dz, &s, NULL), CODA_ERR_INVALID_ARG, "freq is NULL");
+    REFUSED(coda__cuda_rope_backward(ctx, &dy, 1, &y, &pos, &freq, NULL, &s, NULL), CODA_ERR_INVALID_ARG, "dz is NULL");
+    REFUSED(coda__cuda_rope_backward(ctx, &dy, 1, &y, &pos, &freq, &dz, NULL, NULL), CODA_ERR_INVALID_ARG, "s is NULL");
     /* dtypes */
     t = dy, t.dtype = CODA_I32; /* dy is f32 or bf16 */
-    REFUSED(coda__cuda_rope_backward(ctx, &t, &y, &pos, &freq, &dz, &s, NULL), CODA_ERR_DTYPE, "dy");
+    REFUSED(coda__cuda_rope_backward(ctx, &t, 1, &y, &pos, &freq, &dz, &s, NULL), CODA_ERR_DTYPE, "dy");
     t = y, t.dtype = CODA_F32, t.stride[0] = 4 * N, t.stride[1] = 4;
-    REFUSED(coda__cuda_rope_backward(ctx, &dy, &t, &pos, &freq, &dz, &s, NULL), CODA_ERR_DTYPE, "y");
+    REFUSED(coda__cuda_rope_backward(ctx, &dy, 1, &t, &pos, &freq, &dz, &s, NULL), CODA_ERR_DTYPE, "y");
     t = pos, t.dtype = CODA_I32;
-    REFUSED(coda__cuda_rope_backward(ctx, &dy, &y, &t, &freq, &dz, &s, NULL), CODA_ERR_DTYPE, "pos");
+    REFUSED(coda__cuda_rope_backward(ctx, &dy, 1, &y, &t, &freq, &dz, &s, NULL), CODA_ERR_DTYPE, "pos");
     t = freq, t.dtype = CODA_BF16, t.stride[0] = 2;
-    REFUSED(coda__cuda_rope_backward(ctx, &dy, &y, &pos, &t, &dz, &s, NULL), CODA_ERR_DTYPE, "freq");
+    REFUSED(coda__cuda_rope_backward(ctx, &dy, 1, &y, &pos, &t, &dz, &s, NULL), CODA_ERR_DTYPE, "freq");
     t = dz, t.dtype = CODA_F32, t.stride[0] = 4 * N, t.stride[1] = 4;
-    REFUSED(coda__cuda_rope_backward(ctx, &dy, &y, &pos, &freq, &t, &s, NULL), CODA_ERR_DTYPE, "dz");
+    REFUSED(coda__cuda_rope_backward(ctx, &dy, 1, &y, &pos, &freq, &t, &s, NULL), CODA_ERR_DTYPE, "dz");
     t = s, t.dtype = CODA_BF16, t.stride[0] = 2;
-    REFUSED(coda__cuda_rope_backward(ctx, &dy, &y, &pos, &freq, &dz, &t, NULL), CODA_ERR_DTYPE, "s");
+    REFUSED(coda__cuda_rope_backward(ctx, &dy, 1, &y, &pos, &freq, &dz, &t, NULL), CODA_ERR_DTYPE, "s");
     /* extents */
     t = dy, t.shape[1] = N - 1;
-    REFUSED(coda__cuda_rope_backward(ctx, &t, &y, &pos, &freq, &dz, &s, NULL), CODA_ERR_SHAPE, "even");
+    REFUSED(coda__cuda_rope_backward(ctx, &t, 1, &y, &pos, &freq, &dz, &s, NULL), CODA_ERR_SHAPE, "even");
     t = y, t.shape[1] = N - 2;
-    REFUSED(coda__cuda_rope_backward(ctx, &dy, &t, &pos, &freq, &dz, &s, NULL), CODA_ERR_SHAPE, "y");
+    REFUSED(coda__cuda_rope_backward(ctx, &dy, 1, &t, &pos, &freq, &dz, &s, NULL), CODA_ERR_SHAPE, "y");
     t = y, t.shape[0] = M - 1;
-    REFUSED(coda__cuda_rope_backward(ctx, &dy, &t, &pos, &freq, &dz, &s, NULL), CODA_ERR_SHAPE, "y");
+    REFUSED(coda__cuda_rope_backward(ctx, &dy, 1, &t, &pos, &freq, &dz, &s, NULL), CODA_ERR_SHAPE, "y");
     t = pos, t.shape[0] = M + 1;
-    REFUSED(coda__cuda_rope_backward(ctx, &dy, &y, &t, &freq, &dz, &s, NULL), CODA_ERR_SHAPE, "pos");
+    REFUSED(coda__cuda_rope_backward(ctx, &dy, 1, &y, &t, &freq, &dz, &s, NULL), CODA_ERR_SHAPE, "pos");
     t = freq, t.shape[0] = N;
-    REFUSED(coda__cuda_rope_backward(ctx, &dy, &y, &pos, &t, &dz, &s, NULL), CODA_ERR_SHAPE, "freq");
+    REFUSED(coda__cuda_rope_backward(ctx, &dy, 1, &y, &pos, &t, &dz, &s, NULL), CODA_ERR_SHAPE, "freq");
     t = freq, t.shape[0] = N / 2 - 1;
-    REFUSED(coda__cuda_rope_backward(ctx, &dy, &y, &pos, &t, &dz, &s, NULL), CODA_ERR_SHAPE, "freq");
+    REFUSED(coda__cuda_rope_backward(ctx, &dy, 1, &y, &pos, &t, &dz, &s, NULL), CODA_ERR_SHAPE, "freq");
     t = dz, t.shape[0] = M + 1;
-    REFUSED(coda__cuda_rope_backward(ctx, &dy, &y, &pos, &freq, &t, &s, NULL), CODA_ERR_SHAPE, "dz");
+    REFUSED(coda__cuda_rope_backward(ctx, &dy, 1, &y, &pos, &freq, &t, &s, NULL), CODA_ERR_SHAPE, "dz");
     t = s, t.shape[0] = M - 1;
-    REFUSED(coda__cuda_rope_backward(ctx, &dy, &y, &pos, &freq, &dz, &t, NULL), CODA_ERR_SHAPE, "s");
+    REFUSED(coda__cuda_rope_backward(ctx, &dy, 1, &y, &pos, &freq, &dz, &t, NULL), CODA_ERR_SHAPE, "s");
     t = coda_tensor_2d(pos.data, CODA_F32, M, 1), t.device = CODA_DEVICE_CUDA;
-    REFUSED(coda__cuda_rope_backward(ctx, &dy, &y, &t, &freq, &dz, &s, NULL), CODA_ERR_SHAPE, "pos");
+    REFUSED(coda__cuda_rope_backward(ctx, &dy, 1, &y, &t, &freq, &dz, &s, NULL), CODA_ERR_SHAPE, "pos");
     /* strides */
     t = dy, t.stride[0] = 4 * (N - 2);
-    REFUSED(coda__cuda_rope_backward(ctx, &t, &y, &pos, &freq, &dz, &s, NULL), CODA_ERR_STRIDE, "dy");
+    REFUSED(coda__cuda_rope_backward(ctx, &t, 1, &y, &pos, &freq, &dz, &s, NULL), CODA_ERR_STRIDE, "dy");
     t = dz, t.stride[0] = 3;
-    REFUSED(coda__cuda_rope_backward(ctx, &dy, &y, &pos, &freq, &t, &s, NULL), CODA_ERR_STRIDE, "dz");
+    REFUSED(coda__cuda_rope_backward(ctx, &dy, 1, &y, &pos, &freq, &t, &s, NULL), CODA_ERR_STRIDE, "dz");
     /* devices */
     t = dy, t.device = CODA_DEVICE_CPU;
-    REFUSED(coda__cuda_rope_backward(ctx, &t, &y, &pos, &freq, &dz, &s, NULL), CODA_ERR_DEVICE, "dy is a CPU tensor");
+    REFUSED(coda__cuda_rope_backward(ctx, &t, 1, &y, &pos, &freq, &dz, &s, NULL), CODA_ERR_DEVICE, "dy is a CPU tensor");
     t = pos, t.device = CODA_DEVICE_CPU;
-    REFUSED(coda__cuda_rope_backward(ctx, &dy, &y, &t, &freq, &dz, &s, NULL), CODA_ERR_DEVICE, "pos is a CPU tensor");
+    REFUSED(coda__cuda_rope_backward(ctx, &dy, 1, &y, &t, &freq, &dz, &s, NULL), CODA_ERR_DEVICE, "pos is a CPU tensor");
     t = dz, t.device = CODA_DEVICE_CPU;
-    REFUSED(coda__cuda_rope_backward(ctx, &dy, &y, &pos, &freq, &t, &s, NULL), CODA_ERR_DEVICE, "dz is a CPU tensor");
+    REFUSED(coda__cuda_rope_backward(ctx, &dy, 1, &y, &pos, &freq, &t, &s, NULL), CODA_ERR_DEVICE, "dz is a CPU tensor");
     t = s, t.device = CODA_DEVICE_CPU;
-    REFUSED(coda__cuda_rope_backward(ctx, &dy, &y, &pos, &freq, &dz, &t, NULL), CODA_ERR_DEVICE, "s is a CPU tensor");
+    REFUSED(coda__cuda_rope_backward(ctx, &dy, 1, &y, &pos, &freq, &dz, &t, NULL), CODA_ERR_DEVICE, "s is a CPU tensor");
     t = freq, t.device_index = 2;
-    REFUSED(coda__cuda_rope_backward(ctx, &dy, &y, &pos, &t, &dz, &s, NULL), CODA_ERR_DEVICE, "freq is on cuda:2");
+    REFUSED(coda__cuda_rope_backward(ctx, &dy, 1, &y, &pos, &t, &dz, &s, NULL), CODA_ERR_DEVICE, "freq is on cuda:2");
     /* overlap */
     t = coda_tensor_2d(dy.data, CODA_BF16, M, N), t.device = CODA_DEVICE_CUDA;
-    REFUSED(coda__cuda_rope_backward(ctx, &dy, &y, &pos, &freq, &t, &s, NULL), CODA_ERR_OVERLAP, "dz overlaps dy");
+    REFUSED(coda__cuda_rope_backward(ctx, &dy, 1, &y, &pos, &freq, &t, &s, NULL), CODA_ERR_OVERLAP, "dz overlaps dy");
     t = coda_tensor_1d(freq.data, CODA_F32, M), t.device = CODA_DEVICE_CUDA;
-    REFUSED(coda__cuda_rope_backward(ctx, &dy, &y, &pos, &freq, &dz, &t, NULL), CODA_ERR_OVERLAP, "s overlaps freq");
+    REFUSED(coda__cuda_rope_backward(ctx, &dy, 1, &y, &pos, &freq, &dz, &t, NULL), CODA_ERR_OVERLAP, "s overlaps freq");
     t = coda_tensor_1d((char *)dz.data + 4, CODA_F32, M), t.device = CODA_DEVICE_CUDA;
-    REFUSED(coda__cuda_rope_backward(ctx, &dy, &y, &pos, &freq, &dz, &t, NULL), CODA_ERR_OVERLAP, "s overlaps dz");
+    REFUSED(coda__cuda_rope_backward(ctx, &dy, 1, &y, &pos, &freq, &dz, &t, NULL), CODA_ERR_OVERLAP, "s overlaps dz");
+    /* dy in parts (dq, dk, dv): each checked as dy is, one dtype, one row count */
+    coda_tensor_t parts[4];
+    for (int q = 0; q < 4; q++) parts[q] = dy, parts[q].shape[1] = 2; /* three (M, 2) views side by side */
+    parts[1].data = (char *)dy.data + 8, parts[2].data = (char *)dy.data + 16;
+    REFUSED(coda__cuda_rope_backward(ctx, parts, 0, &y, &pos, &freq, &dz, &s, NULL), CODA_ERR_INVALID_ARG, "1 to 3");
+    REFUSED(coda__cuda_rope_backward(ctx, parts, 4, &y, &pos, &freq, &dz, &s, NULL), CODA_ERR_INVALID_ARG, "1 to 3");
+    t = parts[1], parts[1].dtype = CODA_BF16, parts[1].stride[1] = 2;
+    REFUSED(coda__cuda_rope_backward(ctx, parts, 3, &y, &pos, &freq, &dz, &s, NULL), CODA_ERR_DTYPE, "dy[1]");
+    parts[1] = t, parts[2].shape[0] = M - 1;
+    REFUSED(coda__cuda_rope_backward(ctx, parts, 3, &y, &pos, &freq, &dz, &s, NULL), CODA_ERR_SHAPE, "dy[2]");
+    parts[2].shape[0] = M, parts[1].shape[1] = 1;
+    REFUSED(coda__cuda_rope_backward(ctx, parts, 3, &y, &pos, &freq, &dz, &s, NULL), CODA_ERR_SHAPE, "even");
+    parts[1].shape[1] = 2;
+    REFUSED(coda__cuda_rope_backward(ctx, parts, 2, &y, &pos, &freq, &dz, &s, NULL), CODA_ERR_SHAPE, "y");
+    parts[2].device_index = 1;
+    REFUSED(coda__cuda_rope_backward(ctx, parts, 3, &y, &pos, &freq, &dz, &s, NULL), CODA_ERR_DEVICE, "dy[2] is on cuda:1");
+    parts[2].device_index = 0;
+    t = coda_tensor_2d(dy.data, CODA_BF16, M, N), t.device = CODA_DEVICE_CUDA;
+    REFUSED(coda__cuda_rope_backward(ctx, parts, 3, &y, &pos, &freq, &t, &s, NULL), CODA_ERR_OVERLAP, "dz overlaps dy[0]");
+    REFUSED(coda__cuda_rope_backward(ctx, parts, 3, &y, &pos, &freq, &dz, &s, NULL), CODA_ERR_DEVICE, "");
+    CHECK(pool_same(), "refused RoPE backward in parts changed memory");
     /* well-formed */
-    REFUSED(coda__cuda_rope_backward(ctx, &dy, &y, &pos, &freq, &dz, &s, NULL), CODA_ERR_DEVICE, "");
+    REFUSED(coda__cuda_rope_backward(ctx, &dy, 1, &y, &pos, &freq, &dz, &s, NULL), CODA_ERR_DEVICE, "");
     /* no rows */
     coda_tensor_t dy0 = dy, y0 = y, pos0 = pos, dz0 = dz, s0 = s;
     dy0.shape[0] = y0.shape[0] = pos0.shape[0] = dz0.shape[0] = s0.shape[0] = 0;
-    CHECK_OK(coda__cuda_rope_backward(ctx, &dy0, &y0, &pos0, &freq, &dz0, &s0, NULL));
+    CHECK_OK(coda__cuda_rope_backward(ctx, &dy0, 1, &y0, &pos0, &freq, &dz0, &s0, NULL));
     CHECK(pool_same(), "empty RoPE backward changed memory");
 }
 

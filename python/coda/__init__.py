@@ -367,6 +367,8 @@ _sig("coda_block_backward_post", _VP, _P(LlamaWeights), _P(Tensor), _P(BlockActs
      _P(Tensor), _P(LlamaWeights), _VP, ctypes.c_size_t, _VP)
 _sig("coda_block_backward_pre", _VP, _P(LlamaWeights), _P(Tensor), _P(Tensor), _P(BlockActs), _P(Tensor),
      _P(Tensor), _P(Tensor), _P(LlamaWeights), _VP, ctypes.c_size_t, _VP)
+_sig("coda_block_backward_pre_split", _VP, _P(LlamaWeights), _P(Tensor), _P(Tensor), _P(BlockActs), _P(Tensor),
+     _P(Tensor), _P(Tensor), _P(Tensor), _P(Tensor), _P(LlamaWeights), _VP, ctypes.c_size_t, _VP)
 lib.coda_lm_loss_opts_init.restype = None
 lib.coda_lm_loss_opts_init.argtypes = [_P(LMLossOptions)]
 _sig("coda_lm_loss_workspace_size", _VP, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
@@ -1024,12 +1026,21 @@ class Block:
         return do, dh, g
 
     def backward_pre(self, w, x, pos, r1, qkv, dqkv, dh, grad_dtype=torch.float32):
-        """-> (dx (M, d) bf16 = dh + the norm path's gradient, grads dict g1, wqkv)."""
+        """-> (dx (M, d) bf16 = dh + the norm path's gradient, grads dict g1, wqkv).
+        dqkv: (M, nqkv), or a tuple (dq, dk, dv) of its three column blocks,
+        each its own tensor (coda_block_backward_pre_split: no concatenation)."""
         m, d = x.shape[0], self.cfg.d
         dx = torch.empty(m, d, dtype=torch.bfloat16, device=self.device)
         g = {k: torch.empty(w[k].shape, dtype=grad_dtype, device=self.device) for k in ("g1", "wqkv")}
         acts = _acts_struct({"r1": r1, "qkv": qkv})
         buf, ws, n = self._workspace(3, m)
+        if isinstance(dqkv, (tuple, list)):
+            if len(dqkv) != 3:
+                raise ValueError("coda: dqkv as parts must be (dq, dk, dv), got %d tensors" % len(dqkv))
+            _check(lib.coda_block_backward_pre_split(self._h, ctypes.byref(_weights_struct(w)), _opt(x), _opt(pos),
+                                                     ctypes.byref(acts), *(_opt(t) for t in dqkv), _opt(dh), _opt(dx),
+                                                     ctypes.byref(_weights_struct(g)), ws, n, _stream(x)))
+            return dx, g
         _check(lib.coda_block_backward_pre(self._h, ctypes.byref(_weights_struct(w)), _opt(x), _opt(pos),
                                            ctypes.byref(acts), _opt(dqkv), _opt(dh), _opt(dx),
                                            ctypes.byref(_weights_struct(g)), ws, n, _stream(x)))

@@ -137,7 +137,7 @@ def causal_attention(qkv, batch, seq, n_heads, n_kv_heads, head_dim):
     (torch >= 2.0; from 2.5 with enable_gqa, so k and v are read as they
     are, not copied once per query head), else the same in plain torch ops."""
     nq, nkv = n_heads * head_dim, n_kv_heads * head_dim
-    q, k, v = qkv.split([nq, nkv, nkv], dim=1)
+    q, k, v = _ops.split_qkv(qkv, nq, nkv)  # qkv.split, with no cat of the gradients after
     q = q.reshape(batch, seq, n_heads, head_dim).transpose(1, 2)
     k = k.reshape(batch, seq, n_kv_heads, head_dim).transpose(1, 2)
     v = v.reshape(batch, seq, n_kv_heads, head_dim).transpose(1, 2)

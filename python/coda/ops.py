@@ -133,14 +133,25 @@ def _needs_grad(*ts):
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts)
 
 
+def _grad_ready(t):
+    """An attention gradient as coda reads it: f32 or bf16, contiguous columns."""
+    t = t if t.dtype in (torch.float32, torch.bfloat16) else t.float()
+    return t if t.stride(-1) == 1 and t.stride(0) % 8 == 0 else t.contiguous()
+
+
 def _pre_bwd(x, pos, r1, qkv, dqkv, g1, wqkv, cfg, eps, theta, dh=None):
     """dh: block_post's gradient for x (the residual path), added in
-    backward_pre's epilogue; None: zeros (autograd then adds post's)."""
+    backward_pre's epilogue; None: zeros (autograd then adds post's).
+    dqkv: (M, nqkv), or (dq, dk, dv) its column blocks (split_qkv's)."""
     b = blocks(cfg, eps, theta, x.device)
     if dh is None:
         dh = torch.zeros_like(x, dtype=torch.bfloat16)
-    dqkv = dqkv if dqkv.dtype in (torch.float32, torch.bfloat16) else dqkv.float()
-    dx, g = b.backward_pre(_w(g1=g1, wqkv=wqkv), x.contiguous(), pos.contiguous(), r1, qkv, dqkv.contiguous(),
+    if isinstance(dqkv, tuple):
+        dt = torch.bfloat16 if all(t.dtype == torch.bfloat16 for t in dqkv) else torch.float32
+        dqkv = tuple(_grad_ready(t.to(dt)) for t in dqkv)
+    else:
+        dqkv = _grad_ready(dqkv)
+    dx, g = b.backward_pre(_w(g1=g1, wqkv=wqkv), x.contiguous(), pos.contiguous(), r1, qkv, dqkv,
                            dh.contiguous(), grad_dtype=wqkv.dtype)
     return dx, g["g1"], g["wqkv"]
 
@@ -254,12 +265,17 @@ class Link:
     returning it, and block_pre's backward (which autograd always runs
     after it: it needs dqkv, which needs post's do) takes it as the dh that
     coda_block_backward_pre adds in its epilogue. That saves the zero
-    (M, d) tensor and autograd's add of the two gradients of x. A Link
-    belongs to one forward call (coda.nn makes one per call)."""
-    __slots__ = ("dh",)
+    (M, d) tensor and autograd's add of the two gradients of x. Likewise
+    split_qkv's backward leaves the attention's dq, dk, dv here (dparts)
+    for coda_block_backward_pre_split, instead of autograd concatenating
+    them into dqkv. A Link belongs to one forward call (coda.nn makes one
+    per call)."""
+    __slots__ = ("dh", "dparts", "split")
 
     def __init__(self):
         self.dh = None
+        self.dparts = None
+        self.split = False  # split_qkv has taken this call's qkv (once only)
 
 
 # The eager path on every torch (and the only one on torch < 2.4).
@@ -274,12 +290,52 @@ class _Pre(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dqkv):
-        dh = None
+        dh = parts = None
         if ctx.link is not None:
             dh, ctx.link.dh = ctx.link.dh, None
+            parts, ctx.link.dparts = ctx.link.dparts, None
+        if parts is not None:  # split_qkv's: dq, dk, dv as the attention gave them
+            dqkv = parts if dqkv is None else torch.cat([t.to(dqkv.dtype) for t in parts], 1) + dqkv
         if dqkv is None:  # qkv unused: x's gradient is post's alone
             return (dh,) + (None,) * 9
         return _pre_grads(ctx, dqkv, _pre_bwd, dh=dh) + (None,) * 6
+
+
+class _Split(torch.autograd.Function):
+    """split_qkv on the eager path: the three column blocks of block_pre's
+    qkv as views; their gradients go to the call's Link, not to qkv."""
+    @staticmethod
+    def forward(ctx, qkv, nq, nkv, link):
+        ctx.link, ctx.shapes = link, ((qkv.shape[0], nq), (qkv.shape[0], nkv), (qkv.shape[0], nkv))
+        ctx.set_materialize_grads(False)
+        return qkv[:, :nq], qkv[:, nq:nq + nkv], qkv[:, nq + nkv:]
+
+    @staticmethod
+    def backward(ctx, dq, dk, dv):
+        if dq is not None or dk is not None or dv is not None:
+            ref = next(t for t in (dq, dk, dv) if t is not None)
+            ctx.link.dparts = tuple(t if t is not None else ref.new_zeros(sh)
+                                    for t, sh in zip((dq, dk, dv), ctx.shapes))
+        return None, None, None, None
+
+
+def split_qkv(qkv, nq, nkv):
+    """qkv (M, nq + 2 nkv) -> q (M, nq), k, v (M, nkv): column views, as
+    qkv.split([nq, nkv, nkv], 1). Where qkv is block_pre's own output on
+    the eager path (autograd.Function), their gradients go straight to
+    block_pre's backward (coda_block_backward_pre_split reads dq, dk, dv
+    where the attention left them) instead of autograd's cat into one
+    (M, nqkv) tensor: a copy of the whole gradient saved per block. A second
+    split of the same qkv, a slice of it, or any other tensor: the plain
+    split."""
+    if HAVE_CUSTOM_OPS and _traced(qkv):  # compiled: the custom ops, and the compiler's own fusion
+        return qkv.split([nq, nkv, nkv], dim=1)
+    fn = getattr(qkv, "grad_fn", None)
+    link = getattr(fn, "link", None) if isinstance(fn, _Pre._backward_cls) else None
+    if link is None or link.split or not torch.is_grad_enabled():
+        return qkv.split([nq, nkv, nkv], dim=1)
+    link.split = True
+    return _Split.apply(qkv, nq, nkv, link)
 
 
 class _Post(torch.autograd.Function):

@@ -134,9 +134,13 @@ coda_status_t coda__cuda_norm_prologue(coda_context_t *ctx, const coda_tensor_t 
  * - dy[i][2p] s), and s_out[i] = sum_j y_ij dy_ij (f32).
  *   dy (M, N) f32 or bf16, y (M, N) bf16, pos (M) f32, freq (N/2) f32,
  *   dz (M, N) bf16, s_out (M) or (M, 1) f32; N even; any row strides.
+ * dy is an array of n_dy (1 to 3) matrices of M rows and an even number of
+ * columns each, of one dtype, whose columns side by side are dy's (dq, dk
+ * and dv as an attention returns them); the result is the same, bit for
+ * bit, however dy is cut.
  * NaN in dy makes its pair of dz and s_out[i] NaN; in y, s_out[i]; in pos,
  * the row of dz. */
-coda_status_t coda__cuda_rope_backward(coda_context_t *ctx, const coda_tensor_t *dy, const coda_tensor_t *y,
+coda_status_t coda__cuda_rope_backward(coda_context_t *ctx, const coda_tensor_t *dy, int n_dy, const coda_tensor_t *y,
                                        const coda_tensor_t *pos, const coda_tensor_t *freq, coda_tensor_t *dz,
                                        coda_tensor_t *s_out, void *stream);
 

@@ -191,41 +191,65 @@ coda_status_t coda__cuda_norm_prologue(coda_context_t *ctx, const coda_tensor_t 
     return launch(ctx, x->device_index, "coda_norm_prologue_kernel", row_blocks(m, wpr), args, 0, stream);
 }
 
-coda_status_t coda__cuda_rope_backward(coda_context_t *ctx, const coda_tensor_t *dy, const coda_tensor_t *y,
+/* The kernel's coda_rope_parts_t (layer_steps.cuh), field for field. */
+typedef struct {
+    const void *p[3];
+    long long st[3];
+    long long off[4];
+} rope_parts_t;
+
+coda_status_t coda__cuda_rope_backward(coda_context_t *ctx, const coda_tensor_t *dy, int n_dy, const coda_tensor_t *y,
                                        const coda_tensor_t *pos, const coda_tensor_t *freq, coda_tensor_t *dz,
                                        coda_tensor_t *s_out, void *stream) {
     static const char fn[] = "coda__cuda_rope_backward";
+    static const char *const dy_names[3] = {"dy[0]", "dy[1]", "dy[2]"};
     if (!ctx) return coda__fail(CODA_ERR_INVALID_ARG, "%s: ctx is NULL", fn);
-    if (dy && dy->dtype == CODA_BF16) CODA_TRY(check_mat(fn, dy, "dy", CODA_BF16, -1, -1));
-    else CODA_TRY(check_mat(fn, dy, "dy", CODA_F32, -1, -1));
-    int64_t m = dy->shape[0], n = dy->shape[1], ps, fs, s_s;
-    if (n % 2 != 0)
-        return coda__fail(CODA_ERR_SHAPE, "%s: dy has %lld columns; RoPE needs an even number (column pairs)", fn,
-                          (long long)n);
+    if (!dy) return coda__fail(CODA_ERR_INVALID_ARG, "%s: dy is NULL", fn);
+    if (n_dy < 1 || n_dy > 3) return coda__fail(CODA_ERR_INVALID_ARG, "%s: %d parts of dy: 1 to 3", fn, n_dy);
+    const coda_dtype_t dt = dy[0].dtype == CODA_BF16 ? CODA_BF16 : CODA_F32;
+    rope_parts_t P;
+    memset(&P, 0, sizeof P);
+    int64_t m = -1, n = 0;
+    for (int q = 0; q < 3; q++) {
+        P.off[q] = n;
+        if (q >= n_dy) continue;
+        CODA_TRY(check_mat(fn, &dy[q], n_dy > 1 ? dy_names[q] : "dy", dt, m, -1));
+        m = dy[q].shape[0];
+        if (dy[q].shape[1] % 2 != 0)
+            return coda__fail(CODA_ERR_SHAPE, "%s: %s has %lld columns; RoPE needs an even number (column pairs)",
+                              fn, n_dy > 1 ? dy_names[q] : "dy", (long long)dy[q].shape[1]);
+        P.p[q] = dy[q].data;
+        P.st[q] = elem_stride(&dy[q], 0);
+        n += dy[q].shape[1];
+    }
+    P.off[3] = n;
+    int64_t ps, fs, s_s;
     CODA_TRY(check_mat(fn, y, "y", CODA_BF16, m, n));
     CODA_TRY(check_vec(fn, pos, "pos", CODA_F32, m, 0, &ps));
     CODA_TRY(check_vec(fn, freq, "freq", CODA_F32, n / 2, 0, &fs));
     CODA_TRY(check_mat(fn, dz, "dz", CODA_BF16, m, n));
     CODA_TRY(check_vec(fn, s_out, "s", CODA_F32, m, 1, &s_s));
-    const coda_tensor_t *all[] = {dy, y, pos, freq, dz, s_out};
-    const char *names[] = {"dy", "y", "pos", "freq", "dz", "s"};
-    CODA_TRY(check_same_device(fn, all, names, 6));
-    CODA_TRY(check_apart(fn, all, names, 4, all + 4, names + 4, 2));
+    const coda_tensor_t *all[8] = {y, pos, freq, dz, s_out};
+    const char *names[8] = {"y", "pos", "freq", "dz", "s"};
+    for (int q = 0; q < n_dy; q++) all[5 + q] = &dy[q], names[5 + q] = n_dy > 1 ? dy_names[q] : "dy";
+    const int nt = 5 + n_dy;
+    CODA_TRY(check_same_device(fn, all, names, nt));
+    const coda_tensor_t *ins[6] = {y, pos, freq, all[5], all[6], all[7]};
+    const char *in_names[6] = {"y", "pos", "freq", names[5], names[6], names[7]};
+    CODA_TRY(check_apart(fn, ins, in_names, 3 + n_dy, all + 3, names + 3, 2));
     if (m == 0) return CODA_OK;
-    CODA_TRY(check_pointers(ctx, all, names, 6));
+    CODA_TRY(check_pointers(ctx, all, names, nt));
 
-    long long dys = elem_stride(dy, 0), ys = elem_stride(y, 0), pst = ps, dzs = elem_stride(dz, 0), sst = s_s;
-    long long rows = m, nl = n;
+    long long ys = elem_stride(y, 0), pst = ps, dzs = elem_stride(dz, 0), sst = s_s, rows = m;
     int wpr = warps_per_row(n);
-    void *pdy = dy->data;    // (M, N) f32 or bf16
     void *py = y->data;      // (M, N) bf16
     void *ppos = pos->data;  // (M) f32
     void *pf = freq->data;   // (N/2) f32
     void *pdz = dz->data;    // (M, N) bf16
     void *psv = s_out->data; // (M) f32, element stride sst
-    int dy_bf16 = dy->dtype == CODA_BF16;
-    void *args[] = {&pdy, &dys, &py, &ys, &ppos, &pst, &pf, &pdz, &dzs, &psv, &sst, &rows, &nl, &wpr, &dy_bf16};
-    return launch(ctx, dy->device_index, "coda_rope_backward_kernel", row_blocks(m, wpr), args, 0, stream);
+    int dy_bf16 = dt == CODA_BF16;
+    void *args[] = {&P, &py, &ys, &ppos, &pst, &pf, &pdz, &dzs, &psv, &sst, &rows, &wpr, &dy_bf16};
+    return launch(ctx, y->device_index, "coda_rope_backward_kernel", row_blocks(m, wpr), args, 0, stream);
 }
 
 coda_status_t coda__cuda_convert_vec(coda_context_t *ctx, const coda_tensor_t *in, coda_tensor_t *out,

@@ -601,11 +601,13 @@ coda_status_t coda_block_backward_post(coda_block_t *B, const coda_llama_weights
     return CODA_OK;
 }
 
-coda_status_t coda_block_backward_pre(coda_block_t *B, const coda_llama_weights_t *w, const coda_tensor_t *x,
-                                      const coda_tensor_t *pos, const coda_block_acts_t *acts,
-                                      const coda_tensor_t *dqkv, const coda_tensor_t *dh, coda_tensor_t *dx,
-                                      coda_llama_weights_t *grads, void *ws, size_t ws_bytes, void *stream) {
-    static const char fn[] = "coda_block_backward_pre";
+/* backward_pre with dqkv given as n_d parts side by side (1: dqkv; 3: dq,
+ * dk, dv), named in messages by names[]. */
+static coda_status_t backward_pre(coda_block_t *B, const char *fn, const coda_llama_weights_t *w,
+                                  const coda_tensor_t *x, const coda_tensor_t *pos, const coda_block_acts_t *acts,
+                                  const coda_tensor_t *const *dparts, const char *const *names, int n_d,
+                                  const coda_tensor_t *dh, coda_tensor_t *dx, coda_llama_weights_t *grads, void *ws,
+                                  size_t ws_bytes, void *stream) {
     if (!B) return coda__fail(CODA_ERR_INVALID_ARG, "%s: block is NULL", fn);
     if (!acts) return coda__fail(CODA_ERR_INVALID_ARG, "%s: acts is NULL", fn);
     int64_t m, d = B->cfg.d;
@@ -615,27 +617,57 @@ coda_status_t coda_block_backward_pre(coda_block_t *B, const coda_llama_weights_
     CODA_TRY(coda__block_check_arg(B, pos, fn, "pos", m, -1, F32, 1));
     CODA_TRY(coda__block_check_arg(B, &acts->r1, fn, "acts->r1", m, -1, F32, 1));
     CODA_TRY(coda__block_check_arg(B, &acts->qkv, fn, "acts->qkv", m, B->nqkv, BF16, 1));
-    CODA_TRY(coda__block_check_arg(B, dqkv, fn, "dqkv", m, B->nqkv, GRAD, 2));
+    const int64_t widths[3] = {n_d == 1 ? B->nqkv : B->nq, B->nkv, B->nkv};
+    coda_tensor_t dy[3];
+    for (int q = 0; q < n_d; q++) {
+        CODA_TRY(coda__block_check_arg(B, dparts[q], fn, names[q], m, widths[q], GRAD, 2));
+        if (dparts[q]->dtype != dparts[0]->dtype)
+            return coda__fail(CODA_ERR_DTYPE, "%s: %s is %s, %s %s: the three must be of one dtype", fn, names[q],
+                              coda_dtype_name(dparts[q]->dtype), names[0], coda_dtype_name(dparts[0]->dtype));
+        dy[q] = *dparts[q];
+    }
     CODA_TRY(coda__block_check_arg(B, dh, fn, "dh", m, d, BF16, 1));
     CODA_TRY(coda__block_check_arg(B, dx, fn, "dx", m, d, BF16, 1));
     if (grads) CODA_TRY(coda__block_check_weights(B, grads, PRE_GRADS, fn, "grads", GRAD, 2));
     coda__named_t out[] = {{dx, "dx"}};
-    coda__named_t in[] = {{x, "x"}, {pos, "pos"}, {&acts->r1, "acts->r1"}, {&acts->qkv, "acts->qkv"}, {dqkv, "dqkv"},
-                    {dh, "dh"}};
-    CODA_TRY(coda__block_check_apart(fn, out, 1, in, 6, w, CODA__W_BLOCK, grads, PRE_GRADS));
-    coda__dev_arg_t da[] = {{&w->g1, "w->g1", 4}, {&w->wqkv, "w->wqkv", 16}, {x, "x", 4}, {pos, "pos", 4},
-                      {&acts->r1, "acts->r1", 4}, {&acts->qkv, "acts->qkv", 4}, {dqkv, "dqkv", 4}, {dh, "dh", 4},
+    coda__named_t in[8] = {{x, "x"}, {pos, "pos"}, {&acts->r1, "acts->r1"}, {&acts->qkv, "acts->qkv"}, {dh, "dh"}};
+    for (int q = 0; q < n_d; q++) in[5 + q] = (coda__named_t){dparts[q], names[q]};
+    CODA_TRY(coda__block_check_apart(fn, out, 1, in, 5 + n_d, w, CODA__W_BLOCK, grads, PRE_GRADS));
+    coda__dev_arg_t da[13] = {{&w->g1, "w->g1", 4}, {&w->wqkv, "w->wqkv", 16}, {x, "x", 4}, {pos, "pos", 4},
+                      {&acts->r1, "acts->r1", 4}, {&acts->qkv, "acts->qkv", 4}, {dh, "dh", 4},
                       {dx, "dx", 4}, {grads ? &grads->g1 : NULL, "grads->g1", 0},
                       {grads ? &grads->wqkv : NULL, "grads->wqkv", 16}};
-    CODA_TRY(coda__block_check_on_device(B, fn, da, 11));
+    for (int q = 0; q < n_d; q++) da[10 + q] = (coda__dev_arg_t){dparts[q], names[q], 4};
+    CODA_TRY(coda__block_check_on_device(B, fn, da, 10 + n_d));
     scratch_t s;
-    CODA_TRY(scratch(B, fn, CALL_BWD_PRE, m, ws, ws_bytes, da, 11, &s));
+    CODA_TRY(scratch(B, fn, CALL_BWD_PRE, m, ws, ws_bytes, da, 10 + n_d, &s));
 
     /* RoPE backward and the QKV RMSNorm statistic s1 = sum y dqkv */
-    CODA_TRY(coda__layer_rope_backward(B, dqkv, &acts->qkv, pos, &B->freq, &s.dzq, &s.s1, stream));
+    CODA_TRY(coda__layer_rope_backward(B, dy, n_d, &acts->qkv, pos, &B->freq, &s.dzq, &s.s1, stream));
     /* QKV dgrad + attention RMSNorm backward: dx */
     CODA_TRY(norm_backward(B, &s, G_QKV_DGRAD, &s.dzq, &w->wqkv, dh, x, &w->g1, &acts->r1, &s.s1, &s.b, &s.dg1,
                            &s.gvec1, dx, grads ? &grads->g1 : NULL, stream));
     if (grads) CODA_TRY(wgrad(B, &s.dzq, &s.b, &grads->wqkv, stream));
     return CODA_OK;
+}
+
+coda_status_t coda_block_backward_pre(coda_block_t *B, const coda_llama_weights_t *w, const coda_tensor_t *x,
+                                      const coda_tensor_t *pos, const coda_block_acts_t *acts,
+                                      const coda_tensor_t *dqkv, const coda_tensor_t *dh, coda_tensor_t *dx,
+                                      coda_llama_weights_t *grads, void *ws, size_t ws_bytes, void *stream) {
+    static const char *const names[1] = {"dqkv"};
+    const coda_tensor_t *parts[1] = {dqkv};
+    return backward_pre(B, "coda_block_backward_pre", w, x, pos, acts, parts, names, 1, dh, dx, grads, ws, ws_bytes,
+                        stream);
+}
+
+coda_status_t coda_block_backward_pre_split(coda_block_t *B, const coda_llama_weights_t *w, const coda_tensor_t *x,
+                                            const coda_tensor_t *pos, const coda_block_acts_t *acts,
+                                            const coda_tensor_t *dq, const coda_tensor_t *dk, const coda_tensor_t *dv,
+                                            const coda_tensor_t *dh, coda_tensor_t *dx, coda_llama_weights_t *grads,
+                                            void *ws, size_t ws_bytes, void *stream) {
+    static const char *const names[3] = {"dq", "dk", "dv"};
+    const coda_tensor_t *parts[3] = {dq, dk, dv};
+    return backward_pre(B, "coda_block_backward_pre_split", w, x, pos, acts, parts, names, 3, dh, dx, grads, ws,
+                        ws_bytes, stream);
 }

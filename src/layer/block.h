@@ -92,8 +92,9 @@ coda_status_t coda__layer_norm_prologue(const coda_block_t *B, const coda_tensor
                                         coda_tensor_t *xg, coda_tensor_t *ss, void *stream);
 /* dz (M, N) bf16 = R^T dy per column pair (dy (M, N) f32 or bf16, the
  * rotation by pos (M) f32 * freq (N/2) f32); s (M) f32 = rowsum y * dy with
- * y (M, N) bf16 the forward's roped output. */
-coda_status_t coda__layer_rope_backward(const coda_block_t *B, const coda_tensor_t *dy, const coda_tensor_t *y,
+ * y (M, N) bf16 the forward's roped output. dy: n_dy matrices (1 to 3)
+ * whose columns side by side are dy's (dq, dk, dv). */
+coda_status_t coda__layer_rope_backward(const coda_block_t *B, const coda_tensor_t *dy, int n_dy, const coda_tensor_t *y,
                                         const coda_tensor_t *pos, const coda_tensor_t *freq, coda_tensor_t *dz,
                                         coda_tensor_t *s, void *stream);
 /* out (n) bf16 or f32 = in (n) f32. */

@@ -33,8 +33,10 @@ void coda__llama_rope_freq(const coda_llama_config_t *cfg, float *freq);
  * (R the forward rotation by pos_i * freq_j), and s[i] = sum_j y_ij dy_ij
  * (= sum z dz, R being a rotation).
  *   dy (M, N) f32 or bf16 from the attention backward, y (M, N) bf16 the
- *   forward qkv, pos (M), freq (N/2) f32, dz (M, N) bf16, s (M) f32. */
-void coda__llama_rope_backward(const coda_tensor_t *dy, const coda_tensor_t *y, const coda_tensor_t *pos,
+ *   forward qkv, pos (M), freq (N/2) f32, dz (M, N) bf16, s (M) f32.
+ *   dy is n_dy (1 to 3) matrices side by side, each of an even width (dq,
+ *   dk, dv). */
+void coda__llama_rope_backward(const coda_tensor_t *dy, int n_dy, const coda_tensor_t *y, const coda_tensor_t *pos,
                                const coda_tensor_t *freq, coda_tensor_t *dz, coda_tensor_t *s);
 
 /* out (n) = in (n) f32, converted to out's dtype (bf16 or f32). CPU tensors. */

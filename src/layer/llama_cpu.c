@@ -46,17 +46,20 @@ void coda__llama_rope_freq(const coda_llama_config_t *cfg, float *freq) {
 
 /* On CUDA: the backend's kernel (steps.c). The angle is computed exactly
  * as the qkv_rope program does, in f32: th = pos * freq. */
-void coda__llama_rope_backward(const coda_tensor_t *dy, const coda_tensor_t *y, const coda_tensor_t *pos,
+void coda__llama_rope_backward(const coda_tensor_t *dy, int n_dy, const coda_tensor_t *y, const coda_tensor_t *pos,
                                const coda_tensor_t *freq, coda_tensor_t *dz, coda_tensor_t *s) {
-    int64_t m = dy->shape[0], n = dy->shape[1];
+    int64_t m = dy[0].shape[0], n = y->shape[1];
     for (int64_t i = 0; i < m; i++) {
         const uint16_t *yr = coda__at2(y, i, 0);
         uint16_t *out = coda__at2(dz, i, 0);
         float pi = *(const float *)coda__at1(pos, i);
         float acc = 0.0f;
+        int q = 0;       /* the part of dy holding pair p */
+        int64_t off = 0; /* its first column */
         for (int64_t p = 0; p < n / 2; p++) {
-            float de = coda__load_f32(coda__at2(dy, i, 2 * p), dy->dtype);
-            float dd = coda__load_f32(coda__at2(dy, i, 2 * p + 1), dy->dtype);
+            while (q < n_dy - 1 && 2 * p >= off + dy[q].shape[1]) off += dy[q++].shape[1];
+            float de = coda__load_f32(coda__at2(&dy[q], i, 2 * p - off), dy[q].dtype);
+            float dd = coda__load_f32(coda__at2(&dy[q], i, 2 * p + 1 - off), dy[q].dtype);
             acc += coda__bf16_to_f32(yr[2 * p]) * de + coda__bf16_to_f32(yr[2 * p + 1]) * dd;
             float th = pi * *(const float *)coda__at1(freq, p);
             float c = cosf(th), sn = sinf(th);

@@ -25,15 +25,15 @@ coda_status_t coda__layer_norm_prologue(const coda_block_t *B, const coda_tensor
 #endif
 }
 
-coda_status_t coda__layer_rope_backward(const coda_block_t *B, const coda_tensor_t *dy, const coda_tensor_t *y,
+coda_status_t coda__layer_rope_backward(const coda_block_t *B, const coda_tensor_t *dy, int n_dy, const coda_tensor_t *y,
                                         const coda_tensor_t *pos, const coda_tensor_t *freq, coda_tensor_t *dz,
                                         coda_tensor_t *s, void *stream) {
     if (B->device == CODA_DEVICE_CPU) {
-        coda__llama_rope_backward(dy, y, pos, freq, dz, s);
+        coda__llama_rope_backward(dy, n_dy, y, pos, freq, dz, s);
         return CODA_OK;
     }
 #ifdef CODA_WITH_CUDA
-    return coda__cuda_rope_backward(B->ctx, dy, y, pos, freq, dz, s, stream);
+    return coda__cuda_rope_backward(B->ctx, dy, n_dy, y, pos, freq, dz, s, stream);
 #else
     (void)stream;
     return no_cuda();

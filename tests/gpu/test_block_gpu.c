@@ -256,6 +256,26 @@ int main(void) {
         void *a16 = down(&dx16);
         double e16 = rel(a16, c.dx.h.data, m * d, CODA_BF16);
         CHECK(e16 <= 2e-2, "M %lld: dx from a bf16 dqkv: %.3g from the CPU's", (long long)m, e16);
+        /* dq, dk, dv in bf16, each its own buffer, as SDPA returns them
+         * (coda_block_backward_pre_split): dx16's bits */
+        {
+            const int64_t kv = (nqkv - nq) / 2, w3[3] = {nq, kv, kv};
+            dual_t p3[3] = {dual(CODA_BF16, m, nq), dual(CODA_BF16, m, kv), dual(CODA_BF16, m, kv)};
+            for (int q = 0, off = 0; q < 3; off += (int)w3[q], q++) {
+                for (int64_t i = 0; i < m; i++)
+                    memcpy((uint16_t *)p3[q].h.data + i * w3[q], (uint16_t *)g.dqkv16.h.data + i * nqkv + off,
+                           (size_t)w3[q] * 2);
+                up(&p3[q]);
+            }
+            dual_t dxs = dual(CODA_BF16, m, d);
+            CHECK_OK(coda_block_backward_pre_split(Bg, &wd, &g.x.d, &g.pos.d, &ad, &p3[0].d, &p3[1].d, &p3[2].d,
+                                                   &g.dh.d, &dxs.d, NULL, wsd, wsb, NULL));
+            void *as = down(&dxs);
+            CHECK(memcmp(as, a16, (size_t)(m * d) * 2) == 0, "M %lld: dx from dq, dk, dv differs from dx from their "
+                  "concatenation", (long long)m);
+            free(as), dual_free(&dxs);
+            for (int q = 0; q < 3; q++) dual_free(&p3[q]);
+        }
         free(a16), dual_free(&dx16);
 
         /* the four calls in one CUDA graph, replayed: the same bits */

@@ -257,7 +257,7 @@ static void rope_case(int64_t M, int64_t N, int mode, unsigned layouts) {
     coda_tensor_t hdz = coda_tensor_2d(dz_ref, CODA_BF16, M, N);
     coda_tensor_t hpos = coda_tensor_1d(pos, CODA_F32, M), hfreq = coda_tensor_1d(freq, CODA_F32, N / 2);
     coda_tensor_t hs = coda_tensor_1d(s_ref, CODA_F32, M);
-    coda__llama_rope_backward(&hdy, &hy, &hpos, &hfreq, &hdz, &hs);
+    coda__llama_rope_backward(&hdy, 1, &hy, &hpos, &hfreq, &hdz, &hs);
     for (int64_t i = 0; i < M; i++) {
         double s = 0, a = 0;
         for (int64_t j = 0; j < N; j++) {
@@ -284,7 +284,7 @@ static void rope_case(int64_t M, int64_t N, int mode, unsigned layouts) {
         mk_in(&b[3], "freq", CODA_F32, 1, N / 2, 0, L, 3, freq, &r);
         mk_out(&b[4], "dz", CODA_BF16, 2, M, N, L, 4, &r);
         mk_out(&b[5], "s", CODA_F32, L % 2 ? 1 : 2, M, 1, L, 5, &r);
-        coda_status_t s = coda__cuda_rope_backward(ctx, &b[0].t, &b[1].t, &b[2].t, &b[3].t, &b[4].t, &b[5].t, NULL);
+        coda_status_t s = coda__cuda_rope_backward(ctx, &b[0].t, 1, &b[1].t, &b[2].t, &b[3].t, &b[4].t, &b[5].t, NULL);
         CHECK(s == CODA_OK, "%s: %s: %s", what, coda_status_name(s), coda_last_error());
         if (s != CODA_OK) {
             free_all(b, 6);
@@ -339,7 +339,7 @@ static void rope_case(int64_t M, int64_t N, int mode, unsigned layouts) {
             dz_first = h_alloc((size_t)(M * N) * 2);
             memcpy(s_first, sv, (size_t)M * 4);
             memcpy(dz_first, dz, (size_t)(M * N) * 2);
-            CHECK_OK(coda__cuda_rope_backward(ctx, &b[0].t, &b[1].t, &b[2].t, &b[3].t, &b[4].t, &b[5].t, NULL));
+            CHECK_OK(coda__cuda_rope_backward(ctx, &b[0].t, 1, &b[1].t, &b[2].t, &b[3].t, &b[4].t, &b[5].t, NULL));
             float *again = g_view(&b[5], 1);
             CHECK(memcmp(again, sv, (size_t)M * 4) == 0, "%s: s differs run to run", what);
             free(again);
@@ -350,6 +350,42 @@ static void rope_case(int64_t M, int64_t N, int mode, unsigned layouts) {
         free(dz);
         free(sv);
         free_all(b, 6);
+    }
+    /* dy cut into three parts (dq, dk, dv as an attention returns them),
+     * each its own buffer: the same bits as the whole matrix, for widths
+     * that split 8-column chunks and for every layout */
+    int64_t h = N / 2, w[3] = {2 * (h / 3), 2 * ((h - h / 3) / 2), 0};
+    w[2] = N - w[0] - w[1];
+    for (int L = 0; s_first && w[0] > 0 && w[1] > 0 && w[2] > 0 && L < NLAYOUTS; L++) {
+        if (!(layouts >> L & 1)) continue;
+        snprintf(what, sizeof what, "RoPE backward in parts %lld+%lld+%lld, M %lld mode %d layout %d",
+                 (long long)w[0], (long long)w[1], (long long)w[2], (long long)M, mode, L);
+        g_buf_t b[8];
+        const coda_dtype_t dt = mode == 4 ? CODA_BF16 : CODA_F32;
+        const size_t es = coda_dtype_size(dt);
+        for (int q = 0, off = 0; q < 3; off += (int)w[q], q++) {
+            char *part = h_alloc((size_t)(M * w[q]) * es); /* columns off.. of dy, as the kernel reads them */
+            for (int64_t i = 0; i < M; i++)
+                memcpy(part + (size_t)(i * w[q]) * es, (mode == 4 ? (char *)dy16 : (char *)dy) + (size_t)(i * N + off) * es,
+                       (size_t)w[q] * es);
+            mk_in(&b[5 + q], q == 0 ? "dq" : q == 1 ? "dk" : "dv", dt, 2, M, w[q], L, 6 + q, part, &r);
+            free(part);
+        }
+        mk_in(&b[0], "y", CODA_BF16, 2, M, N, L, 1, y, &r);
+        mk_in(&b[1], "pos", CODA_F32, 1, M, 0, L, 2, pos, &r);
+        mk_in(&b[2], "freq", CODA_F32, 1, N / 2, 0, L, 3, freq, &r);
+        mk_out(&b[3], "dz", CODA_BF16, 2, M, N, L, 4, &r);
+        mk_out(&b[4], "s", CODA_F32, L % 2 ? 1 : 2, M, 1, L, 5, &r);
+        coda_tensor_t parts[3] = {b[5].t, b[6].t, b[7].t};
+        CHECK_OK(coda__cuda_rope_backward(ctx, parts, 3, &b[0].t, &b[1].t, &b[2].t, &b[3].t, &b[4].t, NULL));
+        check_all(b, 8, what);
+        uint16_t *dz = g_view(&b[3], 1);
+        float *sv = g_view(&b[4], 1);
+        CHECK(memcmp(s_first, sv, (size_t)M * 4) == 0, "%s: s differs from the whole matrix's bits", what);
+        CHECK(memcmp(dz_first, dz, (size_t)(M * N) * 2) == 0, "%s: dz differs from the whole matrix's", what);
+        free(dz);
+        free(sv);
+        free_all(b, 8);
     }
     if (mode == 0) {
         rope_ulps += ulps;
@@ -516,24 +552,24 @@ static void bad_input(void) {
     mk_out(&b[4], "dz", CODA_BF16, 2, M, D, 1, 4, &r);
     mk_out(&b[5], "s", CODA_F32, 1, M, 0, 1, 5, &r);
     ht = coda_tensor_2d(host, CODA_BF16, M, D), ht.device = CODA_DEVICE_CUDA;
-    CHECK_STATUS(coda__cuda_rope_backward(ctx, &b[0].t, &b[1].t, &b[2].t, &b[3].t, &ht, &b[5].t, NULL),
+    CHECK_STATUS(coda__cuda_rope_backward(ctx, &b[0].t, 1, &b[1].t, &b[2].t, &b[3].t, &ht, &b[5].t, NULL),
                  CODA_ERR_DEVICE);
     ht = coda_tensor_1d(host, CODA_F32, M), ht.device = CODA_DEVICE_CUDA;
-    CHECK_STATUS(coda__cuda_rope_backward(ctx, &b[0].t, &b[1].t, &b[2].t, &b[3].t, &b[4].t, &ht, NULL),
+    CHECK_STATUS(coda__cuda_rope_backward(ctx, &b[0].t, 1, &b[1].t, &b[2].t, &b[3].t, &b[4].t, &ht, NULL),
                  CODA_ERR_DEVICE);
-    CHECK_STATUS(coda__cuda_rope_backward(ctx, &b[0].t, &b[1].t, &ht, &b[3].t, &b[4].t, &b[5].t, NULL),
+    CHECK_STATUS(coda__cuda_rope_backward(ctx, &b[0].t, 1, &b[1].t, &ht, &b[3].t, &b[4].t, &b[5].t, NULL),
                  CODA_ERR_DEVICE);
     t = b[3].t, t.shape[0] = D;
-    CHECK_STATUS(coda__cuda_rope_backward(ctx, &b[0].t, &b[1].t, &b[2].t, &t, &b[4].t, &b[5].t, NULL),
+    CHECK_STATUS(coda__cuda_rope_backward(ctx, &b[0].t, 1, &b[1].t, &b[2].t, &t, &b[4].t, &b[5].t, NULL),
                  CODA_ERR_SHAPE);
     t = b[4].t, t.data = b[1].t.data, t.stride[0] = b[1].t.stride[0]; /* dz = y */
-    CHECK_STATUS(coda__cuda_rope_backward(ctx, &b[0].t, &b[1].t, &b[2].t, &b[3].t, &t, &b[5].t, NULL),
+    CHECK_STATUS(coda__cuda_rope_backward(ctx, &b[0].t, 1, &b[1].t, &b[2].t, &b[3].t, &t, &b[5].t, NULL),
                  CODA_ERR_OVERLAP);
     t = b[5].t, t.device = CODA_DEVICE_CPU;
-    CHECK_STATUS(coda__cuda_rope_backward(ctx, &b[0].t, &b[1].t, &b[2].t, &b[3].t, &b[4].t, &t, NULL),
+    CHECK_STATUS(coda__cuda_rope_backward(ctx, &b[0].t, 1, &b[1].t, &b[2].t, &b[3].t, &b[4].t, &t, NULL),
                  CODA_ERR_DEVICE);
     t = b[0].t, t.dtype = CODA_I32; /* dy is f32 or bf16 */
-    CHECK_STATUS(coda__cuda_rope_backward(ctx, &t, &b[1].t, &b[2].t, &b[3].t, &b[4].t, &b[5].t, NULL),
+    CHECK_STATUS(coda__cuda_rope_backward(ctx, &t, 1, &b[1].t, &b[2].t, &b[3].t, &b[4].t, &b[5].t, NULL),
                  CODA_ERR_DTYPE);
     same_all(b, 6, what);
     CHECK(memcmp(host, before, M * D * 4) == 0, "%s: host memory written", what);
@@ -593,11 +629,11 @@ static void side_stream(void) {
     mk_out(&b[7], "dz", CODA_BF16, 2, M, D, 0, 0, &r);
     mk_out(&b[8], "s", CODA_F32, 1, M, 0, 0, 0, &r);
     CHECK_OK(coda__cuda_norm_prologue(ctx, &b[0].t, &b[1].t, &b[5].t, &b[6].t, st));
-    CHECK_OK(coda__cuda_rope_backward(ctx, &b[2].t, &b[0].t, &b[3].t, &b[4].t, &b[7].t, &b[8].t, st));
+    CHECK_OK(coda__cuda_rope_backward(ctx, &b[2].t, 1, &b[0].t, &b[3].t, &b[4].t, &b[7].t, &b[8].t, st));
     CUDA_OK(cudaStreamSynchronize(st));
     void *got[4] = {g_view(&b[5], 1), g_view(&b[6], 1), g_view(&b[7], 1), g_view(&b[8], 1)};
     CHECK_OK(coda__cuda_norm_prologue(ctx, &b[0].t, &b[1].t, &b[5].t, &b[6].t, NULL));
-    CHECK_OK(coda__cuda_rope_backward(ctx, &b[2].t, &b[0].t, &b[3].t, &b[4].t, &b[7].t, &b[8].t, NULL));
+    CHECK_OK(coda__cuda_rope_backward(ctx, &b[2].t, 1, &b[0].t, &b[3].t, &b[4].t, &b[7].t, &b[8].t, NULL));
     size_t sizes[4] = {nb, M * 4, nb, M * 4};
     for (int k = 0; k < 4; k++) {
         void *now = g_view(&b[5 + k], 1);
@@ -623,7 +659,7 @@ static double time_ms(int which, coda_tensor_t *t) {
     for (int rep = -1; rep < REPS; rep++) { /* rep -1: warm-up (compile, load) */
         if (rep == 0) CUDA_OK(cudaEventRecord(e0, NULL));
         coda_status_t s = which == 0 ? coda__cuda_norm_prologue(ctx, &t[0], &t[1], &t[2], &t[3], NULL)
-                          : which == 1 ? coda__cuda_rope_backward(ctx, &t[0], &t[1], &t[2], &t[3], &t[4], &t[5], NULL)
+                          : which == 1 ? coda__cuda_rope_backward(ctx, &t[0], 1, &t[1], &t[2], &t[3], &t[4], &t[5], NULL)
                           : which == 2 ? coda__cuda_convert_vec(ctx, &t[0], &t[1], NULL)
                                        : coda__cuda_check_targets(ctx, &t[0], 128256, -100, &t[1], NULL);
         CHECK(s == CODA_OK, "timing %d: %s", which, coda_last_error());

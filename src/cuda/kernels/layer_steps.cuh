@@ -4,6 +4,7 @@
  *
  *   coda_norm_prologue_kernel   xg = bf16(x g), ss[i] = sum_j x_ij^2
  *   coda_rope_backward_kernel   dz = R^T dy per column pair, s[i] = sum_j y_ij dy_ij
+ *                               (dy's columns in up to three parts: dq, dk, dv)
  *   coda_convert_vec_kernel     out = in (f32 -> bf16 or f32), any element strides
  *   coda_check_targets_kernel   the first target outside [0, V) that is not ignored
  *
@@ -164,18 +165,44 @@ static __device__ __forceinline__ void coda_rope_pair(float de, float dd, float 
     *zo = dd * c - de * sn;
 }
 
+/* dy's columns come in up to three parts, concatenated (an attention's dq,
+ * dk and dv as it returns them: no copy into one matrix first): part q is
+ * (rows, n_q) with its own base and row stride, at columns [off_q, off_q +
+ * n_q) of the row; unused parts have n_q = 0. */
+typedef struct {
+    const void *p[3]; /* (rows, n_q) f32 or bf16 */
+    long long st[3];  /* row strides, elements */
+    long long off[4]; /* off[q]: part q's first column; off[3] = n */
+} coda_rope_parts_t;
+
+/* The part holding column j (j < n). */
+static __device__ __forceinline__ int coda_rope_part(const coda_rope_parts_t *P, long long j) {
+    return j < P->off[1] ? 0 : j < P->off[2] ? 1 : 2;
+}
+
+/* dy[i][j] as f32. */
+static __device__ __forceinline__ float coda_rope_dy(const coda_rope_parts_t *P, int dy_bf16, long long i,
+                                                     long long j) {
+    const int q = coda_rope_part(P, j);
+    const long long e = i * P->st[q] + (j - P->off[q]);
+    return dy_bf16 ? coda_bf(((const coda_bf16_t *)P->p[q])[e]) : ((const float *)P->p[q])[e];
+}
+
 /* RoPE backward and the QKV RMSNorm's row statistic:
  *   dz[i][2p] = bf16(de c + dd s), dz[i][2p+1] = bf16(dd c - de s), with
  *   (de, dd) = dy[i][2p..2p+1], th = pos_i freq_p; s_i = sum_j y_ij dy_ij.
  *   dy (rows, n) f32, or bf16 when dy_bf16 (as an attention library gives
- *   it), row stride dys; y (rows, n) bf16, row stride ys;
+ *   it), in parts (coda_rope_parts_t; every n_q even, so a pair never
+ *   straddles two); y (rows, n) bf16, row stride ys;
  *   pos (rows) f32, element stride ps; freq (n/2) f32, contiguous;
  *   dz (rows, n) bf16, row stride dzs; s (rows) f32, element stride s_s.
- * n even. A chunk is 8 columns: 4 pairs, 32 bytes of dy, 16 of y, freq and
- * dz. wpr and the grid as for the norm prologue. */
+ * n even. A chunk is 8 columns of the whole row: 4 pairs, 32 bytes of dy,
+ * 16 of y, freq and dz; vector loads where it lies in one part and every
+ * address is 16-byte aligned, element loads otherwise (the same arithmetic,
+ * so the parts change no bit of the result, nor the row sum's order: that
+ * depends on n alone). wpr and the grid as for the norm prologue. */
 extern "C" __global__ void __launch_bounds__(CODA_STEPS_THREADS)
-coda_rope_backward_kernel(const void *dy,        // (rows, n) f32 or bf16 (dy_bf16), row stride dys
-                          long long dys,
+coda_rope_backward_kernel(coda_rope_parts_t P,   // dy (rows, n) in parts, f32 or bf16 (dy_bf16)
                           const coda_bf16_t *y,  // (rows, n) bf16, row stride ys
                           long long ys,
                           const float *pos,      // (rows) f32, element stride ps
@@ -184,33 +211,35 @@ coda_rope_backward_kernel(const void *dy,        // (rows, n) f32 or bf16 (dy_bf
                           coda_bf16_t *dz,       // (rows, n) bf16, row stride dzs
                           long long dzs,
                           float *s,              // (rows) f32, element stride s_s
-                          long long s_s, long long rows, long long n, int wpr, int dy_bf16) {
+                          long long s_s, long long rows, int wpr, int dy_bf16) {
     __shared__ float red[8];
     const int rpb = 8 / wpr, T = 32 * wpr;
     const int warp = threadIdx.x >> 5;
     const int t = (warp % wpr) * 32 + (threadIdx.x & 31);
-    const long long nfull = n >> 3, tail0 = nfull << 3;
+    const long long n = P.off[3], nfull = n >> 3, tail0 = nfull << 3;
+    const int esz = dy_bf16 ? 2 : 4;
     for (long long r0 = (long long)blockIdx.x * rpb; r0 < rows; r0 += (long long)gridDim.x * rpb) {
         const long long i = r0 + warp / wpr;
         float acc = 0.0f;
         if (i < rows) {
-            const float *dyr = (const float *)dy + i * dys;             // (n) f32: row i of dy
-            const coda_bf16_t *dyh = (const coda_bf16_t *)dy + i * dys; // (n) bf16: the same, dy_bf16
             const coda_bf16_t *yr = y + i * ys;  // (n) bf16: row i of y
             coda_bf16_t *zr = dz + i * dzs;      // (n) bf16: row i of dz
             const float pos_i = pos[i * ps];
-            const int vec = coda_aligned16(dy_bf16 ? (const void *)dyh : (const void *)dyr) & coda_aligned16(yr) &
-                            coda_aligned16(zr) & coda_aligned16(freq);
             for (long long c = t; c < nfull; c += T) {
                 const long long j0 = c << 3, p0 = c << 2;
+                const int q = coda_rope_part(&P, j0);
+                // chunk j0..j0+7 of dy, where it lies in part q
+                const char *dq = (const char *)P.p[q] + (i * P.st[q] + (j0 - P.off[q])) * esz;
+                const int vec = (j0 + 8 <= P.off[q + 1]) & coda_aligned16(dq) & coda_aligned16(yr + j0) &
+                                coda_aligned16(zr + j0) & coda_aligned16(freq + p0);
                 float dv[8], yv[8], fv[4], zv[8];
                 if (vec) {
                     if (dy_bf16) {
-                        const uint4 h = *(const uint4 *)(dyh + j0);
+                        const uint4 h = *(const uint4 *)dq;
                         dv[0] = coda_lo(h.x), dv[1] = coda_hi(h.x), dv[2] = coda_lo(h.y), dv[3] = coda_hi(h.y);
                         dv[4] = coda_lo(h.z), dv[5] = coda_hi(h.z), dv[6] = coda_lo(h.w), dv[7] = coda_hi(h.w);
                     } else {
-                        const float4 a = *(const float4 *)(dyr + j0), b = *(const float4 *)(dyr + j0 + 4);
+                        const float4 a = *(const float4 *)dq, b = *(const float4 *)(dq + 16);
                         dv[0] = a.x, dv[1] = a.y, dv[2] = a.z, dv[3] = a.w;
                         dv[4] = b.x, dv[5] = b.y, dv[6] = b.z, dv[7] = b.w;
                     }
@@ -220,8 +249,7 @@ coda_rope_backward_kernel(const void *dy,        // (rows, n) f32 or bf16 (dy_bf
                     yv[4] = coda_lo(u.z), yv[5] = coda_hi(u.z), yv[6] = coda_lo(u.w), yv[7] = coda_hi(u.w);
                     fv[0] = f.x, fv[1] = f.y, fv[2] = f.z, fv[3] = f.w;
                 } else {
-                    for (int k = 0; k < 8; k++)
-                        dv[k] = dy_bf16 ? coda_bf(dyh[j0 + k]) : dyr[j0 + k], yv[k] = coda_bf(yr[j0 + k]);
+                    for (int k = 0; k < 8; k++) dv[k] = coda_rope_dy(&P, dy_bf16, i, j0 + k), yv[k] = coda_bf(yr[j0 + k]);
                     for (int k = 0; k < 4; k++) fv[k] = freq[p0 + k];
                 }
                 for (int k = 0; k < 4; k++)
@@ -241,8 +269,7 @@ coda_rope_backward_kernel(const void *dy,        // (rows, n) f32 or bf16 (dy_bf
             if (tail0 < n && t == (int)(nfull % T)) {
                 for (long long j = tail0; j < n; j += 2) {
                     float ze, zo;
-                    const float de = dy_bf16 ? coda_bf(dyh[j]) : dyr[j];
-                    const float dd = dy_bf16 ? coda_bf(dyh[j + 1]) : dyr[j + 1];
+                    const float de = coda_rope_dy(&P, dy_bf16, i, j), dd = coda_rope_dy(&P, dy_bf16, i, j + 1);
                     coda_rope_pair(de, dd, coda_bf(yr[j]), coda_bf(yr[j + 1]), pos_i, freq[j >> 1], &acc, &ze, &zo);
                     zr[j] = coda_to_bf(ze);
                     zr[j + 1] = coda_to_bf(zo);
