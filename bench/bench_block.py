@@ -181,9 +181,13 @@ class Floor:
         return None
 
 
-def coda_attention(qkv, batch, seq, n_heads, n_kv_heads, head_dim):
+def coda_attention(qkv, batch, seq, n_heads, n_kv_heads, head_dim, split=None):
+    """coda.nn.causal_attention with the benchmark's sdpa. split: how q, k
+    and v come out of qkv (coda.ops.split_qkv: their gradients go to the
+    block's backward as they are; --cat-ab times torch's split, whose
+    backward concatenates them, beside it)."""
     nq, nkv = n_heads * head_dim, n_kv_heads * head_dim
-    q, k, v = qkv.split([nq, nkv, nkv], dim=1)
+    q, k, v = (split or coda.ops.split_qkv)(qkv, nq, nkv)
     q = q.reshape(batch, seq, n_heads, head_dim).transpose(1, 2)
     k = k.reshape(batch, seq, n_kv_heads, head_dim).transpose(1, 2)
     v = v.reshape(batch, seq, n_kv_heads, head_dim).transpose(1, 2)
@@ -200,7 +204,11 @@ def weights(shape, device):
             "g2": (1 + 0.1 * torch.randn(d, generator=g)).to(device, torch.bfloat16)}
 
 
-def coda_block(W, shape, dev):
+def torch_split(qkv, nq, nkv):
+    return qkv.split([nq, nkv, nkv], dim=1)
+
+
+def coda_block(W, shape, dev, attention=None):
     """coda.nn.LlamaBlock (bf16 parameters, SDPA attention) from the weights
     W, through a LLaMA-style state_dict as a user would load one."""
     d, H, KV, hd, ffn, theta = shape
@@ -211,10 +219,10 @@ def coda_block(W, shape, dev):
         "mlp.down_proj.weight": W["w_down"], "input_layernorm.weight": W["g1"],
         "post_attention_layernorm.weight": W["g2"]}.items()}
     return coda.nn.LlamaBlock.from_state_dict(cfg, sd, "model.layers.0.", device=dev, dtype=torch.bfloat16,
-                                              attention=coda_attention)
+                                              attention=attention or coda_attention)
 
 
-def bench_shape(name, shape, B, S, reps, liger, do_check, n_gaps=0):
+def bench_shape(name, shape, B, S, reps, liger, do_check, n_gaps=0, cat_ab=False):
     dev = torch.device("cuda")
     d, H, KV, hd, ffn, theta = shape
     W = weights(shape, dev)
@@ -225,6 +233,8 @@ def bench_shape(name, shape, B, S, reps, liger, do_check, n_gaps=0):
     if liger:
         mods.append(("liger", TorchBlock(W, shape, S, liger)))
     mods.append(("coda", coda_block(W, shape, dev)))
+    if cat_ab:
+        mods.append(("coda-cat", coda_block(W, shape, dev, lambda *a: coda_attention(*a, split=torch_split))))
     x = torch.randn(B, S, d, device=dev, dtype=torch.bfloat16)
     dy = torch.randn(B, S, d, device=dev, dtype=torch.bfloat16)
     xg = x.clone().requires_grad_(True)
@@ -281,7 +291,7 @@ def bench_shape(name, shape, B, S, reps, liger, do_check, n_gaps=0):
         if n_gaps > 0 and v in ("floor", "torch.compile", "coda"):
             gaps(fns[1], "%s %s forward+backward" % (name, v), n_gaps)
     if do_check:
-        eager, cm = mods[0][1], mods[-1][1]
+        eager, cm = mods[0][1], dict(mods)["coda"]
         with torch.no_grad():
             ye, yc = eager(x), cm(x)
         e = ((yc.float() - ye.float()).norm() / ye.float().norm()).item()
@@ -302,13 +312,15 @@ def main():
     ap.add_argument("--gaps", type=int, default=0, metavar="N",
                     help="profile one forward+backward of floor, torch.compile and coda with the host: "
                          "GPU idle and the N largest waits for the host (trace_gaps.py)")
+    ap.add_argument("--cat-ab", action="store_true",
+                    help="also time coda with torch's split of qkv (autograd concatenates dq, dk, dv) as coda-cat")
     a = ap.parse_args()
     liger, why = load_liger()
     print("device: %s; torch %s; Liger-Kernel: %s; coda custom ops: %s"
           % (torch.cuda.get_device_name(), torch.__version__, "yes" if liger else "no (%s)" % why,
              coda.ops.HAVE_CUSTOM_OPS), flush=True)
     for s in a.shapes.split(","):
-        bench_shape(s, SHAPES[s], a.batch, a.seq, a.reps, liger, a.check, a.gaps)
+        bench_shape(s, SHAPES[s], a.batch, a.seq, a.reps, liger, a.check, a.gaps, a.cat_ab)
 
 
 if __name__ == "__main__":
