@@ -464,6 +464,13 @@ def split_grads(cfg):
     check(nodes[0] == "_SplitBackward" and nodes[1] != "_SplitBackward",
           "split_qkv: first and second split's nodes %s" % (nodes,))
     check(torch.equal(g_mix, g_plain), "split_qkv: parts + dqkv give another x.grad than dqkv alone")
+    b = coda.ops.blocks(tuple(blk._cfg_list), blk._eps, blk._theta, torch.device(DEVICE))
+    for parts in ((), (g_mix,) * 2, (g_mix,) * 4):
+        try:
+            b.backward_pre({}, g_mix, None, None, None, parts, None)
+            check(False, "Block.backward_pre with %d parts did not raise" % len(parts))
+        except ValueError as e:
+            check("(dq, dk, dv)" in str(e), "Block.backward_pre with %d parts: %s" % (len(parts), e))
     print("split_qkv: dq, dk, dv to block_pre's backward as they are, same bits as the cat: ok")
 
 

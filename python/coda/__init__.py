@@ -1029,14 +1029,15 @@ class Block:
         """-> (dx (M, d) bf16 = dh + the norm path's gradient, grads dict g1, wqkv).
         dqkv: (M, nqkv), or a tuple (dq, dk, dv) of its three column blocks,
         each its own tensor (coda_block_backward_pre_split: no concatenation)."""
+        split = isinstance(dqkv, (tuple, list))
+        if split and len(dqkv) != 3:
+            raise ValueError("coda: dqkv as parts must be (dq, dk, dv), got %d tensors" % len(dqkv))
         m, d = x.shape[0], self.cfg.d
         dx = torch.empty(m, d, dtype=torch.bfloat16, device=self.device)
         g = {k: torch.empty(w[k].shape, dtype=grad_dtype, device=self.device) for k in ("g1", "wqkv")}
         acts = _acts_struct({"r1": r1, "qkv": qkv})
         buf, ws, n = self._workspace(3, m)
-        if isinstance(dqkv, (tuple, list)):
-            if len(dqkv) != 3:
-                raise ValueError("coda: dqkv as parts must be (dq, dk, dv), got %d tensors" % len(dqkv))
+        if split:
             _check(lib.coda_block_backward_pre_split(self._h, ctypes.byref(_weights_struct(w)), _opt(x), _opt(pos),
                                                      ctypes.byref(acts), *(_opt(t) for t in dqkv), _opt(dh), _opt(dx),
                                                      ctypes.byref(_weights_struct(g)), ws, n, _stream(x)))
