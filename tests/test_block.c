@@ -273,11 +273,36 @@ int main(void) {
         CHECK_STATUS(coda_block_backward_pre_split(B, &w, &a.x, &a.pos, &a.acts, &parts[0], &parts[1], &parts[2],
                                                    &a.dh, &t, &gs, ws, wsb, NULL), CODA_ERR_OVERLAP);
         CHECK(strstr(coda_last_error(), "dx overlaps dq") != NULL, "dx over dq: %s", coda_last_error());
+        t = parts[2];
+        t.shape[0] = a.m - 1;
+        CHECK_STATUS(coda_block_backward_pre_split(B, &w, &a.x, &a.pos, &a.acts, &parts[0], &parts[1], &t, &a.dh,
+                                                   &dxs, &gs, ws, wsb, NULL), CODA_ERR_SHAPE);
+        CHECK(strstr(coda_last_error(), "dv") != NULL, "short dv: %s", coda_last_error());
+        coda_llama_weights_t gbad = gs;
+        gbad.g1 = coda_tensor_1d(parts[1].data, CODA_F32, CFG.d); /* the gradient written over dk */
+        CHECK_STATUS(coda_block_backward_pre_split(B, &w, &a.x, &a.pos, &a.acts, &parts[0], &parts[1], &parts[2],
+                                                   &a.dh, &dxs, &gbad, ws, wsb, NULL), CODA_ERR_OVERLAP);
+        CHECK(strstr(coda_last_error(), "grads->g1 overlaps dk") != NULL, "g1 over dk: %s", coda_last_error());
         int untouched = 1;
         for (int64_t i = 0; i < a.m * CFG.d * 2; i++) untouched &= ((unsigned char *)dxs.data)[i] == 0x5a;
         CHECK(untouched, "a refused backward_pre_split wrote dx");
-        for (int q = 0; q < 3; q++) free(parts[q].data);
-        free(dxs.data), free_weights(&gs);
+        /* bf16 parts: the bits of a bf16 dqkv */
+        coda_tensor_t d16 = zbf(a.m, NQKV), dx16 = zbf(a.m, CFG.d), dxp = zbf(a.m, CFG.d), p16[3];
+        for (int64_t i = 0; i < a.m * NQKV; i++) ((uint16_t *)d16.data)[i] = h_f2bf(((float *)a.dqkv.data)[i]);
+        for (int q = 0, off = 0; q < 3; off += (int)w3[q], q++) {
+            p16[q] = zbf(a.m, w3[q]);
+            for (int64_t i = 0; i < a.m; i++)
+                memcpy((uint16_t *)p16[q].data + i * w3[q], (uint16_t *)d16.data + i * NQKV + off, (size_t)w3[q] * 2);
+        }
+        coda_llama_weights_t g16 = weights(&r, CODA_BF16), gp = weights(&r, CODA_BF16);
+        CHECK_OK(coda_block_backward_pre(B, &w, &a.x, &a.pos, &a.acts, &d16, &a.dh, &dx16, &g16, ws, wsb, NULL));
+        CHECK_OK(coda_block_backward_pre_split(B, &w, &a.x, &a.pos, &a.acts, &p16[0], &p16[1], &p16[2], &a.dh, &dxp,
+                                               &gp, ws, wsb, NULL));
+        CHECK(same(&dx16, &dxp) && same(&g16.g1, &gp.g1) && same(&g16.wqkv, &gp.wqkv),
+              "bf16 dq, dk, dv give other bits than a bf16 dqkv");
+        for (int q = 0; q < 3; q++) free(parts[q].data), free(p16[q].data);
+        free(dxs.data), free(d16.data), free(dx16.data), free(dxp.data);
+        free_weights(&gs), free_weights(&g16), free_weights(&gp);
     }
 
     /* ---- the next block's norm from this block's down projection ---- */

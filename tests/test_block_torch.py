@@ -418,8 +418,10 @@ def split_grads(cfg):
     the bits of the concatenated form (the same attention on a copy of qkv,
     which split_qkv splits the plain way)."""
     blk = coda.nn.LlamaBlock(cfg, device=DEVICE)
-    x0 = torch.randn(2, 9, cfg.d, device=DEVICE).bfloat16()
-    dy = torch.randn(2, 9, cfg.d, device=DEVICE)
+    # M = 16 tokens: on CUDA coda.nn pads M to a multiple of 8 and then
+    # passes qkv[:m], which split_qkv splits the plain way
+    x0 = torch.randn(2, 8, cfg.d, device=DEVICE).bfloat16()
+    dy = torch.randn(2, 8, cfg.d, device=DEVICE)
     seen = []
     inner = coda.ops._pre_bwd
 
@@ -448,14 +450,14 @@ def split_grads(cfg):
     # a second split of the same qkv is a plain one (the Link takes one);
     # both gradients, the Link's parts and autograd's dqkv, are added
     nq, nkv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-    pos = torch.arange(18, device=DEVICE).float()
+    pos = torch.arange(16, device=DEVICE).float()
 
     def x_grad(plain):
         x = x0.reshape(-1, cfg.d).clone().requires_grad_(True)
         qkv = coda.ops.pre(x, pos, blk.g1.bfloat16(), blk.wqkv.bfloat16(), blk._cfg_list, blk._eps, blk._theta,
                            link=coda.ops.Link())
         a = coda.ops.split_qkv(qkv * 1 if plain else qkv, nq, nkv)
-        b = coda.ops.split_qkv(qkv, nq, nkv)
+        b = coda.ops.split_qkv(qkv * 1 if plain else qkv, nq, nkv)
         nodes = (type(a[0].grad_fn).__name__, type(b[0].grad_fn).__name__)
         (a[0].float().sum() + (b[1].float() ** 2).sum() + 3 * a[2].float().sum()).backward()
         return x.grad, nodes
@@ -463,6 +465,34 @@ def split_grads(cfg):
     (g_mix, nodes), (g_plain, _) = x_grad(False), x_grad(True)
     check(nodes[0] == "_SplitBackward" and nodes[1] != "_SplitBackward",
           "split_qkv: first and second split's nodes %s" % (nodes,))
+    check(not torch.equal(g_mix, torch.zeros_like(g_mix)), "split_qkv: x.grad is all zeros")
+    # a gradient taken at qkv runs _Split's backward but not block_pre's
+    # (qkv's own gradient is None, as split_qkv says): the parts it left
+    # must not reach the next backward through the same graph
+    x = x0.reshape(-1, cfg.d).clone().requires_grad_(True)
+    qkv = coda.ops.pre(x, pos, blk.g1.bfloat16(), blk.wqkv.bfloat16(), blk._cfg_list, blk._eps, blk._theta,
+                       link=coda.ops.Link())
+    q, k, v = coda.ops.split_qkv(qkv, nq, nkv)
+    loss = (q * 2).float().sum() + 3 * v.float().sum()
+    gq = torch.autograd.grad(loss, [qkv], retain_graph=True, allow_unused=True)[0]
+    check(gq is None, "split_qkv: qkv's own gradient is not None")
+    fn = qkv.grad_fn
+    check(fn.link.dparts is None, "split_qkv: parts left on the Link after a backward that stopped short")
+    x.grad = None
+    loss.backward()
+    g_after = x.grad.clone()
+    x2 = x0.reshape(-1, cfg.d).clone().requires_grad_(True)
+    qkv2 = coda.ops.pre(x2, pos, blk.g1.bfloat16(), blk.wqkv.bfloat16(), blk._cfg_list, blk._eps, blk._theta,
+                        link=coda.ops.Link())
+    q_, k_, v_ = qkv2.split([nq, nkv, nkv], 1)
+    ((q_ * 2).float().sum() + 3 * v_.float().sum()).backward()
+    check(torch.equal(g_after, x2.grad), "split_qkv: x.grad after a stopped-short backward differs")
+    # shapes are checked where the split is made
+    try:
+        coda.ops.split_qkv(qkv2, nq, nkv + 2)
+        check(False, "split_qkv with the wrong widths did not raise")
+    except ValueError as e:
+        check("nq + 2 nkv" in str(e), "split_qkv with the wrong widths: %s" % e)
     check(torch.equal(g_mix, g_plain), "split_qkv: parts + dqkv give another x.grad than dqkv alone")
     b = coda.ops.blocks(tuple(blk._cfg_list), blk._eps, blk._theta, torch.device(DEVICE))
     for parts in ((), (g_mix,) * 2, (g_mix,) * 4):

@@ -134,9 +134,11 @@ def _needs_grad(*ts):
 
 
 def _grad_ready(t):
-    """An attention gradient as coda reads it: f32 or bf16, contiguous columns."""
+    """An attention gradient as coda reads it: f32 or bf16, contiguous
+    columns, rows apart (no broadcast stride 0) at a 32-byte multiple."""
     t = t if t.dtype in (torch.float32, torch.bfloat16) else t.float()
-    return t if t.stride(-1) == 1 and t.stride(0) % 8 == 0 else t.contiguous()
+    ok = t.stride(-1) == 1 and (t.shape[0] <= 1 or (t.stride(0) >= t.shape[1] and t.stride(0) % 8 == 0))
+    return t if ok else t.contiguous()
 
 
 def _pre_bwd(x, pos, r1, qkv, dqkv, g1, wqkv, cfg, eps, theta, dh=None):
@@ -270,12 +272,13 @@ class Link:
     for coda_block_backward_pre_split, instead of autograd concatenating
     them into dqkv. A Link belongs to one forward call (coda.nn makes one
     per call)."""
-    __slots__ = ("dh", "dparts", "split")
+    __slots__ = ("dh", "dparts", "dstream", "split")
 
     def __init__(self):
         self.dh = None
-        self.dparts = None
-        self.split = False  # split_qkv has taken this call's qkv (once only)
+        self.dparts = None   # (dq, dk, dv) from _Split's backward, for this backward pass only
+        self.dstream = None  # the CUDA stream they were made on
+        self.split = False   # split_qkv has taken this call's qkv (once only)
 
 
 # The eager path on every torch (and the only one on torch < 2.4).
@@ -295,10 +298,32 @@ class _Pre(torch.autograd.Function):
             dh, ctx.link.dh = ctx.link.dh, None
             parts, ctx.link.dparts = ctx.link.dparts, None
         if parts is not None:  # split_qkv's: dq, dk, dv as the attention gave them
+            _on_current_stream(parts, ctx.link.dstream)
             dqkv = parts if dqkv is None else torch.cat([t.to(dqkv.dtype) for t in parts], 1) + dqkv
         if dqkv is None:  # qkv unused: x's gradient is post's alone
             return (dh,) + (None,) * 9
         return _pre_grads(ctx, dqkv, _pre_bwd, dh=dh) + (None,) * 6
+
+
+def _on_current_stream(parts, made_on):
+    """Make tensors written on CUDA stream `made_on` safe to read (and their
+    memory safe to keep) on the current stream: what autograd's engine does
+    between nodes on different streams when a gradient flows between them,
+    which the Link's hand-over bypasses."""
+    if made_on is None:
+        return
+    cur = torch.cuda.current_stream(parts[0].device)
+    if cur != made_on:
+        cur.wait_stream(made_on)
+        for t in parts:
+            t.record_stream(cur)
+
+
+def _drop_parts(link):
+    """End of a backward pass: parts block_pre's backward did not take
+    (a pass restricted to inputs between the two) must not reach a later
+    pass through the same graph (retain_graph)."""
+    link.dparts = link.dstream = None
 
 
 class _Split(torch.autograd.Function):
@@ -314,8 +339,10 @@ class _Split(torch.autograd.Function):
     def backward(ctx, dq, dk, dv):
         if dq is not None or dk is not None or dv is not None:
             ref = next(t for t in (dq, dk, dv) if t is not None)
-            ctx.link.dparts = tuple(t if t is not None else ref.new_zeros(sh)
-                                    for t, sh in zip((dq, dk, dv), ctx.shapes))
+            link = ctx.link
+            link.dparts = tuple(t if t is not None else ref.new_zeros(sh) for t, sh in zip((dq, dk, dv), ctx.shapes))
+            link.dstream = torch.cuda.current_stream(ref.device) if ref.is_cuda else None
+            torch.autograd.Variable._execution_engine.queue_callback(lambda: _drop_parts(link))
         return None, None, None, None
 
 
@@ -325,14 +352,20 @@ def split_qkv(qkv, nq, nkv):
     the eager path (autograd.Function), their gradients go straight to
     block_pre's backward (coda_block_backward_pre_split reads dq, dk, dv
     where the attention left them) instead of autograd's cat into one
-    (M, nqkv) tensor: a copy of the whole gradient saved per block. A second
-    split of the same qkv, a slice of it, or any other tensor: the plain
-    split."""
-    if HAVE_CUSTOM_OPS and _traced(qkv):  # compiled: the custom ops, and the compiler's own fusion
+    (M, nqkv) tensor: a copy of the whole gradient saved per block. Then
+    qkv itself has no gradient of its own (autograd.grad(loss, qkv) gives
+    None): coda.nn's blocks keep qkv to themselves. A second split of the
+    same qkv, a slice of it (coda.nn pads M to a multiple of 8 on CUDA and
+    passes qkv[:m]), a qkv that retains its gradient, under a tracer, or any
+    other tensor: the plain split."""
+    if not isinstance(qkv, torch.Tensor) or qkv.dim() != 2 or qkv.shape[1] != nq + 2 * nkv:
+        raise ValueError("coda.ops.split_qkv: qkv must be (M, nq + 2 nkv) = (M, %d), got %s"
+                         % (nq + 2 * nkv, tuple(qkv.shape) if isinstance(qkv, torch.Tensor) else type(qkv).__name__))
+    if _traced(qkv):  # compiled: the custom ops, and the compiler's own fusion
         return qkv.split([nq, nkv, nkv], dim=1)
     fn = getattr(qkv, "grad_fn", None)
     link = getattr(fn, "link", None) if isinstance(fn, _Pre._backward_cls) else None
-    if link is None or link.split or not torch.is_grad_enabled():
+    if link is None or link.split or not torch.is_grad_enabled() or qkv.retains_grad:
         return qkv.split([nq, nkv, nkv], dim=1)
     link.split = True
     return _Split.apply(qkv, nq, nkv, link)

@@ -267,13 +267,25 @@ int main(void) {
                            (size_t)w3[q] * 2);
                 up(&p3[q]);
             }
-            dual_t dxs = dual(CODA_BF16, m, d);
+            dual_t dxs = dual(CODA_BF16, m, d), dxc = dual(CODA_BF16, m, d), gw[4];
+            for (int i = 0; i < 4; i++) gw[i] = dual(CODA_F32, ws_[i % 2][0], ws_[i % 2][1]);
+            coda_llama_weights_t gsplit = gd, gcat = gd; /* g1 and wqkv are the only ones written */
+            gsplit.g1 = gw[0].d, gsplit.wqkv = gw[1].d, gcat.g1 = gw[2].d, gcat.wqkv = gw[3].d;
+            CHECK_OK(coda_block_backward_pre(Bg, &wd, &g.x.d, &g.pos.d, &ad, &g.dqkv16.d, &g.dh.d, &dxc.d, &gcat, wsd,
+                                             wsb, NULL));
             CHECK_OK(coda_block_backward_pre_split(Bg, &wd, &g.x.d, &g.pos.d, &ad, &p3[0].d, &p3[1].d, &p3[2].d,
-                                                   &g.dh.d, &dxs.d, NULL, wsd, wsb, NULL));
-            void *as = down(&dxs);
-            CHECK(memcmp(as, a16, (size_t)(m * d) * 2) == 0, "M %lld: dx from dq, dk, dv differs from dx from their "
-                  "concatenation", (long long)m);
-            free(as), dual_free(&dxs);
+                                                   &g.dh.d, &dxs.d, &gsplit, wsd, wsb, NULL));
+            void *as = down(&dxs), *ac = down(&dxc);
+            CHECK(memcmp(as, a16, (size_t)(m * d) * 2) == 0 && memcmp(ac, a16, (size_t)(m * d) * 2) == 0,
+                  "M %lld: dx from dq, dk, dv differs from dx from their concatenation", (long long)m);
+            for (int i = 0; i < 2; i++) {
+                void *u = down(&gw[i]), *v = down(&gw[i + 2]);
+                CHECK(memcmp(u, v, gw[i].bytes) == 0, "M %lld: %s from dq, dk, dv differs from the concatenation's",
+                      (long long)m, i ? "dwqkv" : "dg1");
+                free(u), free(v);
+            }
+            free(as), free(ac), dual_free(&dxs), dual_free(&dxc);
+            for (int i = 0; i < 4; i++) dual_free(&gw[i]);
             for (int q = 0; q < 3; q++) dual_free(&p3[q]);
         }
         free(a16), dual_free(&dx16);

@@ -175,17 +175,25 @@ typedef struct {
     long long off[4]; /* off[q]: part q's first column; off[3] = n */
 } coda_rope_parts_t;
 
-/* The part holding column j (j < n). */
-static __device__ __forceinline__ int coda_rope_part(const coda_rope_parts_t *P, long long j) {
-    return j < P->off[1] ? 0 : j < P->off[2] ? 1 : 2;
+/* The part holding column j (j < n): its base, row stride and columns
+ * [*c0, *c1). Constant indices only: a run-time index into the parameter
+ * struct would copy it to local memory. */
+static __device__ __forceinline__ const void *coda_rope_part(const coda_rope_parts_t *P, long long j, long long *st,
+                                                             long long *c0, long long *c1) {
+    const int a = j >= P->off[1], b = j >= P->off[2];
+    *st = b ? P->st[2] : a ? P->st[1] : P->st[0];
+    *c0 = b ? P->off[2] : a ? P->off[1] : P->off[0];
+    *c1 = b ? P->off[3] : a ? P->off[2] : P->off[1];
+    return b ? P->p[2] : a ? P->p[1] : P->p[0];
 }
 
 /* dy[i][j] as f32. */
 static __device__ __forceinline__ float coda_rope_dy(const coda_rope_parts_t *P, int dy_bf16, long long i,
                                                      long long j) {
-    const int q = coda_rope_part(P, j);
-    const long long e = i * P->st[q] + (j - P->off[q]);
-    return dy_bf16 ? coda_bf(((const coda_bf16_t *)P->p[q])[e]) : ((const float *)P->p[q])[e];
+    long long st, c0, c1;
+    const void *base = coda_rope_part(P, j, &st, &c0, &c1);
+    const long long e = i * st + (j - c0);
+    return dy_bf16 ? coda_bf(((const coda_bf16_t *)base)[e]) : ((const float *)base)[e];
 }
 
 /* RoPE backward and the QKV RMSNorm's row statistic:
@@ -227,10 +235,11 @@ coda_rope_backward_kernel(coda_rope_parts_t P,   // dy (rows, n) in parts, f32 o
             const float pos_i = pos[i * ps];
             for (long long c = t; c < nfull; c += T) {
                 const long long j0 = c << 3, p0 = c << 2;
-                const int q = coda_rope_part(&P, j0);
-                // chunk j0..j0+7 of dy, where it lies in part q
-                const char *dq = (const char *)P.p[q] + (i * P.st[q] + (j0 - P.off[q])) * esz;
-                const int vec = (j0 + 8 <= P.off[q + 1]) & coda_aligned16(dq) & coda_aligned16(yr + j0) &
+                long long st, c0, c1;
+                const void *part = coda_rope_part(&P, j0, &st, &c0, &c1);
+                // chunk j0..j0+7 of dy where part holds all of it (else element loads)
+                const char *dq = (const char *)part + (i * st + (j0 - c0)) * esz;
+                const int vec = (j0 + 8 <= c1) & coda_aligned16(dq) & coda_aligned16(yr + j0) &
                                 coda_aligned16(zr + j0) & coda_aligned16(freq + p0);
                 float dv[8], yv[8], fv[4], zv[8];
                 if (vec) {
