@@ -487,6 +487,12 @@ def split_grads(cfg):
     q_, k_, v_ = qkv2.split([nq, nkv, nkv], 1)
     ((q_ * 2).float().sum() + 3 * v_.float().sum()).backward()
     check(torch.equal(g_after, x2.grad), "split_qkv: x.grad after a stopped-short backward differs")
+    # a broadcast gradient (row stride 0, from a sum over rows) is copied
+    # before coda reads it
+    x3 = x0.reshape(-1, cfg.d).clone().requires_grad_(True)
+    qkv3 = coda.ops.pre(x3, pos, blk.g1.bfloat16(), blk.wqkv.bfloat16(), blk._cfg_list, blk._eps, blk._theta)
+    qkv3.sum(0).float().sum().backward()
+    check(x3.grad is not None and bool(torch.isfinite(x3.grad).all()), "a broadcast dqkv: no finite x.grad")
     # shapes are checked where the split is made
     try:
         coda.ops.split_qkv(qkv2, nq, nkv + 2)
