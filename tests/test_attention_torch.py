@@ -428,6 +428,52 @@ def block(ctx):
     print("LlamaModel(attention='coda', 2 blocks): loss %.3f -> %.3f in 15 AdamW steps" % (losses[0], losses[-1]))
 
 
+def block_linked(ctx):
+    """LlamaBlock(attention="coda") on M a multiple of 8 (no padding, so
+    also on CUDA): coda's f32 dqkv goes to block_pre's backward through the
+    Link (coda.ops.take_link), not cast to bf16 by autograd; the gradients
+    are within the rule of float64 autograd, and a copy of qkv (which
+    takes no Link) gets the cast path."""
+    cfg = coda.LlamaConfig(128, 4, 2, 64, 160, vocab=0)
+    B, S = 2, 8
+    W, x16, _, dy16 = T.make_case(cfg, B, S, False, True)
+    t64 = T.run_torch(cfg, B, S, W, x16, None, dy16, 1.0, torch.float64)
+    t16 = T.run_torch(cfg, B, S, W, x16, None, dy16, 1.0, BF)
+    seen, inner = [], coda.ops._pre_bwd
+
+    def spy(x, pos, r1, qkv, dqkv, *a, **kw):
+        seen.append(dqkv.dtype if isinstance(dqkv, torch.Tensor) else type(dqkv).__name__)
+        return inner(x, pos, r1, qkv, dqkv, *a, **kw)
+
+    blk = coda.nn.LlamaBlock.from_state_dict(cfg, TB.state_dict(W, ""), "", device=DEVICE, dtype=BF,
+                                             attention="coda")
+    coda.ops._pre_bwd = spy
+    try:
+        res = []
+        for attention in (coda.nn.coda_attention, lambda qkv, *sh: coda.nn.coda_attention(qkv * 1, *sh)):
+            blk.attention = attention
+            blk.zero_grad()
+            x = x16.to(DEVICE).reshape(B, S, cfg.d).clone().requires_grad_(True)
+            y = blk(x)
+            (y.float() * dy16.to(DEVICE).reshape(B, S, cfg.d).float()).sum().backward()
+            got = {"y": y.detach().reshape(B * S, cfg.d).cpu(), "dx": x.grad.reshape(B * S, cfg.d).cpu()}
+            got.update(TB.grads_torch(cfg, blk))
+            res.append(got)
+    finally:
+        coda.ops._pre_bwd = inner
+    check(seen == [torch.float32, BF], "coda attention's dqkv to block_pre's backward as %s (want f32 linked, "
+          "then bf16 through autograd)" % seen)
+    for k in t64:
+        e, base = T.rel(res[0][k], t64[k]), T.rel(t16[k], t64[k])
+        check(e <= 2 * base + FLOOR, "block, f32 dqkv through the Link: %s: coda error %.3e > 2 x torch bf16 error "
+              "%.3e + %g" % (k, e, base, FLOOR))
+        d = T.rel(res[0][k], res[1][k])
+        check(d <= base, "block: %s through the Link and through autograd differ by %.3e (torch bf16 error %.3e)"
+              % (k, d, base))
+    print("LlamaBlock(attention='coda'), M %d: f32 dqkv to the block's backward through the Link, within the rule, "
+          "near the bf16 cast's result: ok" % (B * S))
+
+
 def cuda_only(ctx):
     """A forward and backward captured into a CUDA graph and replayed: eager's
     bits; a call on an explicit stream: the same bits."""
@@ -524,6 +570,7 @@ def main():
     nan_cases(ctx)
     bad_input(ctx)
     block(ctx)
+    block_linked(ctx)
     cuda_only(ctx)
     custom_op()
     return report("test_attention_torch.py", "\n")

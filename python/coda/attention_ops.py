@@ -183,11 +183,40 @@ else:
         return _bwd(qkv, o, lse, do, batch, seq, n_heads, n_kv_heads, head_dim)
 
 
+class _Linked(torch.autograd.Function):
+    """attention() on a coda block's own qkv on the eager path (coda.ops.
+    take_link): the f32 dqkv coda_attention_backward makes goes to the
+    block's backward through the call's Link as it is, instead of being
+    cast to bf16 for autograd (a pass over (M, nqkv) saved, and the RoPE
+    backward reads the f32 values). qkv's own gradient is then None."""
+    @staticmethod
+    def forward(ctx, qkv, link, batch, seq, n_heads, n_kv_heads, head_dim):
+        o, lse = _fwd(qkv, batch, seq, n_heads, n_kv_heads, head_dim)
+        ctx.save_for_backward(qkv, o, lse)
+        ctx.shape, ctx.link = (batch, seq, n_heads, n_kv_heads, head_dim), link
+        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        if do is not None:
+            qkv, o, lse = ctx.saved_tensors
+            _ops.hand_over(ctx.link, _bwd(qkv, o, lse, do.to(BF), *ctx.shape))
+        return (None,) * 7
+
+
 def attention(qkv, batch, seq, n_heads, n_kv_heads, head_dim):
     """Causal grouped-query attention through coda -> (o (M, nq) bf16,
     lse (M, n_heads) f32, not differentiable). qkv (M, nq + 2 nkv) bf16,
     M = batch * seq. Differentiable in qkv (dqkv from
-    coda_attention_backward, in f32, cast to qkv's dtype)."""
+    coda_attention_backward, in f32, cast to qkv's dtype; where qkv is a
+    coda block's own output on the eager path, handed to the block's
+    backward in f32 instead, and qkv's own gradient is None)."""
     if not isinstance(qkv, torch.Tensor):
         raise TypeError("coda.attention_ops.attention: qkv must be a torch.Tensor, got %s" % type(qkv).__name__)
-    return _call(qkv, _ints(batch, seq, n_heads, n_kv_heads, head_dim))
+    shape = _ints(batch, seq, n_heads, n_kv_heads, head_dim)
+    link = _ops.take_link(qkv)
+    if link is not None:
+        return _Linked.apply(qkv, link, *shape)
+    return _call(qkv, shape)

@@ -268,17 +268,19 @@ class Link:
     after it: it needs dqkv, which needs post's do) takes it as the dh that
     coda_block_backward_pre adds in its epilogue. That saves the zero
     (M, d) tensor and autograd's add of the two gradients of x. Likewise
-    split_qkv's backward leaves the attention's dq, dk, dv here (dparts)
-    for coda_block_backward_pre_split, instead of autograd concatenating
-    them into dqkv. A Link belongs to one forward call (coda.nn makes one
-    per call)."""
-    __slots__ = ("dh", "dparts", "dstream", "split")
+    the one consumer of qkv that takes the Link (take_link: split_qkv, or
+    coda's attention) leaves qkv's gradient here (dparts) in the form it
+    has it, instead of what autograd would make of it: split_qkv's dq, dk,
+    dv for coda_block_backward_pre_split, not concatenated; coda
+    attention's f32 dqkv, not cast to bf16. A Link belongs to one forward
+    call (coda.nn makes one per call)."""
+    __slots__ = ("dh", "dparts", "dstream", "taken")
 
     def __init__(self):
         self.dh = None
-        self.dparts = None   # (dq, dk, dv) from _Split's backward, for this backward pass only
-        self.dstream = None  # the CUDA stream they were made on
-        self.split = False   # split_qkv has taken this call's qkv (once only)
+        self.dparts = None   # qkv's gradient, (dq, dk, dv) or dqkv, for this backward pass only
+        self.dstream = None  # the CUDA stream it was made on
+        self.taken = False   # a consumer has taken this call's Link (once only)
 
 
 # The eager path on every torch (and the only one on torch < 2.4).
@@ -297,9 +299,12 @@ class _Pre(torch.autograd.Function):
         if ctx.link is not None:
             dh, ctx.link.dh = ctx.link.dh, None
             parts, ctx.link.dparts = ctx.link.dparts, None
-        if parts is not None:  # split_qkv's: dq, dk, dv as the attention gave them
-            _on_current_stream(parts, ctx.link.dstream)
-            dqkv = parts if dqkv is None else torch.cat([t.to(dqkv.dtype) for t in parts], 1) + dqkv
+        if parts is not None:  # the Link's consumer's: dq, dk, dv as the attention gave them, or an f32 dqkv
+            _on_current_stream(parts if isinstance(parts, tuple) else (parts,), ctx.link.dstream)
+            if dqkv is not None:  # qkv had other consumers too: autograd's sum, plus the Link's
+                whole = torch.cat([t.to(dqkv.dtype) for t in parts], 1) if isinstance(parts, tuple) else parts
+                parts = whole.to(dqkv.dtype) + dqkv
+            dqkv = parts
         if dqkv is None:  # qkv unused: x's gradient is post's alone
             return (dh,) + (None,) * 9
         return _pre_grads(ctx, dqkv, _pre_bwd, dh=dh) + (None,) * 6
@@ -326,6 +331,32 @@ def _drop_parts(link):
     link.dparts = link.dstream = None
 
 
+def take_link(qkv):
+    """The Link of the block_pre call whose own output qkv is (the eager
+    path's autograd.Function), for the one consumer of qkv that will hand
+    qkv's gradient over through it (hand_over) instead of returning it to
+    autograd; None where there is none: qkv traced, not block_pre's own
+    output (a slice, a copy), retaining its gradient, no gradient recorded,
+    or the Link taken already."""
+    if _traced(qkv) or not torch.is_grad_enabled() or qkv.retains_grad:
+        return None
+    fn = getattr(qkv, "grad_fn", None)
+    link = getattr(fn, "link", None) if isinstance(fn, _Pre._backward_cls) else None
+    if link is None or link.taken:
+        return None
+    link.taken = True
+    return link
+
+
+def hand_over(link, grad):
+    """In a backward: qkv's gradient grad ((dq, dk, dv), or dqkv) to
+    block_pre's backward through link, for this backward pass only."""
+    ref = grad[0] if isinstance(grad, tuple) else grad
+    link.dparts = grad
+    link.dstream = torch.cuda.current_stream(ref.device) if ref.is_cuda else None
+    torch.autograd.Variable._execution_engine.queue_callback(lambda: _drop_parts(link))
+
+
 class _Split(torch.autograd.Function):
     """split_qkv on the eager path: the three column blocks of block_pre's
     qkv as views; their gradients go to the call's Link, not to qkv."""
@@ -339,10 +370,8 @@ class _Split(torch.autograd.Function):
     def backward(ctx, dq, dk, dv):
         if dq is not None or dk is not None or dv is not None:
             ref = next(t for t in (dq, dk, dv) if t is not None)
-            link = ctx.link
-            link.dparts = tuple(t if t is not None else ref.new_zeros(sh) for t, sh in zip((dq, dk, dv), ctx.shapes))
-            link.dstream = torch.cuda.current_stream(ref.device) if ref.is_cuda else None
-            torch.autograd.Variable._execution_engine.queue_callback(lambda: _drop_parts(link))
+            hand_over(ctx.link, tuple(t if t is not None else ref.new_zeros(sh)
+                                      for t, sh in zip((dq, dk, dv), ctx.shapes)))
         return None, None, None, None
 
 
@@ -361,13 +390,9 @@ def split_qkv(qkv, nq, nkv):
     if not isinstance(qkv, torch.Tensor) or qkv.dim() != 2 or qkv.shape[1] != nq + 2 * nkv:
         raise ValueError("coda.ops.split_qkv: qkv must be (M, nq + 2 nkv) = (M, %d), got %s"
                          % (nq + 2 * nkv, tuple(qkv.shape) if isinstance(qkv, torch.Tensor) else type(qkv).__name__))
-    if _traced(qkv):  # compiled: the custom ops, and the compiler's own fusion
+    link = take_link(qkv)  # None when traced: the custom ops, and the compiler's own fusion
+    if link is None:
         return qkv.split([nq, nkv, nkv], dim=1)
-    fn = getattr(qkv, "grad_fn", None)
-    link = getattr(fn, "link", None) if isinstance(fn, _Pre._backward_cls) else None
-    if link is None or link.split or not torch.is_grad_enabled() or qkv.retains_grad:
-        return qkv.split([nq, nkv, nkv], dim=1)
-    link.split = True
     return _Split.apply(qkv, nq, nkv, link)
 
 
