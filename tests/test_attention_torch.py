@@ -450,19 +450,27 @@ def block_linked(ctx):
     coda.ops._pre_bwd = spy
     try:
         res = []
-        for attention in (coda.nn.coda_attention, lambda qkv, *sh: coda.nn.coda_attention(qkv * 1, *sh)):
+        nq = cfg.n_heads * cfg.head_dim
+        # with a second consumer of qkv, the Link's f32 dqkv and autograd's are added in _Pre.backward
+        both = lambda qkv, *sh: coda.nn.coda_attention(qkv, *sh) + 0.5 * qkv[:, :nq]
+        both_plain = lambda qkv, *sh: coda.nn.coda_attention(qkv * 1, *sh) + 0.5 * qkv[:, :nq]
+        for attention in (coda.nn.coda_attention, lambda qkv, *sh: coda.nn.coda_attention(qkv * 1, *sh), both,
+                          both_plain):
             blk.attention = attention
             blk.zero_grad()
             x = x16.to(DEVICE).reshape(B, S, cfg.d).clone().requires_grad_(True)
             y = blk(x)
             (y.float() * dy16.to(DEVICE).reshape(B, S, cfg.d).float()).sum().backward()
             got = {"y": y.detach().reshape(B * S, cfg.d).cpu(), "dx": x.grad.reshape(B * S, cfg.d).cpu()}
-            got.update(TB.grads_torch(cfg, blk))
+            got.update({k: v.clone() for k, v in TB.grads_torch(cfg, blk).items()})  # zero_grad reuses .grad
             res.append(got)
     finally:
         coda.ops._pre_bwd = inner
-    check(seen == [torch.float32, BF], "coda attention's dqkv to block_pre's backward as %s (want f32 linked, "
-          "then bf16 through autograd)" % seen)
+    check(seen == [torch.float32, BF, BF, BF], "coda attention's dqkv to block_pre's backward as %s (want f32 "
+          "linked, then bf16 through autograd, twice with a second consumer)" % seen)
+    for k in res[2]:
+        check(torch.equal(res[2][k], res[3][k]), "block: %s with a second consumer of qkv: the Link's dqkv plus "
+              "autograd's differs from autograd's sum" % k)
     for k in t64:
         e, base = T.rel(res[0][k], t64[k]), T.rel(t16[k], t64[k])
         check(e <= 2 * base + FLOOR, "block, f32 dqkv through the Link: %s: coda error %.3e > 2 x torch bf16 error "

@@ -466,33 +466,55 @@ def split_grads(cfg):
     check(nodes[0] == "_SplitBackward" and nodes[1] != "_SplitBackward",
           "split_qkv: first and second split's nodes %s" % (nodes,))
     check(not torch.equal(g_mix, torch.zeros_like(g_mix)), "split_qkv: x.grad is all zeros")
-    # a gradient taken at qkv runs _Split's backward but not block_pre's
-    # (qkv's own gradient is None, as split_qkv says): the parts it left
-    # must not reach the next backward through the same graph
-    x = x0.reshape(-1, cfg.d).clone().requires_grad_(True)
-    qkv = coda.ops.pre(x, pos, blk.g1.bfloat16(), blk.wqkv.bfloat16(), blk._cfg_list, blk._eps, blk._theta,
-                       link=coda.ops.Link())
-    q, k, v = coda.ops.split_qkv(qkv, nq, nkv)
-    loss = (q * 2).float().sum() + 3 * v.float().sum()
-    gq = torch.autograd.grad(loss, [qkv], retain_graph=True, allow_unused=True)[0]
-    check(gq is None, "split_qkv: qkv's own gradient is not None")
-    fn = qkv.grad_fn
-    check(fn.link.dparts is None, "split_qkv: parts left on the Link after a backward that stopped short")
-    x.grad = None
-    loss.backward()
-    g_after = x.grad.clone()
+    # a gradient taken at qkv runs _Split's backward but not block_pre's:
+    # the parts it left must not reach the next backward through the same
+    # graph, here one that reaches block_pre through another consumer of
+    # qkv (and not through _Split, which would overwrite them)
+    def stale(keep_callback):
+        x = x0.reshape(-1, cfg.d).clone().requires_grad_(True)
+        qkv = coda.ops.pre(x, pos, blk.g1.bfloat16(), blk.wqkv.bfloat16(), blk._cfg_list, blk._eps, blk._theta,
+                           link=coda.ops.Link())
+        q, k, v = coda.ops.split_qkv(qkv, nq, nkv)
+        loss = (q * 2).float().sum() + 3 * v.float().sum()
+        other = (qkv.float() ** 2).sum()  # qkv's second consumer: autograd's dqkv
+        end = coda.ops._at_end_of_pass
+        if not keep_callback:
+            coda.ops._at_end_of_pass = lambda link: None
+        try:
+            gq = torch.autograd.grad(loss, [qkv], retain_graph=True, allow_unused=True)[0]
+        finally:
+            coda.ops._at_end_of_pass = end
+        left = qkv.grad_fn.link.dparts is not None
+        other.backward()
+        return gq, left, x.grad.clone()
+
+    gq, left, g_other = stale(True)
+    check(gq is None and not left, "split_qkv: gradient at qkv %s, parts left on the Link %s" % (gq, left))
     x2 = x0.reshape(-1, cfg.d).clone().requires_grad_(True)
     qkv2 = coda.ops.pre(x2, pos, blk.g1.bfloat16(), blk.wqkv.bfloat16(), blk._cfg_list, blk._eps, blk._theta,
                         link=coda.ops.Link())
-    q_, k_, v_ = qkv2.split([nq, nkv, nkv], 1)
-    ((q_ * 2).float().sum() + 3 * v_.float().sum()).backward()
-    check(torch.equal(g_after, x2.grad), "split_qkv: x.grad after a stopped-short backward differs")
+    (qkv2.float() ** 2).sum().backward()
+    check(torch.equal(g_other, x2.grad), "split_qkv: x.grad after a stopped-short backward differs")
+    check(not torch.equal(stale(False)[2], x2.grad), "split_qkv: the stale-parts check cannot fail")
+    # a hook on qkv wants its gradient from autograd: the plain split
+    x4 = x0.reshape(-1, cfg.d).clone().requires_grad_(True)
+    qkv4 = coda.ops.pre(x4, pos, blk.g1.bfloat16(), blk.wqkv.bfloat16(), blk._cfg_list, blk._eps, blk._theta,
+                        link=coda.ops.Link())
+    seen_hook = []
+    qkv4.register_hook(lambda g: seen_hook.append(tuple(g.shape)))
+    q4 = coda.ops.split_qkv(qkv4, nq, nkv)[0]
+    q4.float().sum().backward()
+    check(type(q4.grad_fn).__name__ != "_SplitBackward" and seen_hook == [tuple(qkv4.shape)],
+          "split_qkv with a hook on qkv: node %s, hook saw %s" % (type(q4.grad_fn).__name__, seen_hook))
     # a broadcast gradient (row stride 0, from a sum over rows) is copied
-    # before coda reads it
-    x3 = x0.reshape(-1, cfg.d).clone().requires_grad_(True)
-    qkv3 = coda.ops.pre(x3, pos, blk.g1.bfloat16(), blk.wqkv.bfloat16(), blk._cfg_list, blk._eps, blk._theta)
-    qkv3.sum(0).float().sum().backward()
-    check(x3.grad is not None and bool(torch.isfinite(x3.grad).all()), "a broadcast dqkv: no finite x.grad")
+    # before coda reads it: the x.grad of a contiguous one
+    xs = []
+    for copy in (False, True):
+        x3 = x0.reshape(-1, cfg.d).clone().requires_grad_(True)
+        qkv3 = coda.ops.pre(x3, pos, blk.g1.bfloat16(), blk.wqkv.bfloat16(), blk._cfg_list, blk._eps, blk._theta)
+        (qkv3 * 1 if copy else qkv3).sum(0).float().sum().backward()
+        xs.append(x3.grad)
+    check(torch.equal(xs[0], xs[1]), "a broadcast dqkv: another x.grad than a contiguous one")
     # shapes are checked where the split is made
     try:
         coda.ops.split_qkv(qkv2, nq, nkv + 2)

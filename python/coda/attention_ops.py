@@ -22,7 +22,10 @@ each with a fake (meta) implementation, and autograd registered on the
 first (its backward is the second, then cast to qkv's dtype), so it runs
 under torch.compile(fullgraph=True), CUDA graphs and activation
 checkpointing. With an older torch (Debian's 1.13) the same function is a
-torch.autograd.Function (eager only).
+torch.autograd.Function (eager only). Either way, where qkv is a coda
+block's own output on the eager path (coda.ops.take_link), the call is the
+autograd.Function _Linked instead, whose backward hands the f32 dqkv to
+the block's backward rather than to autograd.
 
 lse is not differentiable (as FlashAttention's): its gradient would need
 D_i = do_i . o_i - dlse_i inside coda_attention_backward, which computes D
@@ -218,5 +221,12 @@ def attention(qkv, batch, seq, n_heads, n_kv_heads, head_dim):
     shape = _ints(batch, seq, n_heads, n_kv_heads, head_dim)
     link = _ops.take_link(qkv)
     if link is not None:
-        return _Linked.apply(qkv, link, *shape)
+        try:
+            return _Linked.apply(qkv, link, *shape)
+        except BaseException:
+            link.taken = False  # refused: nothing recorded, the Link free for another consumer
+            raise
+    # (Activation checkpointing of this call alone recomputes it here, the
+    # Link taken by the original: the recompute must save what _Linked saved,
+    # (qkv, o, lse), which _call's paths do.)
     return _call(qkv, shape)

@@ -325,10 +325,15 @@ def _on_current_stream(parts, made_on):
 
 
 def _drop_parts(link):
-    """End of a backward pass: parts block_pre's backward did not take
-    (a pass restricted to inputs between the two) must not reach a later
-    pass through the same graph (retain_graph)."""
-    link.dparts = link.dstream = None
+    """End of a backward pass: what block_pre's backward did not take (a
+    pass that did not reach it, such as autograd.grad of a weight of
+    block_post alone) must not reach a later pass through the same graph
+    (retain_graph)."""
+    link.dh = link.dparts = link.dstream = None
+
+
+def _at_end_of_pass(link):
+    torch.autograd.Variable._execution_engine.queue_callback(lambda: _drop_parts(link))
 
 
 def take_link(qkv):
@@ -338,8 +343,8 @@ def take_link(qkv):
     autograd; None where there is none: qkv traced, not block_pre's own
     output (a slice, a copy), retaining its gradient, no gradient recorded,
     or the Link taken already."""
-    if _traced(qkv) or not torch.is_grad_enabled() or qkv.retains_grad:
-        return None
+    if _traced(qkv) or not torch.is_grad_enabled() or qkv.retains_grad or getattr(qkv, "_backward_hooks", None):
+        return None  # a hook or a retained .grad wants qkv's gradient from autograd
     fn = getattr(qkv, "grad_fn", None)
     link = getattr(fn, "link", None) if isinstance(fn, _Pre._backward_cls) else None
     if link is None or link.taken:
@@ -351,10 +356,12 @@ def take_link(qkv):
 def hand_over(link, grad):
     """In a backward: qkv's gradient grad ((dq, dk, dv), or dqkv) to
     block_pre's backward through link, for this backward pass only."""
+    if link.dparts is not None:
+        raise RuntimeError("coda.ops.hand_over: qkv's gradient handed over twice in one backward pass")
     ref = grad[0] if isinstance(grad, tuple) else grad
+    _at_end_of_pass(link)  # first: outside a backward this raises, with nothing left on the Link
     link.dparts = grad
     link.dstream = torch.cuda.current_stream(ref.device) if ref.is_cuda else None
-    torch.autograd.Variable._execution_engine.queue_callback(lambda: _drop_parts(link))
 
 
 class _Split(torch.autograd.Function):
@@ -382,11 +389,11 @@ def split_qkv(qkv, nq, nkv):
     block_pre's backward (coda_block_backward_pre_split reads dq, dk, dv
     where the attention left them) instead of autograd's cat into one
     (M, nqkv) tensor: a copy of the whole gradient saved per block. Then
-    qkv itself has no gradient of its own (autograd.grad(loss, qkv) gives
-    None): coda.nn's blocks keep qkv to themselves. A second split of the
+    autograd sees no gradient of qkv itself (autograd.grad(loss, qkv) finds
+    qkv unused): coda.nn's blocks keep qkv to themselves. A second split of the
     same qkv, a slice of it (coda.nn pads M to a multiple of 8 on CUDA and
-    passes qkv[:m]), a qkv that retains its gradient, under a tracer, or any
-    other tensor: the plain split."""
+    passes qkv[:m]), a qkv with a hook or that retains its gradient, under a
+    tracer, or any other tensor: the plain split."""
     if not isinstance(qkv, torch.Tensor) or qkv.dim() != 2 or qkv.shape[1] != nq + 2 * nkv:
         raise ValueError("coda.ops.split_qkv: qkv must be (M, nq + 2 nkv) = (M, %d), got %s"
                          % (nq + 2 * nkv, tuple(qkv.shape) if isinstance(qkv, torch.Tensor) else type(qkv).__name__))
@@ -417,6 +424,7 @@ class _Post(torch.autograd.Function):
         ctx.z_spent = SPEND_Z
         g = _post_grads(ctx, dy, _post_bwd, spend_z=SPEND_Z)
         if ctx.link is not None:  # x's to block_pre's backward, which adds it (Link)
+            _at_end_of_pass(ctx.link)
             ctx.link.dh, g = g[0], (None,) + g[1:]
         return g + (None,) * 5
 
