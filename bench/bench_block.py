@@ -6,7 +6,11 @@ the same attention (torch SDPA, causal, GQA):
 
   floor          the block's own GEMMs at cuBLAS speed (torch.matmul, bf16)
                  + the same SDPA call: what a block costs with every
-                 elementwise step free
+                 elementwise step free. One copy stays in it: the cat of
+                 SDPA's dq, dk, dv into the (M, nqkv) matrix the QKV
+                 backward GEMMs read (0.067 ms at LLaMA-3 1B, stop 40's
+                 H100 profile), which coda no longer makes
+                 (coda_block_backward_pre_split) and unfused peers do
   eager          the block in plain PyTorch (HF-style RMSNorm in f32, RoPE,
                  SwiGLU), bf16
   torch.compile  the same module compiled (default mode)
