@@ -56,19 +56,7 @@ def _ints(batch, seq, n_heads, n_kv_heads, head_dim):
                                               (n_kv_heads, "n_kv_heads"), (head_dim, "head_dim")))
 
 
-def _ready(t, align=16):
-    """t as coda reads it: contiguous columns and, on CUDA, base and row
-    stride `align`-byte aligned (coda.h section 11: qkv, o and do 16, lse
-    4); else a contiguous copy."""
-    if not isinstance(t, torch.Tensor) or t.dim() != 2:
-        return t  # the C call says what is wrong
-    es = t.element_size()
-    ok = t.stride(1) == 1 or t.shape[1] <= 1
-    if ok and t.is_cuda:
-        ok = t.data_ptr() % align == 0 and (t.stride(0) * es) % align == 0
-    if ok:
-        return t
-    return t.clone(memory_format=torch.contiguous_format) if t.is_contiguous() else t.contiguous()
+_ready = _ops.ready  # t as coda reads it, else a contiguous copy
 
 
 def _fwd(qkv, batch, seq, n_heads, n_kv_heads, head_dim):

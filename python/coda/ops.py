@@ -133,12 +133,29 @@ def _needs_grad(*ts):
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts)
 
 
+def ready(t, align=16):
+    """t as coda reads it: contiguous columns and, on CUDA, base and row
+    stride `align`-byte aligned (coda.h section 11: qkv, o and do 16, lse
+    4); else a contiguous copy."""
+    if not isinstance(t, torch.Tensor) or t.dim() != 2:
+        return t  # the C call says what is wrong
+    es = t.element_size()
+    ok = t.stride(1) == 1 or t.shape[1] <= 1
+    if ok and t.is_cuda:
+        ok = t.data_ptr() % align == 0 and (t.stride(0) * es) % align == 0
+    if ok:
+        return t
+    return t.clone(memory_format=torch.contiguous_format) if t.is_contiguous() else t.contiguous()
+
+
 def _grad_ready(t):
-    """An attention gradient as coda reads it: f32 or bf16, contiguous
-    columns, rows apart (no broadcast stride 0) at a 32-byte multiple."""
+    """An attention gradient as coda reads it: f32 or bf16, rows apart (a
+    broadcast one, row stride 0, copied: coda refuses overlapping rows),
+    else as ready() with the block's 4-byte alignment."""
     t = t if t.dtype in (torch.float32, torch.bfloat16) else t.float()
-    ok = t.stride(-1) == 1 and (t.shape[0] <= 1 or (t.stride(0) >= t.shape[1] and t.stride(0) % 8 == 0))
-    return t if ok else t.contiguous()
+    if t.shape[0] > 1 and t.stride(0) < t.shape[1]:
+        return t.contiguous()
+    return ready(t, 4)
 
 
 def _pre_bwd(x, pos, r1, qkv, dqkv, g1, wqkv, cfg, eps, theta, dh=None):
