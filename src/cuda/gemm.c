@@ -493,7 +493,7 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
     lc.gridDimX = (unsigned)d->sm_count;
     lc.gridDimY = 1;
     lc.gridDimZ = 1;
-    lc.blockDimX = 384;
+    lc.blockDimX = cfg->epi_wg ? 512 : 384;
     lc.blockDimY = 1;
     lc.blockDimZ = 1;
     lc.sharedMemBytes = (unsigned)smem;
