@@ -234,8 +234,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     const coda_cuda_gemm_cfg_t *c = &coda__cuda_gemm_cfgs[cfg];
-    printf("configuration %d: %dx%d, %d stages, cluster %d, %s%s\n", cfg, c->bm, c->bn, c->stages,
-           c->cluster_m, c->pingpong ? "ping-pong" : "cooperative", c->epi_wg ? ", epilogue warps" : "");
+    printf("configuration %d: %dx%d, %d stages, cluster %d, %s\n", cfg, c->bm, c->bn, c->stages,
+           c->cluster_m, c->pingpong ? "ping-pong" : "cooperative");
     const char *names[64], *texts[64];
     int n = 0;
     for (const char *const *name = coda_builtin_program_names(); *name && n < 64; name++)
@@ -250,17 +250,7 @@ int main(int argc, char **argv) {
         char *epi = NULL;
         coda_ring_plan_t rp;
         coda__codegen_ring_plan(p, &rp);
-        /* as LLaMA shapes run: no ring beside the epilogue warps, whose
-         * configurations leave programs with column partials to their
-         * siblings (fused_gemm.c) */
-        int has_colred = 0;
-        for (int k = 0; k < p->n_args; k++) has_colred |= p->args[k].kind == CODA_OUT_COLRED;
-        if (c->epi_wg && has_colred) {
-            printf("%-20s runs on configuration %d (column partials)\n", *name, coda__cuda_gemm_cfg_without_epi_wg(cfg));
-            coda_program_free(p);
-            continue;
-        }
-        REQUIRE_OK(coda__codegen_cuda_ex(p, rp.nbox && !c->epi_wg ? CODA_CG_RING : CODA_CG_N16, &epi));
+        REQUIRE_OK(coda__codegen_cuda_ex(p, rp.nbox ? CODA_CG_RING : CODA_CG_N16, &epi)); /* as LLaMA shapes run */
         stats(*name, epi, cfg);
         free(epi);
         coda_program_free(p);

@@ -162,11 +162,6 @@ static void check_program(const char *name, const char *text, int in_mainloop) {
         if (n16 && in_mainloop) {
             compile_in_mainloop(name, n16, CODA_LAYOUT_NT, 3, 0);
             compile_in_mainloop(name, n16, CODA_LAYOUT_NT, 5, 0);
-            /* the epilogue warps, where the host runs the program there
-             * (no column partials: fused_gemm.c) */
-            int colred = 0;
-            for (int k = 0; k < p->n_args; k++) colred |= p->args[k].kind == CODA_OUT_COLRED;
-            if (!colred) compile_in_mainloop(name, n16, CODA_LAYOUT_TN, 7, 0);
         }
         /* tile inputs through the stage ring: active on the cooperative
          * schedule (cfg 3), read from global memory on ping-pong (cfg 5) */

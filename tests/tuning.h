@@ -39,13 +39,6 @@ static inline void tune_clusters(coda_context_t *ctx, int n) {
     t.clusters = n;
     tune_set(ctx, &t);
 }
-/* Fused GEMMs on the epilogue warps: 1 wherever they can run, 0 never,
- * -1 by the rule (CODA_EPI_WARPS). */
-static inline void tune_epi_warps(coda_context_t *ctx, int mode) {
-    coda__tuning_t t = coda__get_tuning(ctx);
-    t.epi_warps = mode;
-    tune_set(ctx, &t);
-}
 /* Extra NVRTC options for every GEMM kernel (NULL or "": none). */
 static inline void tune_opts(coda_context_t *ctx, const char *opts) {
     coda__tuning_t t = coda__get_tuning(ctx);

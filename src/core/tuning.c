@@ -41,8 +41,6 @@ void coda__tuning_from_env(coda__tuning_t *t) {
     t->attn_bwd_parts = c == 'h' ? -1 : c >= '1' && c <= '8' ? c - '0' : 0;
     c = one_char("CODA_DEBUG_ATTN_BWD_ORDER");
     t->attn_bwd_order = c == '0' || c == '1' ? c - '0' : -1;
-    c = one_char("CODA_EPI_WARPS");
-    t->epi_warps = c == '0' || c == '1' ? c - '0' : -1;
     v = getenv("CODA_DEBUG_OPTS");
     if (v && strlen(v) < sizeof t->extra_opts) snprintf(t->extra_opts, sizeof t->extra_opts, "%s", v);
 }
@@ -69,8 +67,6 @@ coda_status_t coda__set_tuning(coda_context_t *ctx, const coda__tuning_t *t) {
     if (t->attn_bwd_parts < -1 || t->attn_bwd_parts > 8)
         return coda__fail(CODA_ERR_INVALID_ARG, "tuning: attn_bwd_parts %d is not -1 (a head a block), 0 (default) or 1..8",
                           t->attn_bwd_parts);
-    if (t->epi_warps < -1 || t->epi_warps > 1)
-        return coda__fail(CODA_ERR_INVALID_ARG, "tuning: epi_warps %d is not -1 (the rule), 0 or 1", t->epi_warps);
     if (t->attn_bwd_order < -1 || t->attn_bwd_order > 1)
         return coda__fail(CODA_ERR_INVALID_ARG, "tuning: attn_bwd_order %d is not -1 (default), 0 or 1",
                           t->attn_bwd_order);

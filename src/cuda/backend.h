@@ -13,7 +13,7 @@
 #include <cuda.h>
 
 #define CODA_CUDA_MAX_DEVICES 16
-#define CODA_CUDA_GEMM_NCFG 8
+#define CODA_CUDA_GEMM_NCFG 6
 
 /* A compiled and loaded kernel, cached per device by key. */
 typedef struct coda_cuda_kernel {
@@ -199,19 +199,10 @@ typedef struct coda_cuda_gemm_cfg {
     int cluster_m;    /* CTAs per cluster along M (1 or 2); B tile multicast */
     int group_m;      /* tile rows (in clusters) per group of the tile order */
     int pingpong;     /* 1: each consumer warpgroup owns whole tiles, in turn */
-    int epi_wg;       /* 1: epilogue warps beside the producer run fused epilogues (gemm_mainloop.cuh);
-                         plain and stream-K GEMMs run the configuration without it */
 } coda_cuda_gemm_cfg_t;
 
 extern const coda_cuda_gemm_cfg_t coda__cuda_gemm_cfgs[CODA_CUDA_GEMM_NCFG];
 
-/* The configuration without the epilogue warps that is otherwise
- * cfg_index's (cfg_index itself if it has none): what a plain GEMM, a
- * stream-K launch or a program with column partials runs instead. */
-int coda__cuda_gemm_cfg_without_epi_wg(int cfg_index);
-/* The other way: cfg_index's configuration with epilogue warps, or
- * cfg_index itself where there is none. */
-int coda__cuda_gemm_cfg_with_epi_wg(int cfg_index);
 /* Pick the configuration for a problem (index into coda__cuda_gemm_cfgs). */
 int coda__cuda_gemm_pick(int64_t m, int64_t n, int64_t k, int sm_count);
 /* Stream-K split (kernels/gemm_streamk.cuh): how many of `units` tile pairs
@@ -229,7 +220,7 @@ int coda__cuda_gemm_cfg_override(const coda_context_t *ctx);
  * and the NVRTC options for a layout and config. Returns a malloc'd string;
  * opts[] (CODA_CUDA_GEMM_MAX_OPTS entries) point into static storage or into
  * optbuf (>= 512 bytes). */
-#define CODA_CUDA_GEMM_MAX_OPTS 24
+#define CODA_CUDA_GEMM_MAX_OPTS 20
 
 /* The form of the generated epilogue a fused GEMM of n columns runs with
  * these arguments bound (bound[k] for argument k, NULL if none): N16 only

@@ -19,11 +19,6 @@
 
 #define GPU_TILE_M 128 /* CODA_BM */
 #define PINGPONG_TILE_N 128 /* the ping-pong schedule's tile width */
-/* The epilogue warps (gemm_mainloop.cuh) take a tile's epilogue off the
- * consumers, which helps where the k-loop is short next to the epilogue,
- * and cost the fourth pipeline stage. The rule: K at most this (0: never,
- * until measured; CODA_EPI_WARPS=1 forces them wherever they can run). */
-#define EPI_WARPS_MAX_K 0
 
 /* Configuration index for a tiling: tile_n 128 runs the ping-pong schedule
  * (gemm_mainloop.cuh), which hides each tile's epilogue behind the other
@@ -31,7 +26,7 @@
  * 2-CTA clusters where there are enough tiles to fill the chip twice.
  * Tuning's gemm_cfg (benchmarking) overrides when its tile width matches.
  * Returns -1 if no configuration has tl.tile_n. */
-static int base_cfg(const coda_context_t *ctx, coda_tiling_t tl, int64_t m, int64_t n, int sm_count) {
+static int cfg_for_tiling(const coda_context_t *ctx, coda_tiling_t tl, int64_t m, int64_t n, int sm_count) {
     int forced = coda__cuda_gemm_cfg_override(ctx);
     if (forced >= 0 && coda__cuda_gemm_cfgs[forced].bn == tl.tile_n) return forced;
     int pp = tl.tile_n == PINGPONG_TILE_N, best = -1;
@@ -39,26 +34,12 @@ static int base_cfg(const coda_context_t *ctx, coda_tiling_t tl, int64_t m, int6
     if (!pp && coda__cuda_gemm_cfgs[pick].bn == tl.tile_n) return pick;
     for (int i = 0; i < CODA_CUDA_GEMM_NCFG; i++) {
         const coda_cuda_gemm_cfg_t *c = &coda__cuda_gemm_cfgs[i];
-        if (c->bn != tl.tile_n || c->pingpong != pp || c->epi_wg) continue;
+        if (c->bn != tl.tile_n || c->pingpong != pp) continue;
         int64_t tiles = coda__cdiv(m, c->bm) * coda__cdiv(n, c->bn);
         int want_cluster = tiles >= 2 * (int64_t)sm_count;
         if (best < 0 || (c->cluster_m > 1) == want_cluster) best = i;
     }
     return best;
-}
-
-/* ... and with the epilogue warps or without: column partials combine the
- * tile's 8 consumer warps (codegen's CODA_EPI_TILE_SYNC), so never for
- * them; else as tuning's epi_warps says, or by the rule (K). A forced
- * configuration is taken as it is. */
-static int cfg_for_tiling(const coda_context_t *ctx, coda_tiling_t tl, int64_t m, int64_t n, int64_t k,
-                          int sm_count, int has_colred) {
-    int cfg = base_cfg(ctx, tl, m, n, sm_count);
-    if (cfg < 0 || has_colred) return cfg < 0 ? cfg : coda__cuda_gemm_cfg_without_epi_wg(cfg);
-    int ew = ctx->tuning.epi_warps;
-    if (coda__cuda_gemm_cfg_override(ctx) < 0 && (ew == 1 || (ew < 0 && k <= EPI_WARPS_MAX_K)))
-        return coda__cuda_gemm_cfg_with_epi_wg(cfg);
-    return cfg;
 }
 
 coda_status_t coda__cuda_choose_tiling(coda_context_t *ctx, int index, int64_t m, int64_t n,
@@ -163,7 +144,7 @@ coda_status_t coda__cuda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout
                           "needs %d on the GPU (coda_choose_tiling)", tiling.tile_m, GPU_TILE_M);
     coda_cuda_device_t *d;
     CODA_TRY(coda__cuda_device(ctx, a->device_index, &d));
-    int cfg = cfg_for_tiling(ctx, tiling, m, n, k, d->sm_count, has_colred);
+    int cfg = cfg_for_tiling(ctx, tiling, m, n, d->sm_count);
     if (cfg < 0)
         return coda__fail(CODA_ERR_UNSUPPORTED,
                           "fused GEMM on CUDA: tiling.tile_n %d; the GPU mainloop has 128 or 256",
@@ -192,10 +173,7 @@ coda_status_t coda__cuda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout
     const char *src = NULL; /* generated and hashed once per program and form */
     const uint64_t *key = NULL;
     coda_ring_plan_t rp;
-    /* no ring inputs on ping-pong or beside the epilogue warps (the
-     * consumers would free the ring's stages the epilogue reads) */
-    const coda_cuda_gemm_cfg_t *c = &coda__cuda_gemm_cfgs[cfg];
-    coda_cg_form_t form = coda__cuda_fused_form(p, bound, n, c->pingpong || c->epi_wg || ctx->tuning.no_ring, &rp);
+    coda_cg_form_t form = coda__cuda_fused_form(p, bound, n, coda__cuda_gemm_cfgs[cfg].pingpong || ctx->tuning.no_ring, &rp);
     CODA_TRY(coda__codegen_cuda_cached(p, form, &src, &key));
     coda_epi_params_t params;
     fill_params(p, bound, scalars, m, n, &params);

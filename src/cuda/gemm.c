@@ -16,34 +16,14 @@
  * without clusters; one wave or less of big tiles runs best without
  * clusters, and below half a wave smaller tiles spread the work wider. */
 const coda_cuda_gemm_cfg_t coda__cuda_gemm_cfgs[CODA_CUDA_GEMM_NCFG] = {
-    /* bm, bn, bk, stages, cluster_m, group_m, pingpong, epi_wg */
-    {128, 256, 64, 4, 1, 8, 0, 0},
-    {128, 128, 64, 6, 1, 8, 0, 0},
-    {128, 256, 64, 4, 2, 8, 0, 0},
-    {128, 256, 64, 4, 2, 16, 0, 0},
-    {128, 128, 64, 6, 1, 8, 1, 0},
-    {128, 128, 64, 6, 2, 16, 1, 0},
-    /* 0 and 3 with the epilogue warps (fused GEMMs): 3 stages, since
-     * the bf16 hand-off tile takes the fourth's shared memory */
-    {128, 256, 64, 3, 1, 8, 0, 1},
-    {128, 256, 64, 3, 2, 16, 0, 1},
+    /* bm, bn, bk, stages, cluster_m, group_m, pingpong */
+    {128, 256, 64, 4, 1, 8, 0},
+    {128, 128, 64, 6, 1, 8, 0},
+    {128, 256, 64, 4, 2, 8, 0},
+    {128, 256, 64, 4, 2, 16, 0},
+    {128, 128, 64, 6, 1, 8, 1},
+    {128, 128, 64, 6, 2, 16, 1},
 };
-
-/* The configuration that is cfg_index's but for epi_wg = want (cfg_index
- * itself if there is none). */
-static int epi_wg_sibling(int cfg_index, int want) {
-    const coda_cuda_gemm_cfg_t *c = &coda__cuda_gemm_cfgs[cfg_index];
-    if (c->epi_wg == want) return cfg_index;
-    for (int i = 0; i < CODA_CUDA_GEMM_NCFG; i++) {
-        const coda_cuda_gemm_cfg_t *o = &coda__cuda_gemm_cfgs[i];
-        if (o->epi_wg == want && o->bm == c->bm && o->bn == c->bn && o->bk == c->bk &&
-            o->cluster_m == c->cluster_m && o->group_m == c->group_m && o->pingpong == c->pingpong)
-            return i;
-    }
-    return cfg_index;
-}
-int coda__cuda_gemm_cfg_without_epi_wg(int cfg_index) { return epi_wg_sibling(cfg_index, 0); }
-int coda__cuda_gemm_cfg_with_epi_wg(int cfg_index) { return epi_wg_sibling(cfg_index, 1); }
 
 int coda__cuda_gemm_pick(int64_t m, int64_t n, int64_t k, int sm_count) {
     (void)k;
@@ -71,11 +51,8 @@ char *coda__cuda_gemm_source(const char *epilogue_src) {
 
 size_t coda__cuda_gemm_smem(const coda_cuda_gemm_cfg_t *cfg) {
     size_t stage = (size_t)(cfg->bm + cfg->bn) * cfg->bk * 2;
-    /* stages, C staging (2 consumers x 2 x 8 KiB), barriers, alignment
-     * slack; with the epilogue warps their 3 slabs, the bf16 hand-off
-     * tile and its two barriers (gemm_mainloop.cuh) */
-    size_t staging = cfg->epi_wg ? 3 * 4096 + (size_t)cfg->bm * cfg->bn * 2 + 16 : 32768;
-    return cfg->stages * stage + staging + 16 * (size_t)cfg->stages + 1024;
+    /* stages, C staging (2 consumers x 2 x 8 KiB), barriers, alignment slack */
+    return cfg->stages * stage + 32768 + 16 * (size_t)cfg->stages + 1024;
 }
 
 int coda__cuda_gemm_options(coda_layout_t layout, const coda_cuda_gemm_cfg_t *cfg, int store_c,
@@ -90,7 +67,6 @@ int coda__cuda_gemm_options(coda_layout_t layout, const coda_cuda_gemm_cfg_t *cf
         {"CODA_TB", tb},                {"CODA_CLUSTER", cfg->cluster_m}, {"CODA_EPI_STORE_C", store_c},
         {"CODA_C_F32", c_f32},          {"CODA_GROUP_M", cfg->group_m},   {"CODA_PINGPONG", cfg->pingpong},
         {"CODA_EPI_STAGE", !store_c},   {"CODA_STREAMK", streamk && !cfg->pingpong},
-        {"CODA_EPI_WG", cfg->epi_wg && !store_c && !streamk},
     };
     size_t used = 0;
     for (size_t i = 0; i < sizeof defs / sizeof defs[0] && n < CODA_CUDA_GEMM_MAX_OPTS; i++) {
@@ -438,13 +414,11 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
                             size_t scratch_bytes, const coda_cuda_epi_io_t *io, int simple,
                             void *stream) {
     struct coda_cuda *cu = ctx->cuda;
-    int store_c = c_out != NULL, c_f32 = c_out && c_out->dtype == CODA_F32;
-    /* the epilogue warps run generated epilogues only */
-    if (store_c) cfg_index = coda__cuda_gemm_cfg_without_epi_wg(cfg_index);
     const coda_cuda_gemm_cfg_t *cfg = &coda__cuda_gemm_cfgs[cfg_index];
     int64_t m = 0, n = 0, k = 0;
     coda__gemm_extents(layout, a, b, &m, &n, &k);
 
+    int store_c = c_out != NULL, c_f32 = c_out && c_out->dtype == CODA_F32;
     /* the kernel: got once the launch knows whether it runs a stream-K tail
      * (a variant of its own), or earlier if the cluster occupancy query
      * needs one */
@@ -493,7 +467,7 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
     lc.gridDimX = (unsigned)d->sm_count;
     lc.gridDimY = 1;
     lc.gridDimZ = 1;
-    lc.blockDimX = cfg->epi_wg ? 512 : 384;
+    lc.blockDimX = 384;
     lc.blockDimY = 1;
     lc.blockDimZ = 1;
     lc.sharedMemBytes = (unsigned)smem;
@@ -530,8 +504,7 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
     memset(&skp, 0, sizeof skp);
     int64_t kiters = coda__cdiv(k, cfg->bk);
     int dp_units =
-        coda__cuda_streamk_dp_units(units, clusters, kiters, cfg->pingpong || cfg->epi_wg, ctx->tuning.streamk,
-                                    d->mem_gbps); /* no stream-K beside the epilogue warps */
+        coda__cuda_streamk_dp_units(units, clusters, kiters, cfg->pingpong, ctx->tuning.streamk, d->mem_gbps);
     coda_cuda_sk_ws_t *ws = dp_units < units ? sk_workspace(cu, d, (CUstream)stream) : NULL;
     skp.dp_units = ws ? dp_units : (int)units;
     if (ws) {

@@ -217,10 +217,6 @@ static int nan_a;
  * form). An f32 double-space vector (16 bytes a pair) stays aligned. */
 static int skew_cols;
 
-/* >= 0: run the fused GEMMs on this configuration (a program with column
- * partials runs on its sibling without epilogue warps) */
-static int force_cfg = -1;
-
 /* tile_n 0: the backend's choice; else force that tile width */
 static void run_case(const char *text, coda_layout_t layout, int64_t m, int64_t n, int64_t k, int tile_n) {
     coda_program_t *p = NULL;
@@ -240,7 +236,6 @@ static void run_case(const char *text, coda_layout_t layout, int64_t m, int64_t 
         coda_program_free(p);
         return;
     }
-    if (force_cfg >= 0) tune_cfg(ctx, force_cfg);
     const char *force = getenv("CODA_TEST_CFG");
     if (force) tune_cfg_str(ctx, force);
 
@@ -480,19 +475,6 @@ int main(int argc, char **argv) {
     }
     run_case(texts[0], CODA_LAYOUT_TN, 264, 136, 1000, 0);
     cooperative = 0;
-    /* the epilogue warps (configurations 6 and 7: the accumulators handed
-     * over in bf16, the program run beside the next tile's k-loop): every
-     * layout, edges in M and N, several tiles a CTA, and with 2-CTA
-     * clusters an odd number of row tiles (the last pair's second CTA runs
-     * a tile wholly below M) */
-    force_cfg = 6;
-    for (int i = 0; i < nt; i++) {
-        run_case(texts[i], CODA_LAYOUT_NT, small ? 127 : 1000, 528, 264, 256);
-        if (!small) run_case(texts[i], (coda_layout_t)(i % 3), 4096, 1032, 520, 256);
-    }
-    force_cfg = 7;
-    for (int i = 0; i < (small ? 2 : nt); i++) run_case(texts[i], (coda_layout_t)(i % 3), 4200, 1032, 136, 256);
-    force_cfg = -1;
     /* stream-K forced on (80 tile pairs on 66 clusters: 59 of them cut in
      * two, so most epilogues run on sums handed over between CTAs); then
      * whole units before the tail (144 pairs: 66 whole), with a ring program */

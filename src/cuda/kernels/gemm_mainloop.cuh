@@ -18,9 +18,6 @@
  *                  main output C, stored through shared memory by TMA (tma_c);
  *                  0: the epilogue does all its own stores
  *   CODA_C_F32     C's type when stored: 1 f32, 0 bf16
- *   CODA_EPI_WG    1: epilogue warps beside the producer run the generated
- *                  epilogue (cooperative 128 x 256 schedule, no C store, no
- *                  ring inputs, no stream-K; see "The epilogue warps" below)
  *
  * Threads: 3 warpgroups. Warpgroup 0 is the producer (one thread issues TMA
  * loads); warpgroups 1 and 2 are consumers issuing m64nBNk16 wgmma:
@@ -60,23 +57,6 @@
  * free its stage as they would a k-block's, and the next tile's k-blocks
  * follow in the ring.
  *
- * The epilogue warps (CODA_EPI_WG): the consumers round each tile's
- * accumulators to bf16 into a hand-off tile in shared memory (128 x 256,
- * 64 KiB; one 16-byte vector a thread per 8 values, thread-major, so each
- * quarter warp writes 128 contiguous bytes) and go straight on to the next
- * tile's k-loop; warps 1-3 of the producer's warpgroup run the program on
- * the hand-off (coda_epilogue_warps) while the tensor cores work on the
- * next tile. The rounding is what the unfused computation does (the GEMM
- * stores bf16, the elementwise step reads it). Not a fourth warpgroup: 512
- * threads leave 128 registers a thread, and a consumer's 128 accumulators
- * need more. Barriers: HFULL (the 256 consumer threads arrive), HEMPTY (the
- * 96 epilogue threads arrive once they have read their last block of the
- * tile). Shared memory: 3 stages instead of 4, the hand-off tile, and 3
- * slabs instead of 8. Column partials (a barrier over the tile's 8
- * consumer warps) are not supported: the host runs such programs on the
- * configuration without epilogue warps. No setmaxnreg: every thread keeps
- * the launch's 168 registers.
- *
  * Measurement probes (timeline stamps, the C store or the whole plain
  * epilogue left out): CODA_PROBE_* and the macros they set, all in
  * probes.cuh; the library compiles none of them in. */
@@ -100,12 +80,6 @@
 #endif
 #ifndef CODA_EPI_RING
 #define CODA_EPI_RING 0
-#endif
-#ifndef CODA_EPI_WG
-#define CODA_EPI_WG 0
-#endif
-#if CODA_EPI_WG && (CODA_PINGPONG || CODA_EPI_STORE_C || CODA_EPI_RING || CODA_STREAMK || CODA_BN != 256)
-#error "the epilogue warps need the cooperative 128 x 256 schedule, a generated epilogue without ring inputs, no stream-K"
 #endif
 #ifndef CODA_STREAMK /* 1: the stream-K tail (gemm_streamk.cuh) is compiled in */
 #define CODA_STREAMK 0
@@ -132,10 +106,7 @@
 #define CODA_C_ESZ (CODA_C_F32 ? 4 : 2)
 #define CODA_C_CHUNK_COLS (128 / CODA_C_ESZ)             /* columns per 128-byte chunk */
 #define CODA_C_NCHUNK (CODA_BN / CODA_C_CHUNK_COLS)
-/* C staging: 2 consumers x 2 buffers of 8 KiB, the 8 consumer warps' slabs;
- * with the epilogue warps (CODA_EPI_WG) their 3 slabs */
-#define CODA_CBUF_BYTES (CODA_EPI_WG ? 3 * 4096 : 2 * 2 * 8192)
-#define CODA_HAND_BYTES (CODA_EPI_WG ? CODA_BM * CODA_BN * 2 : 0) /* the bf16 hand-off tile */
+#define CODA_CBUF_BYTES (2 * 2 * 8192)                   /* 2 consumers x 2 buffers */
 
 #define CODA_A_BYTES (CODA_BM * CODA_BK * 2)
 #define CODA_B_BYTES (CODA_BN * CODA_BK * 2)
@@ -224,7 +195,7 @@ static __device__ __forceinline__ coda_epi_tile coda_tile_view(int M, int N, int
     t.wg = c;
     t.tid = tid;
     t.scratch = scratch;
-    t.stage = cbufs + (u32)(c * 4 + tid / 32) * 4096u; /* the epilogue warps set their own */
+    t.stage = cbufs + (u32)(c * 4 + tid / 32) * 4096u;
     t.ring = 0;
     t.ring_box = 0;
     return t;
@@ -240,84 +211,6 @@ static __device__ __forceinline__ void coda_stage_release(u32 empty_bar) {
 #endif
 }
 
-#if CODA_EPI_WG
-/* The epilogue warps (CODA_EPI_WG): warps 1-3 of warpgroup 0, beside the
- * producer's warp 0 (a fourth warpgroup would leave 128 registers a thread,
- * and an m64n256 wgmma's 128 accumulators need more). A tile's 8 row blocks
- * of 16 (consumer c's warp w: block 4 c + w) go round-robin to the 3 warps;
- * each runs the program on its block as that consumer warp would, with the
- * values read from the hand-off tile, and its own 4 KiB slab. */
-static __device__ __forceinline__ void coda_epilogue_warps(const coda_epi_params &epi, const coda_store_maps &smaps,
-                                                        int M, int N, int tiles_m2, int tiles_n, int n_units,
-                                                        int unit0, int unit_step, u32 crank, int ew, int lane,
-                                                        unsigned char *scratch, u32 cbufs, u32 hand, u32 hfull,
-                                                        u32 hempty) {
-    int hseq = 0;
-    for (int unit = unit0; unit < n_units; unit += unit_step, hseq++) {
-        int tm2, tn;
-        coda_tile_coords(unit, tiles_m2, tiles_n, &tm2, &tn);
-        const int tm = tm2 * CODA_CLUSTER + (int)crank;
-#pragma unroll 1
-        for (int blk = ew; blk < 8; blk += 3) {
-            const int c = blk / 4, vtid = (blk % 4) * 32 + lane; /* as consumer c's thread vtid */
-            const int trow = tm * CODA_BM + 64 * c + 16 * (blk % 4) + lane / 4;
-            coda_epi_tile t = coda_tile_view(M, N, tm, tn, trow, c, vtid, scratch, cbufs);
-            t.stage = cbufs + (u32)ew * 4096u;
-            coda_epi_pre pre;
-            coda_epi_preload(epi, t, pre);
-            if (blk < 3) coda_mbar_wait(hfull, hseq & 1);
-            coda_epi_state st;
-            coda_epi_begin(epi, t, st, pre);
-            const u32 hb = hand + (u32)c * (CODA_HAND_BYTES / 2) + (u32)vtid * 16u;
-#if CODA_EPI_STAGE
-            coda_epi_vin vin;
-            coda_epi_vload(epi, t, 0, 0, vin);
-#endif
-#pragma unroll
-            for (int j0 = 0; j0 < CODA_BN / 8; j0 += CODA_EPI_BATCH) {
-#if CODA_EPI_STAGE
-                coda_epi_vput(t, vin);
-                if (j0 + CODA_EPI_BATCH < CODA_BN / 8) coda_epi_vload(epi, t, 0, j0 + CODA_EPI_BATCH, vin);
-#endif
-                coda_epi_in in[2 * CODA_EPI_BATCH];
-                coda_epi_fetch_batch(epi, t, t.row, t.col + 8 * j0, in);
-                /* the batch's values: consumer c's acc[4 j0 ...], 8 to a vector */
-                float v[4 * CODA_EPI_BATCH];
-#pragma unroll
-                for (int q = 0; q < CODA_EPI_BATCH / 2; q++) {
-                    u32 w[4];
-                    coda_ld_shared_v4(hb + (u32)(j0 / 2 + q) * 2048u, w);
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        v[8 * q + 2 * e] = coda_bf16_lo(w[e]);
-                        v[8 * q + 2 * e + 1] = coda_bf16_hi(w[e]);
-                    }
-                }
-#if CODA_EPI_STAGE
-                __syncwarp(); /* inputs read out of the slab before the pairs write outputs */
-                coda_epi_slab_wait(t);
-#endif
-#pragma unroll
-                for (int jj = 0; jj < CODA_EPI_BATCH; jj++) {
-                    const int j = j0 + jj;
-                    coda_epi_pair(epi, t, st, 0, j, t.row, t.col + 8 * j, v[4 * jj], v[4 * jj + 1], in[2 * jj]);
-                    coda_epi_pair(epi, t, st, 1, j, t.row + 8, t.col + 8 * j, v[4 * jj + 2], v[4 * jj + 3],
-                                  in[2 * jj + 1]);
-                }
-                coda_epi_flush(epi, st, t, 0, j0, smaps);
-            }
-            /* this warp's last block of the tile read: the consumers may
-             * write the next tile once all three have arrived */
-            if (blk + 3 >= 8) coda_mbar_arrive(hempty);
-            coda_epi_end(epi, t, st);
-        }
-    }
-#if CODA_EPI_TMA_STORES
-    if (lane == 0) coda_bulk_wait_read(0);
-#endif
-}
-#endif
-
 extern "C" __global__ void __launch_bounds__(384, 1)
 coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant__ coda_tmap tma_b,
                  const __grid_constant__ coda_tmap tma_c, int M, int N, int K,
@@ -330,14 +223,10 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
     const u32 raw = coda_smem_addr(coda_smem_raw);
     const u32 base = (raw + 1023u) & ~1023u;
     const u32 cbufs = base + CODA_STAGES * CODA_STAGE_BYTES;
-    const u32 hand = cbufs + CODA_CBUF_BYTES; /* CODA_EPI_WG: the hand-off tile */
-    const u32 bars = hand + CODA_HAND_BYTES;  /* full[s], then empty[s], then HFULL, HEMPTY */
+    const u32 bars = cbufs + CODA_CBUF_BYTES;  /* full[s], then empty[s] */
 #define FULL(s) (bars + 8u * (s))
 #define EMPTY(s) (bars + 8u * (CODA_STAGES + (s)))
-#define HFULL (bars + 16u * CODA_STAGES)
-#define HEMPTY (bars + 16u * CODA_STAGES + 8u)
-    unsigned char *scratch = coda_smem_raw + (bars + 16u * CODA_STAGES + (CODA_EPI_WG ? 16u : 0u) - raw);
-    (void)hand;
+    unsigned char *scratch = coda_smem_raw + (bars + 16u * CODA_STAGES - raw);
 
     const int tiles_m = (M + CODA_BM - 1) / CODA_BM;
     const int tiles_n = (N + CODA_BN - 1) / CODA_BN;
@@ -370,10 +259,6 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
              * B in this CTA's stage s is also written by the peer's multicast */
             coda_mbar_init(EMPTY(s), CODA_ARRIVERS * CODA_CLUSTER);
         }
-#if CODA_EPI_WG
-        coda_mbar_init(HFULL, 256);
-        coda_mbar_init(HEMPTY, 96);
-#endif
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -383,9 +268,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
 
     if (wg == 0) {
         /* ---- producer ---- */
-#if !CODA_EPI_WG /* beside the epilogue warps every thread keeps the launch's 168 */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-#endif
         if (tid == 0) {
             int it = 0;
             CODA_FOR_EACH_PIECE(unit, kb_begin, kb_end) {
@@ -441,19 +324,9 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
 #endif
             }
         }
-#if CODA_EPI_WG
-        else if (tid >= 32) {
-            coda_epilogue_warps(epi, smaps, M, N, tiles_m2, tiles_n, n_units, unit0, unit_step, crank, tid / 32 - 1,
-                                tid % 32, scratch, cbufs, hand, HFULL, HEMPTY);
-        }
-#endif
     } else {
         /* ---- consumers ---- */
-#if CODA_EPI_WG
-        int hseq = 0; /* tiles handed over */
-#else
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-#endif
         const int c = wg - 1;
         float acc[CODA_WG_MH][CODA_BN / 2]; /* row block mh: rows 64 mh .. of the warpgroup's */
         int it = 0;
@@ -482,9 +355,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
              * ncu source counters). The tile view is made again after the
              * k-loop: kept alive across it, it cost a fused kernel spills. */
             coda_epi_pre pre;
-#if !CODA_EPI_WG /* the epilogue warps preload for themselves */
             coda_epi_preload(epi, coda_tile_view(M, N, tm, tn, trow, c, tid, scratch, cbufs), pre);
-#endif
 #pragma unroll
             for (int mh = 0; mh < CODA_WG_MH; mh++)
 #pragma unroll
@@ -522,23 +393,6 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                 const int ps = (it + CODA_STAGES - 1) % CODA_STAGES;
                 coda_stage_release(EMPTY(ps));
             }
-#if CODA_EPI_WG
-            /* hand the tile to the epilogue warps once they have read the last one */
-            (void)pre;
-            coda_mbar_wait(HEMPTY, (hseq & 1) ^ 1);
-            {
-                const u32 hb = hand + (u32)c * (CODA_HAND_BYTES / 2) + (u32)tid * 16u;
-#pragma unroll
-                for (int q = 0; q < CODA_BN / 16; q++)
-                    coda_st_shared_v4(hb + (u32)q * 2048u, coda_pack_bf16x2(acc[0][8 * q], acc[0][8 * q + 1]),
-                                      coda_pack_bf16x2(acc[0][8 * q + 2], acc[0][8 * q + 3]),
-                                      coda_pack_bf16x2(acc[0][8 * q + 4], acc[0][8 * q + 5]),
-                                      coda_pack_bf16x2(acc[0][8 * q + 6], acc[0][8 * q + 7]));
-            }
-            coda_mbar_arrive(HFULL);
-            hseq++;
-            continue; /* the epilogue warps run the program */
-#endif
 #if CODA_STREAMK
             /* stream-K (gemm_streamk.cuh): a contributor hands its partial
              * sums on and runs no epilogue; the owner of a cut unit adds
@@ -699,7 +553,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
             CODA_PROBE_TL_TILE_END;
         }
         CODA_PROBE_TL_WRITE;
-#if (CODA_EPI_STORE_C || CODA_EPI_TMA_STORES) && !CODA_EPI_WG
+#if CODA_EPI_STORE_C || CODA_EPI_TMA_STORES
         /* TMA must have read the staging buffers (the C store's, or the
          * slabs of a generated epilogue's outputs) before the CTA's shared
          * memory goes; the global writes complete on their own */
@@ -713,6 +567,4 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
 #endif
 #undef FULL
 #undef EMPTY
-#undef HFULL
-#undef HEMPTY
 }

@@ -127,15 +127,6 @@ static __device__ __forceinline__ void coda_st_shared_b32(u32 addr, u32 v) {
 static __device__ __forceinline__ void coda_st_shared_f32x2(u32 addr, float a, float b) {
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(a), "f"(b) : "memory");
 }
-static __device__ __forceinline__ void coda_st_shared_v4(u32 addr, u32 a, u32 b, u32 c, u32 d) {
-    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
-}
-static __device__ __forceinline__ void coda_ld_shared_v4(u32 addr, u32 *v) {
-    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
-                 : "r"(addr)
-                 : "memory");
-}
 /* Barrier among the 128 threads of one warpgroup (ids 2, 3: consumers 0, 1). */
 static __device__ __forceinline__ void coda_wg_sync(int id) {
     asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory");
