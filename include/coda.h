@@ -419,9 +419,10 @@ CODA_API int coda_program_find_arg(const coda_program_t *p, const char *name);
  * Shapes are checked against M, N, the argument's space and the tiling.
  * No output may overlap A, B, another output or an input, with one
  * exception: a tile output may be bound to exactly the view of a tile input
- * of the same column space (same base, dtype, shape and strides), an update
- * in place: every element is read before it is overwritten (swiglu_bwd's dz
- * over z, say). A program with a half-space value or argument, or a full-space swap, needs
+ * of the same column space (same base, dtype, shape and strides) when every
+ * `load` of the input comes before the first `store` into the output in the
+ * program, an update in place: every element is read before it is
+ * overwritten (swiglu_bwd's dz over z, say). Otherwise CODA_ERR_OVERLAP. A program with a half-space value or argument, or a full-space swap, needs
  * N even. Tilings: 1 <= tile_m <= 1024; tile_n even, 2 <= tile_n <= 1024.
  *
  * On CUDA (the program becomes CUDA C inside the Hopper GEMM, compiled by

@@ -296,6 +296,39 @@ static void bad_epilogue(h_rng *rng) {
         memcpy(X, x0, M * N * 2);
         free(x0), free(h_out);
     }
+    /* ... but not when the program stores into the output before it loads
+     * the input: the CPU runs a tile's statements in order, and the load
+     * would read the stored values (a review's repro gave z = acc where z
+     * should be x). Refused, nothing written; out of place it runs. */
+    {
+        coda_program_t *q = NULL;
+        CHECK_OK(coda_program_parse("program store_first\n"
+                                    "in  x tile f32\n"
+                                    "out y tile f32\n"
+                                    "out z tile f32\n"
+                                    "a = acc\n"
+                                    "store y a\n"
+                                    "b = load x\n"
+                                    "store z b\n",
+                                    &q));
+        enum { QM = 4, QN = 4, QK = 2 };
+        float qa[QM * QK], qb[QN * QK], qx[QM * QN], qy[QM * QN], qz[QM * QN], qx0[QM * QN];
+        for (int i = 0; i < QM * QK; i++) qa[i] = 1.0f;
+        for (int i = 0; i < QN * QK; i++) qb[i] = 1.0f + (float)i;
+        for (int i = 0; i < QM * QN; i++) qx[i] = qx0[i] = 100.0f + (float)i, qz[i] = -1.0f;
+        coda_tensor_t ta = coda_tensor_2d(qa, CODA_F32, QM, QK), tb = coda_tensor_2d(qb, CODA_F32, QN, QK);
+        coda_binding_t qbd[3] = {{"x", coda_tensor_2d(qx, CODA_F32, QM, QN), 0},
+                                 {"y", coda_tensor_2d(qx, CODA_F32, QM, QN), 0},
+                                 {"z", coda_tensor_2d(qz, CODA_F32, QM, QN), 0}};
+        if (q) {
+            BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &ta, &tb, q, qbd, 3, NULL, NULL), CODA_ERR_OVERLAP, "'x'");
+            CHECK(!memcmp(qx, qx0, sizeof qx), "a refused in-place call wrote its output");
+            qbd[1].tensor = coda_tensor_2d(qy, CODA_F32, QM, QN);
+            CHECK_OK(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &ta, &tb, q, qbd, 3, NULL, NULL));
+            CHECK(!memcmp(qz, qx0, sizeof qz), "out of place, z is x");
+        }
+        coda_program_free(q);
+    }
 #undef RESET
     coda_program_free(p);
 }

@@ -365,6 +365,27 @@ int main(void) {
                      CODA_ERR_OVERLAP);
         CHECK_STATUS(coda_block_backward_post(B, &w, &a.o, &a.acts, &a.dy, &c.do_, &c.do_, NULL, ws, wsb, NULL),
                      CODA_ERR_OVERLAP); /* dh over do_ (d = nq here) */
+        /* spend_z writes dz over z: z is then an output, apart from every
+         * input and weight (a review found o and w->g2 inside z accepted
+         * and overwritten); read only, z may share memory with inputs */
+        {
+            coda_block_acts_t sz = a.acts;
+            sz.spend_z = 1;
+            coda_tensor_t o_in_z = sz.z; /* the first nq columns of z's rows */
+            o_in_z.shape[1] = NQ;
+            size_t zb = (size_t)(a.m * 2 * CFG.ffn * 2);
+            void *z0 = malloc(zb);
+            memcpy(z0, sz.z.data, zb);
+            CHECK_STATUS(coda_block_backward_post(B, &w, &o_in_z, &sz, &a.dy, &c.do_, &c.dh, NULL, ws, wsb, NULL),
+                         CODA_ERR_OVERLAP);
+            CHECK(strstr(coda_last_error(), "acts->z") != NULL, "spend_z over o: %s", coda_last_error());
+            coda_llama_weights_t wz = w;
+            wz.g2 = coda_tensor_1d(sz.z.data, CODA_BF16, CFG.d); /* g2 inside z */
+            CHECK_STATUS(coda_block_backward_post(B, &wz, &a.o, &sz, &a.dy, &c.do_, &c.dh, NULL, ws, wsb, NULL),
+                         CODA_ERR_OVERLAP);
+            CHECK(!memcmp(z0, sz.z.data, zb), "a refused spend_z call wrote z");
+            free(z0);
+        }
         /* a workspace over an input or a weight: refused, nothing written */
         {
             size_t need;

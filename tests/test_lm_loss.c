@@ -148,6 +148,9 @@ static coda_tensor_t on_dev(coda_tensor_t t) {
     return t;
 }
 
+/* 1: run() passes the targets as an (M, 1) column instead of (M) */
+static int col_targets;
+
 static coda_status_t run(coda_context_t *ctx, const problem_t *p, const coda_lm_loss_opts_t *o, result_t *out,
                          int grads) {
     size_t xb = (size_t)(p->m * p->d) * 2, wb = (size_t)(p->v * p->d) * 2, tb = (size_t)p->m * 4;
@@ -157,7 +160,9 @@ static coda_status_t run(coda_context_t *ctx, const problem_t *p, const coda_lm_
     void *L = dev_put(out->loss, tb), *TOT = dev_put(&out->total, 4);
     void *DX = dev_put(out->dx, dxb), *DW = dev_put(out->dw, dwb);
     coda_tensor_t x = on_dev(mat(X, CODA_BF16, p->m, p->d)), w = on_dev(mat(W, CODA_BF16, p->v, p->d));
-    coda_tensor_t t = on_dev(coda_tensor_1d(T, p->t64 ? CODA_I64 : CODA_I32, p->m)), loss = on_dev(coda_tensor_1d(L, CODA_F32, p->m));
+    coda_tensor_t t = on_dev(col_targets ? coda_tensor_2d(T, p->t64 ? CODA_I64 : CODA_I32, p->m, 1)
+                                         : coda_tensor_1d(T, p->t64 ? CODA_I64 : CODA_I32, p->m));
+    coda_tensor_t loss = on_dev(coda_tensor_1d(L, CODA_F32, p->m));
     coda_tensor_t total = on_dev(coda_tensor_1d(TOT, CODA_F32, 1));
     coda_tensor_t dx = on_dev(mat(DX, out->dx_dt, p->m, p->d)), dw = on_dev(mat(DW, out->dw_dt, p->v, p->d));
     size_t bytes;
@@ -402,6 +407,20 @@ static void test_i64_targets(coda_context_t *ctx) {
     CHECK(!memcmp(a.loss, b.loss, (size_t)p.m * 4) && a.total == b.total &&
               !memcmp(a.dx, b.dx, (size_t)(p.m * p.d) * 4) && !memcmp(a.dw, b.dw, (size_t)(p.v * p.d) * 4),
           "i64 targets: results differ from i32's");
+    /* targets as an (M, 1) column, i64 and i32 (the i32 column was once
+     * accepted by the checks and refused by the first chunk's epilogue) */
+    col_targets = 1;
+    for (int k = 0; k < 2; k++) {
+        int64_t *t64 = p.t64;
+        if (k == 1) p.t64 = NULL;
+        poison_f32(b.loss, p.m);
+        CHECK_OK(run(ctx, &p, &o, &b, 1));
+        CHECK(!memcmp(a.loss, b.loss, (size_t)p.m * 4) && a.total == b.total &&
+                  !memcmp(a.dx, b.dx, (size_t)(p.m * p.d) * 4) && !memcmp(a.dw, b.dw, (size_t)(p.v * p.d) * 4),
+              "%s targets as an (M, 1) column: results differ from (M)'s", k ? "i32" : "i64");
+        p.t64 = t64;
+    }
+    col_targets = 0;
     const int32_t igns[3] = {-100, -1, INT32_MIN};
     const int64_t two32 = (int64_t)1 << 32;
     for (int k = 0; k < 3; k++) {

@@ -165,16 +165,25 @@ static coda_status_t check_bound(const coda_program_t *p, int i, const coda_tens
 static int is_output(coda_arg_kind_t k) { return !coda__arg_is_input(k); }
 
 /* Whether output i may share its memory with input j: both tiles of one
- * column space bound to the same view (base, dtype, shape, strides). Every
- * backend reads a tile's inputs before it writes that tile's outputs, and a
- * tile reads and writes only its own elements of a space, so each element
- * is read before it is overwritten, and by the tile that overwrites it. */
+ * column space bound to the same view (base, dtype, shape, strides), and
+ * every `load` of j before the first `store` into i in the program. A tile
+ * reads and writes only its own elements of a space, and the CPU backend
+ * runs a tile's statements in program order (the GPU's fetches all of a
+ * batch's inputs first), so each element is then read before it is
+ * overwritten, and by the tile that overwrites it. A store before a load
+ * would hand the load the stored values on the CPU. */
 static int in_place(const coda_program_t *p, int i, int j, const coda_tensor_t *o, const coda_tensor_t *in) {
     if (p->args[i].kind != CODA_OUT_TILE || p->args[j].kind != CODA_IN_TILE || p->args[i].space != p->args[j].space)
         return 0;
     if (o->data != in->data || o->dtype != in->dtype || o->ndim != in->ndim) return 0;
     for (int d = 0; d < o->ndim; d++)
         if (o->shape[d] != in->shape[d] || o->stride[d] != in->stride[d]) return 0;
+    int stored = 0;
+    for (int k = 0; k < p->n_insts; k++) {
+        const coda_inst_t *x = &p->insts[k];
+        if (x->op == CODA_OP_STORE && x->arg == i) stored = 1;
+        if (x->op == CODA_OP_LOAD && x->arg == j && stored) return 0;
+    }
     return 1;
 }
 

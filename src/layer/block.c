@@ -570,9 +570,12 @@ coda_status_t coda_block_backward_post(coda_block_t *B, const coda_llama_weights
     CODA_TRY(coda__block_check_arg(B, dh, fn, "dh", m, d, BF16, 1));
     if (grads) CODA_TRY(coda__block_check_weights(B, grads, gmask, fn, "grads", GRAD, 2));
     const coda_tensor_t *o_in = do_ ? o : NULL;
-    coda__named_t out[] = {{do_, "do_"}, {dh, "dh"}};
-    coda__named_t in[] = {{o_in, "o"}, {&acts->h, "acts->h"}, {&acts->r2, "acts->r2"}, {&acts->z, "acts->z"}, {dy, "dy"}};
-    CODA_TRY(coda__block_check_apart(fn, out, 2, in, 5, w, CODA__W_BLOCK, grads, gmask));
+    /* with spend_z, z is written (dz over it): checked as an output, apart
+     * from every input, weight and gradient */
+    const coda_tensor_t *z_out = acts->spend_z ? &acts->z : NULL, *z_in = acts->spend_z ? NULL : &acts->z;
+    coda__named_t out[] = {{do_, "do_"}, {dh, "dh"}, {z_out, "acts->z (spend_z)"}};
+    coda__named_t in[] = {{o_in, "o"}, {&acts->h, "acts->h"}, {&acts->r2, "acts->r2"}, {z_in, "acts->z"}, {dy, "dy"}};
+    CODA_TRY(coda__block_check_apart(fn, out, 3, in, 5, w, CODA__W_BLOCK, grads, gmask));
     coda__dev_arg_t da[] = {{&w->wo, "w->wo", 16}, {&w->g2, "w->g2", 4}, {&w->wgu, "w->wgu", 16},
                       {&w->wd, "w->wd", 16}, {o_in, "o", 16}, {&acts->h, "acts->h", 4},
                       {&acts->r2, "acts->r2", 4}, {&acts->z, "acts->z", 16}, {dy, "dy", 16},

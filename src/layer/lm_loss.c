@@ -451,7 +451,10 @@ coda_status_t coda_lm_loss(coda_context_t *ctx, const coda_tensor_t *x, const co
     coda_tensor_t t32 = ws_tensor(x, (char *)ws + L.t32_at, CODA_I32, 1, m1, four);
     const int narrow = targets->dtype == CODA_I64;
     if (p.mean || narrow) st = step_targets(ctx, targets, o->ignore_index, V, narrow ? &t32 : NULL, &count, stream);
-    const coda_tensor_t *tg = narrow ? &t32 : targets;
+    /* the epilogue's row input is 1-D: an (M, 1) column is read as its (M) */
+    coda_tensor_t t1 = *targets;
+    t1.ndim = 1;
+    const coda_tensor_t *tg = narrow ? &t32 : &t1;
 
     /* CUDA: contraction tails (ws_layout's comment). The logits buffer's
      * padding columns stay zero (the epilogue and the rows step write only
