@@ -678,7 +678,9 @@ typedef struct coda_block_acts {
                            place, instead of an (M, 2I) bf16 workspace buffer:
                            size it with CODA_BLOCK_BACKWARD_POST_SPEND_Z); z is
                            then spent, and a second backward_post from the same
-                           forward is wrong. 0: z is only read. */
+                           forward is wrong; z is then an output, and overlapping
+                           any input, weight or gradient is CODA_ERR_OVERLAP.
+                           0: z is only read. */
 } coda_block_acts_t;
 
 CODA_API coda_status_t coda_block_create(coda_context_t *ctx, const coda_llama_config_t *cfg,
