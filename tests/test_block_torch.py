@@ -532,6 +532,34 @@ def split_grads(cfg):
     print("split_qkv: dq, dk, dv to block_pre's backward as they are, same bits as the cat: ok")
 
 
+def no_qkv_path(cfg):
+    """An attention whose output does not depend on qkv through autograd
+    (zeros, a detached qkv): block_pre's backward never runs, so
+    block_post's gradient of x must reach x through autograd, not the Link
+    (a review found x.grad None, and in a model every earlier parameter's
+    gradient lost). Against the same math with a path to qkv (qkv * 0)."""
+    blk = coda.nn.LlamaBlock(cfg, device=DEVICE)
+    x0 = torch.randn(2, 8, cfg.d, device=DEVICE).bfloat16()
+    dy = torch.randn(2, 8, cfg.d, device=DEVICE)
+    nq = cfg.n_heads * cfg.head_dim
+
+    def run(attention):
+        blk.attention = attention
+        blk.zero_grad()
+        x = x0.clone().requires_grad_(True)
+        (blk(x).float() * dy).sum().backward()
+        return x.grad
+
+    try:
+        via = run(lambda qkv, *shape: qkv[:, :nq] * 0)
+        cut = run(lambda qkv, b, s, h, kv, hd: torch.zeros(b * s, h * hd, dtype=qkv.dtype, device=qkv.device))
+    finally:
+        blk.attention = coda.nn.causal_attention
+    check(cut is not None and torch.equal(cut, via),
+          "an attention without a path to qkv: x.grad %s, want that of qkv * 0" % (None if cut is None else "differs"))
+    check(not torch.equal(via, torch.zeros_like(via)), "no_qkv_path: x.grad is all zeros: it tests nothing")
+
+
 def main():
     cfg = coda.LlamaConfig(64, 4, 2, 16, 160, vocab=0)
     case("gqa, bf16 params", cfg, 2, 13, torch.bfloat16)
@@ -540,6 +568,7 @@ def main():
     loading(cfg)
     in_flight(cfg)
     split_grads(cfg)
+    no_qkv_path(cfg)
     fused_norms(cfg)
     final_norm()
     z_memory(cfg)

@@ -343,6 +343,21 @@ def grad_output_and_accumulate():
     coda.lm_loss(ctx, on(x), on(w), on(t), total=torch.empty(1, device=DEVICE), dx=dx, dw=dw, accumulate=True)
     check(T.rel(dx.cpu(), dx0 + base[2].cpu()) < 1e-6 and T.rel(dw.cpu(), dw0 + base[3].cpu()) < 1e-6,
           "accumulate=True: dx, dw are not their contents plus the gradients")
+    # a second backward through one forward (retain_graph): refused, since
+    # the first scaled the saved gradients in place and handed them out (a
+    # review found them scaled twice, and the first pass's x.grad changed)
+    xr = leaf(x)
+    h.zero_grad()
+    lr = h(xr, on(t))
+    (lr * 2).backward(retain_graph=True)
+    first = xr.grad.clone()
+    try:
+        (lr * 2).backward()
+        refused = False
+    except RuntimeError as err:
+        refused = "second backward" in str(err)
+    check(refused, "lm_loss: a second backward through one forward was not refused")
+    check(torch.equal(first, xr.grad), "lm_loss: the refused second backward changed x.grad")
     print("\ngrad_output 0.37, 2, -1.5: the gradients scaled; two forwards in flight and the library's "
           "accumulate add up (in flight %.1e)" % e)
 

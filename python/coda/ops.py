@@ -51,6 +51,7 @@ a call that makes the gradients before the backward. The per-token losses
 are returned too, not differentiable.
 """
 import numbers
+import weakref
 from typing import List, Optional, Tuple
 
 import torch
@@ -290,14 +291,30 @@ class Link:
     has it, instead of what autograd would make of it: split_qkv's dq, dk,
     dv for coda_block_backward_pre_split, not concatenated; coda
     attention's f32 dqkv, not cast to bf16. A Link belongs to one forward
-    call (coda.nn makes one per call)."""
-    __slots__ = ("dh", "dparts", "dstream", "taken")
+    call (coda.nn makes one per call). pre_node: a weak reference to the
+    call's block_pre backward node, so that block_post's backward hands dh
+    over only when that node will run in the pass (else x's gradient from
+    post would be lost: an attention whose output does not depend on qkv
+    through autograd, or autograd.grad of post's inputs alone)."""
+    __slots__ = ("dh", "dparts", "dstream", "taken", "pre_node")
 
     def __init__(self):
         self.dh = None
         self.dparts = None   # qkv's gradient, (dq, dk, dv) or dqkv, for this backward pass only
         self.dstream = None  # the CUDA stream it was made on
         self.taken = False   # a consumer has taken this call's Link (once only)
+        self.pre_node = None  # weakref.ref to block_pre's backward node (set by pre())
+
+
+_will_run = getattr(torch._C, "_will_engine_execute_node", None)
+
+
+def _pre_will_run(link):
+    """In a backward pass: whether the link's block_pre backward node runs
+    in it (graph structure: the node lies on a path to what the pass
+    differentiates), so that what post leaves on the link is taken."""
+    node = link.pre_node() if link.pre_node is not None else None
+    return node is not None and _will_run is not None and bool(_will_run(node))
 
 
 # The eager path on every torch (and the only one on torch < 2.4).
@@ -440,7 +457,7 @@ class _Post(torch.autograd.Function):
                                "before the forward to backpropagate through it more than once")
         ctx.z_spent = SPEND_Z
         g = _post_grads(ctx, dy, _post_bwd, spend_z=SPEND_Z)
-        if ctx.link is not None:  # x's to block_pre's backward, which adds it (Link)
+        if ctx.link is not None and _pre_will_run(ctx.link):  # x's to block_pre's backward, which adds it (Link)
             _at_end_of_pass(ctx.link)
             ctx.link.dh, g = g[0], (None,) + g[1:]
         return g + (None,) * 5
@@ -456,7 +473,10 @@ def pre(x, pos, g1, wqkv, cfg, eps, theta, xg=None, r1=None, link=None):
         return block_pre(x, pos, g1, wqkv, xg, r1, list(cfg), float(eps), float(theta))[1]
     if not _needs_grad(x, g1, wqkv):  # nothing records a backward: no Function, nothing saved
         return _pre(x, pos, g1, wqkv, xg, r1, tuple(cfg), float(eps), float(theta))[1]
-    return _Pre.apply(x, pos, g1, wqkv, xg, r1, tuple(cfg), float(eps), float(theta), link)
+    qkv = _Pre.apply(x, pos, g1, wqkv, xg, r1, tuple(cfg), float(eps), float(theta), link)
+    if link is not None:  # weak: the node holds the link (ctx.link), a strong ref back would be a cycle
+        link.pre_node = weakref.ref(qkv.grad_fn)
+    return qkv
 
 
 def post(x, o, g2, wo, wgu, wd, cfg, eps, theta, g_next=None, link=None):
@@ -560,11 +580,11 @@ def _scaled(t, g):
     rounded once, as PyTorch's bf16 ops do), the value of g never read on
     the host, so the backward never waits for the stream. Eagerly in place
     through coda_scale (t is the forward's gradient, which nothing else
-    holds: no second (V, d) buffer at the peak; a second backward through
-    the same graph is refused by autograd's saved-tensor version check,
-    never silently wrong): its kernel reads g on the device and stops when
-    it is 1, so the usual grad_output costs no pass over dw. Traced, out of
-    place, t * g (the compiler's kernel), the same bits."""
+    holds: no second (V, d) buffer at the peak; the write is C's, which
+    autograd's version counter does not see, so _lm_backward_common refuses
+    a second backward itself): its kernel reads g on the device and stops
+    when it is 1, so the usual grad_output costs no pass over dw. Traced,
+    out of place, t * g (the compiler's kernel), the same bits."""
     if _value_readable(g):  # t: dx or dw as _lm made them, (M, d) or (V, d), bf16 or f32
         return coda.scale_(context(), t, g)
     return t * g.to(t.dtype)
@@ -583,8 +603,17 @@ def _lm_grad(g, t, needed, computed, name, dtype):
 
 
 def _lm_backward_common(ctx, dtotal):
-    """Both paths' backward: the forward's saved gradients times dtotal."""
+    """Both paths' backward: the forward's saved gradients times dtotal.
+    Eagerly they are scaled in place and handed out as they are, so they
+    serve one backward: a second one (retain_graph) would scale them again
+    and change the gradients the first handed out. Refused."""
+    if getattr(ctx, "grads_spent", False):
+        raise RuntimeError("coda::lm_loss: a second backward through the same forward: its gradients were "
+                           "computed in the forward and handed out (scaled in place) by the first backward; "
+                           "run the forward again to backpropagate through it once more")
     dx, dw = ctx.saved_tensors
+    if dtotal is not None and _value_readable(dtotal):
+        ctx.grads_spent = True  # _scaled works in place (traced, t * g leaves the saved ones as they are)
     return ((_lm_grad(dtotal, dx, ctx.needs_input_grad[0], ctx.computed[0], "x", ctx.dtypes[0]),
              _lm_grad(dtotal, dw, ctx.needs_input_grad[1], ctx.computed[1], "w", ctx.dtypes[1]))
             + (None,) * 10)
