@@ -269,7 +269,7 @@ CODA_API coda_status_t coda_gemm(coda_context_t *ctx, coda_layout_t layout,
  * tile t's columns of row i. A column reduction writes partials
  * (W, ceil(M/tile_m)). An lse output writes, per row and column tile,
  * (m, l, p): running max, sum of exp(v - m), and v at the target column if
- * it falls in the tile (else 0). Within a tile each backend reduces in a
+ * it falls in the tile (else 0; a target with a fraction names no column). Within a tile each backend reduces in a
  * fixed order of its own (the CPU in increasing column / row order, the GPU
  * over its register layout, lane shuffles and, for column reductions, the
  * tile's warps through shared memory), and the finishing steps

@@ -860,9 +860,32 @@ static void test_threads(void) {
     prob_free(&P);
 }
 
+/* The lse pick takes a whole-number target only: 2.5 and 0.25 name no
+ * column (the CPU had cut them to columns 2 and 0; the GPU compares
+ * (float)col == t). acc[i][j] = 10 (j + 1). */
+static void lse_fraction(void) {
+    coda_program_t *p = NULL;
+    REQUIRE_OK(coda_program_parse("program lse_fraction\n"
+                                  "in  t row f32\n"
+                                  "out l lse\n"
+                                  "a = acc\n"
+                                  "tv = load t\n"
+                                  "lse l a tv\n",
+                                  &p));
+    float a[3] = {1, 1, 1}, b[4] = {10, 20, 30, 40}, tg[3] = {2.5f, 0.25f, 2.0f}, l[9];
+    coda_tensor_t ta = coda_tensor_2d(a, CODA_F32, 3, 1), tb = coda_tensor_2d(b, CODA_F32, 4, 1);
+    coda_binding_t bd[2] = {{"t", coda_tensor_1d(tg, CODA_F32, 3), 0}, {"l", coda_tensor_3d(l, CODA_F32, 3, 1, 3), 0}};
+    coda_tiling_t tl = {2, 4};
+    CHECK_OK(coda_gemm_epilogue(g_ctx, CODA_LAYOUT_NT, &ta, &tb, p, bd, 2, &tl, NULL));
+    CHECK(l[2] == 0.0f && l[5] == 0.0f && l[8] == 30.0f, "lse pick of targets 2.5, 0.25, 2: %g %g %g, want 0 0 30",
+          l[2], l[5], l[8]);
+    coda_program_free(p);
+}
+
 int main(void) {
     coda_context_options_t o = {2, NULL};
     REQUIRE_OK(coda_context_create(&o, &g_ctx));
+    lse_fraction();
     const coda_tiling_t tilings[5] = {{16, 16}, {64, 32}, {128, 128}, {7, 6}, {0, 0}};
     struct { coda_layout_t l; int64_t m, n, k; int tiling; } cases[] = {
         {CODA_LAYOUT_NT, 1, 72, 40, 0},     {CODA_LAYOUT_NN, 7, 136, 24, 1},

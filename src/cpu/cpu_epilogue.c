@@ -277,7 +277,9 @@ static void run_tile(const plan_t *pl, const tile_t *t, const float *acc, float 
                 if (m != -INFINITY) /* all -inf: l stays 0 (the sum would be 0 too) */
                     for (int64_t c = 0; c < w; c++) l += expf(x[c * A.cs] - ms);
                 float tg = B.data[r * B.rs];
-                if (tg >= (float)c0 && tg < (float)(c0 + w)) pick = x[((int64_t)tg - c0) * A.cs];
+                /* a whole-number target only, as the GPU's (float)col == t:
+                 * 2.5 names no column (it had picked column 2) */
+                if (tg >= (float)c0 && tg < (float)(c0 + w) && tg == floorf(tg)) pick = x[((int64_t)tg - c0) * A.cs];
                 char *base = (char *)tt->data + (t->r0 + r) * tt->stride[0] + t->tn * tt->stride[1];
                 *(float *)(base) = m;
                 *(float *)(base + tt->stride[2]) = l;
