@@ -876,7 +876,8 @@ CODA_API coda_status_t coda_scale(coda_context_t *ctx, coda_tensor_t *t, const c
  * of wider buffers work); all on one device; outputs apart from the inputs
  * and from each other.
  *
- * CPU: f32 arithmetic, exact softmax (not tiled), any head_dim >= 1, the
+ * CPU: f32 arithmetic, exact softmax (not tiled), any even head_dim >= 2
+ * (an odd one is CODA_ERR_SHAPE: the layer's RoPE rotates pairs), the
  * context's threads with a fixed partition (results do not depend on the
  * thread count); the oracle the CUDA kernels are tested against.
  * CUDA: head_dim 64 or 128; unit column strides; qkv, o and do_ with base
