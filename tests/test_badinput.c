@@ -124,6 +124,13 @@ static void bad_gemm(h_rng *r) {
     BAD(coda_gemm(ctx, CODA_LAYOUT_NT, &a, &b, &y, 1, 0, NULL), CODA_ERR_DEVICE, "device");
     y = a; y.device = (coda_device_t)7;
     BAD(coda_gemm(ctx, CODA_LAYOUT_NT, &y, &b, &x, 1, 0, NULL), CODA_ERR_DEVICE, "device");
+    /* a CPU tensor's device_index is 0: another would pass as "on another
+     * device" the overlap checks skip (a review had a failed
+     * coda_llama_backward write into weights passed as gradients so) */
+    y = c; y.device_index = 1;
+    BAD(coda_gemm(ctx, CODA_LAYOUT_NT, &a, &b, &y, 1, 0, NULL), CODA_ERR_DEVICE, "device_index");
+    y = a; y.device_index = -1;
+    BAD(coda_gemm(ctx, CODA_LAYOUT_NT, &y, &b, &x, 1, 0, NULL), CODA_ERR_DEVICE, "device_index");
 }
 
 /* A program with every kind of argument. */

@@ -231,6 +231,7 @@ also out "tokens/s" "train: tokens per second"
 t "train: --device cpu" 0 out "CPU backend" train --device cpu --data "$T/corpus.txt" --steps 4 --every 2 --d 32 --heads 2 --kv-heads 1 --ffn 64 --seq 32
 t "train: cuda with an odd head_dim" 1 err "needs head_dim = d / heads of 64 or 128" train --device cuda --data "$T/corpus.txt" --steps 1
 t "train: missing data file" 1 err "cannot open" train --data "$T/nosuch.txt"
+t "train: a directory as data" 1 err "cannot read" train --data "$T"
 printf 'tiny' > "$T/tiny.txt"
 t "train: data shorter than a window" 1 err "fewer than --seq + 2" train --data "$T/tiny.txt"
 

@@ -116,6 +116,14 @@ static void test_bad_args(coda_context_t *ctx) {
     CHECK_STATUS(coda_llama_create(ctx, &b, 2, 7, CODA_DEVICE_CPU, &L), CODA_ERR_INVALID_ARG);
     b = c; b.vocab = -1;
     CHECK_STATUS(coda_llama_create(ctx, &b, 2, 7, CODA_DEVICE_CPU, &L), CODA_ERR_SHAPE);
+    /* what the layer's attention would refuse on every forward (a review
+     * found create accepting them): more than 65536 heads, more than 2^30
+     * tokens */
+    b = c; b.d = 8; b.n_heads = 131072; b.n_kv_heads = 1; b.head_dim = 2; b.ffn = 8; b.vocab = 0;
+    CHECK_STATUS(coda_llama_create(ctx, &b, 1, 2, CODA_DEVICE_CPU, &L), CODA_ERR_SHAPE);
+    CHECK(strstr(coda_last_error(), "attention") != NULL, "create's refusal names the attention: %s", coda_last_error());
+    CHECK_STATUS(coda_llama_create(ctx, &c, (int64_t)1 << 16, ((int64_t)1 << 14) + 1, CODA_DEVICE_CPU, &L),
+                 CODA_ERR_SHAPE);
     CHECK(L == NULL, "failed create set *out");
     coda_llama_free(NULL);
 

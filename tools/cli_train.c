@@ -24,6 +24,7 @@
 #include "core/internal.h"
 #include "layer/llama.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -280,12 +281,18 @@ int coda_cli_train(int argc, char **argv) {
 
     FILE *f = fopen(data_path, "rb");
     if (!f) {
-        fprintf(stderr, "coda train: cannot open %s\n", data_path);
+        fprintf(stderr, "coda train: cannot open %s: %s\n", data_path, strerror(errno));
         return 1;
     }
     static unsigned char text[1 << 24];
+    errno = 0;
     size_t n_text = fread(text, 1, sizeof text, f);
+    int read_err = ferror(f) ? (errno ? errno : EIO) : 0; /* a directory opens, then fails to read */
     fclose(f);
+    if (read_err) {
+        fprintf(stderr, "coda train: cannot read %s: %s\n", data_path, strerror(read_err));
+        return 1;
+    }
     if (n_text < (size_t)seq + 2) {
         fprintf(stderr, "coda train: %s has %zu bytes, fewer than --seq + 2\n", data_path, n_text);
         return 1;

@@ -80,6 +80,12 @@ coda_status_t coda__check_tensor(const coda_tensor_t *t, const char *what) {
         return coda__fail(CODA_ERR_DTYPE, "%s: unknown dtype %d", what, (int)t->dtype);
     if (t->device != CODA_DEVICE_CPU && t->device != CODA_DEVICE_CUDA)
         return coda__fail(CODA_ERR_DEVICE, "%s: unknown device %d", what, (int)t->device);
+    /* the overlap checks take tensors on different devices (index
+     * included) as apart: a CPU tensor with another index would slip past
+     * them, and past the device checks that look at CUDA's indices only */
+    if (t->device == CODA_DEVICE_CPU ? t->device_index != 0 : t->device_index < 0)
+        return coda__fail(CODA_ERR_DEVICE, "%s: device_index %d (%s)", what, t->device_index,
+                          t->device == CODA_DEVICE_CPU ? "0 for the CPU" : "a CUDA ordinal is >= 0");
     if (t->ndim < 1 || t->ndim > CODA_MAX_DIMS)
         return coda__fail(CODA_ERR_SHAPE, "%s: ndim %d outside 1..%d", what, t->ndim, CODA_MAX_DIMS);
     int64_t es = (int64_t)coda_dtype_size(t->dtype);

@@ -268,6 +268,20 @@ coda_status_t coda_llama_create(coda_context_t *ctx, const coda_llama_config_t *
     if (batch <= 0 || seq <= 0 || batch > ((int64_t)1 << 31) / seq)
         return coda__fail(CODA_ERR_SHAPE, "%s: batch = %lld, seq = %lld: both must be positive and "
                           "batch * seq at most 2^31", fn, (long long)batch, (long long)seq);
+    /* and within what its attention takes (batch * seq <= 2^30, at most
+     * 65536 heads): else every forward would fail. The CPU's rules: on
+     * CUDA a head_dim the kernels do not take runs on the host. */
+    {
+        coda_attention_shape_t as = {.batch = batch, .seq = seq, .n_heads = cfg->n_heads,
+                                     .n_kv_heads = cfg->n_kv_heads, .head_dim = cfg->head_dim};
+        size_t unused;
+        coda_status_t a = coda_attention_workspace_size(ctx, CODA_DEVICE_CPU, &as, &unused);
+        if (a != CODA_OK) {
+            char why[256]; /* the message, copied before coda__fail overwrites it */
+            snprintf(why, sizeof why, "%s", coda_last_error());
+            return coda__fail(a, "%s: the layer's attention would refuse it (%s)", fn, why);
+        }
+    }
     coda_llama_t *L = calloc(1, sizeof *L);
     if (!L) return coda__fail(CODA_ERR_NO_MEMORY, "%s: out of memory", fn);
     L->ctx = ctx;
