@@ -11,7 +11,9 @@
  *   - Every call returns a coda_status_t. CODA_OK is 0. On failure nothing the
  *     caller owns has been modified, and coda_last_error() returns a message
  *     naming the argument and the problem (per thread, valid until the next
- *     failing call on that thread).
+ *     failing call on that thread). One exception: a call that makes an
+ *     object (coda_*_create, coda_program_new / _parse) first sets its
+ *     *out to NULL, so a failed one leaves NULL there.
  *   - Every *_free(NULL) is harmless.
  *   - Matrices are row-major; tensor descriptors carry byte strides.
  *   - Shape comments read  // (M, N) bf16  : rows, columns, element type.

@@ -376,7 +376,32 @@ static void check_cache(void) {
     coda_program_free(p);
 }
 
+/* A program changed with builder calls after it was used: the next
+ * finish's program, not the cached code of the old one (a review found
+ * the generated CUDA source kept per program outliving the edit). */
+static void edited_after_use(void) {
+    coda_program_t *p = NULL;
+    REQUIRE_OK(coda_program_new("edited", &p));
+    int o = coda_program_arg(p, "o", CODA_OUT_TILE, CODA_F32, CODA_SPACE_FULL, CODA_REDUCE_SUM);
+    int a = coda_program_value(p, "a", CODA_OP_ACC, -1, -1, -1);
+    coda_program_store(p, o, a);
+    REQUIRE_OK(coda_program_finish(p));
+    const char *t1 = NULL;
+    REQUIRE_OK(coda__codegen_cuda_cached(p, CODA_CG_ANY, &t1, NULL)); /* what a CUDA launch does */
+    int o2 = coda_program_arg(p, "o2", CODA_OUT_TILE, CODA_F32, CODA_SPACE_FULL, CODA_REDUCE_SUM);
+    coda_program_store(p, o2, coda_program_value(p, "e", CODA_OP_EXP, a, -1, -1));
+    REQUIRE_OK(coda_program_finish(p));
+    const char *t2 = NULL;
+    char *fresh = NULL;
+    REQUIRE_OK(coda__codegen_cuda_cached(p, CODA_CG_ANY, &t2, NULL));
+    REQUIRE_OK(coda__codegen_cuda_ex(p, CODA_CG_ANY, &fresh));
+    CHECK(strcmp(t2, fresh) == 0, "a program edited after use: the cached CUDA source is the old program's");
+    free(fresh);
+    coda_program_free(p);
+}
+
 int main(void) {
+    edited_after_use();
     for (int i = 0; i < N_PRIMITIVE; i++)
         check_program("primitive", primitive_programs[i], i == 3 || i == 5 ? 2 : 0); /* reductions, rowpart */
     int n = 0;

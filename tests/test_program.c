@@ -798,6 +798,14 @@ static coda_program_t *fresh(void) {
 static void test_builder_errors(void) {
     coda_program_t *p;
     int o, x, a, b;
+    /* an i64 argument: a tensor dtype, no program dtype (the text form has
+     * no word for it; a review's builder program loaded zeros on the CPU) */
+    p = fresh();
+    x = coda_program_arg(p, "x", CODA_IN_TILE, CODA_I64, CODA_SPACE_FULL, CODA_REDUCE_SUM);
+    o = coda_program_arg(p, "o", CODA_OUT_TILE, CODA_F32, CODA_SPACE_FULL, CODA_REDUCE_SUM);
+    a = coda_program_load(p, "xl", x);
+    coda_program_store(p, o, a);
+    expect_finish_fail("i64 argument", p, CODA_ERR_VERIFY, "bf16, f32 or (in row) i32");
     CHECK_STATUS(coda_program_new(NULL, NULL), CODA_ERR_INVALID_ARG);
     p = (coda_program_t *)&p;
     CHECK_STATUS(coda_program_new("9x", &p), CODA_ERR_INVALID_ARG);

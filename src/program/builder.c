@@ -60,6 +60,15 @@ static int check_name(coda_program_t *p, const char *name, const char *where) {
     return 1;
 }
 
+/* The program changed: it must be verified again, and code generated
+ * from what it was (codegen's cached CUDA source per form) must go, or a
+ * CUDA launch after the next finish would run the old program. */
+static void changed(coda_program_t *p) {
+    p->verified = 0;
+    for (size_t f = 0; f < sizeof p->cuda_src / sizeof p->cuda_src[0]; f++)
+        free(atomic_exchange(&p->cuda_src[f], NULL));
+}
+
 /* Append an instruction; -1 (error recorded) when the program is full. */
 static int push_inst(coda_program_t *p, const char *name, coda_op_t op, int s0, int s1,
                      int s2) {
@@ -78,7 +87,7 @@ static int push_inst(coda_program_t *p, const char *name, coda_op_t op, int s0, 
     in->src[2] = s2;
     in->arg = -1;
     in->space = CODA_SPACE_FULL;
-    p->verified = 0;
+    changed(p);
     return p->n_insts++;
 }
 
@@ -139,7 +148,7 @@ int coda_program_arg(coda_program_t *p, const char *name, coda_arg_kind_t kind,
     a->space = has_space ? space : CODA_SPACE_FULL;
     a->reduce = (kind == CODA_OUT_ROWRED || kind == CODA_OUT_COLRED) ? reduce : CODA_REDUCE_SUM;
     a->line = 0;
-    p->verified = 0;
+    changed(p);
     return p->n_args++;
 }
 

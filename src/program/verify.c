@@ -90,6 +90,12 @@ static coda_status_t verify_arg(const coda_program_t *p, int i) {
         if (a->dtype == CODA_F16 || a->dtype == CODA_FP8_E4M3)
             return fail_arg(p, i, "%s %s: dtype %s is reserved, not supported yet", dir, a->name,
                             dn);
+        /* what the backends load and store: i64 (a tensor dtype, the LM
+         * loss's targets) is no program dtype, and the text form has no
+         * word for it (a builder's i64 argument loaded zeros on the CPU) */
+        if (a->dtype != CODA_BF16 && a->dtype != CODA_F32 && a->dtype != CODA_I32)
+            return fail_arg(p, i, "%s %s: dtype %s: a program's arguments are bf16, f32 or (in row) i32", dir,
+                            a->name, dn);
         if (a->dtype == CODA_I32 && a->kind != CODA_IN_ROW)
             return fail_arg(p, i, "%s %s: dtype i32 is only allowed for in row (an %s %s takes "
                             "bf16 or f32)", dir, a->name, dir, what);
