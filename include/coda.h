@@ -271,8 +271,8 @@ CODA_API coda_status_t coda_gemm(coda_context_t *ctx, coda_layout_t layout,
  * tile t's columns of row i. A column reduction writes partials
  * (W, ceil(M/tile_m)). An lse output writes, per row and column tile,
  * (m, l, p): running max, sum of exp(v - m), and v at the target column if
- * it falls in the tile (else 0; a target with a fraction names no column). Within a tile each backend reduces in a
- * fixed order of its own (the CPU in increasing column / row order, the GPU
+ * it falls in the tile (else 0; a target with a fraction names no column).
+ * Within a tile each backend reduces in a fixed order of its own (the CPU in increasing column / row order, the GPU
  * over its register layout, lane shuffles and, for column reductions, the
  * tile's warps through shared memory), and the finishing steps
  * (section 7) combine the partials in increasing t: results are bitwise
@@ -424,7 +424,8 @@ CODA_API int coda_program_find_arg(const coda_program_t *p, const char *name);
  * of the same column space (same base, dtype, shape and strides) when every
  * `load` of the input comes before the first `store` into the output in the
  * program, an update in place: every element is read before it is
- * overwritten (swiglu_bwd's dz over z, say). Otherwise CODA_ERR_OVERLAP. A program with a half-space value or argument, or a full-space swap, needs
+ * overwritten (swiglu_bwd's dz over z, say). Otherwise CODA_ERR_OVERLAP.
+ * A program with a half-space value or argument, or a full-space swap, needs
  * N even. Tilings: 1 <= tile_m <= 1024; tile_n even, 2 <= tile_n <= 1024.
  *
  * On CUDA (the program becomes CUDA C inside the Hopper GEMM, compiled by

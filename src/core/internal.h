@@ -15,7 +15,8 @@
 #endif
 
 /* Record a message for coda_last_error() and return status. Use as
- *     return coda__fail(CODA_ERR_SHAPE, "a: expected %d dims, got %d", 2, t->ndim); */
+ *     return coda__fail(CODA_ERR_SHAPE, "a: expected %d dims, got %d", 2, t->ndim);
+ * An argument may be coda_last_error() itself (context around a callee's). */
 coda_status_t coda__fail(coda_status_t status, const char *fmt, ...) CODA_PRINTF(2, 3);
 
 /* Propagate a failure: the callee already set the message. */

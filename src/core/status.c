@@ -29,9 +29,13 @@ const char *coda_status_name(coda_status_t status) {
 const char *coda_last_error(void) { return last_error; }
 
 coda_status_t coda__fail(coda_status_t status, const char *fmt, ...) {
+    /* formatted aside first: an argument may be coda_last_error() itself
+     * (a caller adding its own context to a callee's message) */
+    char msg[sizeof last_error];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    memcpy(last_error, msg, sizeof msg);
     return status;
 }

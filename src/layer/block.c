@@ -245,9 +245,8 @@ coda_status_t coda__block_create(coda_context_t *ctx, const coda_llama_config_t 
         if (!text) {
             s = coda__fail(CODA_ERR_INTERNAL, "%s: no built-in program %s", fn, coda__llama_prog_names[i]);
         } else if (coda_program_parse(text, &B->prog[i]) != CODA_OK) {
-            char why[256]; /* the message buffer is reused by coda__fail */
-            snprintf(why, sizeof why, "%s", coda_last_error());
-            s = coda__fail(CODA_ERR_INTERNAL, "%s: built-in program %s: %s", fn, coda__llama_prog_names[i], why);
+            s = coda__fail(CODA_ERR_INTERNAL, "%s: built-in program %s: %s", fn, coda__llama_prog_names[i],
+                           coda_last_error());
         }
     }
     /* the RoPE frequency of each column pair, made once on the host and
@@ -386,11 +385,7 @@ coda_status_t coda__block_check_on_device(const coda_block_t *B, const char *fn,
     }
 #ifdef CODA_WITH_CUDA
     coda_status_t s = coda__cuda_check_pointers(B->ctx, B->device_index, ts, names, n);
-    if (s != CODA_OK) {
-        char why[200]; /* the message buffer is reused by coda__fail */
-        snprintf(why, sizeof why, "%s", coda_last_error());
-        return coda__fail(s, "%s: %s", fn, why);
-    }
+    if (s != CODA_OK) return coda__fail(s, "%s: %s", fn, coda_last_error());
 #else
     (void)ts;
     (void)names;

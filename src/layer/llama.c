@@ -276,11 +276,8 @@ coda_status_t coda_llama_create(coda_context_t *ctx, const coda_llama_config_t *
                                      .n_kv_heads = cfg->n_kv_heads, .head_dim = cfg->head_dim};
         size_t unused;
         coda_status_t a = coda_attention_workspace_size(ctx, CODA_DEVICE_CPU, &as, &unused);
-        if (a != CODA_OK) {
-            char why[256]; /* the message, copied before coda__fail overwrites it */
-            snprintf(why, sizeof why, "%s", coda_last_error());
-            return coda__fail(a, "%s: the layer's attention would refuse it (%s)", fn, why);
-        }
+        if (a != CODA_OK)
+            return coda__fail(a, "%s: the layer's attention would refuse it (%s)", fn, coda_last_error());
     }
     coda_llama_t *L = calloc(1, sizeof *L);
     if (!L) return coda__fail(CODA_ERR_NO_MEMORY, "%s: out of memory", fn);

@@ -60,13 +60,17 @@ static int check_name(coda_program_t *p, const char *name, const char *where) {
     return 1;
 }
 
-/* The program changed: it must be verified again, and code generated
- * from what it was (codegen's cached CUDA source per form) must go, or a
- * CUDA launch after the next finish would run the old program. */
-static void changed(coda_program_t *p) {
-    p->verified = 0;
+/* Code generated from the program (codegen's cached CUDA source per form). */
+static void drop_generated(coda_program_t *p) {
     for (size_t f = 0; f < sizeof p->cuda_src / sizeof p->cuda_src[0]; f++)
         free(atomic_exchange(&p->cuda_src[f], NULL));
+}
+
+/* The program changed: it must be verified again, and its generated code
+ * must go, or a CUDA launch after the next finish would run the old one. */
+static void changed(coda_program_t *p) {
+    p->verified = 0;
+    drop_generated(p);
 }
 
 /* Append an instruction; -1 (error recorded) when the program is full. */
@@ -109,7 +113,7 @@ coda_status_t coda_program_new(const char *name, coda_program_t **out) {
 
 void coda_program_free(coda_program_t *p) {
     if (!p) return;
-    for (size_t f = 0; f < sizeof p->cuda_src / sizeof p->cuda_src[0]; f++) free(atomic_load(&p->cuda_src[f]));
+    drop_generated(p);
     free(p);
 }
 
