@@ -3,8 +3,9 @@
  *   bench_gemm             square shapes and the LLaMA-3-8B layer GEMMs
  *   bench_gemm sweep       also time every tile configuration (the pick table)
  *   bench_gemm variants    configurations side by side, each against cuBLAS
- *                          run by run (CODA_VARIANTS="3- 3s": cfg 3 without and
- *                          with stream-K; CODA_BENCH_ONLY: see main)
+ *                          run by run (CODA_VARIANTS="3- 3s 3p": cfg 3 without
+ *                          stream-K, with the tail forced, with the split tail
+ *                          forced; CODA_BENCH_ONLY: see main)
  *   CODA_BENCH_ONLY=sq2048.NT bench_gemm   only the shapes whose "name.layout"
  *                          contains that text (quick A/B runs, Nsight Compute)
  *
@@ -249,13 +250,17 @@ int main(int argc, char **argv) {
                 if (*c < '0' || *c >= '0' + CODA_CUDA_GEMM_NCFG) continue;
                 char v[2] = {*c, 0};
                 tune_cfg_str(ctx, v);
-                /* a digit followed by 's': stream-K forced on; by '-': off */
-                const char *sk = c[1] == 's' ? "1" : c[1] == '-' ? "0" : NULL;
-                if (sk) tune_streamk(ctx, *sk == '1' ? CODA_STREAMK_ON : CODA_STREAMK_OFF);
+                /* a digit followed by 's': stream-K forced on; by 'p': the
+                 * split tail forced; by '-': off */
+                const char *sk = c[1] == 's' ? "s" : c[1] == 'p' ? "p" : c[1] == '-' ? "-" : NULL;
+                if (sk)
+                    tune_streamk(ctx, *sk == 's'   ? CODA_STREAMK_ON
+                                      : *sk == 'p' ? CODA_STREAMK_SPLIT
+                                                   : CODA_STREAMK_OFF);
                 float tc, tb;
                 time_pair(s, &bf, &tc, &tb);
                 double e = check(s, &bf);
-                printf("   cfg %s%s %6.1f (cuBLAS %6.1f) %.3f%s", v, sk ? (*sk == '1' ? "s" : "-") : "",
+                printf("   cfg %s%s %6.1f (cuBLAS %6.1f) %.3f%s", v, sk ? sk : "",
                        flop / (tc * 1e-3) / 1e12, flop / (tb * 1e-3) / 1e12, tb / tc,
                        e < 1e-2 ? "" : " MISMATCH");
                 tune_streamk(ctx, CODA_STREAMK_AUTO);

@@ -46,6 +46,42 @@ static void check_streamk_rule(void) {
     }
 }
 
+/* The split tail's rule (src/cuda/gemm.c, coda__cuda_streamk_split): below
+ * 8 whole waves the partial wave's p units cut into S = clusters / p
+ * parts, at most 4, each at least 16 k-blocks; CODA_STREAMK=s forces it at
+ * any wave count, every other mode never; the classic tail's rule gives no
+ * tail in that mode. */
+static void check_streamk_split(void) {
+    static const struct { int64_t units, clusters, kiters; int mode, pingpong, parts; } cases[] = {
+        {96, 66, 256, CODA_STREAMK_AUTO, 0, 2},   /* LLaMA-3-1B QKV wgrad, 3072 x 2048 x 16384 */
+        {96, 66, 256, CODA_STREAMK_AUTO, 1, 0},   /* ping-pong: no stream-K kernel */
+        {96, 66, 16, CODA_STREAMK_AUTO, 0, 0},    /* K = 1024: 8 k-blocks a part */
+        {96, 66, 256, CODA_STREAMK_OFF, 0, 0},
+        {96, 66, 256, CODA_STREAMK_ON, 0, 0},
+        {96, 66, 256, CODA_STREAMK_ALL, 0, 0},
+        {132, 66, 256, CODA_STREAMK_AUTO, 0, 0},  /* whole waves */
+        {100, 66, 256, CODA_STREAMK_AUTO, 0, 0},  /* p = 34 > 66 / 2 */
+        {67, 66, 256, CODA_STREAMK_AUTO, 0, 4},   /* p = 1: 66 parts wanted, 4 made */
+        {67, 66, 48, CODA_STREAMK_AUTO, 0, 3},    /* 48 k-blocks: parts of 16 */
+        {384, 66, 256, CODA_STREAMK_AUTO, 0, 0},  /* 8B QKV wgrad: p = 54 */
+        {600, 66, 64, CODA_STREAMK_AUTO, 0, 0},   /* 9 whole waves: the classic tail's */
+        {600, 66, 64, CODA_STREAMK_SPLIT, 0, 4},  /* forced: p = 6 */
+        {8, 6, 49, CODA_STREAMK_SPLIT, 0, 3},     /* test_gemm_gpu's split cases */
+        {9, 8, 64, CODA_STREAMK_SPLIT, 0, 4},
+        {12, 8, 33, CODA_STREAMK_SPLIT, 0, 2},
+        {20, 6, 33, CODA_STREAMK_SPLIT, 0, 2},    /* test_epilogue_gpu's */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int s = coda__cuda_streamk_split(cases[i].units, cases[i].clusters, cases[i].kiters, cases[i].pingpong,
+                                         cases[i].mode);
+        CHECK(s == cases[i].parts, "split tail of %lld units on %lld clusters, %lld k-blocks, mode %d%s: %d parts, "
+              "want %d", (long long)cases[i].units, (long long)cases[i].clusters, (long long)cases[i].kiters,
+              cases[i].mode, cases[i].pingpong ? " (ping-pong)" : "", s, cases[i].parts);
+    }
+    CHECK(coda__cuda_streamk_dp_units(600, 66, 64, 0, CODA_STREAMK_SPLIT, 4917) == 600,
+          "CODA_STREAMK=s: no classic tail");
+}
+
 /* The attention backward's layout rule (src/cuda/attention.c): the old
  * layout while a kv group's q, do and f32 dq fit the L2; past it key
  * blocks fastest, the group in the fewest parts whose share fits; the
@@ -172,6 +208,7 @@ static void check_attention_registers(void) {
 
 int main(void) {
     check_streamk_rule();
+    check_streamk_split();
     check_attn_layout();
     check_attention();
     check_attention_registers();

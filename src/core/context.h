@@ -24,7 +24,8 @@ enum {
     CODA_STREAMK_OFF = 0,  /* CODA_STREAMK=0: never                              */
     CODA_STREAMK_ON = 1,   /* CODA_STREAMK=1: whenever there is a partial wave   */
     CODA_STREAMK_AUTO = 2, /* default: the measured rule (src/cuda/gemm.c)       */
-    CODA_STREAMK_ALL = 3   /* CODA_STREAMK=a: every unit shared out by k-blocks  */
+    CODA_STREAMK_ALL = 3,  /* CODA_STREAMK=a: every unit shared out by k-blocks  */
+    CODA_STREAMK_SPLIT = 4 /* CODA_STREAMK=s: the partial wave split in k (tests) */
 };
 #define CODA_TUNING_OPTS_CAP 256
 typedef struct coda__tuning {

@@ -19,8 +19,11 @@ void coda__tuning_from_env(coda__tuning_t *t) {
     int c = one_char("CODA_GEMM_CFG");
     if (c >= '0' && c <= '9') t->gemm_cfg = c - '0';
     c = one_char("CODA_STREAMK");
-    t->streamk = c == '0' ? CODA_STREAMK_OFF : c == '1' ? CODA_STREAMK_ON : c == 'a' ? CODA_STREAMK_ALL
-                                                                                       : CODA_STREAMK_AUTO;
+    t->streamk = c == '0'   ? CODA_STREAMK_OFF
+                 : c == '1' ? CODA_STREAMK_ON
+                 : c == 'a' ? CODA_STREAMK_ALL
+                 : c == 's' ? CODA_STREAMK_SPLIT
+                            : CODA_STREAMK_AUTO;
     const char *v = getenv("CODA_DEBUG_CLUSTERS");
     if (v && atoi(v) > 0) t->clusters = atoi(v);
     c = one_char("CODA_DEBUG_L2");
@@ -49,8 +52,8 @@ coda_status_t coda__set_tuning(coda_context_t *ctx, const coda__tuning_t *t) {
     if (!ctx || !t) return coda__fail(CODA_ERR_INVALID_ARG, "coda__set_tuning: NULL argument");
     if (t->gemm_cfg < -1 || t->gemm_cfg > 9)
         return coda__fail(CODA_ERR_INVALID_ARG, "tuning: gemm_cfg %d is not -1..9", t->gemm_cfg);
-    if (t->streamk < CODA_STREAMK_OFF || t->streamk > CODA_STREAMK_ALL)
-        return coda__fail(CODA_ERR_INVALID_ARG, "tuning: streamk %d is not 0..3", t->streamk);
+    if (t->streamk < CODA_STREAMK_OFF || t->streamk > CODA_STREAMK_SPLIT)
+        return coda__fail(CODA_ERR_INVALID_ARG, "tuning: streamk %d is not 0..4", t->streamk);
     if (t->clusters < 0 || t->l2_promotion < 0 || t->l2_promotion > 3)
         return coda__fail(CODA_ERR_INVALID_ARG, "tuning: clusters %d < 0 or l2_promotion %d not 0..3",
                           t->clusters, t->l2_promotion);

@@ -211,6 +211,10 @@ int coda__cuda_gemm_pick(int64_t m, int64_t n, int64_t k, int sm_count);
  * device's peak memory bandwidth (0: unknown). */
 int coda__cuda_streamk_dp_units(int64_t units, int64_t clusters, int64_t kiters, int pingpong, int mode,
                                 int mem_gbps);
+/* The split form of the tail for a few waves (used where the rule above
+ * gives none): the partial wave's units cut into S aligned k-ranges; S >= 2,
+ * or 0 for none. */
+int coda__cuda_streamk_split(int64_t units, int64_t clusters, int64_t kiters, int pingpong, int mode);
 
 /* The configuration ctx's tuning forces (gemm_cfg, a benchmarking
  * override, when it is a valid index), or -1. */

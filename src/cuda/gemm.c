@@ -296,11 +296,11 @@ typedef struct sk_params {
     void *flag;
     int dp_units;
     int share, extra;
-    int pad_;
+    int end;
 } sk_params_t;
 _Static_assert(offsetof(sk_params_t, flag) == 8 && offsetof(sk_params_t, dp_units) == 16 &&
                    offsetof(sk_params_t, share) == 20 && offsetof(sk_params_t, extra) == 24 &&
-                   sizeof(sk_params_t) == 32,
+                   offsetof(sk_params_t, end) == 28 && sizeof(sk_params_t) == 32,
                "sk_params_t: the layout of struct coda_sk_params (kernels/gemm_streamk.cuh)");
 
 /* Units (tile pairs) done whole before the stream-K tail; units: none.
@@ -326,14 +326,15 @@ _Static_assert(offsetof(sk_params_t, flag) == 8 && offsetof(sk_params_t, dp_unit
  * (bench/HISTORY.md, where stream-K came in) the 8B one 0.993 / 0.986 and
  * the 8B gate/up one (27 waves) 1.018 / 1.004. mode (tuning, context.h):
  * CODA_STREAMK=0: never; =1:
- * whenever there is a partial wave (tests); =a (experiment): every unit
+ * whenever there is a partial wave (tests); =s: the split form below
+ * wherever it can cut (tests); =a (experiment): every unit
  * shared out by k-blocks, so that the CTAs' epilogues fall at staggered
  * times rather than all at the end of each wave. */
 #define STREAMK_LONG_K_GBPS 4000 /* the memory bandwidth from which a tail pays with K > 8192 */
 
 int coda__cuda_streamk_dp_units(int64_t units, int64_t clusters, int64_t kiters, int pingpong, int mode,
                                 int mem_gbps) {
-    if (mode == CODA_STREAMK_OFF || pingpong || clusters < 2 || units <= clusters ||
+    if (mode == CODA_STREAMK_OFF || mode == CODA_STREAMK_SPLIT || pingpong || clusters < 2 || units <= clusters ||
         (units % clusters == 0 && mode != CODA_STREAMK_ALL) ||
         kiters < 4 || units * kiters >= INT32_MAX) /* the kernel numbers k-blocks in an int */
         return (int)units;
@@ -343,6 +344,28 @@ int coda__cuda_streamk_dp_units(int64_t units, int64_t clusters, int64_t kiters,
                                       (kiters > 128 && mem_gbps < STREAMK_LONG_K_GBPS)))
         return (int)units;
     return (int)((units / clusters - 1) * clusters);
+}
+
+/* The split form of the tail (kernels/gemm_streamk.cuh), for GEMMs of a
+ * few waves: the partial wave's p = units % clusters units cut into S =
+ * clusters / p aligned k-ranges, so that the last wave takes 1/S of a
+ * unit's time (plus the owners' adds) instead of a whole unit's. S at most
+ * 4 and ranges of at least 16 k-blocks, so that the partial sums (one f32
+ * tile a contributor) stay small beside the k-loop. Where the classic tail
+ * applies (8 whole waves and more: the rule above) it keeps it. The 1B
+ * QKV weight gradient, 3072 x 2048 x 16384: 96 units on 66 clusters, 1.45
+ * waves; S = 2 makes it 1.5 units' time instead of 2. Returns S >= 2, or
+ * 0: no split. mode CODA_STREAMK_SPLIT forces it wherever S >= 2 (tests). */
+int coda__cuda_streamk_split(int64_t units, int64_t clusters, int64_t kiters, int pingpong, int mode) {
+    if ((mode != CODA_STREAMK_AUTO && mode != CODA_STREAMK_SPLIT) || pingpong || clusters < 2 ||
+        units * kiters >= INT32_MAX)
+        return 0;
+    int64_t p = units % clusters;
+    if (p == 0 || (mode == CODA_STREAMK_AUTO && units / clusters >= 8)) return 0;
+    int64_t s = clusters / p;
+    if (s > 4) s = 4;
+    while (s >= 2 && kiters / s < 16) s--;
+    return s >= 2 ? (int)s : 0;
 }
 
 /* The stream-K workspace of `stream`, made on first use (its flags zeroed
@@ -505,12 +528,16 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
     int64_t kiters = coda__cdiv(k, cfg->bk);
     int dp_units =
         coda__cuda_streamk_dp_units(units, clusters, kiters, cfg->pingpong, ctx->tuning.streamk, d->mem_gbps);
+    int split = dp_units < units ? 0 : coda__cuda_streamk_split(units, clusters, kiters, cfg->pingpong,
+                                                                  ctx->tuning.streamk);
+    if (split) dp_units = (int)(units / clusters * clusters);
     coda_cuda_sk_ws_t *ws = dp_units < units ? sk_workspace(cu, d, (CUstream)stream) : NULL;
     skp.dp_units = ws ? dp_units : (int)units;
     if (ws) {
         int64_t tail = (units - dp_units) * kiters;
-        skp.share = (int)(tail / clusters);
-        skp.extra = (int)(tail % clusters);
+        skp.share = split ? (int)coda__cdiv(kiters, split) : (int)(tail / clusters);
+        skp.extra = split ? 0 : (int)(tail % clusters);
+        skp.end = (int)(units * kiters);
         skp.part = (void *)(uintptr_t)ws->part;
         skp.flag = (void *)(uintptr_t)ws->flag;
     }
@@ -522,7 +549,7 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
     if (ctx->tuning.log_launch)
         fprintf(stderr, "coda gemm: cfg %d %dx%d cluster %d, %lld units%s, grid %u, smem %zu, max clusters %d\n",
                 cfg_index, cfg->bm, cfg->bn, cfg->cluster_m, (long long)units,
-                skp.dp_units < units ? " (stream-K tail)" : "", lc.gridDimX, smem, d->max_clusters[cfg_index]);
+                skp.dp_units == units ? "" : split ? " (stream-K split tail)" : " (stream-K tail)", lc.gridDimX, smem, d->max_clusters[cfg_index]);
     CODA_CU(cu, cu->cu.LaunchKernelEx(&lc, fn, args, NULL), "cuLaunchKernelEx(coda_gemm_kernel)");
     if (ws) sk_workspace_used(cu, ws, (CUstream)stream);
     return CODA_OK;

@@ -206,6 +206,10 @@ static arg_desc_t describe_arg(const coda_program_t *p, int i, int64_t m, int64_
  * cooperative for 256 */
 static int cooperative;
 
+/* >= 0: run fused GEMMs on this configuration (the split stream-K tail's
+ * cases, which need 2-CTA clusters on a small problem) */
+static int force_cfg = -1;
+
 /* 1: A[0][0] is NaN, so accumulator row 0 is NaN in every column: the
  * reductions must carry it into the row-0 partials and the column
  * partials of the first row tile, on the GPU as on the CPU. */
@@ -228,6 +232,7 @@ static void run_case(const char *text, coda_layout_t layout, int64_t m, int64_t 
     REQUIRE_OK(coda_choose_tiling(ctx, CODA_DEVICE_CUDA, layout, m, n, k, &tl));
     if (tile_n) tl.tile_n = tile_n;
     if (cooperative) tune_cfg_str(ctx, tl.tile_n == 256 ? "0" : "1");
+    if (force_cfg >= 0) tune_cfg(ctx, force_cfg);
     /* debugging: CODA_TEST_ONLY=program runs that program alone;
      * CODA_TEST_CFG=digit forces a configuration of the tile width */
     const char *only = getenv("CODA_TEST_ONLY");
@@ -484,6 +489,17 @@ int main(int argc, char **argv) {
         run_case(texts[0], CODA_LAYOUT_TN, 4096, 1032, 520, 256);
         run_case(coda_builtin_program("rmsnorm_bwd"), CODA_LAYOUT_NT, 4096, 2304, 264, 256);
     }
+    /* the split tail (few waves): 1000 x 1032 on configuration 3 is 20
+     * tile pairs; on 6 clusters the last 2 (66 k-blocks) go to 4 ranges of
+     * 17, 17, 17 and 15 (S = 2: 33 k-blocks a unit), so range 1 ends in the
+     * last unit, whose owner then waits on two contributors */
+    force_cfg = 3;
+    tune_streamk(ctx, CODA_STREAMK_SPLIT);
+    tune_clusters(ctx, 6);
+    run_case(coda_builtin_program("rmsnorm_bwd"), CODA_LAYOUT_NT, 1000, 1032, 2100, 256);
+    run_case(texts[0], CODA_LAYOUT_TN, 1000, 1032, 2100, 256);
+    tune_clusters(ctx, 0);
+    force_cfg = -1;
     tune_streamk(ctx, CODA_STREAMK_AUTO);
     tune_cfg(ctx, -1);
     /* an odd number of row tiles in 2-CTA clusters (33 x 5 and 33 x 9

@@ -129,7 +129,11 @@ static int run_case(coda_layout_t layout, int64_t m, int64_t n, int64_t k, coda_
           cfg, err, tol, base);
     printf("%-2s M=%-6lld N=%-5lld K=%-5lld %-4s alpha=%-4g beta=%-4g cfg=%-2d%s err %.2e (cpu %.2e) %s\n",
            lname[layout], (long long)m, (long long)n, (long long)k, coda_dtype_name(cdt), alpha,
-           beta, cfg, coda__get_tuning(ctx).streamk == CODA_STREAMK_ON ? " stream-K" : "", err, base, ok ? "ok" : "FAIL");
+           beta, cfg,
+           coda__get_tuning(ctx).streamk == CODA_STREAMK_ON      ? " stream-K"
+           : coda__get_tuning(ctx).streamk == CODA_STREAMK_SPLIT ? " split tail"
+                                                                 : "",
+           err, base, ok ? "ok" : "FAIL");
     free(ha); free(hb); free(hc0); free(hc); free(hcpu); free(c0); free(ref); free(out); free(cpu);
     CUDA_OK(cudaFree(da));
     CUDA_OK(cudaFree(db));
@@ -197,6 +201,61 @@ static void bad_args(void) {
     CUDA_OK(cudaFree(da));
     CUDA_OK(cudaFree(db));
     CUDA_OK(cudaFree(dc));
+}
+
+/* The split tail (src/cuda/gemm.c, coda__cuda_streamk_split) on
+ * configuration 3 with the clusters capped, so that small problems have a
+ * partial wave: each case is checked against float64 by run_case (and
+ * run twice for the same bits), and its bits must differ from the GEMM
+ * without stream-K (else the split did not run). The cases: 8 units on 6
+ * clusters (S = 3), 2 x 49 k-blocks in ranges of 17, the last capped at
+ * 13, two crossing from one unit into the next; 9 units on 8 clusters
+ * (S = 4), 64 k-blocks in 4 aligned ranges of 16, 4 clusters without a
+ * range; 12 units on 8 clusters (S = 2), TN with f32 output and beta,
+ * 4 x 33 k-blocks in ranges of 17. */
+static void split_tail(void) {
+    static const struct { coda_layout_t l; int64_t m, n, k; int clusters; coda_dtype_t c; float beta; } cases[] = {
+        {CODA_LAYOUT_NT, 512, 1024, 3100, 6, CODA_BF16, 0.0f},
+        {CODA_LAYOUT_NT, 768, 760, 4096, 8, CODA_BF16, 0.0f},
+        {CODA_LAYOUT_TN, 1000, 520, 2100, 8, CODA_F32, 1.5f},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int64_t m = cases[c].m, n = cases[c].n, k = cases[c].k;
+        tune_clusters(ctx, cases[c].clusters);
+        tune_streamk(ctx, CODA_STREAMK_SPLIT);
+        run_case(cases[c].l, m, n, k, cases[c].c, 1.0f, cases[c].beta, 3);
+        /* did it run: the same operands with and without the split */
+        h_rng r = rng_new(seed++);
+        const int64_t ar = cases[c].l == CODA_LAYOUT_TN ? k : m, br = cases[c].l == CODA_LAYOUT_NT ? n : k;
+        size_t abytes = 2 * (size_t)(m * k), bbytes = 2 * (size_t)(n * k), cbytes = 2 * (size_t)(m * n);
+        uint16_t *ha = h_alloc(abytes), *hb = h_alloc(bbytes), *c1 = h_alloc(cbytes), *c2 = h_alloc(cbytes);
+        rng_fill_bf16(&r, ha, m * k, 1.0f);
+        rng_fill_bf16(&r, hb, n * k, 1.0f);
+        void *da, *db, *dc;
+        CUDA_OK(cudaMalloc(&da, abytes));
+        CUDA_OK(cudaMalloc(&db, bbytes));
+        CUDA_OK(cudaMalloc(&dc, cbytes));
+        CUDA_OK(cudaMemcpy(da, ha, abytes, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemcpy(db, hb, bbytes, cudaMemcpyHostToDevice));
+        coda_tensor_t A = coda_tensor_2d(da, CODA_BF16, ar, m * k / ar), B = coda_tensor_2d(db, CODA_BF16, br, n * k / br);
+        coda_tensor_t C = coda_tensor_2d(dc, CODA_BF16, m, n);
+        A.device = B.device = C.device = CODA_DEVICE_CUDA;
+        tune_cfg(ctx, 3);
+        CHECK_OK(coda_gemm(ctx, cases[c].l, &A, &B, &C, 1.0f, 0.0f, NULL));
+        CUDA_OK(cudaMemcpy(c1, dc, cbytes, cudaMemcpyDeviceToHost));
+        tune_streamk(ctx, CODA_STREAMK_OFF);
+        CHECK_OK(coda_gemm(ctx, cases[c].l, &A, &B, &C, 1.0f, 0.0f, NULL));
+        CUDA_OK(cudaMemcpy(c2, dc, cbytes, cudaMemcpyDeviceToHost));
+        CHECK(memcmp(c1, c2, cbytes) != 0, "split tail, %lld x %lld x %lld on %d clusters: the same bits as "
+              "without stream-K (did it run?)", (long long)m, (long long)n, (long long)k, cases[c].clusters);
+        tune_cfg(ctx, -1);
+        free(ha); free(hb); free(c1); free(c2);
+        CUDA_OK(cudaFree(da));
+        CUDA_OK(cudaFree(db));
+        CUDA_OK(cudaFree(dc));
+    }
+    tune_streamk(ctx, CODA_STREAMK_AUTO);
+    tune_clusters(ctx, 0);
 }
 
 /* Stream-K on more streams than there are workspaces (8): the GEMMs of
@@ -287,6 +346,7 @@ int main(int argc, char **argv) {
         run_case(CODA_LAYOUT_NT, 1500, 1800, 264, CODA_BF16, 1.0f, 0.0f, 1);
         run_case(CODA_LAYOUT_TN, 4096, 1300, 520, CODA_F32, 0.5f, 1.5f, 3);
         tune_streamk(ctx, CODA_STREAMK_AUTO);
+        split_tail();
         many_streams();
         bad_args();
         TEST_MAIN_END();
@@ -334,6 +394,7 @@ int main(int argc, char **argv) {
     run_case(CODA_LAYOUT_NT, 1000, 13, 264, CODA_BF16, 1.0f, 0.5f, -1);
     run_case(CODA_LAYOUT_NT, 1000, 301, 264, CODA_F32, 1.0f, 0.0f, -1);
     run_case(CODA_LAYOUT_TN, 1, 8, 8, CODA_BF16, 1.0f, 0.0f, -1);
+    split_tail();
     /* K = 0: C = beta C */
     run_case(CODA_LAYOUT_NT, 100, 64, 0, CODA_BF16, 1.0f, 0.5f, -1);
     run_case(CODA_LAYOUT_TN, 100, 64, 0, CODA_F32, 1.0f, 2.0f, -1);

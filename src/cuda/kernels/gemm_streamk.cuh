@@ -14,6 +14,15 @@
  * partial one for this part, so each cluster's range spans at least one
  * unit.
  *
+ * The split form (few waves): only the partial wave's p units make the
+ * tail, cut into S = G / p parts of ceil(kiters / S) k-blocks each (share,
+ * extra = 0); b_r stops at sk.end (all units' k-blocks), so the last
+ * G - S p ranges are empty and those clusters stop after their whole
+ * units. A range then lies within one unit where S divides kiters (else
+ * it may cross into the next, as below); the clusters running the tail
+ * work through S aligned k-ranges side by side, and those of one range
+ * share its k-blocks in L2 as a whole wave does.
+ *
  * A range cut inside a unit leaves it to more than one cluster:
  *   - the cluster whose range starts inside the unit (kb0 > 0) is a
  *     contributor: that piece is the first of its range; it stores its f32
@@ -41,12 +50,13 @@ struct coda_sk_params {
     int dp_units;         /* units done whole; n_units: no stream-K           */
     int share, extra;     /* the tail's k-blocks T = share G + extra: cluster g
                              gets share + (g < extra) of them (host-computed,
-                             T < 2^31, so no 64-bit division here)            */
-    int pad_;
+                             T < 2^31, so no 64-bit division here); the split
+                             form: share ceil(kiters / S), extra 0           */
+    int end;              /* units * kiters: no range reaches past it         */
 };
 static_assert(CODA_OFFSETOF(coda_sk_params, flag) == 8 && CODA_OFFSETOF(coda_sk_params, dp_units) == 16 &&
                   CODA_OFFSETOF(coda_sk_params, share) == 20 && CODA_OFFSETOF(coda_sk_params, extra) == 24 &&
-                  sizeof(coda_sk_params) == 32,
+                  CODA_OFFSETOF(coda_sk_params, end) == 28 && sizeof(coda_sk_params) == 32,
               "coda_sk_params: the layout of sk_params_t (src/cuda/gemm.c)");
 
 /* What a cluster works on next: tile pair `unit`, k-blocks [kb0, kb1). */
@@ -56,9 +66,12 @@ struct coda_work {
     int pos, end;               /* the stream-K range still to do */
 };
 
-/* Start of stream-K range r (b_r above; r = G gives the end). */
+/* Start of stream-K range r (b_r above; r = G gives the end), never past
+ * sk.end. 64-bit before that cap: in the split form r share may pass
+ * 2^31 for the empty ranges. */
 static __device__ __forceinline__ int coda_sk_begin(const coda_sk_params &sk, int r, int kiters) {
-    return sk.dp_units * kiters + r * sk.share + min(r, sk.extra);
+    const long long b = (long long)sk.dp_units * kiters + (long long)r * sk.share + min(r, sk.extra);
+    return (int)min(b, (long long)sk.end);
 }
 
 /* Cluster g of n_clusters: its whole units, then range r = n_clusters - 1 - g. */
