@@ -50,6 +50,12 @@ int main(void) {
           t.clusters, t.l2_promotion, t.extra_opts);
     uint64_t key = t.code_key;
     coda_context_free(ctx);
+    /* the split tail's spelling */
+    setenv("CODA_STREAMK", "s", 1);
+    REQUIRE_OK(coda_context_create(NULL, &ctx));
+    CHECK(coda__get_tuning(ctx).streamk == CODA_STREAMK_SPLIT, "CODA_STREAMK=s: streamk %d",
+          coda__get_tuning(ctx).streamk);
+    coda_context_free(ctx);
 
     /* values the variables do not spell are the defaults */
     static const char *const odd[] = {"CODA_GEMM_CFG", "12", "CODA_STREAMK", "yes", "CODA_DEBUG_L2", "7",
@@ -81,7 +87,7 @@ int main(void) {
         }                                                                         \
     } while (0)
     REFUSE_EACH(gemm_cfg, 10);
-    REFUSE_EACH(streamk, 4);
+    REFUSE_EACH(streamk, 5, -1);
     REFUSE_EACH(l2_promotion, -1);
     REFUSE_EACH(clusters, -1);
     REFUSE_EACH(attn_stages, 1, 5, -1);
