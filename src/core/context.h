@@ -144,6 +144,17 @@ coda_status_t coda__cuda_norm_prologue(coda_context_t *ctx, const coda_tensor_t 
 coda_status_t coda__cuda_rope_backward(coda_context_t *ctx, const coda_tensor_t *dy, int n_dy, const coda_tensor_t *y,
                                        const coda_tensor_t *pos, const coda_tensor_t *freq, coda_tensor_t *dz,
                                        coda_tensor_t *s_out, void *stream);
+/* The same, for a freq the caller knows to repeat: freq[p] = freq[p %
+ * period] for every pair p < rot_pairs (a layer's q and k heads: period
+ * head_dim / 2, rot_pairs (n_heads + n_kv_heads) head_dim / 2). The kernel
+ * then makes each row's cos and sin of those angles once (the same bits).
+ * period 0 (and rot_pairs 0): none promised, as coda__cuda_rope_backward;
+ * else period a multiple of 4 up to 128, rot_pairs a multiple of 4 up to
+ * N/2, or CODA_ERR_INVALID_ARG. */
+coda_status_t coda__cuda_rope_backward_periodic(coda_context_t *ctx, const coda_tensor_t *dy, int n_dy,
+                                                const coda_tensor_t *y, const coda_tensor_t *pos,
+                                                const coda_tensor_t *freq, int period, int64_t rot_pairs,
+                                                coda_tensor_t *dz, coda_tensor_t *s_out, void *stream);
 
 /* Attention on CUDA tensors (src/cuda/attention.c, kernels/attention.cuh),
  * checked by src/api/attention.c. Forward: do_ = o = NULL, out = the

@@ -201,6 +201,13 @@ typedef struct {
 coda_status_t coda__cuda_rope_backward(coda_context_t *ctx, const coda_tensor_t *dy, int n_dy, const coda_tensor_t *y,
                                        const coda_tensor_t *pos, const coda_tensor_t *freq, coda_tensor_t *dz,
                                        coda_tensor_t *s_out, void *stream) {
+    return coda__cuda_rope_backward_periodic(ctx, dy, n_dy, y, pos, freq, 0, 0, dz, s_out, stream);
+}
+
+coda_status_t coda__cuda_rope_backward_periodic(coda_context_t *ctx, const coda_tensor_t *dy, int n_dy,
+                                                const coda_tensor_t *y, const coda_tensor_t *pos,
+                                                const coda_tensor_t *freq, int period, int64_t rot_pairs,
+                                                coda_tensor_t *dz, coda_tensor_t *s_out, void *stream) {
     static const char fn[] = "coda__cuda_rope_backward";
     static const char *const dy_names[3] = {"dy[0]", "dy[1]", "dy[2]"};
     if (!ctx) return coda__fail(CODA_ERR_INVALID_ARG, "%s: ctx is NULL", fn);
@@ -225,6 +232,12 @@ coda_status_t coda__cuda_rope_backward(coda_context_t *ctx, const coda_tensor_t 
     P.off[3] = n;
     int64_t ps, fs, s_s;
     CODA_TRY(check_mat(fn, y, "y", CODA_BF16, m, n));
+    if (period == 0 ? rot_pairs != 0
+                    : period < 0 || period % 4 || period > 128 || period > n / 2 || rot_pairs < 0 ||
+                          rot_pairs % 4 || rot_pairs > n / 2)
+        return coda__fail(CODA_ERR_INVALID_ARG,
+                          "%s: period %d, rot_pairs %lld: 0 and 0, or a multiple of 4 up to 128 and a multiple "
+                          "of 4, both at most %lld (N/2)", fn, period, (long long)rot_pairs, (long long)(n / 2));
     CODA_TRY(check_vec(fn, pos, "pos", CODA_F32, m, 0, &ps));
     CODA_TRY(check_vec(fn, freq, "freq", CODA_F32, n / 2, 0, &fs));
     CODA_TRY(check_mat(fn, dz, "dz", CODA_BF16, m, n));
@@ -248,7 +261,8 @@ coda_status_t coda__cuda_rope_backward(coda_context_t *ctx, const coda_tensor_t 
     void *pdz = dz->data;    // (M, N) bf16
     void *psv = s_out->data; // (M) f32, element stride sst
     int dy_bf16 = dt == CODA_BF16;
-    void *args[] = {&P, &py, &ys, &ppos, &pst, &pf, &pdz, &dzs, &psv, &sst, &rows, &wpr, &dy_bf16};
+    long long rp = rot_pairs;
+    void *args[] = {&P, &py, &ys, &ppos, &pst, &pf, &pdz, &dzs, &psv, &sst, &rows, &wpr, &dy_bf16, &period, &rp};
     return launch(ctx, y->device_index, "coda_rope_backward_kernel", row_blocks(m, wpr), args, 0, stream);
 }
 

@@ -33,7 +33,12 @@ coda_status_t coda__layer_rope_backward(const coda_block_t *B, const coda_tensor
         return CODA_OK;
     }
 #ifdef CODA_WITH_CUDA
-    return coda__cuda_rope_backward(B->ctx, dy, n_dy, y, pos, freq, dz, s, stream);
+    /* B->freq repeats with the heads (coda__llama_rope_freq): each row's
+     * head_dim / 2 angles made once, where the kernel's table takes them */
+    const int64_t half = B->cfg.head_dim / 2, rot = (B->cfg.n_heads + B->cfg.n_kv_heads) * half;
+    const int tab = freq == &B->freq && half % 4 == 0 && half <= 128;
+    return coda__cuda_rope_backward_periodic(B->ctx, dy, n_dy, y, pos, freq, tab ? (int)half : 0, tab ? rot : 0, dz,
+                                             s, stream);
 #else
     (void)stream;
     return no_cuda();

@@ -650,6 +650,71 @@ static void side_stream(void) {
     free(x), free(g), free(dy), free(pos), free(freq);
 }
 
+/* The periodic form (the layer's: coda__cuda_rope_backward_periodic with
+ * period head_dim / 2 over the q and k heads, freq as coda__llama_rope_freq
+ * makes it) gives the bits of the general form, dz and s, with dy in f32 and
+ * in bf16; positions up to 8191 and one past cosf's fast path; NaN in one
+ * row's position. Then its refusals. */
+static void rope_periodic_case(int64_t M, int64_t hd, int64_t nh, int64_t nkv, int dy_bf16) {
+    const int64_t half = hd / 2, rot = (nh + nkv) * half, N = (nh + 2 * nkv) * hd;
+    h_rng r = rng_new(seed_of(7, M, N, dy_bf16));
+    float *freq = h_alloc((size_t)(N / 2) * 4), *pos = rope_pos(M), *dy = h_alloc((size_t)(M * N) * 4);
+    for (int64_t p = 0; p < N / 2; p++)
+        freq[p] = p < rot ? (float)pow(500000.0, -2.0 * (double)(p % half) / (double)hd) : 0.0f;
+    if (M > 3) pos[1] = NAN;
+    uint16_t *y = h_alloc((size_t)(M * N) * 2), *dy16 = h_alloc((size_t)(M * N) * 2);
+    for (int64_t i = 0; i < M * N; i++) dy[i] = nz(&r, 1.0f), dy16[i] = h_f2bf(dy[i]), y[i] = h_f2bf(nz(&r, 2.0f));
+    void *d_dy, *d_y, *d_pos, *d_freq, *d_dz[2], *d_s[2];
+    const size_t dyb = (size_t)(M * N) * (dy_bf16 ? 2 : 4), zb = (size_t)(M * N) * 2;
+    d_dy = dev_alloc(dyb), d_y = dev_alloc(zb), d_pos = dev_alloc((size_t)M * 4), d_freq = dev_alloc((size_t)N * 2);
+    CUDA_OK(cudaMemcpy(d_dy, dy_bf16 ? (void *)dy16 : (void *)dy, dyb, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_y, y, zb, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_pos, pos, (size_t)M * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_freq, freq, (size_t)N * 2, cudaMemcpyHostToDevice));
+    coda_tensor_t tdy = coda_tensor_2d(d_dy, dy_bf16 ? CODA_BF16 : CODA_F32, M, N), ty = coda_tensor_2d(d_y, CODA_BF16, M, N);
+    coda_tensor_t tpos = coda_tensor_1d(d_pos, CODA_F32, M), tfreq = coda_tensor_1d(d_freq, CODA_F32, N / 2), tdz[2], ts[2];
+    tdy.device = ty.device = tpos.device = tfreq.device = CODA_DEVICE_CUDA;
+    uint16_t *hz[2];
+    float *hs[2];
+    for (int k = 0; k < 2; k++) {
+        d_dz[k] = dev_alloc(zb), d_s[k] = dev_alloc((size_t)M * 4);
+        CUDA_OK(cudaMemset(d_dz[k], 0x5a + k, zb));
+        CUDA_OK(cudaMemset(d_s[k], 0x5a + k, (size_t)M * 4));
+        tdz[k] = coda_tensor_2d(d_dz[k], CODA_BF16, M, N), ts[k] = coda_tensor_1d(d_s[k], CODA_F32, M);
+        tdz[k].device = ts[k].device = CODA_DEVICE_CUDA;
+        CHECK_OK(k == 0 ? coda__cuda_rope_backward(ctx, &tdy, 1, &ty, &tpos, &tfreq, &tdz[0], &ts[0], NULL)
+                        : coda__cuda_rope_backward_periodic(ctx, &tdy, 1, &ty, &tpos, &tfreq, (int)half, rot,
+                                                            &tdz[1], &ts[1], NULL));
+        hz[k] = h_alloc(zb), hs[k] = h_alloc((size_t)M * 4);
+        CUDA_OK(cudaMemcpy(hz[k], d_dz[k], zb, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(hs[k], d_s[k], (size_t)M * 4, cudaMemcpyDeviceToHost));
+    }
+    CHECK(memcmp(hz[0], hz[1], zb) == 0 && memcmp(hs[0], hs[1], (size_t)M * 4) == 0,
+          "RoPE backward M %lld hd %lld heads %lld/%lld dy %s: the periodic form's dz or s differs from the "
+          "general form's", (long long)M, (long long)hd, (long long)nh, (long long)nkv, dy_bf16 ? "bf16" : "f32");
+    if (M > 3) CHECK(bf_nan(hz[1][1 * N]) && bf_nan(hz[1][1 * N + rot * 2 - 1]), "NaN position: row 1 of dz");
+    /* refusals: a period the table cannot hold or that cuts a chunk, pairs
+     * past N/2, a period of 0 with rot_pairs; nothing written */
+    static const struct { int period; int64_t rot; } bad[] = {{6, 8}, {132, 132}, {-4, 8}, {0, 4}, {4, 6}};
+    for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+        int64_t rp = bad[b].rot;
+        CHECK_STATUS(coda__cuda_rope_backward_periodic(ctx, &tdy, 1, &ty, &tpos, &tfreq, bad[b].period, rp, &tdz[1],
+                                                       &ts[1], NULL),
+                     CODA_ERR_INVALID_ARG);
+    }
+    CHECK_STATUS(coda__cuda_rope_backward_periodic(ctx, &tdy, 1, &ty, &tpos, &tfreq, 4, N / 2 + 4, &tdz[1], &ts[1], NULL),
+                 CODA_ERR_INVALID_ARG);
+    CUDA_OK(cudaDeviceSynchronize());
+    uint16_t *after = h_alloc(zb);
+    CUDA_OK(cudaMemcpy(after, d_dz[1], zb, cudaMemcpyDeviceToHost));
+    CHECK(memcmp(after, hz[1], zb) == 0, "a refused periodic RoPE backward wrote dz");
+    printf("RoPE backward, periodic form: M %lld hd %lld heads %lld/%lld dy %s: the general form's bits\n",
+           (long long)M, (long long)hd, (long long)nh, (long long)nkv, dy_bf16 ? "bf16" : "f32");
+    for (int k = 0; k < 2; k++) dev_free(d_dz[k]), dev_free(d_s[k]), free(hz[k]), free(hs[k]);
+    dev_free(d_dy), dev_free(d_y), dev_free(d_pos), dev_free(d_freq);
+    free(freq), free(pos), free(dy), free(y), free(dy16), free(after);
+}
+
 /* ---- time at LLaMA-3-8B sizes (M = 16384 tokens, d = 4096, qkv 6144) ---- */
 
 static double time_ms(int which, coda_tensor_t *t) {
@@ -662,6 +727,9 @@ static double time_ms(int which, coda_tensor_t *t) {
         if (rep == 0) CUDA_OK(cudaEventRecord(e0, NULL));
         coda_status_t s = which == 0 ? coda__cuda_norm_prologue(ctx, &t[0], &t[1], &t[2], &t[3], NULL)
                           : which == 1 ? coda__cuda_rope_backward(ctx, &t[0], 1, &t[1], &t[2], &t[3], &t[4], &t[5], NULL)
+                          : which == 4 ? coda__cuda_rope_backward_periodic(ctx, &t[0], 1, &t[1], &t[2], &t[3],
+                                                                           (int)t[6].shape[0], t[7].shape[0], &t[4],
+                                                                           &t[5], NULL)
                           : which == 2 ? coda__cuda_convert_vec(ctx, &t[0], &t[1], NULL)
                                        : coda__cuda_check_targets(ctx, &t[0], 128256, -100, &t[1], NULL);
         CHECK(s == CODA_OK, "timing %d: %s", which, coda_last_error());
@@ -710,6 +778,27 @@ static void timing(void) {
     printf("time: RoPE backward (%d, %d): %.1f us, %.0f GB/s\n", M, NQKV, 1e3 * ms, gb / (ms * 1e-3));
     for (int k = 0; k < 6; k++) dev_free(keep[k]);
 
+    /* the block's form at LLaMA-3-1B and 8B: dy in bf16 (SDPA's), general
+     * and periodic (period head_dim / 2 over the q and k heads) */
+    static const struct { const char *name; int64_t n, hd, rot; } lay[] = {{"1B", 3072, 64, 40 * 32},
+                                                                           {"8B", 6144, 128, 40 * 64}};
+    for (int l = 0; l < 2; l++) {
+        coda_tensor_t u[8];
+        u[0] = dev_tensor(CODA_BF16, M, lay[l].n, &keep[0]);
+        u[1] = dev_tensor(CODA_BF16, M, lay[l].n, &keep[1]);
+        u[2] = dev_tensor(CODA_F32, M, 0, &keep[2]);
+        u[3] = dev_tensor(CODA_F32, lay[l].n / 2, 0, &keep[3]);
+        u[4] = dev_tensor(CODA_BF16, M, lay[l].n, &keep[4]);
+        u[5] = dev_tensor(CODA_F32, M, 0, &keep[5]);
+        u[6] = coda_tensor_1d(NULL, CODA_F32, lay[l].hd / 2); /* carries the period */
+        u[7] = coda_tensor_1d(NULL, CODA_F32, lay[l].rot);   /* and rot_pairs */
+        double g = ((double)M * lay[l].n * 6 + M * 8) / 1e9, m0 = time_ms(1, u), m1 = time_ms(4, u);
+        printf("time: RoPE backward %s (%d, %lld), dy bf16: general %.1f us (%.0f GB/s), periodic %.1f us "
+               "(%.0f GB/s)\n", lay[l].name, M, (long long)lay[l].n, 1e3 * m0, g / (m0 * 1e-3), 1e3 * m1,
+               g / (m1 * 1e-3));
+        for (int k = 0; k < 6; k++) dev_free(keep[k]);
+    }
+
     t[0] = dev_tensor(CODA_F32, D, 0, &keep[0]);
     t[1] = dev_tensor(CODA_BF16, D, 0, &keep[1]);
     printf("time: convert (%d) f32 -> bf16: %.1f us\n", D, 1e3 * time_ms(2, t));
@@ -748,6 +837,11 @@ int main(int argc, char **argv) {
     }
     printf("RoPE backward: %lld of %lld dz elements differ from the CPU within f32 cos/sin error\n",
            (long long)rope_ulps, (long long)rope_elems);
+    /* the periodic form: 8 rows a block (N <= 1024) and a row a block, rows
+     * not a multiple of 8, LLaMA-3-1B's and 8B's heads */
+    rope_periodic_case(13, 64, 4, 2, 0);
+    rope_periodic_case(1000, 64, 32, 8, 1);
+    if (!small) rope_periodic_case(999, 128, 32, 8, 0), rope_periodic_case(37, 256, 4, 1, 1);
     /* NaN in, NaN out: warp and block forms, with and without a tail */
     const int64_t nan_d[] = {6, 130, 1032, 4098};
     for (size_t k = 0; k < sizeof nan_d / sizeof nan_d[0]; k++) {

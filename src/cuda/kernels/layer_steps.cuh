@@ -155,15 +155,37 @@ coda_norm_prologue_kernel(const coda_bf16_t *x,  // (rows, d) bf16, row stride x
 /* One column pair of the RoPE backward, as the CPU (llama_cpu.c): the
  * angle th = pos_i freq_p in f32, precise cosf/sinf, no FMA (--fmad=false).
  * Adds y . dy of the pair to *acc the CPU's way: (ye de + yo dd) first. */
-static __device__ __forceinline__ void coda_rope_pair(float de, float dd, float ye, float yo, float pos_i,
-                                                      float fp, float *acc, float *ze, float *zo) {
+static __device__ __forceinline__ void coda_rope_rotate(float de, float dd, float ye, float yo, float c, float sn,
+                                                        float *acc, float *ze, float *zo) {
     *acc += ye * de + yo * dd;
-    const float th = pos_i * fp;
-    const float c = cosf(th), sn = sinf(th);
     /* forward: (ye, yo) = (ze c - zo s, ze s + zo c); the backward is R^T */
     *ze = de * c + dd * sn;
     *zo = dd * c - de * sn;
 }
+
+/* cos th and sin th, with th = 0 (the v columns, whose frequency is 0)
+ * taken without the polynomials: cosf(+-0) = 1 and sinf(+-0) = +-0 exactly,
+ * so the bits are cosf's and sinf's. */
+static __device__ __forceinline__ void coda_rope_cos_sin(float th, float *c, float *sn) {
+    if (th == 0.0f) {
+        *c = 1.0f;
+        *sn = th;
+    } else {
+        *c = cosf(th);
+        *sn = sinf(th);
+    }
+}
+
+static __device__ __forceinline__ void coda_rope_pair(float de, float dd, float ye, float yo, float pos_i,
+                                                      float fp, float *acc, float *ze, float *zo) {
+    float c, sn;
+    coda_rope_cos_sin(pos_i * fp, &c, &sn);
+    coda_rope_rotate(de, dd, ye, yo, c, sn, acc, ze, zo);
+}
+
+/* The most distinct angles a row's table holds (coda_rope_backward_kernel's
+ * period: head_dim / 2 of the layer, so head_dim up to 256). */
+#define CODA_ROPE_TAB 128
 
 /* dy's columns come in up to three parts, concatenated (an attention's dq,
  * dk and dv as it returns them: no copy into one matrix first): part q is
@@ -208,7 +230,14 @@ static __device__ __forceinline__ float coda_rope_dy(const coda_rope_parts_t *P,
  * 16 of y, freq and dz; vector loads where it lies in one part and every
  * address is 16-byte aligned, element loads otherwise (the same arithmetic,
  * so the parts change no bit of the result, nor the row sum's order: that
- * depends on n alone). wpr and the grid as for the norm prologue. */
+ * depends on n alone). wpr and the grid as for the norm prologue.
+ * period > 0 (a multiple of 4, at most CODA_ROPE_TAB; rot_pairs a multiple
+ * of 4): the caller promises freq[p] = freq[p % period] for p < rot_pairs
+ * (a layer's q and k heads all rotate by the same head_dim / 2
+ * frequencies). Each row's cos and sin of those angles are then made once
+ * into shared memory, from freq[0, period), and the pairs below rot_pairs
+ * read them: the same th, so the same bits, with 1/40 of the sincos work at
+ * LLaMA-3-1B's 40 rotated heads. period 0: every pair makes its own. */
 extern "C" __global__ void __launch_bounds__(CODA_STEPS_THREADS)
 coda_rope_backward_kernel(coda_rope_parts_t P,   // dy (rows, n) in parts, f32 or bf16 (dy_bf16)
                           const coda_bf16_t *y,  // (rows, n) bf16, row stride ys
@@ -219,16 +248,25 @@ coda_rope_backward_kernel(coda_rope_parts_t P,   // dy (rows, n) in parts, f32 o
                           coda_bf16_t *dz,       // (rows, n) bf16, row stride dzs
                           long long dzs,
                           float *s,              // (rows) f32, element stride s_s
-                          long long s_s, long long rows, int wpr, int dy_bf16) {
+                          long long s_s, long long rows, int wpr, int dy_bf16,
+                          int period, long long rot_pairs) {
     __shared__ float red[8];
+    __shared__ __align__(16) float tab_c[8][CODA_ROPE_TAB], tab_s[8][CODA_ROPE_TAB]; // (rows of the block, period) f32
     const int rpb = 8 / wpr, T = 32 * wpr;
     const int warp = threadIdx.x >> 5;
     const int t = (warp % wpr) * 32 + (threadIdx.x & 31);
     const long long n = P.off[3], nfull = n >> 3, tail0 = nfull << 3;
     const int esz = dy_bf16 ? 2 : 4;
+    float *const rc = tab_c[warp / wpr], *const rs = tab_s[warp / wpr]; // (period) f32: this row's cos, sin
     for (long long r0 = (long long)blockIdx.x * rpb; r0 < rows; r0 += (long long)gridDim.x * rpb) {
         const long long i = r0 + warp / wpr;
         float acc = 0.0f;
+        if (period > 0) {
+            __syncthreads(); /* the previous rows' readers are done with the table */
+            if (i < rows)
+                for (int q = t; q < period; q += T) coda_rope_cos_sin(pos[i * ps] * freq[q], &rc[q], &rs[q]);
+            __syncthreads();
+        }
         if (i < rows) {
             const coda_bf16_t *yr = y + i * ys;  // (n) bf16: row i of y
             coda_bf16_t *zr = dz + i * dzs;      // (n) bf16: row i of dz
@@ -261,9 +299,18 @@ coda_rope_backward_kernel(coda_rope_parts_t P,   // dy (rows, n) in parts, f32 o
                     for (int k = 0; k < 8; k++) dv[k] = coda_rope_dy(&P, dy_bf16, i, j0 + k), yv[k] = coda_bf(yr[j0 + k]);
                     for (int k = 0; k < 4; k++) fv[k] = freq[p0 + k];
                 }
-                for (int k = 0; k < 4; k++)
-                    coda_rope_pair(dv[2 * k], dv[2 * k + 1], yv[2 * k], yv[2 * k + 1], pos_i, fv[k], &acc,
-                                   &zv[2 * k], &zv[2 * k + 1]);
+                if (p0 < rot_pairs) { /* period > 0: the 4 pairs' angles from the table */
+                    const int q0 = (int)(p0 % period);
+                    const float4 cv = *(const float4 *)(rc + q0), sv = *(const float4 *)(rs + q0);
+                    const float cc[4] = {cv.x, cv.y, cv.z, cv.w}, ss[4] = {sv.x, sv.y, sv.z, sv.w};
+                    for (int k = 0; k < 4; k++)
+                        coda_rope_rotate(dv[2 * k], dv[2 * k + 1], yv[2 * k], yv[2 * k + 1], cc[k], ss[k], &acc,
+                                         &zv[2 * k], &zv[2 * k + 1]);
+                } else {
+                    for (int k = 0; k < 4; k++)
+                        coda_rope_pair(dv[2 * k], dv[2 * k + 1], yv[2 * k], yv[2 * k + 1], pos_i, fv[k], &acc,
+                                       &zv[2 * k], &zv[2 * k + 1]);
+                }
                 if (vec) {
                     uint4 o;
                     o.x = coda_to_bf2(zv[0], zv[1]);
