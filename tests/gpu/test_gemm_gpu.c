@@ -209,7 +209,7 @@ static void bad_args(void) {
  * run twice for the same bits), and its bits must differ from the GEMM
  * without stream-K (else the split did not run). The cases: 8 units on 6
  * clusters (S = 3), 2 x 49 k-blocks in ranges of 17, the last capped at
- * 13, two crossing from one unit into the next; 9 units on 8 clusters
+ * 13, one crossing from the first unit into the second; 9 units on 8 clusters
  * (S = 4), 64 k-blocks in 4 aligned ranges of 16, 4 clusters without a
  * range; 12 units on 8 clusters (S = 2), TN with f32 output and beta,
  * 4 x 33 k-blocks in ranges of 17. */
