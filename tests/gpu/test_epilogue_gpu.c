@@ -496,8 +496,8 @@ int main(int argc, char **argv) {
     force_cfg = 3;
     tune_streamk(ctx, CODA_STREAMK_SPLIT);
     tune_clusters(ctx, 6);
-    run_case(coda_builtin_program("rmsnorm_bwd"), CODA_LAYOUT_NT, 1000, 1032, 2100, 256);
-    run_case(texts[0], CODA_LAYOUT_TN, 1000, 1032, 2100, 256);
+    run_case(coda_builtin_program("rmsnorm_bwd"), CODA_LAYOUT_NT, 1000, 1032, 2104, 256);
+    run_case(texts[0], CODA_LAYOUT_TN, 1000, 1032, 2104, 256);
     tune_clusters(ctx, 0);
     force_cfg = -1;
     tune_streamk(ctx, CODA_STREAMK_AUTO);

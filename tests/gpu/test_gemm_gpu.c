@@ -215,9 +215,9 @@ static void bad_args(void) {
  * 4 x 33 k-blocks in ranges of 17. */
 static void split_tail(void) {
     static const struct { coda_layout_t l; int64_t m, n, k; int clusters; coda_dtype_t c; float beta; } cases[] = {
-        {CODA_LAYOUT_NT, 512, 1024, 3100, 6, CODA_BF16, 0.0f},
+        {CODA_LAYOUT_NT, 512, 1024, 3104, 6, CODA_BF16, 0.0f},
         {CODA_LAYOUT_NT, 768, 760, 4096, 8, CODA_BF16, 0.0f},
-        {CODA_LAYOUT_TN, 1000, 520, 2100, 8, CODA_F32, 1.5f},
+        {CODA_LAYOUT_TN, 1000, 520, 2104, 8, CODA_F32, 1.5f},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const int64_t m = cases[c].m, n = cases[c].n, k = cases[c].k;
