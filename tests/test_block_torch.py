@@ -86,6 +86,54 @@ def loading(cfg):
     print("from_state_dict: f32 bits kept, bf16 layout = pack_weights, any vocab: ok")
 
 
+def model_loading(cfg):
+    """LlamaModel.from_state_dict: a checkpoint without lm_head.weight is
+    tied (one Parameter, equal after a training step, its gradient the sum
+    of both uses); with it, the head is its own; wrong shapes, biases,
+    unknown keys, a missing layer or key are ValueErrors (a review found
+    them loaded silently: a broadcast embedding, dropped biases, an untied
+    head); RoPE's inv_freq buffer is skipped."""
+    torch.manual_seed(5)
+    vocab, n = 37, 2
+    sd = {"model.embed_tokens.weight": torch.randn(vocab, cfg.d), "model.norm.weight": 1 + 0.1 * torch.randn(cfg.d)}
+    for i in range(n):
+        W, _, _, _ = T.make_case(cfg, 1, 8, False, False)
+        sd.update(state_dict({k: v.float() for k, v in W.items()}, "model.layers.%d." % i))
+    sd["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(cfg.head_dim // 2)
+    tied = coda.nn.LlamaModel.from_state_dict(cfg, sd, device=DEVICE)
+    check(tied.head.weight is tied.embed.weight, "from_state_dict without lm_head: head and embedding not one Parameter")
+    tokens = torch.randint(0, vocab, (2, 9), device=DEVICE)
+    opt = torch.optim.SGD(tied.parameters(), lr=0.1)
+    tied(tokens[:, :-1], tokens[:, 1:]).backward()
+    opt.step()
+    check(torch.equal(tied.head.weight, tied.embed.weight), "tied: head and embedding differ after a step")
+    sd2 = dict(sd, **{"lm_head.weight": torch.randn(vocab, cfg.d)})
+    own = coda.nn.LlamaModel.from_state_dict(cfg, sd2, device=DEVICE)
+    check(own.head.weight is not own.embed.weight and torch.equal(own.head.weight.detach().cpu(), sd2["lm_head.weight"]),
+          "from_state_dict with lm_head: not its own weight")
+    bad = {"embedding (vocab, 1)": dict(sd, **{"model.embed_tokens.weight": torch.randn(vocab, 1)}),
+           "norm (1,)": dict(sd, **{"model.norm.weight": torch.ones(1)}),
+           "lm_head (1, d)": dict(sd, **{"lm_head.weight": torch.randn(1, cfg.d)}),
+           "a bias": dict(sd, **{"model.layers.1.self_attn.q_proj.bias": torch.zeros(cfg.n_heads * cfg.head_dim)}),
+           "an unknown key": dict(sd, **{"model.foo": torch.zeros(1)}),
+           "a layer missing": {k: v for k, v in sd.items() if not k.startswith("model.layers.0.")},
+           "a key missing": {k: v for k, v in sd.items() if k != "model.layers.1.mlp.up_proj.weight"},
+           "no norm": {k: v for k, v in sd.items() if k != "model.norm.weight"}}
+    for what, b in bad.items():
+        try:
+            coda.nn.LlamaModel.from_state_dict(cfg, b, device=DEVICE)
+            check(False, "from_state_dict with %s: accepted" % what)
+        except ValueError as e:
+            check("coda: from_state_dict" in str(e), "from_state_dict with %s: %s" % (what, e))
+    blk_sd = dict(state_dict({k: v.float() for k, v in W.items()}, "p."), **{"p.mlp.down_proj.bias": torch.zeros(cfg.d)})
+    try:
+        coda.nn.LlamaBlock.from_state_dict(cfg, blk_sd, "p.")
+        check(False, "LlamaBlock.from_state_dict with a bias: accepted")
+    except ValueError:
+        pass
+    print("LlamaModel.from_state_dict: tied and untied heads, %d bad checkpoints refused: ok" % len(bad))
+
+
 def in_flight(cfg):
     """Two micro-batches forwarded before either backward: the gradients
     are the sum of each alone (gradient accumulation)."""
@@ -566,6 +614,7 @@ def main():
     case("gqa, f32 master params", cfg, 2, 13, torch.float32)
     case("mqa", coda.LlamaConfig(48, 2, 1, 24, 96, vocab=0), 3, 8, torch.float32)
     loading(cfg)
+    model_loading(cfg)
     in_flight(cfg)
     split_grads(cfg)
     no_qkv_path(cfg)

@@ -222,7 +222,11 @@ class LlamaBlock(torch.nn.Module):
         input_layernorm.weight, self_attn.{q,k,v,o}_proj.weight,
         post_attention_layernorm.weight, mlp.{gate,up,down}_proj.weight.
         The weights keep their precision up to `dtype` (an f32 checkpoint
-        gives f32 masters exactly); cfg.vocab is not used."""
+        gives f32 masters exactly); cfg.vocab is not used. Any other key
+        under prefix (a bias: this block has none) is a ValueError, as is
+        a missing one (RoPE's self_attn.rotary_emb.inv_freq buffer, which
+        cfg's rope_theta makes, is skipped)."""
+        _check_block_keys(sd, prefix)
         g = lambda n: sd[prefix + n].detach().to("cpu", dtype)
         w = coda_layout(cfg, g("self_attn.q_proj.weight"), g("self_attn.k_proj.weight"),
                         g("self_attn.v_proj.weight"), g("mlp.gate_proj.weight"), g("mlp.up_proj.weight"))
@@ -521,6 +525,24 @@ class LMHeadLoss(torch.nn.Module):
         return (loss, per) if return_per_token else loss
 
 
+_HF_BLOCK_KEYS = ("input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                  "self_attn.v_proj.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight",
+                  "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
+_HF_SKIPPED = ("self_attn.rotary_emb.inv_freq",)  # made from cfg.rope_theta
+
+
+def _check_block_keys(sd, prefix):
+    """The Hugging Face keys of one block under prefix: all there, nothing
+    else (a bias, a key of another architecture) but RoPE's buffer."""
+    missing = [prefix + k for k in _HF_BLOCK_KEYS if prefix + k not in sd]
+    if missing:
+        raise ValueError("coda: from_state_dict: missing %s" % ", ".join(missing))
+    other = sorted(k for k in sd if k.startswith(prefix) and k[len(prefix):] not in _HF_BLOCK_KEYS + _HF_SKIPPED)
+    if other:
+        raise ValueError("coda: from_state_dict: keys a coda block does not have under '%s' (biases and other "
+                         "architectures are not supported): %s" % (prefix, ", ".join(other[:6])))
+
+
 class LlamaModel(torch.nn.Module):
     """A LLaMA model: embedding, n_layers coda LlamaBlocks, final RMSNorm,
     LM head + loss. forward(tokens (batch, seq) int64, targets or None) ->
@@ -546,14 +568,42 @@ class LlamaModel(torch.nn.Module):
     @classmethod
     def from_state_dict(cls, cfg, sd, device="cpu", dtype=torch.float32, attention=None, fuse_norms=False):
         """From a Hugging Face LlamaForCausalLM state dict (model.embed_tokens,
-        model.layers.N..., model.norm, lm_head)."""
-        n = 1 + max(int(k.split(".")[2]) for k in sd if k.startswith("model.layers."))
+        model.layers.N..., model.norm, lm_head). Without lm_head.weight the
+        checkpoint's head is its embedding (tie_word_embeddings): the model
+        then shares one Parameter between them, as the tied model does, so
+        training updates both alike. Shapes are checked against cfg and the
+        embedding's vocabulary; a key the model does not have (a bias, a
+        layer past a missing one, another architecture's) is a ValueError."""
+        idx = sorted({int(k.split(".")[2]) for k in sd if k.startswith("model.layers.")
+                      and len(k.split(".")) > 3 and k.split(".")[2].isdigit()})
+        if not idx:
+            raise ValueError("coda: from_state_dict: no model.layers.N keys")
+        n = idx[-1] + 1
+        if idx != list(range(n)):
+            raise ValueError("coda: from_state_dict: layers %s are missing" % sorted(set(range(n)) - set(idx)))
+        for k in ("model.embed_tokens.weight", "model.norm.weight"):
+            if k not in sd:
+                raise ValueError("coda: from_state_dict: missing %s" % k)
         vocab = sd["model.embed_tokens.weight"].shape[0]
+        want = {"model.embed_tokens.weight": (vocab, cfg.d), "model.norm.weight": (cfg.d,),
+                "lm_head.weight": (vocab, cfg.d)}
+        for k, shape in want.items():
+            if k in sd and tuple(sd[k].shape) != shape:
+                raise ValueError("coda: from_state_dict: %s has shape %s, cfg and the embedding need %s"
+                                 % (k, tuple(sd[k].shape), shape))
+        known = set(want) | {"model.layers.%d.%s" % (i, b) for i in range(n) for b in _HF_BLOCK_KEYS + _HF_SKIPPED}
+        other = sorted(k for k in sd if k not in known)
+        if other:
+            raise ValueError("coda: from_state_dict: keys this model does not have (biases and other "
+                             "architectures are not supported): %s" % ", ".join(other[:6]))
         m = cls(cfg, n, vocab, device=device, dtype=dtype, attention=attention, fuse_norms=fuse_norms)
         with torch.no_grad():
             m.embed.weight.copy_(sd["model.embed_tokens.weight"])
             m.norm.weight.copy_(sd["model.norm.weight"])
-            m.head.weight.copy_(sd.get("lm_head.weight", sd["model.embed_tokens.weight"]))
+            if "lm_head.weight" in sd:
+                m.head.weight.copy_(sd["lm_head.weight"])
+            else:
+                m.head.weight = m.embed.weight
             for i in range(n):
                 m.layers[i] = LlamaBlock.from_state_dict(cfg, sd, "model.layers.%d." % i, device=device,
                                                          dtype=dtype, attention=attention)
