@@ -20,9 +20,15 @@ the same attention (torch SDPA, causal, GQA):
   coda           coda.nn.LlamaBlock, bf16 parameters
 
 Time: CUDA events, after warm-up, the median of --reps runs, the variants
-interleaved run by run (clocks drift under load). Memory: the peak of
-torch.cuda.max_memory_allocated over one run, minus what was allocated
-before it (inputs and weights), so it is what the step itself holds.
+interleaved run by run (clocks drift under load), their order rotated by
+one each round (so that no variant always follows the same one). Memory:
+the peak of torch.cuda.max_memory_allocated over one run, minus what was
+allocated before it (inputs and weights; the previous run's gradients are
+freed first), so it is what the step itself holds, its weight and input
+gradients included. (Before stop 48 the previous run's gradients were still
+allocated when the base was read, so every module variant's
+forward+backward peak read low by its gradients' size: 0.18 / 0.53 / 1.84
+GiB at 1B / 8B / 70B; differences between variants were right.)
 Shapes: LLaMA-3 1B / 8B / 70B blocks at batch 2 x sequence 8192 (--shapes,
 --batch, --seq to change). --check compares coda's y and dx with eager's.
 --gaps N profiles one forward+backward of the floor, torch.compile and coda
@@ -257,6 +263,7 @@ def bench_shape(name, shape, B, S, reps, liger, do_check, n_gaps=0, cat_ab=False
             return y
         return fwd, fwd_bwd
 
+    mod_of = dict(mods)
     variants = [("floor", (lambda: floor.fwd(x), lambda: floor.fwd_bwd(x, dy)))]
     variants += [(v, module_fns(m)) for v, m in mods]
     for _, (f, fb) in variants:  # warm-up (and compile)
@@ -268,8 +275,9 @@ def bench_shape(name, shape, B, S, reps, liger, do_check, n_gaps=0, cat_ab=False
     res = {}
     for mi, mode in enumerate(("forward", "forward+backward")):
         times = {v: [] for v, _ in variants}
-        for _ in range(reps):
-            for v, fns in variants:
+        for r in range(reps):
+            k = r % len(variants)
+            for v, fns in variants[k:] + variants[:k]:
                 e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 e0.record()
                 fns[mi]()
@@ -278,6 +286,10 @@ def bench_shape(name, shape, B, S, reps, liger, do_check, n_gaps=0, cat_ab=False
                 times[v].append(e0.elapsed_time(e1))
         peaks = {}
         for v, fns in variants:
+            if v in mod_of:  # the last run's gradients freed before the base is read
+                for p in mod_of[v].parameters():
+                    p.grad = None
+            xg.grad = None
             torch.cuda.synchronize()
             base = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
