@@ -825,7 +825,9 @@ typedef struct coda_lm_loss_opts {
  * grad_scale 1, CODA_LM_MEAN, overwrite, chunk_rows 0 (chosen so that a
  * chunk's bf16 logits take at most the larger of 1 GiB and twice w's
  * bytes, a multiple of 256 rows: 4096 rows for V = 128256 at d = 2048,
- * 8192 at d = 4096). */
+ * 8192 at d = 4096; never fewer than 256 rows, so where 256 rows of
+ * logits pass that limit (d < 128 with V > 2^21) a chunk takes 512 V
+ * bytes). */
 CODA_API void coda_lm_loss_opts_init(coda_lm_loss_opts_t *opts);
 
 /* Bytes of workspace coda_lm_loss needs for M rows, hidden size d,

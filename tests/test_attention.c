@@ -304,6 +304,15 @@ static void public_api(void) {
     size_t bytes = 1;
     CHECK_OK(coda_attention_workspace_size(ctx, CODA_DEVICE_CPU, &sh, &bytes));
     CHECK(bytes == 0, "the CPU needs no workspace, got %zu bytes", bytes);
+    {   /* a refused size query leaves *bytes as it was (a review found it zeroed) */
+        coda_attention_shape_t odd = sh;
+        odd.head_dim = 3;
+        size_t keep = 12345;
+        CHECK_STATUS(coda_attention_workspace_size(ctx, CODA_DEVICE_CPU, &odd, &keep), CODA_ERR_SHAPE);
+        CHECK_STATUS(coda_attention_workspace_size(NULL, CODA_DEVICE_CPU, &sh, &keep), CODA_ERR_INVALID_ARG);
+        CHECK_STATUS(coda_attention_workspace_size(ctx, (coda_device_t)7, &sh, &keep), CODA_ERR_INVALID_ARG);
+        CHECK(keep == 12345, "a refused coda_attention_workspace_size wrote *bytes = %zu", keep);
+    }
     CHECK_OK(coda_attention_forward(ctx, &sh, &tq, &to1, &tl1, NULL));
     CHECK_OK(coda_attention_backward(ctx, &sh, &tq, &to1, &tl1, &tdo, &tg1, NULL, 0, NULL));
     CHECK_OK(coda__attention_forward(&s.cfg, 2, 11, &tq, &to2, &tl2, 3));

@@ -116,7 +116,7 @@ coda_status_t coda_attention_workspace_size(coda_context_t *ctx, coda_device_t d
                                             const coda_attention_shape_t *shape, size_t *bytes) {
     static const char fn[] = "coda_attention_workspace_size";
     if (!bytes) return coda__fail(CODA_ERR_INVALID_ARG, "%s: bytes is NULL", fn);
-    *bytes = 0;
+    /* *bytes is written on success only (coda.h: a failed call changes nothing) */
     if (!ctx) return coda__fail(CODA_ERR_INVALID_ARG, "%s: ctx is NULL", fn);
     if (device != CODA_DEVICE_CPU && device != CODA_DEVICE_CUDA)
         return coda__fail(CODA_ERR_INVALID_ARG, "%s: device %d is not a coda_device_t", fn, (int)device);
