@@ -574,8 +574,8 @@ class LlamaModel(torch.nn.Module):
         training updates both alike. Shapes are checked against cfg and the
         embedding's vocabulary; a key the model does not have (a bias, a
         layer past a missing one, another architecture's) is a ValueError."""
-        idx = sorted({int(k.split(".")[2]) for k in sd if k.startswith("model.layers.")
-                      and len(k.split(".")) > 3 and k.split(".")[2].isdigit()})
+        parts = [k.split(".") for k in sd if k.startswith("model.layers.")]
+        idx = sorted({int(p[2]) for p in parts if len(p) > 3 and p[2].isdigit()})
         if not idx:
             raise ValueError("coda: from_state_dict: no model.layers.N keys")
         n = idx[-1] + 1

@@ -149,8 +149,9 @@ coda_status_t coda__cuda_rope_backward(coda_context_t *ctx, const coda_tensor_t 
  * head_dim / 2, rot_pairs (n_heads + n_kv_heads) head_dim / 2). The kernel
  * then makes each row's cos and sin of those angles once (the same bits).
  * period 0 (and rot_pairs 0): none promised, as coda__cuda_rope_backward;
- * else period a multiple of 4 up to 128, rot_pairs a multiple of 4 up to
- * N/2, or CODA_ERR_INVALID_ARG. */
+ * else period a multiple of 4 up to CODA_ROPE_PERIOD_MAX, rot_pairs a
+ * multiple of 4 up to N/2, or CODA_ERR_INVALID_ARG. */
+#define CODA_ROPE_PERIOD_MAX 128 /* the kernel's table: CODA_ROPE_TAB, kernels/layer_steps.cuh */
 coda_status_t coda__cuda_rope_backward_periodic(coda_context_t *ctx, const coda_tensor_t *dy, int n_dy,
                                                 const coda_tensor_t *y, const coda_tensor_t *pos,
                                                 const coda_tensor_t *freq, int period, int64_t rot_pairs,

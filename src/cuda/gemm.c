@@ -549,7 +549,8 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
     if (ctx->tuning.log_launch)
         fprintf(stderr, "coda gemm: cfg %d %dx%d cluster %d, %lld units%s, grid %u, smem %zu, max clusters %d\n",
                 cfg_index, cfg->bm, cfg->bn, cfg->cluster_m, (long long)units,
-                skp.dp_units == units ? "" : split ? " (stream-K split tail)" : " (stream-K tail)", lc.gridDimX, smem, d->max_clusters[cfg_index]);
+                skp.dp_units == units ? "" : split ? " (stream-K split tail)" : " (stream-K tail)", lc.gridDimX,
+                smem, d->max_clusters[cfg_index]);
     CODA_CU(cu, cu->cu.LaunchKernelEx(&lc, fn, args, NULL), "cuLaunchKernelEx(coda_gemm_kernel)");
     if (ws) sk_workspace_used(cu, ws, (CUstream)stream);
     return CODA_OK;

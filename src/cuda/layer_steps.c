@@ -233,11 +233,12 @@ coda_status_t coda__cuda_rope_backward_periodic(coda_context_t *ctx, const coda_
     int64_t ps, fs, s_s;
     CODA_TRY(check_mat(fn, y, "y", CODA_BF16, m, n));
     if (period == 0 ? rot_pairs != 0
-                    : period < 0 || period % 4 || period > 128 || period > n / 2 || rot_pairs < 0 ||
-                          rot_pairs % 4 || rot_pairs > n / 2)
+                    : period < 0 || period % 4 || period > CODA_ROPE_PERIOD_MAX || period > n / 2 ||
+                          rot_pairs < 0 || rot_pairs % 4 || rot_pairs > n / 2)
         return coda__fail(CODA_ERR_INVALID_ARG,
-                          "%s: period %d, rot_pairs %lld: 0 and 0, or a multiple of 4 up to 128 and a multiple "
-                          "of 4, both at most %lld (N/2)", fn, period, (long long)rot_pairs, (long long)(n / 2));
+                          "%s: period %d, rot_pairs %lld: 0 and 0, or a multiple of 4 up to %d and a multiple "
+                          "of 4, both at most %lld (N/2)", fn, period, (long long)rot_pairs, CODA_ROPE_PERIOD_MAX,
+                          (long long)(n / 2));
     CODA_TRY(check_vec(fn, pos, "pos", CODA_F32, m, 0, &ps));
     CODA_TRY(check_vec(fn, freq, "freq", CODA_F32, n / 2, 0, &fs));
     CODA_TRY(check_mat(fn, dz, "dz", CODA_BF16, m, n));

@@ -36,7 +36,7 @@ coda_status_t coda__layer_rope_backward(const coda_block_t *B, const coda_tensor
     /* B->freq repeats with the heads (coda__llama_rope_freq): each row's
      * head_dim / 2 angles made once, where the kernel's table takes them */
     const int64_t half = B->cfg.head_dim / 2, rot = (B->cfg.n_heads + B->cfg.n_kv_heads) * half;
-    const int tab = freq == &B->freq && half % 4 == 0 && half <= 128;
+    const int tab = freq == &B->freq && half % 4 == 0 && half <= CODA_ROPE_PERIOD_MAX;
     return coda__cuda_rope_backward_periodic(B->ctx, dy, n_dy, y, pos, freq, tab ? (int)half : 0, tab ? rot : 0, dz,
                                              s, stream);
 #else

@@ -237,7 +237,8 @@ static void split_tail(void) {
         CUDA_OK(cudaMalloc(&dc, cbytes));
         CUDA_OK(cudaMemcpy(da, ha, abytes, cudaMemcpyHostToDevice));
         CUDA_OK(cudaMemcpy(db, hb, bbytes, cudaMemcpyHostToDevice));
-        coda_tensor_t A = coda_tensor_2d(da, CODA_BF16, ar, m * k / ar), B = coda_tensor_2d(db, CODA_BF16, br, n * k / br);
+        coda_tensor_t A = coda_tensor_2d(da, CODA_BF16, ar, m * k / ar);
+        coda_tensor_t B = coda_tensor_2d(db, CODA_BF16, br, n * k / br);
         coda_tensor_t C = coda_tensor_2d(dc, CODA_BF16, m, n);
         A.device = B.device = C.device = CODA_DEVICE_CUDA;
         tune_cfg(ctx, 3);

@@ -671,8 +671,9 @@ static void rope_periodic_case(int64_t M, int64_t hd, int64_t nh, int64_t nkv, i
     CUDA_OK(cudaMemcpy(d_y, y, zb, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(d_pos, pos, (size_t)M * 4, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(d_freq, freq, (size_t)N * 2, cudaMemcpyHostToDevice));
-    coda_tensor_t tdy = coda_tensor_2d(d_dy, dy_bf16 ? CODA_BF16 : CODA_F32, M, N), ty = coda_tensor_2d(d_y, CODA_BF16, M, N);
-    coda_tensor_t tpos = coda_tensor_1d(d_pos, CODA_F32, M), tfreq = coda_tensor_1d(d_freq, CODA_F32, N / 2), tdz[2], ts[2];
+    coda_tensor_t tdy = coda_tensor_2d(d_dy, dy_bf16 ? CODA_BF16 : CODA_F32, M, N);
+    coda_tensor_t ty = coda_tensor_2d(d_y, CODA_BF16, M, N), tpos = coda_tensor_1d(d_pos, CODA_F32, M);
+    coda_tensor_t tfreq = coda_tensor_1d(d_freq, CODA_F32, N / 2), tdz[2], ts[2];
     tdy.device = ty.device = tpos.device = tfreq.device = CODA_DEVICE_CUDA;
     uint16_t *hz[2];
     float *hs[2];
@@ -702,7 +703,8 @@ static void rope_periodic_case(int64_t M, int64_t hd, int64_t nh, int64_t nkv, i
                                                        &ts[1], NULL),
                      CODA_ERR_INVALID_ARG);
     }
-    CHECK_STATUS(coda__cuda_rope_backward_periodic(ctx, &tdy, 1, &ty, &tpos, &tfreq, 4, N / 2 + 4, &tdz[1], &ts[1], NULL),
+    CHECK_STATUS(coda__cuda_rope_backward_periodic(ctx, &tdy, 1, &ty, &tpos, &tfreq, 4, N / 2 + 4, &tdz[1], &ts[1],
+                                                   NULL),
                  CODA_ERR_INVALID_ARG);
     CUDA_OK(cudaDeviceSynchronize());
     uint16_t *after = h_alloc(zb);

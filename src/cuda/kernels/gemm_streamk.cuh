@@ -17,8 +17,8 @@
  * The split form (few waves): only the partial wave's p units make the
  * tail, cut into S = G / p parts of ceil(kiters / S) k-blocks each (share,
  * extra = 0); b_r stops at sk.end (all units' k-blocks), so at least the
- * last G - S p ranges are empty (more where S does not divide kiters) and those clusters stop after their whole
- * units. A range then lies within one unit where S divides kiters (else
+ * last G - S p ranges are empty (more where S does not divide kiters), and
+ * those clusters stop after their whole units. A range then lies within one unit where S divides kiters (else
  * it may cross into the next, as below); the clusters running the tail
  * work through S aligned k-ranges side by side, and those of one range
  * share its k-blocks in L2 as a whole wave does.

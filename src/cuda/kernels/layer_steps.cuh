@@ -184,7 +184,8 @@ static __device__ __forceinline__ void coda_rope_pair(float de, float dd, float 
 }
 
 /* The most distinct angles a row's table holds (coda_rope_backward_kernel's
- * period: head_dim / 2 of the layer, so head_dim up to 256). */
+ * period: head_dim / 2 of the layer, so head_dim up to 256); the host's
+ * CODA_ROPE_PERIOD_MAX (core/context.h) is the same number. */
 #define CODA_ROPE_TAB 128
 
 /* dy's columns come in up to three parts, concatenated (an attention's dq,
