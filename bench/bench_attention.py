@@ -28,7 +28,10 @@ region; the table says "(k, v repeated)"). A backend torch does not have
 or cannot run here prints n/a with the reason, as does any variant that
 fails (out of memory included).
 
-Timing: CUDA events around each call, --warmup calls first (coda's
+Timing: CUDA events around each call, each queued behind a sleep kernel
+that outlasts the host's launches (bench/step_timer.py: the GPU's time, not
+the host's lead before the first kernel; --host-lead: the plain method of
+the tables before stop 49), --warmup calls first (coda's
 kernels are compiled by NVRTC on the first), then the median of --reps
 (>= 10) calls, the variants interleaved call by call (clocks drift under
 load). The backward is timed alone: the forward's outputs (and, for
@@ -60,6 +63,8 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from step_timer import StepTimer  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
 import coda  # noqa: E402
 import coda.attention_ops as A  # noqa: E402
@@ -97,23 +102,22 @@ def rel(a, b):
     return (a - b).norm().item() / den if den > 0 else (a - b).norm().item()
 
 
-class Timer:
-    """One call timed: CUDA events on CUDA, perf_counter on the CPU."""
+HOST_LEAD = False  # --host-lead
 
-    def __init__(self, cuda):
-        self.cuda = cuda
+
+class Timer:
+    """One call timed (step_timer.StepTimer: on CUDA, behind a sleep kernel
+    that hides the host's lead; --host-lead: on an idle GPU), the host's
+    launch time measured once a function."""
+
+    def __init__(self, cuda, hide_lead=True):
+        self.t = StepTimer(cuda, hide_lead)
+        self.host = {}
 
     def __call__(self, fn):
-        if self.cuda:
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            fn()
-            e1.record()
-            e1.synchronize()
-            return e0.elapsed_time(e1)
-        t0 = time.perf_counter()
-        fn()
-        return 1e3 * (time.perf_counter() - t0)
+        if self.t.hide_lead and fn not in self.host:
+            self.host[fn] = self.t.host_ms(fn)
+        return self.t(fn, self.host.get(fn))
 
 
 def short(e):
@@ -261,7 +265,7 @@ def bench_shape(name, shape, reps, warmup, dev, backends):
             notes[vname] = note
         except Exception as e:
             na[vname] = str(e)[:300]
-    timer = Timer(cuda)
+    timer = Timer(cuda, not HOST_LEAD)
     failed = {}
     for v, f, b, _ in variants:  # warm-up
         try:
@@ -373,7 +377,11 @@ def main():
     ap.add_argument("--json", default=None, metavar="OUT", help="write the results as JSON here")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                     help="cpu: a smoke run of the script on tiny shapes (coda's CPU oracle, torch's CPU SDPA)")
+    ap.add_argument("--host-lead", action="store_true",
+                    help="time each call on an idle GPU, the host's lead included (the method before stop 49)")
     a = ap.parse_args()
+    global HOST_LEAD
+    HOST_LEAD = a.host_lead
     if a.reps < 10:
         raise SystemExit("bench_attention: --reps %d: at least 10 (the median of them is reported)" % a.reps)
     dev = torch.device(a.device)

@@ -19,9 +19,16 @@ the same attention (torch SDPA, causal, GQA):
                  .liger/src; skipped with a note if it does not import)
   coda           coda.nn.LlamaBlock, bf16 parameters
 
-Time: CUDA events, after warm-up, the median of --reps runs, the variants
-interleaved run by run (clocks drift under load), their order rotated by
-one each round (so that no variant always follows the same one). Memory:
+Time: CUDA events, after warm-up, --reps rounds, the variants interleaved
+run by run (clocks drift under load), their order rotated by one each round
+(so that no variant always follows the same one). Each call is queued behind
+a sleep kernel that outlasts the host's launches (step_timer.py), so the
+times are the GPU's and not the host's lead before the first kernel (0.6 ms
+for the floor, 1.0-1.1 for coda and torch.compile at 1B: stop 45);
+--host-lead times as before stop 49. The ratio to the floor is taken round
+by round (each variant against the floor of the same round) and printed as
+the median with the lowest and highest round. SDPA runs cuDNN's kernels only
+(--sdpa; torch's switches, so every variant alike). Memory:
 the peak of torch.cuda.max_memory_allocated over one run, minus what was
 allocated before it (inputs and weights; the previous run's gradients are
 freed first), so it is what the step itself holds, its weight and input
@@ -36,6 +43,7 @@ with the host and prints how long the GPU waited for the host
 (trace_gaps.py).
 
     python3 bench/bench_block.py [--shapes 1b,8b,70b] [--reps 10] [--check] [--gaps N]
+                                 [--sdpa cudnn|flash|default] [--host-lead]
 """
 import argparse
 import math
@@ -51,6 +59,7 @@ import coda  # noqa: E402
 import coda.nn  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from step_timer import StepTimer, pin_sdpa, spread  # noqa: E402
 from trace_gaps import gaps  # noqa: E402
 
 SHAPES = {  # d, n_heads, n_kv_heads, head_dim, ffn, rope_theta
@@ -232,7 +241,7 @@ def coda_block(W, shape, dev, attention=None):
                                               attention=attention or coda_attention)
 
 
-def bench_shape(name, shape, B, S, reps, liger, do_check, n_gaps=0, cat_ab=False):
+def bench_shape(name, shape, B, S, reps, liger, do_check, timer, n_gaps=0, cat_ab=False):
     dev = torch.device("cuda")
     d, H, KV, hd, ffn, theta = shape
     W = weights(shape, dev)
@@ -275,15 +284,11 @@ def bench_shape(name, shape, B, S, reps, liger, do_check, n_gaps=0, cat_ab=False
     res = {}
     for mi, mode in enumerate(("forward", "forward+backward")):
         times = {v: [] for v, _ in variants}
+        host = {v: timer.host_ms(fns[mi]) if timer.hide_lead else None for v, fns in variants}
         for r in range(reps):
             k = r % len(variants)
             for v, fns in variants[k:] + variants[:k]:
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record()
-                fns[mi]()
-                e1.record()
-                e1.synchronize()
-                times[v].append(e0.elapsed_time(e1))
+                times[v].append(timer(fns[mi], host[v]))
         peaks = {}
         for v, fns in variants:
             if v in mod_of:  # the last run's gradients freed before the base is read
@@ -297,11 +302,14 @@ def bench_shape(name, shape, B, S, reps, liger, do_check, n_gaps=0, cat_ab=False
             torch.cuda.synchronize()
             peaks[v] = (torch.cuda.max_memory_allocated() - base) / 2**30
             del out
-        med = {v: sorted(t)[len(t) // 2] for v, t in times.items()}
-        fl = med["floor"]
-        print("  %-17s %-14s %9s %8s %10s" % (mode, "variant", "ms", "/floor", "peak GiB"))
+        med = {v: spread(t)[0] for v, t in times.items()}
+        ratio = {v: spread([a / b for a, b in zip(t, times["floor"])]) for v, t in times.items()}
+        print("  %-17s %-14s %9s %8s %15s %10s %9s" % (mode, "variant", "ms", "/floor", "rounds lo-hi",
+                                                       "peak GiB", "host ms"))
         for v, _ in variants:
-            print("  %-17s %-14s %9.3f %8.3f %10.2f" % ("", v, med[v], med[v] / fl, peaks[v]))
+            hm = "%9.2f" % host[v] if host[v] is not None else "%9s" % "-"
+            print("  %-17s %-14s %9.3f %8.3f %7.3f-%-7.3f %10.2f %s" % ("", v, med[v], ratio[v][0], ratio[v][1],
+                                                                     ratio[v][2], peaks[v], hm))
         res[mode] = (med, peaks)
     for v, fns in variants:
         if n_gaps > 0 and v in ("floor", "torch.compile", "coda"):
@@ -330,13 +338,28 @@ def main():
                          "GPU idle and the N largest waits for the host (trace_gaps.py)")
     ap.add_argument("--cat-ab", action="store_true",
                     help="also time coda with torch's split of qkv (autograd concatenates dq, dk, dv) as coda-cat")
+    ap.add_argument("--sdpa", default="cudnn", choices=("cudnn", "flash", "efficient", "default"),
+                    help="the one SDPA backend every variant runs (default: cudnn)")
+    ap.add_argument("--host-lead", action="store_true",
+                    help="time each call on an idle GPU, the host's lead included (the method before stop 49)")
     a = ap.parse_args()
     liger, why = load_liger()
-    print("device: %s; torch %s; Liger-Kernel: %s; coda custom ops: %s"
+    sdpa_note = pin_sdpa(a.sdpa)
+    try:  # the pinned backend must take this benchmark's call (causal, GQA, hd 64 and 128), both directions
+        for hd in (64, 128):
+            q, k, v = (torch.randn(1, h, 256, hd, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                       for h in (4, 2, 2))
+            sdpa(q, k, v).sum().backward()
+    except RuntimeError as e:
+        sdpa_note = "torch's default choice (%s refused a test call: %s)" % (a.sdpa, str(e).splitlines()[0][:100])
+        pin_sdpa("all")
+    timer = StepTimer(hide_lead=not a.host_lead)
+    print("device: %s; torch %s; Liger-Kernel: %s; coda custom ops: %s\nSDPA: %s; timing: %s"
           % (torch.cuda.get_device_name(), torch.__version__, "yes" if liger else "no (%s)" % why,
-             coda.ops.HAVE_CUSTOM_OPS), flush=True)
+             coda.ops.HAVE_CUSTOM_OPS, sdpa_note, timer.describe()), flush=True)
     for s in a.shapes.split(","):
-        bench_shape(s, SHAPES[s], a.batch, a.seq, a.reps, liger, a.check, a.gaps, a.cat_ab)
+        bench_shape(s, SHAPES[s], a.batch, a.seq, a.reps, liger, a.check, timer, a.gaps, a.cat_ab)
+    print("timing: %s" % timer.describe())
 
 
 if __name__ == "__main__":

@@ -16,7 +16,9 @@ Liger-Kernel, in one process, the same attention (SDPA) everywhere.
                  projection epilogue
 
 bf16 parameters for all; the median of --reps steps after two warm-ups,
-CUDA events; peak = torch.cuda.max_memory_allocated during one step minus
+CUDA events, each step queued behind a sleep kernel that outlasts the host's
+launches (step_timer.py; --host-lead: on an idle GPU, as before stop 49);
+SDPA pinned to cuDNN's kernels (--sdpa); peak = torch.cuda.max_memory_allocated during one step minus
 what was allocated before it (weights, inputs).
 
     python3 bench/bench_model.py [--layers 16] [--batch 2] [--seq 8192] [--vocab 128256]
@@ -47,6 +49,7 @@ import coda  # noqa: E402
 import coda.nn  # noqa: E402
 import bench_block as bb  # noqa: E402
 from profile_block import kernel_table  # noqa: E402
+from step_timer import StepTimer, pin_sdpa  # noqa: E402
 from trace_gaps import gaps  # noqa: E402
 
 
@@ -93,6 +96,10 @@ def main():
                     help="one profiled step a variant with the host: GPU idle and the N largest host waits")
     ap.add_argument("--gap-rounds", type=int, default=1, metavar="R",
                     help="with --gaps: R rounds of one profiled step a variant, interleaved")
+    ap.add_argument("--sdpa", default="cudnn", choices=("cudnn", "flash", "efficient", "default"),
+                    help="the one SDPA backend every variant runs (default: cudnn)")
+    ap.add_argument("--host-lead", action="store_true",
+                    help="time each step on an idle GPU, the host's lead included (the method before stop 49)")
     a = ap.parse_args()
     want = a.variants.split(",")
     dev = torch.device("cuda")
@@ -105,8 +112,10 @@ def main():
             from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction as flce
         except Exception as e:
             why = "no fused linear cross-entropy (%s)" % e
-    print("device: %s; torch %s; Liger-Kernel: %s" % (torch.cuda.get_device_name(), torch.__version__,
-                                                      "yes" if liger else "no (%s)" % why), flush=True)
+    timer = StepTimer(hide_lead=not a.host_lead)
+    print("device: %s; torch %s; Liger-Kernel: %s\nSDPA: %s; timing: %s"
+          % (torch.cuda.get_device_name(), torch.__version__, "yes" if liger else "no (%s)" % why,
+             pin_sdpa(a.sdpa), timer.describe()), flush=True)
     W = bb.weights(shape, dev)
     g = torch.Generator(device="cpu").manual_seed(1)
     emb = (torch.randn(a.vocab, d, generator=g) * 0.02).to(dev, torch.bfloat16)
@@ -160,6 +169,7 @@ def main():
     print("LLaMA-3-1B shape, %d blocks, vocab %d, batch %d x %d tokens (warm-up and compile %.0f s)"
           % (a.layers, a.vocab, a.batch, a.seq, time.time() - t0), flush=True)
     times = {n: [] for n, _ in models}
+    host = {n: timer.host_ms(lambda: step(m)) if timer.hide_lead else None for n, m in models}
     # the caching allocator's trips to the driver during each variant's timed
     # steps (a cudaFree synchronises the device; retries free cached blocks)
     allocs = {n: [0, 0, 0] for n, _ in models}
@@ -167,15 +177,12 @@ def main():
     for _ in range(a.reps):
         for name, m in models:
             s0 = torch.cuda.memory_stats()
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            step(m)
-            e1.record()
-            e1.synchronize()
-            times[name].append(e0.elapsed_time(e1))
+            times[name].append(timer(lambda: step(m), host[name]))
             s1 = torch.cuda.memory_stats()
             for i, k in enumerate(keys):
                 allocs[name][i] += s1.get(k, 0) - s0.get(k, 0)
+    print("  timing: %s; host launch ms: %s" % (timer.describe(), ", ".join(
+        "%s %.1f" % (n, h) for n, h in host.items() if h is not None)))
     median = {n: sorted(t)[len(t) // 2] for n, t in times.items()}
     for n, ts in times.items():  # not `t`: the targets the step closes over
         print("  %-14s steps %s ms; in them the allocator made %d device allocations, %d frees, %d retries"

@@ -1,0 +1,115 @@
+"""step_timer.py - time one call of a GPU step, with or without the host's
+lead, for the benchmark scripts.
+
+A call timed as `e0.record(); fn(); e1.record()` on an idle GPU counts the
+host's lead: the GPU waits from e0 until the host has run enough Python to
+launch the first kernel, and again wherever the host falls behind. In a
+training loop the host runs ahead of the GPU, so that wait is not part of a
+step's cost; it also differs between variants (a compiled graph, a module
+of custom ops and a few torch.matmul calls reach their first kernel after
+0.3-1.1 ms: bench/RESULTS.md, stop 45's gap table) and so moves their
+ratios by up to 3% at the 1B block.
+
+StepTimer(hide_lead=True) queues a sleep kernel before e0, long enough for
+the host to launch the whole step behind it (twice the host's measured
+launch time plus 0.2 ms), so the events see the GPU's time only. A step
+that makes the host wait on the GPU (a .item(), a cudaFree) still pays for
+it: the sleep ends, and the GPU idles until the host goes on. Each timed
+call reports whether the host was done launching before the sleep ran
+out (`covered`); a step that was not covered counted some host time.
+hide_lead=False is the plain method (the tables before stop 49).
+"""
+import time
+
+import torch
+
+
+class StepTimer:
+    def __init__(self, cuda=True, hide_lead=True):
+        self.cuda, self.hide_lead = cuda, hide_lead and cuda
+        self.cycles_per_ms = self._calibrate() if self.hide_lead else 0.0
+        self.uncovered = 0  # timed calls whose launches outlasted the sleep
+
+    def _calibrate(self):
+        """Clock cycles of torch.cuda._sleep per millisecond (the highest of
+        a few tries: the clock ramps up under load)."""
+        best = 0.0
+        for _ in range(5):
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            n = 4_000_000
+            e0.record()
+            torch.cuda._sleep(n)
+            e1.record()
+            e1.synchronize()
+            best = max(best, n / max(e0.elapsed_time(e1), 1e-3))
+        return best
+
+    def host_ms(self, fn, n=3):
+        """The host's time to launch fn (the median of n calls on an idle GPU)."""
+        ts = []
+        for _ in range(n):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            ts.append(1e3 * (time.perf_counter() - t0))
+            torch.cuda.synchronize()
+        return sorted(ts)[len(ts) // 2]
+
+    def __call__(self, fn, host_ms=None):
+        """Time one call of fn in ms. host_ms: its launch time (host_ms()),
+        measured here when not given."""
+        if not self.cuda:
+            t0 = time.perf_counter()
+            fn()
+            return 1e3 * (time.perf_counter() - t0)
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if self.hide_lead:
+            if host_ms is None:
+                host_ms = self.host_ms(fn, 1)
+            sleep_ms = min(2.0 * host_ms + 0.2, 200.0)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            torch.cuda._sleep(int(sleep_ms * self.cycles_per_ms))
+            e0.record()
+            fn()
+            e1.record()
+            if 1e3 * (time.perf_counter() - t0) > sleep_ms:
+                self.uncovered += 1
+        else:
+            e0.record()
+            fn()
+            e1.record()
+        e1.synchronize()
+        return e0.elapsed_time(e1)
+
+    def describe(self):
+        if not self.cuda:
+            return "host clock (no GPU)"
+        if not self.hide_lead:
+            return "CUDA events around each call on an idle GPU (the host's lead included)"
+        return ("CUDA events around each call, queued behind a sleep kernel twice the host's launch time "
+                "(the host's lead hidden; %d timed calls outlasted their sleep)" % self.uncovered)
+
+
+def pin_sdpa(backend):
+    """Let F.scaled_dot_product_attention run only `backend` ('cudnn',
+    'flash', 'efficient', 'math'; 'default' leaves torch's choice), for
+    every variant alike, through torch's global switches (which compiled
+    graphs read too); 'all' turns every switch back on. -> a line saying
+    what runs."""
+    if backend == "default":
+        return "torch's default choice"
+    b = torch.backends.cuda
+    switches = {"cudnn": "enable_cudnn_sdp", "flash": "enable_flash_sdp",
+                "efficient": "enable_mem_efficient_sdp", "math": "enable_math_sdp"}
+    if not all(hasattr(b, s) for s in switches.values()):
+        return "torch's default choice (torch %s cannot pin a backend)" % torch.__version__
+    for name, s in switches.items():  # 'all': every switch back on (torch's default)
+        getattr(b, s)(backend in (name, "all"))
+    return "%s only (the others switched off)" % backend
+
+
+def spread(xs):
+    """(median, min, max) of a list."""
+    s = sorted(xs)
+    return s[len(s) // 2], s[0], s[-1]
