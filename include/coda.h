@@ -108,6 +108,10 @@ typedef enum coda_device {
 } coda_device_t;
 
 #define CODA_MAX_DIMS 4
+/* Widest value an lse statement takes (section 5), and so the largest
+ * vocabulary of the layer (section 8) and of coda_lm_loss (section 10):
+ * 2^24 = 16,777,216 columns, the last whole numbers f32 holds exactly. */
+#define CODA_LSE_MAX_COLS ((int64_t)1 << 24)
 
 typedef struct coda_tensor {
     void *data;
@@ -272,6 +276,10 @@ CODA_API coda_status_t coda_gemm(coda_context_t *ctx, coda_layout_t layout,
  * (W, ceil(M/tile_m)). An lse output writes, per row and column tile,
  * (m, l, p): running max, sum of exp(v - m), and v at the target column if
  * it falls in the tile (else 0; a target with a fraction names no column).
+ * Targets and column numbers are compared as f32 values (an i32 target is
+ * loaded as one), which are exact only below 2^24: a fused GEMM whose lse
+ * value has more than CODA_LSE_MAX_COLS columns in its space is refused
+ * with CODA_ERR_SHAPE, so a pick never lands on a neighbouring column.
  * Within a tile each backend reduces in a fixed order of its own (the CPU in increasing column / row order, the GPU
  * over its register layout, lane shuffles and, for column reductions, the
  * tile's warps through shared memory), and the finishing steps
@@ -373,8 +381,9 @@ typedef enum coda_op {
 /* Text name of an op ("add", ...), NULL for an unknown one. */
 CODA_API const char *coda_op_name(coda_op_t op);
 
-/* Parse and verify a program. On CODA_ERR_PARSE / CODA_ERR_VERIFY the message
- * reads "line N: problem" and *out is left NULL. */
+/* Parse and verify a program. On CODA_ERR_PARSE / CODA_ERR_VERIFY (and
+ * CODA_ERR_DTYPE for a reserved dtype) the message reads "line N: problem"
+ * and *out is left NULL. */
 CODA_API coda_status_t coda_program_parse(const char *text, coda_program_t **out);
 
 /* Print a program in the text form; parse(print(p)) is the same program.
@@ -559,7 +568,8 @@ typedef struct coda_llama_config {
     int64_t n_kv_heads;  /* key/value heads; divides n_heads (GQA)        */
     int64_t head_dim;    /* even                                          */
     int64_t ffn;         /* I, the FFN width                              */
-    int64_t vocab;       /* LM-head rows; 0: no LM head and no loss       */
+    int64_t vocab;       /* LM-head rows; 0: no LM head and no loss; at most
+                            CODA_LSE_MAX_COLS (2^24)                      */
     float eps;           /* RMSNorm epsilon, e.g. 1e-5                    */
     float rope_theta;    /* RoPE base, e.g. 500000                        */
 } coda_llama_config_t;
@@ -795,7 +805,8 @@ CODA_API coda_status_t coda_block_backward_pre_split(coda_block_t *block, const 
  * accumulate = 1 the gradients are added to dx's and dw's contents, else
  * they overwrite them. All on one device; outputs apart from the inputs,
  * from each other and from the workspace, which is
- * coda_lm_loss_workspace_size bytes, 256-byte aligned. M, d, V >= 1; on
+ * coda_lm_loss_workspace_size bytes, 256-byte aligned. M, d, V >= 1, M and
+ * d below 2^31, V at most CODA_LSE_MAX_COLS (2^24; CODA_ERR_SHAPE); on
  * CUDA d is a multiple of 8 (x's and w's rows are whole 16-byte vectors).
  *
  * Targets: a target outside [0, V) that is not ignore_index makes its row's

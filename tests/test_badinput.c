@@ -445,12 +445,48 @@ static void bad_finish(h_rng *r) {
     }
 }
 
+/* An lse picks its target by comparing f32 column numbers, exact below
+ * 2^24 (CODA_LSE_MAX_COLS). At exactly 2^24 columns the pick of the last
+ * columns is right; one column pair more is refused and nothing is written
+ * (a review found 2^24 + 4 columns picking row 0's value for row 1's target
+ * 2^25 on the CPU, and i32 targets above 2^24 rounded to a neighbour). */
+static void wide_lse(h_rng *r) {
+    static const char text[] = "in t row i32\nout part lse\na = acc\ntv = load t\nlse part a tv\n";
+    coda_program_t *p = NULL;
+    REQUIRE_OK(coda_program_parse(text, &p));
+    const int64_t n_ok = CODA_LSE_MAX_COLS, n_bad = CODA_LSE_MAX_COLS + 2, tn = 1024, tm = 2;
+    uint16_t *A = h_alloc(2 * 2), *B = h_alloc((size_t)n_bad * 2);
+    int32_t *T = watched(2 * 4, r);
+    float *part = watched((size_t)2 * ((n_bad + tn - 1) / tn) * 3 * 4, r);
+    A[0] = A[1] = 0x3f80; /* 1.0: acc[i][j] = B[j] */
+    for (int64_t j = 0; j < n_bad; j++) B[j] = (uint16_t)(0x3f80 + (j * 7919) % 997); /* distinct neighbours */
+    T[0] = (int32_t)(n_ok - 1), T[1] = (int32_t)(n_ok - 2);
+    const coda_tiling_t tl = {tm, tn};
+    const coda_tensor_t a = coda_tensor_2d(A, CODA_BF16, 2, 1);
+    coda_tensor_t b = coda_tensor_2d(B, CODA_BF16, n_bad, 1);
+    coda_binding_t bd[2] = {{"t", coda_tensor_1d(T, CODA_I32, 2), 0},
+                            {"part", coda_tensor_3d(part, CODA_F32, 2, (n_bad + tn - 1) / tn, 3), 0}};
+    BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, 2, &tl, NULL), CODA_ERR_SHAPE, "CODA_LSE_MAX_COLS");
+    b.shape[0] = n_ok;
+    bd[1].tensor = coda_tensor_3d(part, CODA_F32, 2, n_ok / tn, 3);
+    CHECK_OK(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, 2, &tl, NULL));
+    const int64_t last = n_ok / tn - 1; /* the tile with both targets */
+    for (int i = 0; i < 2; i++) {
+        float want = h_bf2f(B[T[i]]), got = part[(i * (n_ok / tn) + last) * 3 + 2];
+        CHECK(got == want, "row %d: pick of column %d = %g, expected %g", i, T[i], got, want);
+        CHECK(part[(i * (n_ok / tn) + last - 1) * 3 + 2] == 0.0f, "row %d: a pick outside the target's tile", i);
+    }
+    free(A), free(B);
+    coda_program_free(p);
+}
+
 int main(void) {
     coda_context_options_t o = {2, NULL};
     REQUIRE_OK(coda_context_create(&o, &ctx));
     h_rng r = rng_new(2024);
     bad_gemm(&r);
     bad_epilogue(&r);
+    wide_lse(&r);
     bad_tiling();
     bad_finish(&r);
     /* frees of NULL are harmless */

@@ -116,6 +116,11 @@ static void test_bad_args(coda_context_t *ctx) {
     CHECK_STATUS(coda_llama_create(ctx, &b, 2, 7, CODA_DEVICE_CPU, &L), CODA_ERR_INVALID_ARG);
     b = c; b.vocab = -1;
     CHECK_STATUS(coda_llama_create(ctx, &b, 2, 7, CODA_DEVICE_CPU, &L), CODA_ERR_SHAPE);
+    /* the loss picks targets as f32 column numbers: above 2^24 a review
+     * found 16777217 scored as column 16777216 */
+    b = c; b.vocab = CODA_LSE_MAX_COLS + 8;
+    CHECK_STATUS(coda_llama_create(ctx, &b, 2, 7, CODA_DEVICE_CPU, &L), CODA_ERR_SHAPE);
+    CHECK(strstr(coda_last_error(), "2^24") != NULL, "vocab refusal: %s", coda_last_error());
     /* what the layer's attention would refuse on every forward (a review
      * found create accepting them): more than 65536 heads, more than 2^30
      * tokens */

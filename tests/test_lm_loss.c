@@ -517,6 +517,9 @@ static void test_bad_input(coda_context_t *ctx) {
           "a refused call wrote an output");
     size_t b3;
     CHECK_STATUS(coda_lm_loss_workspace_size(ctx, CODA_DEVICE_CPU, 0, d, V, NULL, &b3), CODA_ERR_SHAPE);
+    CHECK_STATUS(coda_lm_loss_workspace_size(ctx, CODA_DEVICE_CPU, m, d, CODA_LSE_MAX_COLS + 8, NULL, &b3),
+                 CODA_ERR_SHAPE);
+    CHECK_OK(coda_lm_loss_workspace_size(ctx, CODA_DEVICE_CPU, m, d, CODA_LSE_MAX_COLS, NULL, &b3));
     CHECK_STATUS(coda_lm_loss_workspace_size(NULL, CODA_DEVICE_CPU, m, d, V, NULL, &b3), CODA_ERR_INVALID_ARG);
     CHECK_STATUS(coda_lm_loss_workspace_size(ctx, (coda_device_t)5, m, d, V, NULL, &b3), CODA_ERR_INVALID_ARG);
     /* the default chunk: a 128256-token vocabulary's chunk holds 4096 rows */

@@ -237,6 +237,16 @@ coda_status_t coda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout, cons
             return coda__fail(CODA_ERR_BINDING, "%s: argument '%s' (%s) is not bound", fn, p->args[i].name,
                               kind_text(p->args[i].kind));
 
+    /* an lse picks its target by comparing f32 column numbers: exact below 2^24 */
+    for (int i = 0; i < p->n_insts; i++) {
+        if (p->insts[i].op != CODA_OP_LSE) continue;
+        int64_t w = coda__space_width(p->insts[p->insts[i].src[0]].vspace, n);
+        if (w > CODA_LSE_MAX_COLS)
+            return coda__fail(CODA_ERR_SHAPE, "%s: program '%s': lse %s takes %lld columns, more than "
+                              "CODA_LSE_MAX_COLS (2^24: targets are compared as f32 column numbers)", fn,
+                              p->name, p->args[p->insts[i].arg].name, (long long)w);
+    }
+
     if (needs_even_n(p) && n % 2 != 0)
         return coda__fail(CODA_ERR_SHAPE, "%s: program '%s' works on column pairs (half space or swap), "
                           "but N = %lld is odd", fn, p->name, (long long)n);

@@ -279,7 +279,8 @@ static void run_tile(const plan_t *pl, const tile_t *t, const float *acc, float 
                 float tg = B.data[r * B.rs];
                 /* a whole-number target only, as the GPU's (float)col == t:
                  * 2.5 names no column (it had picked column 2) */
-                if (tg >= (float)c0 && tg < (float)(c0 + w) && tg == floorf(tg)) pick = x[((int64_t)tg - c0) * A.cs];
+                if ((double)tg >= (double)c0 && (double)tg < (double)(c0 + w) && tg == floorf(tg))
+                    pick = x[((int64_t)tg - c0) * A.cs]; /* bounds exact: c0 + w may exceed 2^24 */
                 char *base = (char *)tt->data + (t->r0 + r) * tt->stride[0] + t->tn * tt->stride[1];
                 *(float *)(base) = m;
                 *(float *)(base + tt->stride[2]) = l;

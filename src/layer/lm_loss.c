@@ -168,9 +168,9 @@ coda_status_t coda_lm_loss_workspace_size(coda_context_t *ctx, coda_device_t dev
     if (device != CODA_DEVICE_CPU && device != CODA_DEVICE_CUDA)
         return coda__fail(CODA_ERR_INVALID_ARG, "%s: device %d is neither CPU (0) nor CUDA (1)", fn, (int)device);
     if (m < 1 || d < 1 || vocab < 1 || m >= ((int64_t)1 << 31) || d >= ((int64_t)1 << 31) ||
-        vocab >= ((int64_t)1 << 29))
-        return coda__fail(CODA_ERR_SHAPE, "%s: m %lld, d %lld and vocab %lld must be >= 1 and below 2^31, 2^31 "
-                          "and 2^29", fn, (long long)m, (long long)d, (long long)vocab);
+        vocab > CODA_LSE_MAX_COLS)
+        return coda__fail(CODA_ERR_SHAPE, "%s: m %lld, d %lld and vocab %lld must be >= 1, below 2^31, below 2^31 "
+                          "and at most 2^24 (CODA_LSE_MAX_COLS)", fn, (long long)m, (long long)d, (long long)vocab);
     coda_lm_loss_opts_t def;
     coda_lm_loss_opts_init(&def);
     const coda_lm_loss_opts_t *o = opts ? opts : &def;
@@ -381,8 +381,9 @@ coda_status_t coda_lm_loss(coda_context_t *ctx, const coda_tensor_t *x, const co
     if (M < 1 || d < 1 || V < 1)
         return coda__fail(CODA_ERR_SHAPE, FN ": M %lld, d %lld and V %lld must be >= 1", (long long)M, (long long)d,
                           (long long)V);
-    if (M >= ((int64_t)1 << 31) || V >= ((int64_t)1 << 29))
-        return coda__fail(CODA_ERR_SHAPE, FN ": M %lld and V %lld must be below 2^31 and 2^29", (long long)M,
+    if (M >= ((int64_t)1 << 31) || V > CODA_LSE_MAX_COLS)
+        return coda__fail(CODA_ERR_SHAPE, FN ": M %lld and V %lld must be below 2^31 and at most 2^24 "
+                          "(CODA_LSE_MAX_COLS)", (long long)M,
                           (long long)V);
     if (x->device == CODA_DEVICE_CUDA && d % 8 != 0)
         return coda__fail(CODA_ERR_SHAPE, FN ": d = %lld must be a multiple of 8 on the GPU", (long long)d);

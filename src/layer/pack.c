@@ -31,9 +31,9 @@ coda_status_t coda__llama_check_config(const coda_llama_config_t *cfg, const cha
                           (long long)(cfg->n_heads * cfg->head_dim));
     if (cfg->ffn <= 0 || cfg->ffn > lim)
         return coda__fail(CODA_ERR_SHAPE, "%s: cfg->ffn = %lld must be in 1..2^31", fn, (long long)cfg->ffn);
-    if (cfg->vocab < 0 || cfg->vocab > lim)
-        return coda__fail(CODA_ERR_SHAPE, "%s: cfg->vocab = %lld must be in 0..2^31", fn,
-                          (long long)cfg->vocab);
+    if (cfg->vocab < 0 || cfg->vocab > CODA_LSE_MAX_COLS)
+        return coda__fail(CODA_ERR_SHAPE, "%s: cfg->vocab = %lld must be in 0..2^24 (CODA_LSE_MAX_COLS: the "
+                          "loss's targets are compared as f32 column numbers)", fn, (long long)cfg->vocab);
     if (!(cfg->eps > 0.0f) || !isfinite(cfg->eps))
         return coda__fail(CODA_ERR_INVALID_ARG, "%s: cfg->eps = %g must be positive and finite", fn,
                           (double)cfg->eps);

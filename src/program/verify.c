@@ -87,9 +87,11 @@ static coda_status_t verify_arg(const coda_program_t *p, int i) {
         const char *dn = coda_dtype_name(a->dtype);
         const char *what = a->kind == CODA_IN_ROW ? "row" : a->kind == CODA_IN_COL ? "col" : "tile";
         if (!dn) return fail_arg(p, i, "%s %s: unknown dtype %d", dir, a->name, (int)a->dtype);
-        if (a->dtype == CODA_F16 || a->dtype == CODA_FP8_E4M3)
-            return fail_arg(p, i, "%s %s: dtype %s is reserved, not supported yet", dir, a->name,
-                            dn);
+        if (a->dtype == CODA_F16 || a->dtype == CODA_FP8_E4M3) { /* coda.h: CODA_ERR_DTYPE, not VERIFY */
+            char where[48];
+            return coda__fail(CODA_ERR_DTYPE, "%s%s %s: dtype %s is reserved, not supported yet",
+                              coda__where(where, a->line, "argument", i), dir, a->name, dn);
+        }
         /* what the backends load and store: i64 (a tensor dtype, the LM
          * loss's targets) is no program dtype, and the text form has no
          * word for it (a builder's i64 argument loaded zeros on the CPU) */
