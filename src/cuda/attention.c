@@ -96,9 +96,13 @@ static int smem_bwd_wgmma(int hd, int stages, int kind) {
 #define BWD_PIPE 1
 /* The wgmma forward's ring of k and v tiles (CODA_AW_STAGES) and whether a
  * stage's k is freed once the tile's S is made, before its v is used
- * (CODA_AW_APART); tuning's attn_fwd_stages and attn_fwd_apart override. */
+ * (CODA_AW_APART); tuning's attn_fwd_stages and attn_fwd_apart override.
+ * 3 stages, k and v freed together: with a third stage the early k release
+ * buys nothing and costs 0.3-3.5% (H100, stop 49, `test_attention_gpu fwdab
+ * benchonly`, two rounds: 449 / 633 / 639 against 434 / 630 / 624 TFLOP/s at
+ * 1B / 8B / 70B; stop 42's two rounds had it level or ahead at 1B and 8B). */
 #define FWD_STAGES 3
-#define FWD_APART 1
+#define FWD_APART 0
 /* The fused backward's layout: the blocks a kv group's query heads are
  * shared over (`parts`, dk and dv added in the parts' order) and the launch
  * order (kb_major: one group's key blocks fastest, else the groups of one

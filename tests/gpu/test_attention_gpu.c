@@ -25,8 +25,9 @@
  * kernels (CODA_DEBUG_ATTN_SPLIT_BWD), 2 the mma.sync kernels of attention.cuh
  * (CODA_DEBUG_ATTN_MMA), 3 the wgmma kernels' serial schedules (a block a
  * forward tile, no ping-pong, the dq kernel one step at a time:
- * CODA_DEBUG_ATTN_PIPE=0), 4 the wgmma forward with its ring before stop 42:
- * 2 stages, k and v freed together (CODA_DEBUG_ATTN_FWD_STAGES=2, _APART=0),
+ * CODA_DEBUG_ATTN_PIPE=0), 4 the wgmma forward's other ring: 2 stages, k
+ * freed after S and v after P v (CODA_DEBUG_ATTN_FWD_STAGES=2, _APART=1; the
+ * default of stops 42-48 freed them apart in 3 stages),
  * 5 the fused backward with one query head a block, dk and dv added over the
  * group in order, key blocks launched fastest (CODA_DEBUG_ATTN_BWD_PARTS=h,
  * _ORDER=1), 6 two parts a group, key blocks fastest (what LLaMA-3 70B's
@@ -61,7 +62,7 @@ static void tune_attn(coda_context_t *ctx, int kernels) {
     t.attn_split_bwd = kernels == 1;
     t.attn_pipe = kernels == 3 ? 0 : env_pipe;
     t.attn_fwd_stages = kernels == 4 ? 2 : env_fwd_stages;
-    t.attn_fwd_apart = kernels == 4 ? 0 : env_fwd_apart;
+    t.attn_fwd_apart = kernels == 4 ? 1 : env_fwd_apart;
     t.attn_bwd_parts = kernels == 5 ? -1 : kernels == 6 ? 2 : env_bwd_parts;
     t.attn_bwd_order = kernels == 5 || kernels == 6 ? 1 : env_bwd_order;
     snprintf(t.extra_opts, sizeof t.extra_opts, "%s", kernels == 7 ? DQ_SUM_OPT : env_opts);
