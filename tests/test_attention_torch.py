@@ -370,6 +370,29 @@ def bad_input(ctx):
     raises("op: qkv None", lambda: A.attention(None, *shape), TypeError)
     raises("op: lse is not differentiable", lambda: A.attention(q.clone().requires_grad_(True), *shape)[1]
            .sum().backward(), RuntimeError)
+    # broadcast operands (rows overlapping, row stride 0) are copied, as any
+    # other view coda cannot read (a review found CODA_ERR_STRIDE raised)
+    row = q[:1].clone()
+    qb = row.expand(M, w)
+    ob, lb = A.attention(qb, *shape)
+    oc, lc = A.attention(qb.contiguous(), *shape)
+    check(torch.equal(ob, oc) and torch.equal(lb, lc), "op: a broadcast qkv gives other results than its copy")
+    xq = q.clone().requires_grad_(True)
+    og, lg = A.attention(xq, *shape)
+    (og.sum(0).float() * dd[0].float()).sum().backward()  # autograd hands a broadcast do (row stride 0)
+    gb = xq.grad
+    xq.grad = None
+    og2, _ = A.attention(xq, *shape)
+    og2.backward(dd[:1].expand(M, nq).contiguous())
+    check(gb is not None and torch.equal(gb, xq.grad), "op: a broadcast do gives another dqkv than its copy")
+    # lse beside o in a loss is a constant (documented): qkv's gradient is o's alone
+    xq.grad = None
+    og3, lg3 = A.attention(xq, *shape)
+    (og3.float().sum() + lg3.sum()).backward()
+    g_both = xq.grad
+    xq.grad = None
+    A.attention(xq, *shape)[0].float().sum().backward()
+    check(not lg3.requires_grad and torch.equal(g_both, xq.grad), "op: lse in a loss changed qkv's gradient")
     if A.HAVE_CUSTOM_OPS:  # the fake implementation, on the meta device
         mo, ml = torch.ops.coda.attention(q.to("meta"), *shape)
         check(mo.shape == (M, nq) and mo.dtype == BF and ml.shape == (M, H) and ml.dtype == torch.float32

@@ -446,6 +446,26 @@ def custom_ops(cfg):
         print("torch.library.opcheck (schema, fake tensors, autograd registration): ok")
     except Exception as e:
         check(False, "opcheck: %s: %s" % (type(e).__name__, str(e)[:400]))
+    # the fakes refuse what the real ops refuse (a review found an f32 x
+    # traced to f32 outputs by the fakes, refused by the C call)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    xf, of = x.detach().float(), torch.randn(m, cfg.n_heads * cfg.head_dim, device=DEVICE)
+    for name, op, args in (
+            ("pre", torch.ops.coda.block_pre, (xf, pos, p["g1"], p["wqkv"], None, None, c, cfg.eps, cfg.rope_theta)),
+            ("post x", torch.ops.coda.block_post, (xf, of.bfloat16(), p["g2"], p["wo"], p["wgu"], p["wd"], None, c,
+                                                   cfg.eps, cfg.rope_theta, False)),
+            ("post o", torch.ops.coda.block_post, (x.detach(), of, p["g2"], p["wo"], p["wgu"], p["wd"], None, c,
+                                                   cfg.eps, cfg.rope_theta, False))):
+        for mode in ("real", "fake"):
+            try:
+                if mode == "real":
+                    op(*args)
+                else:
+                    with FakeTensorMode(allow_non_fake_inputs=True):
+                        op(*args)
+                check(False, "block_%s with an f32 tensor: the %s op accepted it" % (name, mode))
+            except coda.Error as e:
+                check(e.name == "CODA_ERR_DTYPE", "block_%s, %s op: %s" % (name, mode, e))
     try:
         xb = torch.randn(2, 8, cfg.d, device=DEVICE).bfloat16()
         eager = blk(xb)

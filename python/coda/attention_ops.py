@@ -29,10 +29,14 @@ the block's backward rather than to autograd.
 
 lse is not differentiable (as FlashAttention's): its gradient would need
 D_i = do_i . o_i - dlse_i inside coda_attention_backward, which computes D
-itself. A loss that uses lse raises in backward (lse does not require grad).
+itself. lse does not require grad, so a loss of lse alone raises in
+backward, and in a loss beside o it is a constant: its term adds nothing
+to qkv's gradient (as torch.max's indices; not an error, and so not what
+a loss that wants d lse / d qkv may use).
 
-Inputs coda cannot read as they are (columns not contiguous; on CUDA a
-base or row stride not aligned as coda.h asks) are copied first; a wrong dtype,
+Inputs coda cannot read as they are (columns not contiguous, rows that
+overlap as a broadcast tensor's do; on CUDA a base or row stride not
+aligned as coda.h asks) are copied first; a wrong dtype,
 shape or head_dim is refused by the C call: coda.Error (CODA_ERR_DTYPE,
 CODA_ERR_SHAPE, CODA_ERR_UNSUPPORTED), also from the fake implementation
 for what it can see (dims, shapes, dtypes). The backward's workspace is a

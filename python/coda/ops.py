@@ -135,13 +135,14 @@ def _needs_grad(*ts):
 
 
 def ready(t, align=16):
-    """t as coda reads it: contiguous columns and, on CUDA, base and row
-    stride `align`-byte aligned (coda.h section 11: qkv, o and do 16, lse
-    4); else a contiguous copy."""
+    """t as coda reads it: contiguous columns, rows apart (a broadcast
+    tensor's row stride 0 is refused by coda as overlapping rows) and, on
+    CUDA, base and row stride `align`-byte aligned (coda.h section 11: qkv,
+    o and do 16, lse 4); else a contiguous copy."""
     if not isinstance(t, torch.Tensor) or t.dim() != 2:
         return t  # the C call says what is wrong
     es = t.element_size()
-    ok = t.stride(1) == 1 or t.shape[1] <= 1
+    ok = (t.stride(1) == 1 or t.shape[1] <= 1) and (t.shape[0] <= 1 or t.stride(0) >= t.shape[1])
     if ok and t.is_cuda:
         ok = t.data_ptr() % align == 0 and (t.stride(0) * es) % align == 0
     if ok:
@@ -150,12 +151,10 @@ def ready(t, align=16):
 
 
 def _grad_ready(t):
-    """An attention gradient as coda reads it: f32 or bf16, rows apart (a
-    broadcast one, row stride 0, copied: coda refuses overlapping rows),
-    else as ready() with the block's 4-byte alignment."""
+    """An attention gradient as coda reads it: f32 or bf16, then as ready()
+    (rows apart: a broadcast one is copied) with the block's 4-byte
+    alignment."""
     t = t if t.dtype in (torch.float32, torch.bfloat16) else t.float()
-    if t.shape[0] > 1 and t.stride(0) < t.shape[1]:
-        return t.contiguous()
     return ready(t, 4)
 
 
@@ -195,6 +194,14 @@ def _post_grads(ctx, dy, bwd, **kw):
 
 HAVE_CUSTOM_OPS = hasattr(torch, "library") and hasattr(torch.library, "custom_op")
 
+
+def _fake_bf16(op, name, t):
+    """A fake implementation's copy of the C call's dtype check (the real op
+    refuses any other dtype; a fake that accepted it traced outputs of the
+    wrong dtype)."""
+    if t.dtype != torch.bfloat16:
+        raise coda.Error(4, "CODA_ERR_DTYPE", "%s (fake): %s must be bf16, got %s" % (op, name, t.dtype))
+
 if HAVE_CUSTOM_OPS:
     @torch.library.custom_op("coda::block_pre", mutates_args=())
     def block_pre(x: torch.Tensor, pos: torch.Tensor, g1: torch.Tensor, wqkv: torch.Tensor,
@@ -204,6 +211,7 @@ if HAVE_CUSTOM_OPS:
 
     @block_pre.register_fake
     def _(x, pos, g1, wqkv, xg, r1, cfg, eps, theta):
+        _fake_bf16("coda::block_pre", "x", x)
         return x.new_empty(x.shape[0], dtype=torch.float32), x.new_empty(x.shape[0], wqkv.shape[0])
 
     @torch.library.custom_op("coda::block_post", mutates_args=())
@@ -215,6 +223,8 @@ if HAVE_CUSTOM_OPS:
 
     @block_post.register_fake
     def _(x, o, g2, wo, wgu, wd, g_next, cfg, eps, theta, save_z):
+        _fake_bf16("coda::block_post", "x", x)
+        _fake_bf16("coda::block_post", "o", o)
         m, d = x.shape[0], x.shape[1]
         fused = g_next is not None
         return (x.new_empty(m, d), x.new_empty(m, d), x.new_empty(m, dtype=torch.float32),
