@@ -114,10 +114,10 @@ class Timer:
         self.t = StepTimer(cuda, hide_lead)
         self.host = {}
 
-    def __call__(self, fn):
+    def __call__(self, fn, label="?"):
         if self.t.hide_lead and fn not in self.host:
             self.host[fn] = self.t.host_ms(fn)
-        return self.t(fn, self.host.get(fn))
+        return self.t(fn, self.host.get(fn), label)
 
 
 def short(e):
@@ -284,8 +284,8 @@ def bench_shape(name, shape, reps, warmup, dev, backends):
             if v in failed:
                 continue
             try:
-                times[v]["fwd"].append(timer(f))
-                times[v]["bwd"].append(timer(b))
+                times[v]["fwd"].append(timer(f, v + " fwd"))
+                times[v]["bwd"].append(timer(b, v + " bwd"))
             except Exception as e:
                 failed[v] = short(e)
     for v, why in failed.items():

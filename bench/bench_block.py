@@ -288,7 +288,7 @@ def bench_shape(name, shape, B, S, reps, liger, do_check, timer, n_gaps=0, cat_a
         for r in range(reps):
             k = r % len(variants)
             for v, fns in variants[k:] + variants[:k]:
-                times[v].append(timer(fns[mi], host[v]))
+                times[v].append(timer(fns[mi], host[v], "%s %s" % (name, v)))
         peaks = {}
         for v, fns in variants:
             if v in mod_of:  # the last run's gradients freed before the base is read

@@ -177,7 +177,7 @@ def main():
     for _ in range(a.reps):
         for name, m in models:
             s0 = torch.cuda.memory_stats()
-            times[name].append(timer(lambda: step(m), host[name]))
+            times[name].append(timer(lambda: step(m), host[name], name))
             s1 = torch.cuda.memory_stats()
             for i, k in enumerate(keys):
                 allocs[name][i] += s1.get(k, 0) - s0.get(k, 0)

@@ -8,7 +8,8 @@ training loop the host runs ahead of the GPU, so that wait is not part of a
 step's cost; it also differs between variants (a compiled graph, a module
 of custom ops and a few torch.matmul calls reach their first kernel after
 0.3-1.1 ms: bench/RESULTS.md, stop 45's gap table) and so moves their
-ratios by up to 3% at the 1B block.
+ratios: at the 1B block by 2-14% of the floor, and attention against
+cuDNN by up to 11% (bench/RESULTS.md, stop 49).
 
 StepTimer(hide_lead=True) queues a sleep kernel before e0, long enough for
 the host to launch the whole step behind it (twice the host's measured
@@ -16,7 +17,9 @@ launch time plus 0.2 ms), so the events see the GPU's time only. A step
 that makes the host wait on the GPU (a .item(), a cudaFree) still pays for
 it: the sleep ends, and the GPU idles until the host goes on. Each timed
 call reports whether the host was done launching before the sleep ran
-out (`covered`); a step that was not covered counted some host time.
+out (counted per label); a step that was not covered may have counted
+some host time, or only blocked on a full launch queue (which the GPU
+drains meanwhile).
 hide_lead=False is the plain method (the tables before stop 49).
 """
 import time
@@ -28,7 +31,7 @@ class StepTimer:
     def __init__(self, cuda=True, hide_lead=True):
         self.cuda, self.hide_lead = cuda, hide_lead and cuda
         self.cycles_per_ms = self._calibrate() if self.hide_lead else 0.0
-        self.uncovered = 0  # timed calls whose launches outlasted the sleep
+        self.uncovered = {}  # label -> timed calls whose launches outlasted the sleep
 
     def _calibrate(self):
         """Clock cycles of torch.cuda._sleep per millisecond (the highest of
@@ -55,9 +58,10 @@ class StepTimer:
             torch.cuda.synchronize()
         return sorted(ts)[len(ts) // 2]
 
-    def __call__(self, fn, host_ms=None):
+    def __call__(self, fn, host_ms=None, label="?"):
         """Time one call of fn in ms. host_ms: its launch time (host_ms()),
-        measured here when not given."""
+        measured here when not given; label: whose call (describe() counts
+        the calls that outlasted their sleep by label)."""
         if not self.cuda:
             t0 = time.perf_counter()
             fn()
@@ -74,7 +78,7 @@ class StepTimer:
             fn()
             e1.record()
             if 1e3 * (time.perf_counter() - t0) > sleep_ms:
-                self.uncovered += 1
+                self.uncovered[label] = self.uncovered.get(label, 0) + 1
         else:
             e0.record()
             fn()
@@ -87,8 +91,9 @@ class StepTimer:
             return "host clock (no GPU)"
         if not self.hide_lead:
             return "CUDA events around each call on an idle GPU (the host's lead included)"
+        late = ", ".join("%s %d" % kv for kv in sorted(self.uncovered.items())) or "none"
         return ("CUDA events around each call, queued behind a sleep kernel twice the host's launch time "
-                "(the host's lead hidden; %d timed calls outlasted their sleep)" % self.uncovered)
+                "(the host's lead hidden; timed calls whose launches outlasted their sleep: %s)" % late)
 
 
 def pin_sdpa(backend):
