@@ -20,7 +20,10 @@ x (M, d), w (V, d) and targets (M):
 
 Every variant's step: .grad of x and w set to None, the loss, backward.
 Time: CUDA events, after --warmup runs, the median of --reps runs, the
-variants interleaved run by run (clocks drift under load). Memory: one more
+variants interleaved run by run (clocks drift under load), each call queued
+behind a sleep kernel that outlasts the host's launches (step_timer.py: the
+GPU's time; --host-lead: on an idle GPU, the host's lead included, as the
+tables before stop 49). Memory: one more
 run each, torch.cuda.max_memory_allocated over it minus what was allocated
 before it (x, w, targets; the floor's dz too), so "step GiB" is what the
 step itself holds at its peak (its gradients included), and "abs GiB" the
@@ -47,6 +50,11 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
 import coda  # noqa: E402
 import coda.ops  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from step_timer import StepTimer  # noqa: E402
+
+HOST_LEAD = False  # --host-lead
 
 SHAPES = {"1b": (16384, 2048, 128256), "8b": (16384, 4096, 128256),
           "sq2048": (2048, 2048, 2048), "sq4096": (4096, 4096, 4096), "sq8192": (8192, 8192, 8192)}
@@ -145,19 +153,14 @@ def bench_shape(name, shape, reps, warmup, liger_cls, chunks, compiled, dev):
     print("%s: M %d, d %d, V %d (warm-up and compile %.0f s)" % (name, M, d, V, time.time() - t0), flush=True)
 
     times = {v: [] for v, _ in variants}
+    # --device cpu: the host's clock, a smoke run of this script, not a measurement
+    timer = StepTimer(cuda, hide_lead=not HOST_LEAD)
+    host = {v: timer.host_ms(fn) if timer.hide_lead else None for v, fn in variants}
     for _ in range(reps):
         for v, fn in variants:
-            if cuda:
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record()
-                fn()
-                e1.record()
-                e1.synchronize()
-                times[v].append(e0.elapsed_time(e1))
-            else:  # --device cpu: a smoke run of this script, not a measurement
-                c0 = time.perf_counter()
-                fn()
-                times[v].append(1e3 * (time.perf_counter() - c0))
+            times[v].append(timer(fn, host[v], v))
+    if cuda:
+        print("  timing: %s" % timer.describe(), flush=True)
 
     res = {}
     ref = None
@@ -217,7 +220,11 @@ def main():
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                     help="cpu: a smoke run of the script on small --shapes (no timing worth the name, no memory)")
+    ap.add_argument("--host-lead", action="store_true",
+                    help="time each call on an idle GPU, the host's lead included (the method before stop 49)")
     a = ap.parse_args()
+    global HOST_LEAD
+    HOST_LEAD = a.host_lead
     dev = torch.device(a.device)
     liger_cls, why = load_liger() if dev.type == "cuda" else (None, "--device cpu")
     info = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "torch": torch.__version__,
