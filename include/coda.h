@@ -180,7 +180,8 @@ CODA_API int coda_context_has_cuda(const coda_context_t *ctx);
  *
  * Big CUDA GEMMs (at least 8 waves of tiles over the GPU, with a partial
  * last wave; plain and fused, coda_gemm_epilogue too) share the last waves'
- * work out by k-blocks ("stream-K"). That needs a workspace per stream,
+ * work out by k-blocks ("stream-K"); below 8 whole waves the partial last
+ * wave is cut into 2-4 aligned k-ranges instead (the split tail). That needs a workspace per stream,
  * which the context allocates on the stream's first such GEMM and keeps
  * until coda_context_free: 128 KiB per SM (16.5 MiB on an H200) per
  * stream, for at most 8 workspaces. A ninth stream is handed the

@@ -42,7 +42,7 @@
 static const char *const kernel_names[N_KERNEL_SETS] = {
     "wgmma (fused backward)", "wgmma, split backward: dk/dv and dq kernels (CODA_DEBUG_ATTN_SPLIT_BWD)",
     "mma.sync (CODA_DEBUG_ATTN_MMA)", "wgmma, serial schedules (CODA_DEBUG_ATTN_PIPE=0)",
-    "wgmma, the forward's old ring: 2 stages, k and v freed together (CODA_DEBUG_ATTN_FWD_STAGES=2, _APART=0)",
+    "wgmma, the forward's other ring: 2 stages, k and v freed apart (CODA_DEBUG_ATTN_FWD_STAGES=2, _APART=1)",
     "wgmma, backward one head a block, key blocks fastest (CODA_DEBUG_ATTN_BWD_PARTS=h, _ORDER=1)",
     "wgmma, backward 2 parts a group, key blocks fastest (CODA_DEBUG_ATTN_BWD_PARTS=2, _ORDER=1)",
     "wgmma, backward dq as two warpgroups' parts, summed (CODA_DEBUG_OPTS=" DQ_SUM_OPT ")"};
