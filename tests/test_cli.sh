@@ -119,6 +119,8 @@ t "demo: extra argument" 2 err-only "unexpected argument 'x'" demo x
 t "demo: option without value" 2 err-only "--batch needs a value" demo --batch
 t "train: option without value" 2 err-only "--steps needs a value" train --steps
 t "train: steps 0" 2 err-only "bad value '0' for --steps" train --steps 0
+t "train: steps 1 (no first and last means to compare)" 2 err-only "bad value '1' for --steps" train --steps 1
+t "train: a bare word" 2 err-only "unexpected argument 'foo'" train foo
 t "train: odd head_dim" 2 err-only "head_dim = d / heads must be a whole even number" train --d 60 --heads 4
 t "train: kv-heads not dividing heads" 2 err-only "kv-heads must divide heads" train --heads 4 --kv-heads 3
 t "train: lr not a number" 2 err-only "bad value 'x' for --lr" train --lr x
@@ -229,11 +231,17 @@ head -c 20000 "$PROGRAMS/../../README.md" > "$T/corpus.txt"
 t "train: the loss falls" 0 out "loss " train --data "$T/corpus.txt" --steps 40 --every 20 --d 32 --heads 2 --kv-heads 1 --ffn 64 --seq 32
 also out "tokens/s" "train: tokens per second"
 t "train: --device cpu" 0 out "CPU backend" train --device cpu --data "$T/corpus.txt" --steps 4 --every 2 --d 32 --heads 2 --kv-heads 1 --ffn 64 --seq 32
-t "train: cuda with an odd head_dim" 1 err "needs head_dim = d / heads of 64 or 128" train --device cuda --data "$T/corpus.txt" --steps 1
+t "train: cuda with an odd head_dim" 1 err "needs head_dim = d / heads of 64 or 128" train --device cuda --data "$T/corpus.txt" --steps 2
 t "train: missing data file" 1 err "cannot open" train --data "$T/nosuch.txt"
 t "train: a directory as data" 1 err "cannot read" train --data "$T"
 printf 'tiny' > "$T/tiny.txt"
 t "train: data shorter than a window" 1 err "fewer than --seq + 2" train --data "$T/tiny.txt"
+head -c 16777217 /dev/zero > "$T/big.bin"
+t "train: data over 16 MiB refused, not cut" 1 err "larger than 16 MiB" train --data "$T/big.bin"
+rm -f "$T/big.bin"
+# the report's mean is over the steps since the last report (a review found
+# "mean of the last 3" over 2 steps at step 5 with --every 3)
+t "train: the report's mean counts its steps" 0 out "(mean of the last 2:" train --data "$T/corpus.txt" --steps 5 --every 3 --d 32 --heads 2 --kv-heads 1 --ffn 64 --seq 32 --lr 0.01
 
 echo "test_cli.sh: $checks checks, $failures failures"
 [ "$failures" = 0 ]

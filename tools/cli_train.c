@@ -47,10 +47,12 @@ const char coda_cli_train_usage[] =
     "  --device     cuda: all but the embedding gather and AdamW on the GPU\n"
     "               (head_dim 64 or 128); auto (default): cuda where there is\n"
     "               a GPU and head_dim allows, else cpu\n"
-    "  --data FILE  text to train on (default /usr/share/common-licenses/GPL-3)\n"
-    "  --steps N    1..1000000 (default 100)     --every N  1..1000000 (default 10)\n"
+    "  --data FILE  text to train on, at most 16 MiB (default\n"
+    "               /usr/share/common-licenses/GPL-3)\n"
+    "  --steps N    2..1000000 (default 100)     --every N  1..1000000 (default 10)\n"
     "  --layers L   1..16 (default 2)            --d D      8..4096 (default 64)\n"
-    "  --heads H    (default 4)  --kv-heads K (default 2; divides H); head_dim = D/H, even\n"
+    "  --heads H    1..256 (default 4)  --kv-heads K 1..256 (default 2; divides H);\n"
+    "               head_dim = D/H, even\n"
     "  --ffn I      1..16384 (default 176)       --lr X     (default 0.003)\n"
     "  --batch B    1..256 (default 4)           --seq S    2..4096 (default 64)\n"
     "  --seed N     0..2^62 (default 1)\n"
@@ -252,13 +254,15 @@ int coda_cli_train(int argc, char **argv) {
                                              "--device"};
         int is_known = 0;
         for (size_t k = 0; k < sizeof known / sizeof known[0]; k++) is_known |= !strcmp(a, known[k]);
-        if (!is_known) return usage_error("unknown option '%s'", a);
+        if (!is_known)
+            return a[0] == '-' ? usage_error("unknown option '%s'", a) : usage_error("unexpected argument '%s'", a);
         if (i + 1 >= argc) return usage_error("%s needs a value", a);
         const char *v = argv[++i];
         int ok = 1;
         if (!strcmp(a, "--data")) data_path = v;
         else if (!strcmp(a, "--device")) ok = !strcmp(v, "auto") || !strcmp(v, "cpu") || !strcmp(v, "cuda"), device_name = v;
-        else if (!strcmp(a, "--steps")) ok = coda_cli_parse_int(v, 1, 1000000, &steps);
+        /* 2 at least: the exit status compares the first steps' mean loss with the last's */
+        else if (!strcmp(a, "--steps")) ok = coda_cli_parse_int(v, 2, 1000000, &steps);
         else if (!strcmp(a, "--every")) ok = coda_cli_parse_int(v, 1, 1000000, &every);
         else if (!strcmp(a, "--layers")) ok = coda_cli_parse_int(v, 1, MAX_LAYERS, &layers);
         else if (!strcmp(a, "--d")) ok = coda_cli_parse_int(v, 8, 4096, &d);
@@ -288,9 +292,15 @@ int coda_cli_train(int argc, char **argv) {
     errno = 0;
     size_t n_text = fread(text, 1, sizeof text, f);
     int read_err = ferror(f) ? (errno ? errno : EIO) : 0; /* a directory opens, then fails to read */
+    int more = !read_err && n_text == sizeof text && fgetc(f) != EOF;
     fclose(f);
     if (read_err) {
         fprintf(stderr, "coda train: cannot read %s: %s\n", data_path, strerror(read_err));
+        return 1;
+    }
+    if (more) { /* not cut silently: a review found the rest of a larger file never trained on */
+        fprintf(stderr, "coda train: %s is larger than 16 MiB, the most train reads; give it a part of the file\n",
+                data_path);
         return 1;
     }
     if (n_text < (size_t)seq + 2) {
@@ -489,8 +499,9 @@ int coda_cli_train(int argc, char **argv) {
         }
         if (step % every == 0 || step == steps) {
             double dt = now() - t0;
+            const int64_t n_mean = step % every ? step % every : every; /* the steps since the last report */
             printf("step %6lld  loss %.4f  (mean of the last %lld: %.4f)  %.0f tokens/s\n", (long long)step, mean,
-                   (long long)every, acc / (double)(step % every ? step % every : every), (double)(step * M) / dt);
+                   (long long)n_mean, acc / (double)n_mean, (double)(step * M) / dt);
             acc = 0;
         }
     }
