@@ -410,6 +410,20 @@ int main(void) {
         CHECK_STATUS(coda_block_workspace_size(B, CODA_BLOCK_ANY, -1, &sz), CODA_ERR_SHAPE);
         CHECK_STATUS(coda_block_workspace_size(NULL, CODA_BLOCK_ANY, 8, &sz), CODA_ERR_INVALID_ARG);
         CHECK_STATUS(coda_block_workspace_size(B, (coda_block_call_t)5, 8, &sz), CODA_ERR_INVALID_ARG);
+        {   /* sizes past 2^56 bytes are refused, not wrapped (a review: at m = 2^31 and a 2^31-wide FFN, dz's
+             * 2^64 bytes wrapped to 0 and backward_post's size read as spend_z's) */
+            coda_llama_config_t wide = {.d = 8, .n_heads = 1, .n_kv_heads = 1, .head_dim = 2,
+                                        .ffn = (int64_t)1 << 31, .vocab = 0, .eps = 1e-5f, .rope_theta = 1e4f};
+            coda_block_t *BW = NULL;
+            REQUIRE_OK(coda_block_create(ctx, &wide, CODA_DEVICE_CPU, &BW));
+            size_t s20 = 0, s31 = 7;
+            CHECK_OK(coda_block_workspace_size(BW, CODA_BLOCK_BACKWARD_POST, (int64_t)1 << 20, &s20));
+XX
+            CHECK_STATUS(coda_block_workspace_size(BW, CODA_BLOCK_BACKWARD_POST, (int64_t)1 << 31, &s31),
+                         CODA_ERR_SHAPE);
+            CHECK(s31 == 7, "a refused size query wrote *bytes");
+            coda_block_free(BW);
+        }
         size_t most = 0, each;
         for (int k = 0; k <= CODA_BLOCK_BACKWARD_POST_SPEND_Z; k++) {
             CHECK_OK(coda_block_workspace_size(B, (coda_block_call_t)k, a.m, &each));

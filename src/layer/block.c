@@ -46,10 +46,17 @@ typedef struct {
     size_t used;
     coda_device_t device;
     int device_index;
+    int too_big; /* a piece past 2^56 bytes (the tensor limit): the sizes would wrap */
 } arena_t;
 
+#define ARENA_MAX ((size_t)1 << 56)
+
 static coda_tensor_t carve(arena_t *a, coda_dtype_t dt, int64_t rows, int64_t cols /* 0: 1-D */) {
-    size_t bytes = (size_t)rows * (size_t)(cols ? cols : 1) * coda_dtype_size(dt);
+    size_t n, bytes;
+    /* checked: at m = 2^31 with a 2^31-wide FFN, dz's bytes wrapped to 0 (a review) */
+    if (__builtin_mul_overflow((size_t)rows, (size_t)(cols ? cols : 1), &n) ||
+        __builtin_mul_overflow(n, coda_dtype_size(dt), &bytes) || bytes > ARENA_MAX || a->used > ARENA_MAX)
+        a->too_big = 1, bytes = 0;
     void *p = a->base ? a->base + a->used : NULL;
     a->used += (bytes + 255) / 256 * 256;
     coda_tensor_t t = cols ? coda_tensor_2d(p, dt, rows, cols) : coda_tensor_1d(p, dt, rows);
@@ -163,6 +170,9 @@ coda_status_t coda_block_workspace_size(const coda_block_t *B, coda_block_call_t
         arena_t a = {NULL, 0, B->device, B->device_index};
         scratch_t s;
         CODA_TRY(layout(B, call, m, &a, &s));
+        if (a.too_big)
+            return coda__fail(CODA_ERR_SHAPE, "coda_block_workspace_size: m = %lld needs tensors past 2^56 bytes",
+                              (long long)m);
         if (a.used > most) most = a.used;
     }
     *bytes = most;
@@ -176,6 +186,7 @@ static coda_status_t scratch(const coda_block_t *B, const char *fn, int call, in
                              const coda__dev_arg_t *args, int n_args, scratch_t *s) {
     arena_t a = {ws, 0, B->device, B->device_index};
     CODA_TRY(layout(B, call, m, &a, s));
+    if (a.too_big) return coda__fail(CODA_ERR_SHAPE, "%s: m = %lld needs tensors past 2^56 bytes", fn, (long long)m);
     if (a.used > ws_bytes)
         return coda__fail(CODA_ERR_SHAPE, "%s: workspace of %zu bytes, this call needs %zu "
                           "(coda_block_workspace_size)", fn, ws_bytes, a.used);
