@@ -418,7 +418,7 @@ int main(void) {
             REQUIRE_OK(coda_block_create(ctx, &wide, CODA_DEVICE_CPU, &BW));
             size_t s20 = 0, s31 = 7;
             CHECK_OK(coda_block_workspace_size(BW, CODA_BLOCK_BACKWARD_POST, (int64_t)1 << 20, &s20));
-XX
+            CHECK(s20 >= ((size_t)1 << 53), "m = 2^20, ffn 2^31: backward_post needs dz's 2^53 bytes, got %zu", s20);
             CHECK_STATUS(coda_block_workspace_size(BW, CODA_BLOCK_BACKWARD_POST, (int64_t)1 << 31, &s31),
                          CODA_ERR_SHAPE);
             CHECK(s31 == 7, "a refused size query wrote *bytes");
