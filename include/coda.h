@@ -798,7 +798,8 @@ CODA_API coda_status_t coda_block_backward_pre_split(coda_block_t *block, const 
  *
  * Tensors: x (M, d) bf16; w (V, d) bf16; targets (M) i32 or i64 (what
  * PyTorch's int64 class indices are: read as they are, an i64 value
- * compared with ignore_index and [0, V) before it is narrowed); loss (M) f32,
+ * compared with ignore_index and [0, V) before it is narrowed; i32 ones
+ * contiguous, CODA_ERR_STRIDE otherwise); loss (M) f32,
  * each row's loss (required); total (1) f32 or NULL; dx (M, d) bf16 or f32
  * or NULL; dw (V, d) f32 or bf16 or NULL (f32 accumulates the chunks in
  * f32; bf16 rounds after each chunk). dx = dw = NULL: forward only (the
@@ -830,7 +831,8 @@ typedef struct coda_lm_loss_opts {
     float grad_scale;         /* the gradients are of grad_scale * total         */
     coda_lm_reduction_t reduction;
     int accumulate;           /* 1: add into dx and dw                           */
-    int64_t chunk_rows;       /* rows per chunk; 0: coda_lm_loss_opts_init's     */
+    int64_t chunk_rows;       /* rows per chunk, rounded up to a multiple of 8
+                                 when below M; 0: coda_lm_loss_opts_init's     */
 } coda_lm_loss_opts_t;
 
 /* The defaults: ignore_index -100, no smoothing, z-loss or softcap,

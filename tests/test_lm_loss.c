@@ -494,6 +494,16 @@ static void test_bad_input(coda_context_t *ctx) {
     coda_tensor_t xc = x;
     xc.device = CODA_DEVICE_CUDA;
     BAD(CODA_ERR_DEVICE, &xc, &w, &t, &o, &lt, &tt, &dxt, &dwt, ws, bytes);
+    /* reviews: a padded (M, 1) i32 column was refused deep inside, after the
+     * count was written; d = 2^31 was taken */
+    int32_t tpad[2 * 16];
+    for (int64_t i = 0; i < m; i++) tpad[2 * i] = ((const int32_t *)p.t)[i], tpad[2 * i + 1] = 0;
+    coda_tensor_t tcol = coda_tensor_2d(tpad, CODA_I32, m, 1);
+    tcol.stride[0] = 8;
+    BAD(CODA_ERR_STRIDE, &x, &w, &tcol, &o, &lt, &tt, &dxt, &dwt, ws, bytes);
+    coda_tensor_t xwide = mat(p.x, CODA_BF16, 1, (int64_t)1 << 31);
+    coda_tensor_t t1 = coda_tensor_1d(p.t, CODA_I32, 1), l1 = coda_tensor_1d(loss, CODA_F32, 1);
+    BAD(CODA_ERR_SHAPE, &xwide, &w, &t1, &o, &l1, &tt, NULL, NULL, ws, bytes);
     const struct { const char *name; coda_lm_loss_opts_t o; } bad_opts[] = {
         {"smoothing 1.5", {-100, 1.5f, 0, 0, 1, CODA_LM_MEAN, 0, 0}},
         {"smoothing NaN", {-100, NAN, 0, 0, 1, CODA_LM_MEAN, 0, 0}},
@@ -626,9 +636,34 @@ static void test_scale(coda_context_t *ctx) {
 }
 
 #ifndef LM_TEST_CUDA
+/* A +inf logit with the z-loss off gives a +inf loss, as coda_finish_lse's
+ * rule (coda.h section 7), not NaN: the absent z-loss term was 0 * lse^2 =
+ * 0 * inf (a review). */
+static void test_inf_logit(coda_context_t *ctx) {
+    enum { m = 2, d = 8, V = 16 };
+    uint16_t x[m * d], w[V * d];
+    for (int i = 0; i < m * d; i++) x[i] = h_f2bf(0.1f * (float)(i % 5 - 2));
+    for (int i = 0; i < V * d; i++) w[i] = h_f2bf(0.05f * (float)(i % 7 - 3));
+    x[0] = h_f2bf(1e30f), w[2 * d] = h_f2bf(1e30f); /* logit (0, 2) = 1e60: +inf */
+    int32_t t[m] = {5, 3};
+    float loss[m] = {NAN, NAN};
+    coda_tensor_t xt = mat(x, CODA_BF16, m, d), wt = mat(w, CODA_BF16, V, d), tt = coda_tensor_1d(t, CODA_I32, m);
+    coda_tensor_t lt = coda_tensor_1d(loss, CODA_F32, m);
+    coda_lm_loss_opts_t o;
+    coda_lm_loss_opts_init(&o);
+    size_t bytes;
+    REQUIRE_OK(coda_lm_loss_workspace_size(ctx, CODA_DEVICE_CPU, m, d, V, &o, &bytes));
+    char *ws = aligned_alloc(256, (bytes + 255) / 256 * 256);
+    CHECK_OK(coda_lm_loss(ctx, &xt, &wt, &tt, &o, &lt, NULL, NULL, NULL, ws, bytes, NULL));
+    CHECK(isinf(loss[0]) && loss[0] > 0, "+inf logit, z-loss off: loss %g, expected +inf", loss[0]);
+    CHECK(isfinite(loss[1]), "the other row's loss %g", loss[1]);
+    free(ws);
+}
+
 int main(void) {
     coda_context_t *ctx;
     REQUIRE_OK(coda_context_create(NULL, &ctx));
+    test_inf_logit(ctx);
     test_options(ctx);
     test_chunks_and_modes(ctx);
     test_nan_and_targets(ctx);

@@ -381,16 +381,22 @@ coda_status_t coda_lm_loss(coda_context_t *ctx, const coda_tensor_t *x, const co
     if (M < 1 || d < 1 || V < 1)
         return coda__fail(CODA_ERR_SHAPE, FN ": M %lld, d %lld and V %lld must be >= 1", (long long)M, (long long)d,
                           (long long)V);
-    if (M >= ((int64_t)1 << 31) || V > CODA_LSE_MAX_COLS)
-        return coda__fail(CODA_ERR_SHAPE, FN ": M %lld and V %lld must be below 2^31 and at most 2^24 "
-                          "(CODA_LSE_MAX_COLS)", (long long)M,
-                          (long long)V);
+    if (M >= ((int64_t)1 << 31) || d >= ((int64_t)1 << 31) || V > CODA_LSE_MAX_COLS)
+        return coda__fail(CODA_ERR_SHAPE, FN ": M %lld and d %lld must be below 2^31, V %lld at most 2^24 "
+                          "(CODA_LSE_MAX_COLS)", (long long)M, (long long)d, (long long)V);
     if (x->device == CODA_DEVICE_CUDA && d % 8 != 0)
         return coda__fail(CODA_ERR_SHAPE, FN ": d = %lld must be a multiple of 8 on the GPU", (long long)d);
     CODA_TRY(check_mat(x, "x", M, d, &bf16, 1));
     CODA_TRY(check_mat(w, "w", V, d, &bf16, 1));
     const coda_dtype_t target_dts[2] = {CODA_I32, CODA_I64};
     CODA_TRY(check_vec_of(targets, "targets", M, target_dts, 2));
+    /* i32 targets are read as they are, by the logits GEMM's epilogue, which
+     * takes contiguous row vectors only (a review found a padded (M, 1) view
+     * refused there, with an internal binding's name, after the count had
+     * been written); i64 ones are copied into the workspace first */
+    if (targets->dtype == CODA_I32 && M > 1 && targets->stride[0] != 4)
+        return coda__fail(CODA_ERR_STRIDE, FN ": i32 targets must be contiguous (elements 4 bytes apart), got a "
+                          "stride of %lld bytes", (long long)targets->stride[0]);
     CODA_TRY(check_vec(loss, "loss", M, CODA_F32));
     if (total) CODA_TRY(check_vec(total, "total", 1, CODA_F32));
     if (dx) CODA_TRY(check_mat(dx, "dx", M, d, grad_dts, 2));

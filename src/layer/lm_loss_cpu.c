@@ -57,7 +57,8 @@ void coda__cpu_lm_rows(const coda__lm_params_t *p, coda_tensor_t *logits, const 
         float lse = row_lse(partials, i);
         int in_range = t >= 0 && t < V;
         float zt = in_range ? coda__bf16_to_f32(z[t]) : NAN;
-        float l = lse - (1.0f - eps) * zt + zc * lse * lse;
+        /* the z-loss term only where it is on: 0 * lse^2 is NaN for an infinite lse */
+        float l = lse - (1.0f - eps) * zt + (zc > 0.0f ? zc * lse * lse : 0.0f);
         if (eps > 0.0f) {
             float sum = 0.0f;
             for (int64_t j = 0; j < V; j++) sum += coda__bf16_to_f32(z[j]);
@@ -65,7 +66,7 @@ void coda__cpu_lm_rows(const coda__lm_params_t *p, coda_tensor_t *logits, const 
         }
         *out = l;
         if (!p->want_grad) continue;
-        float a = s * (1.0f + 2.0f * zc * lse), hit = s * (1.0f - eps), base = s * eps / (float)V;
+        float a = s * (zc > 0.0f ? 1.0f + 2.0f * zc * lse : 1.0f), hit = s * (1.0f - eps), base = s * eps / (float)V;
         for (int64_t j = 0; j < V; j++) {
             float zj = coda__bf16_to_f32(z[j]);
             float g = a * expf(zj - lse) - (j == t ? hit : 0.0f) - base;
