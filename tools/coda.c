@@ -68,8 +68,8 @@ static const char main_usage[] =
     "  demo [options]      a small LLaMA layer forward+backward, checked against\n"
     "                      the unfused reference (GPU if present, else CPU)\n"
     "  version             print the version\n"
-    "  train [options]     train a small byte-level LLaMA on a text file (CPU\n"
-    "                      backend), printing the loss and tokens per second\n"
+    "  train [options]     train a small byte-level LLaMA on a text file (GPU if\n"
+    "                      present, else CPU), printing the loss and tokens per second\n"
     "  help [COMMAND]      this text, or a command's (also: coda COMMAND --help)\n"
     "exit status: 0 success, 1 failed check or run, 2 bad usage\n";
 
