@@ -224,8 +224,10 @@ CODA_API coda_status_t coda_gemm(coda_context_t *ctx, coda_layout_t layout,
  *
  * Pairwise maps work on adjacent columns (2j, 2j+1), which on Hopper sit in
  * adjacent registers of one thread:
- *     even v, odd v   2->1: the even / odd columns of v, in the half space
- *     interleave a b  1->2: a at 2j, b at 2j+1, in the double space
+ *     even v, odd v   2->1: the even / odd columns of v, one space lower
+ *                     (full -> half, double -> full)
+ *     interleave a b  1->2: a at 2j, b at 2j+1, one space higher
+ *                     (half -> full, full -> double)
  *     swap v          2->2: exchanges the two columns of every pair
  * RoPE and SwiGLU are compositions of these with elementwise maps.
  *
