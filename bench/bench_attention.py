@@ -64,7 +64,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from step_timer import StepTimer  # noqa: E402
+from step_timer import StepTimer, add_arguments  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
 import coda  # noqa: E402
 import coda.attention_ops as A  # noqa: E402
@@ -377,8 +377,7 @@ def main():
     ap.add_argument("--json", default=None, metavar="OUT", help="write the results as JSON here")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                     help="cpu: a smoke run of the script on tiny shapes (coda's CPU oracle, torch's CPU SDPA)")
-    ap.add_argument("--host-lead", action="store_true",
-                    help="time each call on an idle GPU, the host's lead included (the method before stop 49)")
+    add_arguments(ap)
     a = ap.parse_args()
     global HOST_LEAD
     HOST_LEAD = a.host_lead

@@ -59,7 +59,7 @@ import coda  # noqa: E402
 import coda.nn  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from step_timer import StepTimer, pin_sdpa, spread  # noqa: E402
+from step_timer import StepTimer, add_arguments, pin_sdpa, spread  # noqa: E402
 from trace_gaps import gaps  # noqa: E402
 
 SHAPES = {  # d, n_heads, n_kv_heads, head_dim, ffn, rope_theta
@@ -338,21 +338,10 @@ def main():
                          "GPU idle and the N largest waits for the host (trace_gaps.py)")
     ap.add_argument("--cat-ab", action="store_true",
                     help="also time coda with torch's split of qkv (autograd concatenates dq, dk, dv) as coda-cat")
-    ap.add_argument("--sdpa", default="cudnn", choices=("cudnn", "flash", "efficient", "default"),
-                    help="the one SDPA backend every variant runs (default: cudnn)")
-    ap.add_argument("--host-lead", action="store_true",
-                    help="time each call on an idle GPU, the host's lead included (the method before stop 49)")
+    add_arguments(ap, sdpa=True)
     a = ap.parse_args()
     liger, why = load_liger()
-    sdpa_note = pin_sdpa(a.sdpa)
-    try:  # the pinned backend must take this benchmark's call (causal, GQA, hd 64 and 128), both directions
-        for hd in (64, 128):
-            q, k, v = (torch.randn(1, h, 256, hd, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-                       for h in (4, 2, 2))
-            sdpa(q, k, v).sum().backward()
-    except RuntimeError as e:
-        sdpa_note = "torch's default choice (%s refused a test call: %s)" % (a.sdpa, str(e).splitlines()[0][:100])
-        pin_sdpa("all")
+    sdpa_note = pin_sdpa(a.sdpa, sdpa)
     timer = StepTimer(hide_lead=not a.host_lead)
     print("device: %s; torch %s; Liger-Kernel: %s; coda custom ops: %s\nSDPA: %s; timing: %s"
           % (torch.cuda.get_device_name(), torch.__version__, "yes" if liger else "no (%s)" % why,

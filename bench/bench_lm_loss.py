@@ -52,7 +52,7 @@ import coda  # noqa: E402
 import coda.ops  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from step_timer import StepTimer  # noqa: E402
+from step_timer import StepTimer, add_arguments  # noqa: E402
 
 HOST_LEAD = False  # --host-lead
 
@@ -220,8 +220,7 @@ def main():
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                     help="cpu: a smoke run of the script on small --shapes (no timing worth the name, no memory)")
-    ap.add_argument("--host-lead", action="store_true",
-                    help="time each call on an idle GPU, the host's lead included (the method before stop 49)")
+    add_arguments(ap)
     a = ap.parse_args()
     global HOST_LEAD
     HOST_LEAD = a.host_lead

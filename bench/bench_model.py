@@ -49,7 +49,7 @@ import coda  # noqa: E402
 import coda.nn  # noqa: E402
 import bench_block as bb  # noqa: E402
 from profile_block import kernel_table  # noqa: E402
-from step_timer import StepTimer, pin_sdpa  # noqa: E402
+from step_timer import StepTimer, add_arguments, pin_sdpa  # noqa: E402
 from trace_gaps import gaps  # noqa: E402
 
 
@@ -96,10 +96,7 @@ def main():
                     help="one profiled step a variant with the host: GPU idle and the N largest host waits")
     ap.add_argument("--gap-rounds", type=int, default=1, metavar="R",
                     help="with --gaps: R rounds of one profiled step a variant, interleaved")
-    ap.add_argument("--sdpa", default="cudnn", choices=("cudnn", "flash", "efficient", "default"),
-                    help="the one SDPA backend every variant runs (default: cudnn)")
-    ap.add_argument("--host-lead", action="store_true",
-                    help="time each step on an idle GPU, the host's lead included (the method before stop 49)")
+    add_arguments(ap, sdpa=True)
     a = ap.parse_args()
     want = a.variants.split(",")
     dev = torch.device("cuda")
@@ -115,7 +112,7 @@ def main():
     timer = StepTimer(hide_lead=not a.host_lead)
     print("device: %s; torch %s; Liger-Kernel: %s\nSDPA: %s; timing: %s"
           % (torch.cuda.get_device_name(), torch.__version__, "yes" if liger else "no (%s)" % why,
-             pin_sdpa(a.sdpa), timer.describe()), flush=True)
+             pin_sdpa(a.sdpa, bb.sdpa), timer.describe()), flush=True)
     W = bb.weights(shape, dev)
     g = torch.Generator(device="cpu").manual_seed(1)
     emb = (torch.randn(a.vocab, d, generator=g) * 0.02).to(dev, torch.bfloat16)

@@ -96,21 +96,47 @@ class StepTimer:
                 "(the host's lead hidden; timed calls whose launches outlasted their sleep: %s)" % late)
 
 
-def pin_sdpa(backend):
-    """Let F.scaled_dot_product_attention run only `backend` ('cudnn',
-    'flash', 'efficient', 'math'; 'default' leaves torch's choice), for
-    every variant alike, through torch's global switches (which compiled
-    graphs read too); 'all' turns every switch back on. -> a line saying
-    what runs."""
-    if backend == "default":
-        return "torch's default choice"
+def add_arguments(ap, sdpa=False):
+    """The timing options of a benchmark's argparse parser: --host-lead, and
+    with sdpa --sdpa (pin_sdpa's backend)."""
+    ap.add_argument("--host-lead", action="store_true",
+                    help="time each call on an idle GPU, the host's lead included (the method before stop 49)")
+    if sdpa:
+        ap.add_argument("--sdpa", default="cudnn", choices=("cudnn", "flash", "efficient", "default"),
+                        help="the one SDPA backend every variant runs (default: cudnn)")
+
+
+def _switch_sdpa(backend):
     b = torch.backends.cuda
     switches = {"cudnn": "enable_cudnn_sdp", "flash": "enable_flash_sdp",
                 "efficient": "enable_mem_efficient_sdp", "math": "enable_math_sdp"}
     if not all(hasattr(b, s) for s in switches.values()):
-        return "torch's default choice (torch %s cannot pin a backend)" % torch.__version__
+        return False
     for name, s in switches.items():  # 'all': every switch back on (torch's default)
         getattr(b, s)(backend in (name, "all"))
+    return True
+
+
+def pin_sdpa(backend, sdpa):
+    """Let F.scaled_dot_product_attention run only `backend` ('cudnn',
+    'flash', 'efficient', 'math'; 'default' leaves torch's choice), for
+    every variant alike, through torch's global switches (which compiled
+    graphs read too). sdpa(q, k, v): the benchmark's attention call, which
+    the pinned backend must take (causal, GQA, head_dim 64 and 128, both
+    directions; else torch's default comes back). -> a line saying what
+    runs."""
+    if backend == "default":
+        return "torch's default choice"
+    if not _switch_sdpa(backend):
+        return "torch's default choice (torch %s cannot pin a backend)" % torch.__version__
+    try:
+        for hd in (64, 128):
+            q, k, v = (torch.randn(1, h, 256, hd, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                       for h in (4, 2, 2))
+            sdpa(q, k, v).sum().backward()
+    except RuntimeError as e:
+        _switch_sdpa("all")
+        return "torch's default choice (%s refused a test call: %s)" % (backend, str(e).splitlines()[0][:100])
     return "%s only (the others switched off)" % backend
 
 

@@ -161,16 +161,23 @@ static ws_layout_t ws_layout(const coda_lm_loss_opts_t *o, int64_t m, int64_t V,
     return L;
 }
 
+/* The extents coda.h section 10 allows, one rule for the call and its size
+ * query (they had drifted apart: the call took d = 2^31). */
+static coda_status_t check_extents(const char *fn, int64_t m, int64_t d, int64_t vocab) {
+    if (m < 1 || d < 1 || vocab < 1 || m >= ((int64_t)1 << 31) || d >= ((int64_t)1 << 31) ||
+        vocab > CODA_LSE_MAX_COLS)
+        return coda__fail(CODA_ERR_SHAPE, "%s: M %lld, d %lld and V %lld must be >= 1, M and d below 2^31, V at "
+                          "most 2^24 (CODA_LSE_MAX_COLS)", fn, (long long)m, (long long)d, (long long)vocab);
+    return CODA_OK;
+}
+
 coda_status_t coda_lm_loss_workspace_size(coda_context_t *ctx, coda_device_t device, int64_t m, int64_t d,
                                           int64_t vocab, const coda_lm_loss_opts_t *opts, size_t *bytes) {
     static const char fn[] = "coda_lm_loss_workspace_size";
     if (!ctx || !bytes) return coda__fail(CODA_ERR_INVALID_ARG, "%s: NULL argument", fn);
     if (device != CODA_DEVICE_CPU && device != CODA_DEVICE_CUDA)
         return coda__fail(CODA_ERR_INVALID_ARG, "%s: device %d is neither CPU (0) nor CUDA (1)", fn, (int)device);
-    if (m < 1 || d < 1 || vocab < 1 || m >= ((int64_t)1 << 31) || d >= ((int64_t)1 << 31) ||
-        vocab > CODA_LSE_MAX_COLS)
-        return coda__fail(CODA_ERR_SHAPE, "%s: m %lld, d %lld and vocab %lld must be >= 1, below 2^31, below 2^31 "
-                          "and at most 2^24 (CODA_LSE_MAX_COLS)", fn, (long long)m, (long long)d, (long long)vocab);
+    CODA_TRY(check_extents(fn, m, d, vocab));
     coda_lm_loss_opts_t def;
     coda_lm_loss_opts_init(&def);
     const coda_lm_loss_opts_t *o = opts ? opts : &def;
@@ -378,12 +385,7 @@ coda_status_t coda_lm_loss(coda_context_t *ctx, const coda_tensor_t *x, const co
     CODA_TRY(coda__check_tensor(w, FN ": w"));
     if (w->ndim != 2) return coda__fail(CODA_ERR_SHAPE, FN ": w must be 2-D (V, d), got %d dims", w->ndim);
     int64_t M = x->shape[0], d = x->shape[1], V = w->shape[0];
-    if (M < 1 || d < 1 || V < 1)
-        return coda__fail(CODA_ERR_SHAPE, FN ": M %lld, d %lld and V %lld must be >= 1", (long long)M, (long long)d,
-                          (long long)V);
-    if (M >= ((int64_t)1 << 31) || d >= ((int64_t)1 << 31) || V > CODA_LSE_MAX_COLS)
-        return coda__fail(CODA_ERR_SHAPE, FN ": M %lld and d %lld must be below 2^31, V %lld at most 2^24 "
-                          "(CODA_LSE_MAX_COLS)", (long long)M, (long long)d, (long long)V);
+    CODA_TRY(check_extents(FN, M, d, V));
     if (x->device == CODA_DEVICE_CUDA && d % 8 != 0)
         return coda__fail(CODA_ERR_SHAPE, FN ": d = %lld must be a multiple of 8 on the GPU", (long long)d);
     CODA_TRY(check_mat(x, "x", M, d, &bf16, 1));
