@@ -88,9 +88,11 @@ static void check_streamk_split(void) {
  * tuning's overrides, and counts that do not divide the group. */
 static void check_attn_layout(void) {
     const int64_t mib = 1 << 20;
-    static const struct { int group; int64_t seq, hd, l2_mib; int tp, to, parts, kb; } cases[] = {
+    static const struct { int group; int64_t seq, hd, l2_mib; int tp, to, parts, chunk; } cases[] = {
         {4, 8192, 64, 50, 0, -1, 1, 0},   /* LLaMA-3 1B: 16 MiB a group */
-        {4, 8192, 128, 50, 0, -1, 1, 0},  /* 8B: 32 MiB */
+        {4, 8192, 128, 50, 0, -1, 2, 8},  /* 8B: 32 MiB; head_dim 128: two heads a block, chunks of 8 pairs */
+        {2, 8192, 128, 50, 0, -1, 1, 0},  /* a group of 2 is left whole */
+        {6, 2048, 128, 50, 0, -1, 3, 8},  /* 12 MiB: two heads a block */
         {8, 8192, 128, 50, 0, -1, 2, 1},  /* 70B on an H100: 64 MiB, 2 parts of 32 */
         {8, 8192, 128, 60, 0, -1, 2, 1},  /* 70B on an H200 */
         {8, 8192, 128, 0, 0, -1, 2, 1},   /* L2 unknown: 50 MiB */
@@ -100,16 +102,17 @@ static void check_attn_layout(void) {
         {5, 8192, 128, 30, 0, -1, 5, 1},  /* 40 MiB: 5 is prime */
         {4, 8192, 128, 50, -1, 1, 4, 1},  /* tuning: one head a block, key blocks fastest */
         {8, 8192, 128, 50, 1, 0, 1, 0},   /* tuning: the old layout at 70B */
-        {6, 8192, 128, 50, 4, -1, 1, 0},  /* tuning's 4 does not divide 6: 1 */
+        {6, 8192, 128, 50, 4, -1, 1, 8},  /* tuning's 4 does not divide 6: 1 */
+        {4, 8192, 128, 50, 0, 0, 2, 0},   /* tuning's order alone */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        int parts = -7, kb = -7;
+        int parts = -7, chunk = -7;
         coda__cuda_attn_bwd_layout(cases[i].group, cases[i].seq, cases[i].hd, cases[i].l2_mib * mib, cases[i].tp,
-                                   cases[i].to, &parts, &kb);
-        CHECK(parts == cases[i].parts && kb == cases[i].kb,
+                                   cases[i].to, &parts, &chunk);
+        CHECK(parts == cases[i].parts && chunk == cases[i].chunk,
               "attention backward layout, group %d seq %lld hd %lld L2 %lld MiB (tuning %d, %d): %d parts, "
-              "key blocks fastest %d; want %d, %d", cases[i].group, (long long)cases[i].seq, (long long)cases[i].hd,
-              (long long)cases[i].l2_mib, cases[i].tp, cases[i].to, parts, kb, cases[i].parts, cases[i].kb);
+              "launch chunk %d; want %d, %d", cases[i].group, (long long)cases[i].seq, (long long)cases[i].hd,
+              (long long)cases[i].l2_mib, cases[i].tp, cases[i].to, parts, chunk, cases[i].parts, cases[i].chunk);
     }
 }
 

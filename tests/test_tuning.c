@@ -38,14 +38,14 @@ int main(void) {
                                       "CODA_DEBUG_OPTS", "-DX=1 -DY=2", "CODA_DEBUG_ATTN_STAGES", "4",
                                       "CODA_DEBUG_ATTN_PIPE", "0", "CODA_DEBUG_ATTN_FWD_STAGES", "3",
                                       "CODA_DEBUG_ATTN_FWD_APART", "1", "CODA_DEBUG_ATTN_BWD_PARTS", "h",
-                                      "CODA_DEBUG_ATTN_BWD_ORDER", "1"};
+                                      "CODA_DEBUG_ATTN_BWD_ORDER", "4"};
     with_env(env, 26);
     REQUIRE_OK(coda_context_create(NULL, &ctx));
     t = coda__get_tuning(ctx);
     CHECK(t.gemm_cfg == 4 && t.streamk == CODA_STREAMK_ALL && t.clusters == 64 && t.l2_promotion == 1 &&
               t.no_ring && t.log_launch && strcmp(t.extra_opts, "-DX=1 -DY=2") == 0 && t.code_key != 0 &&
               t.attn_stages == 4 && t.attn_pipe == 0 && t.attn_fwd_stages == 3 && t.attn_fwd_apart == 1 &&
-              t.attn_bwd_parts == -1 && t.attn_bwd_order == 1,
+              t.attn_bwd_parts == -1 && t.attn_bwd_order == 4,
           "from the environment: cfg %d streamk %d clusters %d l2 %d opts '%s'", t.gemm_cfg, t.streamk,
           t.clusters, t.l2_promotion, t.extra_opts);
     uint64_t key = t.code_key;
@@ -62,7 +62,7 @@ int main(void) {
                                       "CODA_DEBUG_CLUSTERS", "-3", "CODA_DEBUG_ATTN_STAGES", "5",
                                       "CODA_DEBUG_ATTN_PIPE", "2", "CODA_DEBUG_ATTN_FWD_STAGES", "4",
                                       "CODA_DEBUG_ATTN_FWD_APART", "x", "CODA_DEBUG_ATTN_BWD_PARTS", "9",
-                                      "CODA_DEBUG_ATTN_BWD_ORDER", "2"};
+                                      "CODA_DEBUG_ATTN_BWD_ORDER", "12"};
     for (int i = 0; i < n_names; i++) unsetenv(names[i]);
     with_env(odd, 20);
     REQUIRE_OK(coda_context_create(NULL, &ctx));
@@ -95,7 +95,7 @@ int main(void) {
     REFUSE_EACH(attn_fwd_stages, 1, 4, -1);
     REFUSE_EACH(attn_fwd_apart, 2, -2);
     REFUSE_EACH(attn_bwd_parts, 9, -2);
-    REFUSE_EACH(attn_bwd_order, 2, -2);
+    REFUSE_EACH(attn_bwd_order, 10, -2);
 #undef REFUSE_EACH
     bad = before;
     memset(bad.extra_opts, 'x', sizeof bad.extra_opts);

@@ -45,7 +45,7 @@ typedef struct {
     long long ld_qkv, ld_o, ld_do, ld_lse, ld_out;
     int seq, n_heads, n_kv_heads;
     float scale;
-    int kv_parts, kb_major;
+    int kv_parts, kv_chunk;
 } attn_args_t;
 
 static long long es(const coda_tensor_t *t) {
@@ -105,7 +105,8 @@ static int smem_bwd_wgmma(int hd, int stages, int kind) {
 #define FWD_APART 0
 /* The fused backward's layout: the blocks a kv group's query heads are
  * shared over (`parts`, dk and dv added in the parts' order) and the launch
- * order (kb_major: one group's key blocks fastest, else the groups of one
+ * order (chunk: the (group part, sequence) pairs of a launch chunk, 1 one
+ * group's key blocks fastest, 0 all pairs, the groups of one
  * key block fastest). Each key block reads q and do and adds dq over every
  * head of its group, so what the blocks running at once share is that
  * group's q, do and f32 dq over a sequence: group x seq x hd x 8 bytes.
@@ -119,20 +120,29 @@ static int smem_bwd_wgmma(int hd, int stages, int kind) {
  *     whose share fits (70B: 2, 448-454 TFLOP/s; 1 part 438-444; one head
  *     a block 401-402, 97% L2 hits but short blocks).
  * (H100, `test_attention_gpu bwdab`, two rounds; ncu's dram__bytes and
- * lts__t_sector_hit_rate; bench/RESULTS.md, stop 43.) Tuning's
+ * lts__t_sector_hit_rate; bench/RESULTS.md, stop 43.)
+ *   - At head_dim 128 where the share fits (8B), two heads a block, launched
+ *     in chunks of 8 (part, sequence) pairs (16 query heads; ab_block):
+ *     478.1 / 478.5 TFLOP/s against 466.6 / 457.4 for a group a block,
+ *     all pairs at once; chunks of 4 pairs 471, of 1 458, all pairs 302.
+ *     At 1B (head_dim 64) no layout beat the rule's (403-421, noise); at
+ *     70B two heads a block in chunks of 2 pairs read 494 / 496 against
+ *     492 / 483 for the rule's: level, kept. (H100, stop 50, `bwdab
+ *     benchonly layouts=...`, two rounds.) Tuning's
  * attn_bwd_parts (-1: one head a block) and attn_bwd_order override; a
  * count that does not divide the group is taken as 1. test_nvrtc checks
  * the rule at the LLaMA-3 shapes. */
 void coda__cuda_attn_bwd_layout(int group, int64_t seq, int64_t hd, int64_t l2_bytes, int tune_parts,
-                                int tune_order, int *parts, int *kb_major) {
+                                int tune_order, int *parts, int *chunk) {
     const double l2 = l2_bytes > 0 ? (double)l2_bytes : 50.0 * (1 << 20);
     const double share = (double)group * (double)seq * (double)hd * 8.0;
     int n = 1;
     if (share > l2)
         while (n < group && (group % n || share / n > l2)) n++;
-    *kb_major = share > l2;
+    *chunk = share > l2; /* 1: one (head part, sequence)'s key blocks at a time; 0: all pairs' */
+    if (share <= l2 && hd == 128 && group >= 4 && group % 2 == 0) n = group / 2, *chunk = 8;
     if (tune_parts) n = tune_parts == -1 ? group : tune_parts;
-    if (tune_order >= 0) *kb_major = tune_order;
+    if (tune_order >= 0) *chunk = tune_order;
     *parts = n >= 1 && group % n == 0 ? n : 1;
 }
 /* The backward's ring: tuning's attn_stages (0: BWD_STAGES), at most 2 for
@@ -287,7 +297,7 @@ static coda_status_t run_bwd_wgmma(launcher_t *L, const coda_attention_shape_t *
         else CODA_TRY(seq_map(L->ctx, &dqm, out, s, 64, "cuTensorMapEncodeTiled(dqkv, 64 rows)"));
         coda__cuda_attn_bwd_layout((int)(s->n_heads / s->n_kv_heads), s->seq, s->head_dim, L->dev->l2_bytes,
                                    L->ctx->tuning.attn_bwd_parts, L->ctx->tuning.attn_bwd_order, &a->kv_parts,
-                                   &a->kb_major);
+                                   &a->kv_chunk);
         void *kv_args[] = {&qkv128, &qkv64, &do64, &dqm, a}; /* the fused kernel's query tiles: 64 rows */
         const int64_t pad = coda__cdiv(s->seq, 128) * 128, plane = s->batch * s->n_heads * pad;
         struct coda_cuda *cu = L->ctx->cuda;

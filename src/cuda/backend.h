@@ -183,11 +183,12 @@ int coda__cuda_attention_default_options(int hd, const char **opts, char (*buf)[
 /* The fused attention backward's layout for a kv group of `group` query
  * heads over `seq` positions of head_dim hd, on an L2 of l2_bytes (0:
  * unknown, taken as 50 MiB): *parts, the blocks a group's heads are shared
- * over, and *kb_major, launched key blocks fastest. tune_parts (0: the
+ * over, and *chunk, the (part, sequence) pairs a launch chunk of the
+ * kernel's blocks (ab_block; 0 all, 1 key blocks fastest). tune_parts (0: the
  * rule's, -1: one head a block) and tune_order (-1: the rule's) are
  * tuning's overrides (attention.c's bwd_layout says why). */
 void coda__cuda_attn_bwd_layout(int group, int64_t seq, int64_t hd, int64_t l2_bytes, int tune_parts,
-                                int tune_order, int *parts, int *kb_major);
+                                int tune_order, int *parts, int *chunk);
 
 /* ---- gemm.c: the GEMM mainloop with a spliced-in epilogue (docs/gpu.md) ---- */
 

@@ -167,7 +167,7 @@ coda_status_t coda_block_workspace_size(const coda_block_t *B, coda_block_call_t
     size_t most = 0;
     for (int call = CALL_FWD_PRE; call <= CALL_LAST; call++) {
         if (which != CODA_BLOCK_ANY && call != (int)which) continue;
-        arena_t a = {NULL, 0, B->device, B->device_index};
+        arena_t a = {NULL, 0, B->device, B->device_index, 0};
         scratch_t s;
         CODA_TRY(layout(B, call, m, &a, &s));
         if (a.too_big)
@@ -184,7 +184,7 @@ coda_status_t coda_block_workspace_size(const coda_block_t *B, coda_block_call_t
  * on CUDA, the block's device memory. */
 static coda_status_t scratch(const coda_block_t *B, const char *fn, int call, int64_t m, void *ws, size_t ws_bytes,
                              const coda__dev_arg_t *args, int n_args, scratch_t *s) {
-    arena_t a = {ws, 0, B->device, B->device_index};
+    arena_t a = {ws, 0, B->device, B->device_index, 0};
     CODA_TRY(layout(B, call, m, &a, s));
     if (a.too_big) return coda__fail(CODA_ERR_SHAPE, "%s: m = %lld needs tensors past 2^56 bytes", fn, (long long)m);
     if (a.used > ws_bytes)

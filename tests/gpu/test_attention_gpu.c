@@ -30,9 +30,12 @@
  * default of stops 42-48 freed them apart in 3 stages),
  * 5 the fused backward with one query head a block, dk and dv added over the
  * group in order, key blocks launched fastest (CODA_DEBUG_ATTN_BWD_PARTS=h,
- * _ORDER=1), 6 two parts a group, key blocks fastest (what LLaMA-3 70B's
- * shape gets, which no test shape is large enough to choose:
- * CODA_DEBUG_ATTN_BWD_PARTS=2, _ORDER=1), 7 the fused backward's dq as
+ * _ORDER=1), 6 two parts a group launched in chunks of 3 (part, sequence)
+ * pairs (the two parts of a group then fall into two chunks where the
+ * pairs are 4 or more, and the last chunk is short: the orders the dq and
+ * dk/dv adds wait for must still hold; LLaMA-3 70B's shape gets 2 parts,
+ * which no test shape is large enough to choose:
+ * CODA_DEBUG_ATTN_BWD_PARTS=2, _ORDER=3), 7 the fused backward's dq as
  * before stop 44: both warpgroups' 64-key parts, summed in the staging
  * (CODA_DEBUG_OPTS=-DCODA_AB_DQ_ONE=0, attention_bwd_wgmma.cuh). The other
  * sets keep the environment's attn_pipe, forward ring, backward layout and
@@ -44,7 +47,7 @@ static const char *const kernel_names[N_KERNEL_SETS] = {
     "mma.sync (CODA_DEBUG_ATTN_MMA)", "wgmma, serial schedules (CODA_DEBUG_ATTN_PIPE=0)",
     "wgmma, the forward's other ring: 2 stages, k and v freed apart (CODA_DEBUG_ATTN_FWD_STAGES=2, _APART=1)",
     "wgmma, backward one head a block, key blocks fastest (CODA_DEBUG_ATTN_BWD_PARTS=h, _ORDER=1)",
-    "wgmma, backward 2 parts a group, key blocks fastest (CODA_DEBUG_ATTN_BWD_PARTS=2, _ORDER=1)",
+    "wgmma, backward 2 parts a group, chunks of 3 pairs (CODA_DEBUG_ATTN_BWD_PARTS=2, _ORDER=3)",
     "wgmma, backward dq as two warpgroups' parts, summed (CODA_DEBUG_OPTS=" DQ_SUM_OPT ")"};
 static int use_mma, env_pipe = -2, env_fwd_stages, env_fwd_apart, env_bwd_parts, env_bwd_order;
 static char env_opts[CODA_TUNING_OPTS_CAP];
@@ -64,7 +67,7 @@ static void tune_attn(coda_context_t *ctx, int kernels) {
     t.attn_fwd_stages = kernels == 4 ? 2 : env_fwd_stages;
     t.attn_fwd_apart = kernels == 4 ? 1 : env_fwd_apart;
     t.attn_bwd_parts = kernels == 5 ? -1 : kernels == 6 ? 2 : env_bwd_parts;
-    t.attn_bwd_order = kernels == 5 || kernels == 6 ? 1 : env_bwd_order;
+    t.attn_bwd_order = kernels == 5 ? 1 : kernels == 6 ? 3 : env_bwd_order;
     snprintf(t.extra_opts, sizeof t.extra_opts, "%s", kernels == 7 ? DQ_SUM_OPT : env_opts);
     tune_set(ctx, &t);
     use_mma = kernels == 2;
@@ -511,15 +514,21 @@ static void bench(coda_context_t *ctx, int dirs) {
  * attn_fwd_apart); "bwdab": the fused backward's (attn_bwd_parts x
  * attn_bwd_order); "dqab": its dq forms (CODA_AB_DQ_ONE 0; 1 with
  * CODA_AB_PT_REG 0 and 1, the default; the default layout). Each timed in
- * turns, two rounds, then each tested (unless `timed_only`). */
+ * turns, two rounds, then each tested (unless `timed_only`). "bwdab"'s
+ * layouts are n_layouts of `layouts` when given (the argument
+ * "layouts=P:C,P:C,..."), else the list below. */
+#define MAX_LAYOUTS 16
+static int layouts[MAX_LAYOUTS][2], n_layouts;
 static void variants_ab(coda_context_t *ctx, char mode, int timed_only) {
     static const int fwd[4][2] = {{2, 0}, {2, 1}, {3, 0}, {3, 1}};
-    static const int bwd[6][2] = {{1, 0}, {1, 1}, {2, 0}, {2, 1}, {-1, 0}, {-1, 1}};
+    /* (parts, launch chunk): 0 all pairs (kv heads fastest), 1 key blocks fastest, else pairs a chunk */
+    static const int bwd0[9][2] = {{1, 0}, {1, 1}, {1, 4}, {2, 0}, {2, 1}, {2, 2}, {2, 4}, {-1, 0}, {-1, 1}};
+    const int(*bwd)[2] = n_layouts ? (const int(*)[2])layouts : bwd0;
     static const char *const dq[3] = {"-DCODA_AB_DQ_ONE=0", "-DCODA_AB_DQ_ONE=1 -DCODA_AB_PT_REG=0",
                                       "-DCODA_AB_DQ_ONE=1 -DCODA_AB_PT_REG=1"};
     static const char *const dq_name[3] = {"both warpgroups, staged sum", "one warpgroup a step, 128 keys",
                                            "one warpgroup a step, P^T from registers (the default)"};
-    const int backward = mode != 'f', n = mode == 'b' ? 6 : mode == 'd' ? 3 : 4;
+    const int backward = mode != 'f', n = mode == 'b' ? (n_layouts ? n_layouts : 9) : mode == 'd' ? 3 : 4;
     tune_attn(ctx, 0);
     const coda__tuning_t t0 = coda__get_tuning(ctx);
     for (int round = 0; round < (timed_only ? 2 : 3); round++)
@@ -532,9 +541,15 @@ static void variants_ab(coda_context_t *ctx, char mode, int timed_only) {
             } else if (backward) {
                 t.attn_bwd_parts = bwd[i][0];
                 t.attn_bwd_order = bwd[i][1];
-                printf("== fused backward: %s, %s%s\n",
-                       bwd[i][0] == -1 ? "one head a block" : bwd[i][0] == 1 ? "a kv group a block" : "2 parts a group",
-                       bwd[i][1] ? "key blocks fastest" : "kv heads fastest", tag);
+                printf("== fused backward: %s%.0d, %s%.0d%s\n",
+                       bwd[i][0] == -1  ? "one head a block"
+                       : bwd[i][0] == 1 ? "a kv group a block"
+                                        : "parts a group: ",
+                       bwd[i][0] > 1 ? bwd[i][0] : 0,
+                       bwd[i][1] == 0   ? "kv heads fastest"
+                       : bwd[i][1] == 1 ? "key blocks fastest"
+                                        : "chunks of (part, sequence) pairs: ",
+                       bwd[i][1] > 1 ? bwd[i][1] : 0, tag);
             } else {
                 t.attn_fwd_stages = fwd[i][0];
                 t.attn_fwd_apart = fwd[i][1];
@@ -560,7 +575,18 @@ int main(int argc, char **argv) {
     REQUIRE_OK(coda_context_create(NULL, &ctx));
     test_refusals(ctx);
     int timed_only = 0;
-    for (int i = 1; i < argc; i++) timed_only |= !strcmp(argv[i], "benchonly");
+    for (int i = 1; i < argc; i++) {
+        timed_only |= !strcmp(argv[i], "benchonly");
+        if (!strncmp(argv[i], "layouts=", 8))
+            for (const char *c = argv[i] + 8; *c && n_layouts < MAX_LAYOUTS; c += strcspn(c, ","), c += *c == ',') {
+                int parts, chunk;
+                if (sscanf(c, "%d:%d", &parts, &chunk) != 2) {
+                    fprintf(stderr, "layouts=: '%s' is not parts:chunk\n", c);
+                    return 2;
+                }
+                layouts[n_layouts][0] = parts, layouts[n_layouts++][1] = chunk;
+            }
+    }
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "fwdab") || !strcmp(argv[i], "bwdab") || !strcmp(argv[i], "dqab")) {
             variants_ab(ctx, argv[i][0], timed_only);

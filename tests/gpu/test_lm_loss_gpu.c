@@ -61,6 +61,7 @@ static void test_gpu_refusals(coda_context_t *ctx) {
 int main(void) {
     coda_context_t *ctx;
     REQUIRE_OK(coda_context_create(NULL, &ctx));
+    test_inf_logit(ctx);
     test_options(ctx);
     test_chunks_and_modes(ctx);
     test_nan_and_targets(ctx);

@@ -234,7 +234,7 @@ typedef struct {
     int seq, n_heads, n_kv_heads;
     float scale;     /* softmax scale, 1/sqrt(HD)                */
     int kv_parts;    /* fused bwd: blocks a kv group's heads are shared over (dk, dv added in order) */
-    int kb_major;    /* fused bwd: launched key blocks fastest (1) or kv groups fastest (0)          */
+    int kv_chunk;    /* fused bwd: (kv head part, sequence) pairs a launch chunk (ab_block), 0 all   */
 } coda_attn_args_t;
 
 /* The backward's per-row statistics in the workspace, written by

@@ -512,22 +512,26 @@ static __device__ __forceinline__ void ab_store_ds(u32 ds, u32 (*pd)[4], int wro
                      : "memory");
 }
 
-/* The block's (kv head x part, sequence, key block). Launched in the order
- * of the linear block index, x fastest: with kb_major the key blocks of
- * one kv head (part) come together (a head's q, do and dq shared among
- * blocks running at once), else the kv heads and sequences of one key
- * block (the longest first). Either way a key block comes after the one
- * before it and a part after the one before it, which is all the dq and
+/* The block's (kv head x part, sequence, key block). Blocks go out in the
+ * order of the linear block index, in chunks of p.kv_chunk (kv head x part,
+ * sequence) pairs (0: all of them; the last chunk may be short): within a
+ * chunk the key blocks in order, the longest first, the chunk's pairs
+ * fastest. Fewer pairs a chunk keep the blocks running at once on fewer
+ * heads' q, do and dq (the L2); more put the longest blocks earlier (the
+ * tail). 1 is one pair's key blocks after another, 0 every pair's first key
+ * block, then every pair's second... Either way a key block comes after the
+ * one before it and a part after the one before it, which is all the dq and
  * dk/dv orders wait for. */
 static __device__ __forceinline__ void ab_block(const coda_attn_args_t &p, int *xb, int *b, int *jb) {
-    if (!p.kb_major) {
-        *xb = blockIdx.x, *b = blockIdx.y, *jb = blockIdx.z;
-        return;
-    }
     const unsigned lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-    *jb = (int)(lin % gridDim.z);
-    *xb = (int)(lin / gridDim.z % gridDim.x);
-    *b = (int)(lin / (gridDim.z * gridDim.x));
+    const unsigned pairs = gridDim.x * gridDim.y, kb = gridDim.z;
+    const unsigned g = p.kv_chunk > 0 && (unsigned)p.kv_chunk < pairs ? (unsigned)p.kv_chunk : pairs;
+    const unsigned c = lin / (g * kb), r = lin - c * g * kb; /* the chunk, the place in it */
+    const unsigned n = min(g, pairs - c * g);                /* its pairs */
+    const unsigned pair = c * g + r % n;
+    *jb = (int)(r / n);
+    *xb = (int)(pair % gridDim.x);
+    *b = (int)(pair / gridDim.x);
 }
 
 /* dk, dv (and with `fused`, dq) of one block of 128 keys: the body of

@@ -158,7 +158,9 @@ coda_lm_rows_kernel(coda_lm_bf16_t *z, long long zs, const float *part, long lon
         const float zt = in_range ? lm_bf(zr[t]) : __int_as_float(0x7fc00000);
         __syncthreads(); /* every thread has read z_t before any dz is written */
 
-        const float a = s * (1.0f + 2.0f * zc * lse), hit = s * (1.0f - eps), base = s * eps / (float)V;
+        /* the z-loss terms only where z_loss > 0: a +inf logit (lse = +inf)
+         * then gives a +inf loss, not 0 * inf = NaN (coda.h section 7) */
+        const float a = zc > 0.0f ? s * (1.0f + 2.0f * zc * lse) : s, hit = s * (1.0f - eps), base = s * eps / (float)V;
         const float icap = cap > 0.0f ? 1.0f / cap : 0.0f, nan = __int_as_float(0x7fc00000);
         float sum = 0.0f;
         /* a batch: CODA_LM_BATCH vectors a thread (elements in the same
@@ -207,7 +209,7 @@ coda_lm_rows_kernel(coda_lm_bf16_t *z, long long zs, const float *part, long lon
             }
             if (want) zr[j] = lm_to_bf(in_range ? g : nan);
         }
-        float lv = lse - (1.0f - eps) * zt + zc * lse * lse;
+        float lv = lse - (1.0f - eps) * zt + (zc > 0.0f ? zc * lse * lse : 0.0f);
         if (eps > 0.0f) {
             sum = lm_block_reduce(sum, 0, red);
             lv -= eps / (float)V * sum;
