@@ -40,6 +40,8 @@ void coda__tuning_from_env(coda__tuning_t *t) {
     if (c >= '2' && c <= '3') t->attn_fwd_stages = c - '0';
     c = one_char("CODA_DEBUG_ATTN_FWD_APART");
     t->attn_fwd_apart = c == '0' || c == '1' ? c - '0' : -1;
+    c = one_char("CODA_DEBUG_ATTN_FWD_PERSIST");
+    t->attn_fwd_persist = c == '0' || c == '1' ? c - '0' : -1;
     c = one_char("CODA_DEBUG_ATTN_BWD_PARTS");
     t->attn_bwd_parts = c == 'h' ? -1 : c >= '1' && c <= '8' ? c - '0' : 0;
     c = one_char("CODA_DEBUG_ATTN_BWD_ORDER");
@@ -67,6 +69,9 @@ coda_status_t coda__set_tuning(coda_context_t *ctx, const coda__tuning_t *t) {
     if (t->attn_fwd_apart < -1 || t->attn_fwd_apart > 1)
         return coda__fail(CODA_ERR_INVALID_ARG, "tuning: attn_fwd_apart %d is not -1 (default), 0 or 1",
                           t->attn_fwd_apart);
+    if (t->attn_fwd_persist < -1 || t->attn_fwd_persist > 1)
+        return coda__fail(CODA_ERR_INVALID_ARG, "tuning: attn_fwd_persist %d is not -1 (default), 0 or 1",
+                          t->attn_fwd_persist);
     if (t->attn_bwd_parts < -1 || t->attn_bwd_parts > 8)
         return coda__fail(CODA_ERR_INVALID_ARG, "tuning: attn_bwd_parts %d is not -1 (a head a block), 0 (default) or 1..8",
                           t->attn_bwd_parts);

@@ -46,6 +46,7 @@ typedef struct {
     int seq, n_heads, n_kv_heads;
     float scale;
     int kv_parts, kv_chunk;
+    int batch;
 } attn_args_t;
 
 static long long es(const coda_tensor_t *t) {
@@ -57,7 +58,7 @@ static long long es(const coda_tensor_t *t) {
  * 1 + 4 stages mbarriers, 1024 bytes of slack to align the swizzled tiles;
  * at head_dim 128 three stages take 225 KiB of the 227 an SM offers). */
 static int smem_fwd_wgmma(int hd, int stages) {
-    return (1 + 2 * stages) * (hd / 64) * 128 * 128 + 8 * (1 + 4 * stages) + 1024;
+    return (1 + 2 * stages) * (hd / 64) * 128 * 128 + 8 * (2 + 4 * stages) + 1024;
 }
 static int smem_fwd(int hd) { return (FWD_ROWS + 4 * KV_TILE) * hd * 2; }
 /* threads of the mma.sync forward: a warp per 16 rows, 32 at HD 128 (its FWD_MT) */
@@ -96,13 +97,21 @@ static int smem_bwd_wgmma(int hd, int stages, int kind) {
 #define BWD_PIPE 1
 /* The wgmma forward's ring of k and v tiles (CODA_AW_STAGES) and whether a
  * stage's k is freed once the tile's S is made, before its v is used
- * (CODA_AW_APART); tuning's attn_fwd_stages and attn_fwd_apart override.
- * 3 stages, k and v freed together: with a third stage the early k release
- * buys nothing and costs 0.3-3.5% (H100, stop 49, `test_attention_gpu fwdab
- * benchonly`, two rounds: 449 / 633 / 639 against 434 / 630 / 624 TFLOP/s at
- * 1B / 8B / 70B; stop 42's two rounds had it level or ahead at 1B and 8B). */
-#define FWD_STAGES 3
-#define FWD_APART 0
+ * (CODA_AW_APART), and whether it is persistent (a block a multiprocessor,
+ * each looping over its items, the next item's q and tiles loaded under
+ * this one's last products and stores) or takes a block an item; tuning's
+ * attn_fwd_stages, attn_fwd_apart and attn_fwd_persist override.
+ * Persistent, 2 stages, k freed apart from v (H100, stop 50,
+ * `test_attention_gpu fwdab benchonly`, two rounds, TFLOP/s at 1B / 8B /
+ * 70B): 443 / 650 / 651 and 442 / 649 / 647, against 437 / 647 / 638 with
+ * 3 stages freed together, and 417 / 626 / 634 and 417 / 627 / 594 for
+ * the default of stop 49 (3 stages together, a block an item). A block an
+ * item, the third stage paid where the early release did not (stop 49:
+ * 449 / 633 / 639 against 434 / 630 / 624); persistent, the next item's
+ * loads fill the ring at the turn of items either way. */
+#define FWD_STAGES 2
+#define FWD_APART 1
+#define FWD_PERSIST 1
 /* The fused backward's layout: the blocks a kv group's query heads are
  * shared over (`parts`, dk and dv added in the parts' order) and the launch
  * order (chunk: the (group part, sequence) pairs of a launch chunk, 1 one
@@ -325,8 +334,16 @@ static coda_status_t run(launcher_t *L, const coda_attention_shape_t *s, const c
         CUtensorMap map;
         CODA_TRY(seq_map(L->ctx, &map, qkv, s, FWD_ROWS, "cuTensorMapEncodeTiled(qkv)"));
         void *wargs[] = {&map, a};
-        return launch(L, "coda_attn_fwd_wgmma_kernel", heads, batch, (unsigned)coda__cdiv(s->seq, FWD_ROWS), 384,
-                      smem_fwd_wgmma(L->hd, L->fwd_stages), wargs);
+        /* a 1-D grid over the items (128 query rows, head, sequence): one
+         * block an item, or one a multiprocessor looping over them */
+        const int64_t items = coda__cdiv(s->seq, FWD_ROWS) * s->n_heads * s->batch;
+        if (items > INT32_MAX)
+            return coda__fail(CODA_ERR_SHAPE, "coda_attention: %lld work items of 128 rows (over 2^31)",
+                              (long long)items);
+        const int persist = L->ctx->tuning.attn_fwd_persist >= 0 ? L->ctx->tuning.attn_fwd_persist : FWD_PERSIST;
+        const int64_t grid = persist && items > L->dev->sm_count ? L->dev->sm_count : items;
+        return launch(L, "coda_attn_fwd_wgmma_kernel", (unsigned)grid, 1, 1, 384, smem_fwd_wgmma(L->hd, L->fwd_stages),
+                      wargs);
     }
     if (!backward)
         return launch(L, "coda_attn_fwd_kernel", heads, batch, (unsigned)coda__cdiv(s->seq, FWD_ROWS),
@@ -396,6 +413,7 @@ coda_status_t coda__cuda_attention(coda_context_t *ctx, const coda_attention_sha
     a.n_heads = (int)shape->n_heads;
     a.n_kv_heads = (int)shape->n_kv_heads;
     a.scale = (float)(1.0 / sqrt((double)shape->head_dim));
+    a.batch = (int)shape->batch;
     a.kv_parts = 1; /* the fused backward's choices: run_bwd_wgmma */
 
     struct coda_cuda *cu = ctx->cuda;

@@ -25,9 +25,9 @@
  * kernels (CODA_DEBUG_ATTN_SPLIT_BWD), 2 the mma.sync kernels of attention.cuh
  * (CODA_DEBUG_ATTN_MMA), 3 the wgmma kernels' serial schedules (a block a
  * forward tile, no ping-pong, the dq kernel one step at a time:
- * CODA_DEBUG_ATTN_PIPE=0), 4 the wgmma forward's other ring: 2 stages, k
- * freed after S and v after P v (CODA_DEBUG_ATTN_FWD_STAGES=2, _APART=1; the
- * default of stops 42-48 freed them apart in 3 stages),
+ * CODA_DEBUG_ATTN_PIPE=0), 4 the wgmma forward's other ring: 3 stages, k
+ * and v freed together after P v (CODA_DEBUG_ATTN_FWD_STAGES=3, _APART=0;
+ * the default of stop 49; since stop 50 2 stages, k freed after S),
  * 5 the fused backward with one query head a block, dk and dv added over the
  * group in order, key blocks launched fastest (CODA_DEBUG_ATTN_BWD_PARTS=h,
  * _ORDER=1), 6 two parts a group launched in chunks of 3 (part, sequence)
@@ -37,19 +37,24 @@
  * which no test shape is large enough to choose:
  * CODA_DEBUG_ATTN_BWD_PARTS=2, _ORDER=3), 7 the fused backward's dq as
  * before stop 44: both warpgroups' 64-key parts, summed in the staging
- * (CODA_DEBUG_OPTS=-DCODA_AB_DQ_ONE=0, attention_bwd_wgmma.cuh). The other
+ * (CODA_DEBUG_OPTS=-DCODA_AB_DQ_ONE=0, attention_bwd_wgmma.cuh), 8 the
+ * forward a block an item (CODA_DEBUG_ATTN_FWD_PERSIST=0; the default since
+ * stop 50 is persistent, a block a multiprocessor looping over its items,
+ * which the shapes with more items than the 132 multiprocessors exercise).
+ * The other
  * sets keep the environment's attn_pipe, forward ring, backward layout and
  * CODA_DEBUG_OPTS (the A/B runs of "bench"). */
-#define N_KERNEL_SETS 8
+#define N_KERNEL_SETS 9
 #define DQ_SUM_OPT "-DCODA_AB_DQ_ONE=0"
 static const char *const kernel_names[N_KERNEL_SETS] = {
     "wgmma (fused backward)", "wgmma, split backward: dk/dv and dq kernels (CODA_DEBUG_ATTN_SPLIT_BWD)",
     "mma.sync (CODA_DEBUG_ATTN_MMA)", "wgmma, serial schedules (CODA_DEBUG_ATTN_PIPE=0)",
-    "wgmma, the forward's other ring: 2 stages, k and v freed apart (CODA_DEBUG_ATTN_FWD_STAGES=2, _APART=1)",
+    "wgmma, the forward's other ring: 3 stages, k and v freed together (CODA_DEBUG_ATTN_FWD_STAGES=3, _APART=0)",
     "wgmma, backward one head a block, key blocks fastest (CODA_DEBUG_ATTN_BWD_PARTS=h, _ORDER=1)",
     "wgmma, backward 2 parts a group, chunks of 3 pairs (CODA_DEBUG_ATTN_BWD_PARTS=2, _ORDER=3)",
-    "wgmma, backward dq as two warpgroups' parts, summed (CODA_DEBUG_OPTS=" DQ_SUM_OPT ")"};
-static int use_mma, env_pipe = -2, env_fwd_stages, env_fwd_apart, env_bwd_parts, env_bwd_order;
+    "wgmma, backward dq as two warpgroups' parts, summed (CODA_DEBUG_OPTS=" DQ_SUM_OPT ")",
+    "wgmma, the forward a block an item, not persistent (CODA_DEBUG_ATTN_FWD_PERSIST=0)"};
+static int use_mma, env_pipe = -2, env_fwd_stages, env_fwd_apart, env_fwd_persist, env_bwd_parts, env_bwd_order;
 static char env_opts[CODA_TUNING_OPTS_CAP];
 static void tune_attn(coda_context_t *ctx, int kernels) {
     coda__tuning_t t = coda__get_tuning(ctx);
@@ -57,6 +62,7 @@ static void tune_attn(coda_context_t *ctx, int kernels) {
         env_pipe = t.attn_pipe;
         env_fwd_stages = t.attn_fwd_stages;
         env_fwd_apart = t.attn_fwd_apart;
+        env_fwd_persist = t.attn_fwd_persist;
         env_bwd_parts = t.attn_bwd_parts;
         env_bwd_order = t.attn_bwd_order;
         memcpy(env_opts, t.extra_opts, sizeof env_opts);
@@ -64,8 +70,9 @@ static void tune_attn(coda_context_t *ctx, int kernels) {
     t.attn_mma = kernels == 2;
     t.attn_split_bwd = kernels == 1;
     t.attn_pipe = kernels == 3 ? 0 : env_pipe;
-    t.attn_fwd_stages = kernels == 4 ? 2 : env_fwd_stages;
-    t.attn_fwd_apart = kernels == 4 ? 1 : env_fwd_apart;
+    t.attn_fwd_stages = kernels == 4 ? 3 : env_fwd_stages;
+    t.attn_fwd_apart = kernels == 4 ? 0 : env_fwd_apart;
+    t.attn_fwd_persist = kernels == 8 ? 0 : env_fwd_persist;
     t.attn_bwd_parts = kernels == 5 ? -1 : kernels == 6 ? 2 : env_bwd_parts;
     t.attn_bwd_order = kernels == 5 ? 1 : kernels == 6 ? 3 : env_bwd_order;
     snprintf(t.extra_opts, sizeof t.extra_opts, "%s", kernels == 7 ? DQ_SUM_OPT : env_opts);
@@ -520,7 +527,8 @@ static void bench(coda_context_t *ctx, int dirs) {
 #define MAX_LAYOUTS 16
 static int layouts[MAX_LAYOUTS][2], n_layouts;
 static void variants_ab(coda_context_t *ctx, char mode, int timed_only) {
-    static const int fwd[4][2] = {{2, 0}, {2, 1}, {3, 0}, {3, 1}};
+    /* (stages, k and v freed apart, persistent) */
+    static const int fwd[6][3] = {{2, 0, 0}, {2, 1, 0}, {3, 0, 0}, {3, 1, 0}, {3, 0, 1}, {2, 1, 1}};
     /* (parts, launch chunk): 0 all pairs (kv heads fastest), 1 key blocks fastest, else pairs a chunk */
     static const int bwd0[9][2] = {{1, 0}, {1, 1}, {1, 4}, {2, 0}, {2, 1}, {2, 2}, {2, 4}, {-1, 0}, {-1, 1}};
     const int(*bwd)[2] = n_layouts ? (const int(*)[2])layouts : bwd0;
@@ -528,7 +536,7 @@ static void variants_ab(coda_context_t *ctx, char mode, int timed_only) {
                                       "-DCODA_AB_DQ_ONE=1 -DCODA_AB_PT_REG=1"};
     static const char *const dq_name[3] = {"both warpgroups, staged sum", "one warpgroup a step, 128 keys",
                                            "one warpgroup a step, P^T from registers (the default)"};
-    const int backward = mode != 'f', n = mode == 'b' ? (n_layouts ? n_layouts : 9) : mode == 'd' ? 3 : 4;
+    const int backward = mode != 'f', n = mode == 'b' ? (n_layouts ? n_layouts : 9) : mode == 'd' ? 3 : 6;
     tune_attn(ctx, 0);
     const coda__tuning_t t0 = coda__get_tuning(ctx);
     for (int round = 0; round < (timed_only ? 2 : 3); round++)
@@ -553,8 +561,9 @@ static void variants_ab(coda_context_t *ctx, char mode, int timed_only) {
             } else {
                 t.attn_fwd_stages = fwd[i][0];
                 t.attn_fwd_apart = fwd[i][1];
-                printf("== forward ring: %d stages, k and v freed %s%s\n", fwd[i][0],
-                       fwd[i][1] ? "apart" : "together", tag);
+                t.attn_fwd_persist = fwd[i][2];
+                printf("== forward ring: %d stages, k and v freed %s, %s%s\n", fwd[i][0],
+                       fwd[i][1] ? "apart" : "together", fwd[i][2] ? "persistent" : "a block an item", tag);
             }
             tune_set(ctx, &t);
             fflush(stdout);

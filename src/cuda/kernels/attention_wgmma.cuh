@@ -7,7 +7,14 @@
  * gemm_wgmma.cuh (the wgmma wrappers, CODA_TA = CODA_TB = 0) and
  * attention.cuh (HD, coda_attn_args_t, constants).
  *
- * One block per (128 query rows, head, sequence), 384 threads:
+ * Work items of (128 query rows, head, sequence), the longest rows first,
+ * heads fastest; a 1-D grid of 384-thread blocks. With as many blocks as
+ * items each takes one; with fewer (persistent: one a multiprocessor, the
+ * host's choice) block j takes items j, then 2G - 1 - j, then 2G + j...
+ * (G blocks; rounds alternate in direction so that every block's sum of
+ * lengths is about the same), and the producer loads the next item's q
+ * and tiles while the consumers finish this one (the ring and the
+ * barriers' phases run on across items). Each block:
  *   warpgroup 0      the producer: one thread issues the TMA loads of the
  *                    block's q and, through a ring of AW_STAGES stages, each
  *                    128-key tile's k and v (3-D tensor map over (column,
@@ -43,7 +50,7 @@
  *   k[s]    HD / 64 chunks of 128 rows x 128 bytes, per stage (CODA_AW_STAGES)
  *   v[s]    the same
  *   barriers q full, k full[s], v full[s], k empty[s], v empty[s] (v empty
- *            unused without CODA_AW_APART) */
+ *            unused without CODA_AW_APART), q empty */
 
 #ifndef CODA_AW_STAGES
 #define CODA_AW_STAGES 2
@@ -58,7 +65,7 @@
 #define AW_CHUNK (128 * 128)         /* bytes of one 64-column chunk of a tile */
 #define AW_TILE_BYTES (HD / 64 * AW_CHUNK)
 #define AW_BAR_OFF ((1 + 2 * AW_STAGES) * AW_TILE_BYTES)
-#define AW_SMEM (AW_BAR_OFF + 8 * (1 + 4 * AW_STAGES)) /* + 1024 of slack on the host */
+#define AW_SMEM (AW_BAR_OFF + 8 * (2 + 4 * AW_STAGES)) /* + 1024 of slack on the host */
 
 /* 3-D TMA tile load (column, position, sequence), completing on `bar`. */
 static __device__ __forceinline__ void aw_tma_load3(u32 dst, const coda_tmap *map, int col, int pos, int b,
@@ -159,7 +166,8 @@ static __device__ __forceinline__ void aw_issue_pv(float *o, u32 (*pa)[4], u32 v
 /* The ping-pong's turn: warpgroup c waits on barrier 4 + c before it
  * issues and passes to 4 + (1 - c) after (256 threads: 128 wait, 128 of the
  * other arrive). Warpgroup 1 passes once before its first turn, so 0 goes
- * first, and skips its pass after its last, so every arrival is waited for. */
+ * first, and skips its pass after its last (of the block's last item), so
+ * every arrival is waited for. */
 #ifndef CODA_AW_PINGPONG
 #define CODA_AW_PINGPONG 0
 #endif
@@ -179,6 +187,23 @@ static __device__ __forceinline__ void aw_issue_pv(float *o, u32 (*pa)[4], u32 v
         _Pragma("unroll") for (int i_ = 0; i_ < (n); i_++) coda_fence_reg((v)[i_]); \
     } while (0)
 
+/* The block's k-th item (-1: none left): round k, in alternating directions. */
+static __device__ __forceinline__ int aw_item(int k, int n_items) {
+    const int g = (int)gridDim.x, j = (int)blockIdx.x;
+    const long long it = (long long)k * g + (k & 1 ? g - 1 - j : j);
+    return it < n_items ? (int)it : -1;
+}
+
+/* An item's rows, head and sequence: the longest rows (the last tile) first,
+ * heads fastest, then sequences. */
+static __device__ __forceinline__ void aw_decode(const coda_attn_args_t &p, int item, int n_tiles, int *tile,
+                                                 int *h, int *b) {
+    const int hb = p.n_heads * p.batch;
+    *tile = n_tiles - 1 - item / hb;
+    *h = item % hb % p.n_heads;
+    *b = item % hb / p.n_heads;
+}
+
 extern "C" __global__ void __launch_bounds__(384, 1)
 coda_attn_fwd_wgmma_kernel(const __grid_constant__ coda_tmap tmap, coda_attn_args_t p) {
     extern __shared__ __align__(1024) unsigned char smem[];
@@ -190,15 +215,14 @@ coda_attn_fwd_wgmma_kernel(const __grid_constant__ coda_tmap tmap, coda_attn_arg
 #define BAR_V(s) (bars + 8 + 8 * AW_STAGES + 8 * (s))
 #define BAR_E(s) (bars + 8 + 16 * AW_STAGES + 8 * (s)) /* k's, or the whole stage's */
 #define BAR_EV(s) (bars + 8 + 24 * AW_STAGES + 8 * (s))
-    const int seq = p.seq, h = blockIdx.x, b = blockIdx.y;
-    const int tile = (int)gridDim.z - 1 - (int)blockIdx.z; /* the longest rows first */
-    const int q0 = tile * AW_BM, n_kv = tile + 1;           /* causal: keys < q0 + AW_BM */
-    const int kvh = h / (p.n_heads / p.n_kv_heads);
-    const int col_k = p.n_heads * HD + kvh * HD, col_v = col_k + p.n_kv_heads * HD;
+#define BAR_QE (bars + 8 + 32 * AW_STAGES)              /* q read: the next item's may come */
+    const int seq = p.seq, n_tiles = (seq + AW_BM - 1) / AW_BM, n_items = n_tiles * p.n_heads * p.batch;
+    const int group = p.n_heads / p.n_kv_heads;
     const int wg = threadIdx.x / 128;
 
     if (threadIdx.x == 0) {
         coda_mbar_init(BAR_Q, 1);
+        coda_mbar_init(BAR_QE, AW_CONSUMER_THREADS);
         for (int s = 0; s < AW_STAGES; s++) {
             coda_mbar_init(BAR_K(s), 1);
             coda_mbar_init(BAR_V(s), 1);
@@ -213,17 +237,24 @@ coda_attn_fwd_wgmma_kernel(const __grid_constant__ coda_tmap tmap, coda_attn_arg
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
         if (threadIdx.x == 0) {
             coda_prefetch_tmap(&tmap);
-            coda_mbar_expect_tx(BAR_Q, AW_TILE_BYTES);
-            aw_load_tile(sq, &tmap, h * HD, q0, b, BAR_Q);
-            for (int j = 0; j < n_kv; j++) {
-                const int s = j % AW_STAGES;
-                const u32 ph = (u32)((j / AW_STAGES) - 1) & 1u;
-                if (j >= AW_STAGES) coda_mbar_wait(BAR_E(s), ph);
-                coda_mbar_expect_tx(BAR_K(s), AW_TILE_BYTES);
-                aw_load_tile(sk + s * AW_TILE_BYTES, &tmap, col_k, j * AW_BN, b, BAR_K(s));
-                if (CODA_AW_APART && j >= AW_STAGES) coda_mbar_wait(BAR_EV(s), ph);
-                coda_mbar_expect_tx(BAR_V(s), AW_TILE_BYTES);
-                aw_load_tile(sv + s * AW_TILE_BYTES, &tmap, col_v, j * AW_BN, b, BAR_V(s));
+            int g = 0; /* tiles loaded so far, over the block's items: the ring's place */
+            for (int k = 0, item; (item = aw_item(k, n_items)) >= 0; k++) {
+                int tile, h, b;
+                aw_decode(p, item, n_tiles, &tile, &h, &b);
+                const int col_k = p.n_heads * HD + h / group * HD, col_v = col_k + p.n_kv_heads * HD;
+                if (k > 0) coda_mbar_wait(BAR_QE, (u32)(k - 1) & 1u);
+                coda_mbar_expect_tx(BAR_Q, AW_TILE_BYTES);
+                aw_load_tile(sq, &tmap, h * HD, tile * AW_BM, b, BAR_Q);
+                for (int j = 0; j <= tile; j++, g++) { /* causal: keys < (tile + 1) AW_BM */
+                    const int s = g % AW_STAGES;
+                    const u32 ph = (u32)((g / AW_STAGES) - 1) & 1u;
+                    if (g >= AW_STAGES) coda_mbar_wait(BAR_E(s), ph);
+                    coda_mbar_expect_tx(BAR_K(s), AW_TILE_BYTES);
+                    aw_load_tile(sk + s * AW_TILE_BYTES, &tmap, col_k, j * AW_BN, b, BAR_K(s));
+                    if (CODA_AW_APART && g >= AW_STAGES) coda_mbar_wait(BAR_EV(s), ph);
+                    coda_mbar_expect_tx(BAR_V(s), AW_TILE_BYTES);
+                    aw_load_tile(sv + s * AW_TILE_BYTES, &tmap, col_v, j * AW_BN, b, BAR_V(s));
+                }
             }
         }
         return;
@@ -231,82 +262,95 @@ coda_attn_fwd_wgmma_kernel(const __grid_constant__ coda_tmap tmap, coda_attn_arg
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     const int c = wg - 1, tid = threadIdx.x % 128, lane = tid & 31;
-    const int row0 = q0 + 64 * c + 16 * (tid >> 5) + (lane >> 2); /* and row0 + 8 */
     const u32 qa = sq + c * 8192;
     const float sl2 = p.scale * LOG2E;
-    float o[HD / 2], s[AW_BN / 2], m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f}, alpha[2];
-    u32 pa[AW_BN / 16][4];
-#pragma unroll
-    for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
-
 #if CODA_AW_PINGPONG
     if (c == 1) coda_turn_pass(4);
 #endif
-    coda_mbar_wait(BAR_Q, 0);
-    coda_mbar_wait(BAR_K(0), 0);
-    AW_TURN_WAIT(c);
-    coda_wgmma_fence();
-    aw_issue_s(s, qa, sk);
-    AW_TURN_PASS(c, 0);
-    coda_wgmma_wait(0);
-    AW_FENCE(s, AW_BN / 2);
-    if (CODA_AW_APART) coda_mbar_arrive(BAR_E(0)); /* k of tile 0 read */
-    aw_softmax(s, 0, row0, seq, n_kv == 1, sl2, m, l, alpha);
-    aw_pack(s, pa, AW_BN / 16);
+    int g0 = 0; /* the ring's place of the item's first tile */
+    for (int k = 0, item; (item = aw_item(k, n_items)) >= 0; k++) {
+        int tile, h, b;
+        aw_decode(p, item, n_tiles, &tile, &h, &b);
+        const int last_item = aw_item(k + 1, n_items) < 0;
+        const int q0 = tile * AW_BM, n_kv = tile + 1;
+        const int row0 = q0 + 64 * c + 16 * (tid >> 5) + (lane >> 2); /* and row0 + 8 */
+        float o[HD / 2], s[AW_BN / 2], m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f}, alpha[2];
+        u32 pa[AW_BN / 16][4];
+#pragma unroll
+        for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
 
-    for (int j = 1; j < n_kv; j++) {
-        const int s_now = j % AW_STAGES, s_prev = (j - 1) % AW_STAGES;
-        coda_mbar_wait(BAR_K(s_now), (u32)(j / AW_STAGES) & 1u);
+        const int s0 = g0 % AW_STAGES;
+        coda_mbar_wait(BAR_Q, (u32)k & 1u);
+        coda_mbar_wait(BAR_K(s0), (u32)(g0 / AW_STAGES) & 1u);
         AW_TURN_WAIT(c);
         coda_wgmma_fence();
-        aw_issue_s(s, qa, sk + s_now * AW_TILE_BYTES);
-        coda_mbar_wait(BAR_V(s_prev), (u32)((j - 1) / AW_STAGES) & 1u);
-        aw_issue_pv(o, pa, sv + s_prev * AW_TILE_BYTES);
+        aw_issue_s(s, qa, sk + s0 * AW_TILE_BYTES);
         AW_TURN_PASS(c, 0);
-        coda_wgmma_wait(1); /* S done, P v of the previous tile in flight */
+        coda_wgmma_wait(0);
         AW_FENCE(s, AW_BN / 2);
-        if (CODA_AW_APART) coda_mbar_arrive(BAR_E(s_now)); /* k of tile j read */
-        aw_softmax(s, j * AW_BN, row0, seq, j == n_kv - 1, sl2, m, l, alpha);
-        coda_wgmma_wait(0);
-        AW_FENCE(o, HD / 2);
-        /* every thread releases for itself: no __syncwarp before one
-         * lane's arrive (measured faster in the backward's dk/dv kernel) */
-        coda_mbar_arrive(CODA_AW_APART ? BAR_EV(s_prev) : BAR_E(s_prev));
-#pragma unroll
-        for (int i = 0; i < HD / 2; i++) o[i] *= alpha[(i >> 1) & 1];
+        if (CODA_AW_APART) coda_mbar_arrive(BAR_E(s0)); /* k of tile 0 read */
+        if (n_kv == 1) coda_mbar_arrive(BAR_QE);         /* q read for the last time */
+        aw_softmax(s, 0, row0, seq, n_kv == 1, sl2, m, l, alpha);
         aw_pack(s, pa, AW_BN / 16);
-    }
-    {
-        const int s_last = (n_kv - 1) % AW_STAGES;
-        coda_mbar_wait(BAR_V(s_last), (u32)((n_kv - 1) / AW_STAGES) & 1u);
-        AW_TURN_WAIT(c);
-        coda_wgmma_fence();
-        aw_issue_pv(o, pa, sv + s_last * AW_TILE_BYTES);
-        AW_TURN_PASS(c, 1);
-        coda_wgmma_wait(0);
-        AW_FENCE(o, HD / 2);
-    }
 
-    /* finish: the quad's row sums, o = acc / l, lse (natural log) */
-    const long long r0 = (long long)b * seq;
-    u16 *ob = (u16 *)p.out + r0 * p.ld_o + h * HD;
+        for (int j = 1; j < n_kv; j++) {
+            const int gj = g0 + j, s_now = gj % AW_STAGES, s_prev = (gj - 1) % AW_STAGES;
+            coda_mbar_wait(BAR_K(s_now), (u32)(gj / AW_STAGES) & 1u);
+            AW_TURN_WAIT(c);
+            coda_wgmma_fence();
+            aw_issue_s(s, qa, sk + s_now * AW_TILE_BYTES);
+            coda_mbar_wait(BAR_V(s_prev), (u32)((gj - 1) / AW_STAGES) & 1u);
+            aw_issue_pv(o, pa, sv + s_prev * AW_TILE_BYTES);
+            AW_TURN_PASS(c, 0);
+            coda_wgmma_wait(1); /* S done, P v of the previous tile in flight */
+            AW_FENCE(s, AW_BN / 2);
+            if (CODA_AW_APART) coda_mbar_arrive(BAR_E(s_now)); /* k of tile j read */
+            if (j == n_kv - 1) coda_mbar_arrive(BAR_QE);       /* q read for the last time */
+            aw_softmax(s, j * AW_BN, row0, seq, j == n_kv - 1, sl2, m, l, alpha);
+            coda_wgmma_wait(0);
+            AW_FENCE(o, HD / 2);
+            /* every thread releases for itself: no __syncwarp before one
+             * lane's arrive (measured faster in the backward's dk/dv kernel) */
+            coda_mbar_arrive(CODA_AW_APART ? BAR_EV(s_prev) : BAR_E(s_prev));
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float lr = l[r];
-        lr += __shfl_xor_sync(0xffffffffu, lr, 1);
-        lr += __shfl_xor_sync(0xffffffffu, lr, 2);
-        const int row = row0 + 8 * r;
-        if (row >= seq) continue;
-        const float inv = 1.f / lr;
-        u32 *orow = (u32 *)(ob + (long long)row * p.ld_o);
+            for (int i = 0; i < HD / 2; i++) o[i] *= alpha[(i >> 1) & 1];
+            aw_pack(s, pa, AW_BN / 16);
+        }
+        {
+            const int gl = g0 + n_kv - 1, s_last = gl % AW_STAGES;
+            coda_mbar_wait(BAR_V(s_last), (u32)(gl / AW_STAGES) & 1u);
+            AW_TURN_WAIT(c);
+            coda_wgmma_fence();
+            aw_issue_pv(o, pa, sv + s_last * AW_TILE_BYTES);
+            AW_TURN_PASS(c, last_item);
+            coda_wgmma_wait(0);
+            AW_FENCE(o, HD / 2);
+            coda_mbar_arrive(CODA_AW_APART ? BAR_EV(s_last) : BAR_E(s_last));
+        }
+        g0 += n_kv;
+
+        /* finish: the quad's row sums, o = acc / l, lse (natural log) */
+        const long long r0 = (long long)b * seq;
+        u16 *ob = (u16 *)p.out + r0 * p.ld_o + h * HD;
 #pragma unroll
-        for (int t = 0; t < HD / 8; t++)
-            orow[4 * t + (lane & 3)] = pack_bf2(o[4 * t + 2 * r] * inv, o[4 * t + 2 * r + 1] * inv);
-        if ((lane & 3) == 0) p.lse[(r0 + row) * p.ld_lse + h] = m[r] * LN2 + logf(lr);
+        for (int r = 0; r < 2; r++) {
+            float lr = l[r];
+            lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+            lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+            const int row = row0 + 8 * r;
+            if (row >= seq) continue;
+            const float inv = 1.f / lr;
+            u32 *orow = (u32 *)(ob + (long long)row * p.ld_o);
+#pragma unroll
+            for (int t = 0; t < HD / 8; t++)
+                orow[4 * t + (lane & 3)] = pack_bf2(o[4 * t + 2 * r] * inv, o[4 * t + 2 * r + 1] * inv);
+            if ((lane & 3) == 0) p.lse[(r0 + row) * p.ld_lse + h] = m[r] * LN2 + logf(lr);
+        }
     }
 #undef BAR_Q
 #undef BAR_K
 #undef BAR_V
 #undef BAR_E
 #undef BAR_EV
+#undef BAR_QE
 }
