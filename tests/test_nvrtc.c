@@ -102,7 +102,8 @@ static void check_attn_layout(void) {
         {5, 8192, 128, 30, 0, -1, 5, 1},  /* 40 MiB: 5 is prime */
         {4, 8192, 128, 50, -1, 1, 4, 1},  /* tuning: one head a block, key blocks fastest */
         {8, 8192, 128, 50, 1, 0, 1, 0},   /* tuning: the old layout at 70B */
-        {6, 8192, 128, 50, 4, -1, 1, 8},  /* tuning's 4 does not divide 6: 1 */
+        {6, 8192, 128, 50, 4, -1, 1, 0},  /* tuning's 4 does not divide 6: 1; its parts take the L2 rule's order */
+        {4, 8192, 128, 50, 1, -1, 1, 0},  /* tuning's 1 part at 8B: the layout before stop 50 */
         {4, 8192, 128, 50, 0, 0, 2, 0},   /* tuning's order alone */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -55,7 +55,7 @@ static long long es(const coda_tensor_t *t) {
 
 /* Dynamic shared memory of each kernel, bytes (the layouts of attention.cuh
  * and attention_wgmma.cuh: q, `stages` stages of k and v tiles of 128 rows,
- * 1 + 4 stages mbarriers, 1024 bytes of slack to align the swizzled tiles;
+ * 2 + 4 stages mbarriers (q full and empty, a stage's four), 1024 bytes of slack to align the swizzled tiles;
  * at head_dim 128 three stages take 225 KiB of the 227 an SM offers). */
 static int smem_fwd_wgmma(int hd, int stages) {
     return (1 + 2 * stages) * (hd / 64) * 128 * 128 + 8 * (2 + 4 * stages) + 1024;
@@ -150,7 +150,10 @@ void coda__cuda_attn_bwd_layout(int group, int64_t seq, int64_t hd, int64_t l2_b
         while (n < group && (group % n || share / n > l2)) n++;
     *chunk = share > l2; /* 1: one (head part, sequence)'s key blocks at a time; 0: all pairs' */
     if (share <= l2 && hd == 128 && group >= 4 && group % 2 == 0) n = group / 2, *chunk = 8;
-    if (tune_parts) n = tune_parts == -1 ? group : tune_parts;
+    if (tune_parts) { /* the chunks of 8 were measured for two heads a block: other parts, the L2 rule's order */
+        n = tune_parts == -1 ? group : tune_parts;
+        *chunk = share > l2;
+    }
     if (tune_order >= 0) *chunk = tune_order;
     *parts = n >= 1 && group % n == 0 ? n : 1;
 }

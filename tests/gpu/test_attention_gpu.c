@@ -23,8 +23,8 @@
  * 0 the defaults (attention_wgmma.cuh's forward, attention_bwd_wgmma.cuh's
  * fused backward), 1 the same with the backward's separate dk/dv and dq
  * kernels (CODA_DEBUG_ATTN_SPLIT_BWD), 2 the mma.sync kernels of attention.cuh
- * (CODA_DEBUG_ATTN_MMA), 3 the wgmma kernels' serial schedules (a block a
- * forward tile, no ping-pong, the dq kernel one step at a time:
+ * (CODA_DEBUG_ATTN_MMA), 3 the wgmma kernels' serial schedules (the
+ * forward's warpgroups without ping-pong, the dq kernel one step at a time:
  * CODA_DEBUG_ATTN_PIPE=0), 4 the wgmma forward's other ring: 3 stages, k
  * and v freed together after P v (CODA_DEBUG_ATTN_FWD_STAGES=3, _APART=0;
  * the default of stop 49; since stop 50 2 stages, k freed after S),
@@ -588,8 +588,8 @@ int main(int argc, char **argv) {
         timed_only |= !strcmp(argv[i], "benchonly");
         if (!strncmp(argv[i], "layouts=", 8))
             for (const char *c = argv[i] + 8; *c && n_layouts < MAX_LAYOUTS; c += strcspn(c, ","), c += *c == ',') {
-                int parts, chunk;
-                if (sscanf(c, "%d:%d", &parts, &chunk) != 2) {
+                int parts, chunk, used = 0;
+                if (sscanf(c, "%d:%d%n", &parts, &chunk, &used) != 2 || (c[used] && c[used] != ',')) {
                     fprintf(stderr, "layouts=: '%s' is not parts:chunk\n", c);
                     return 2;
                 }
