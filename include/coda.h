@@ -907,8 +907,11 @@ CODA_API coda_status_t coda_scale(coda_context_t *ctx, coda_tensor_t *t, const c
  * forward on warpgroup MMAs with tiles of 128 keys, the backward on
  * warpgroup MMAs in one kernel per 128 keys over tiles of 64 queries; causal
  * tiles past the diagonal skipped); the probabilities are rounded to bf16
- * for their products (as FlashAttention does).
- * Deterministic: dk and dv rows are each owned by one warpgroup; dq is
+ * for their products (as FlashAttention does). The forward's work items,
+ * ceil(seq / 128) x n_heads x batch, must be below 2^31 (CODA_ERR_SHAPE).
+ * Deterministic: dk and dv rows are each owned by one warpgroup (where a
+ * kv group's query heads are shared over blocks, as at LLaMA-3 8B and 70B,
+ * the blocks add theirs in a fixed order through a counter); dq is
  * added into dqkv by TMA reduce-adds that take turns in the key blocks'
  * fixed order (a counter per query tile in the workspace), so results are
  * bitwise the same run to run. (Where dqkv is not 16-byte aligned, a split

@@ -2,8 +2,9 @@
  * the arguments of the attention kernels and launches them
  * (src/api/attention.c has checked every argument but the pointers).
  *
- *   forward    kernels/attention_wgmma.cuh: wgmma + TMA, warp-specialised
- *              (kernels/attention.cuh's mma.sync forward under the tuning
+ *   forward    kernels/attention_wgmma.cuh: wgmma + TMA, warp-specialised,
+ *              persistent (a block a multiprocessor; CODA_DEBUG_ATTN_FWD_PERSIST=0
+ *              a block an item) (kernels/attention.cuh's mma.sync forward under the tuning
  *              switch CODA_DEBUG_ATTN_MMA, for A/B runs and its tests)
  *   backward   kernels/attention.cuh's prep kernel (D and lse log2(e) into
  *              the workspace), then kernels/attention_bwd_wgmma.cuh: dk,
