@@ -18,6 +18,9 @@ the same attention (torch SDPA, causal, GQA):
                  add+RMSNorm, RoPE and SwiGLU (from $LIGER_SRC, default
                  .liger/src; skipped with a note if it does not import)
   coda           coda.nn.LlamaBlock, bf16 parameters
+  coda+attn      (--coda-attention) the same with coda's own attention
+                 (attention="coda", coda.h section 11) instead of SDPA: the
+                 whole block coda's, measured against the same floor
 
 Time: CUDA events, after warm-up, --reps rounds, the variants interleaved
 run by run (clocks drift under load), their order rotated by one each round
@@ -43,7 +46,7 @@ with the host and prints how long the GPU waited for the host
 (trace_gaps.py).
 
     python3 bench/bench_block.py [--shapes 1b,8b,70b] [--reps 10] [--check] [--gaps N]
-                                 [--sdpa cudnn|flash|default] [--host-lead]
+                                 [--sdpa cudnn|flash|default] [--host-lead] [--coda-attention]
 """
 import argparse
 import math
@@ -241,7 +244,7 @@ def coda_block(W, shape, dev, attention=None):
                                               attention=attention or coda_attention)
 
 
-def bench_shape(name, shape, B, S, reps, liger, do_check, timer, n_gaps=0, cat_ab=False):
+def bench_shape(name, shape, B, S, reps, liger, do_check, timer, n_gaps=0, cat_ab=False, own_attention=False):
     dev = torch.device("cuda")
     d, H, KV, hd, ffn, theta = shape
     W = weights(shape, dev)
@@ -254,6 +257,8 @@ def bench_shape(name, shape, B, S, reps, liger, do_check, timer, n_gaps=0, cat_a
     mods.append(("coda", coda_block(W, shape, dev)))
     if cat_ab:
         mods.append(("coda-cat", coda_block(W, shape, dev, lambda *a: coda_attention(*a, split=torch_split))))
+    if own_attention:
+        mods.append(("coda+attn", coda_block(W, shape, dev, coda.nn.coda_attention)))
     x = torch.randn(B, S, d, device=dev, dtype=torch.bfloat16)
     dy = torch.randn(B, S, d, device=dev, dtype=torch.bfloat16)
     xg = x.clone().requires_grad_(True)
@@ -338,6 +343,8 @@ def main():
                          "GPU idle and the N largest waits for the host (trace_gaps.py)")
     ap.add_argument("--cat-ab", action="store_true",
                     help="also time coda with torch's split of qkv (autograd concatenates dq, dk, dv) as coda-cat")
+    ap.add_argument("--coda-attention", action="store_true",
+                    help="also time coda with its own attention instead of SDPA, as coda+attn")
     add_arguments(ap, sdpa=True)
     a = ap.parse_args()
     liger, why = load_liger()
@@ -347,7 +354,7 @@ def main():
           % (torch.cuda.get_device_name(), torch.__version__, "yes" if liger else "no (%s)" % why,
              coda.ops.HAVE_CUSTOM_OPS, sdpa_note, timer.describe()), flush=True)
     for s in a.shapes.split(","):
-        bench_shape(s, SHAPES[s], a.batch, a.seq, a.reps, liger, a.check, timer, a.gaps, a.cat_ab)
+        bench_shape(s, SHAPES[s], a.batch, a.seq, a.reps, liger, a.check, timer, a.gaps, a.cat_ab, a.coda_attention)
     print("timing: %s" % timer.describe())
 
 
