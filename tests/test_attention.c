@@ -360,6 +360,16 @@ static void public_api(void) {
     for (int64_t i = 0; i < s.m * s.nq; i++) untouched &= o1[i] == 0x7fc1;
     CHECK(untouched, "a refused coda_attention_forward wrote o");
     coda_context_free(ctx);
+    /* a context that asks for far more threads than the call can use: the
+     * forward's scratch is sized by the workers it starts (at most 256), not
+     * by the threads asked for (a review: 2^30 of them failed for memory) */
+    coda_context_options_t many = {0};
+    many.cpu_threads = 1 << 30;
+    REQUIRE_OK(coda_context_create(&many, &ctx));
+    CHECK_OK(coda_attention_forward(ctx, &sh, &tq, &to1, &tl1, NULL));
+    CHECK(!memcmp(o1, o2, 2 * (size_t)(s.m * s.nq)) && !memcmp(l1, l2, 4 * (size_t)(s.m * 4)),
+          "2^30 threads asked for: another result than 3 threads'");
+    coda_context_free(ctx);
     free(qkv), free(dout), free(o1), free(o2), free(l1), free(l2), free(g1), free(g2);
 }
 

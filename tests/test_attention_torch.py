@@ -336,6 +336,11 @@ def bad_input(ctx):
     raises("lse (M, H + 1)", lambda: bwd(lse=torch.zeros(M, H + 1, device=DEVICE)), E, "CODA_ERR_SHAPE")
     raises("o of the wrong rows", lambda: bwd(o=o[:M - 1]), E, "CODA_ERR_SHAPE")
     raises("workspace a bytearray", lambda: bwd(workspace=bytearray(1 << 16)), TypeError)
+    # an expanded or strided workspace would claim bytes it does not own (a review)
+    one = torch.empty(1, dtype=torch.uint8, device=DEVICE)
+    raises("workspace expanded", lambda: bwd(workspace=one.expand(1 << 20)), ValueError)
+    raises("workspace strided", lambda: bwd(workspace=torch.empty(1 << 17, dtype=torch.uint8, device=DEVICE)[::2]),
+           ValueError)
     buf = torch.full((M, w), 7.0, device=DEVICE)
     buf[:, :H] = lse
     before = buf.clone()
@@ -402,6 +407,15 @@ def bad_input(ctx):
         raises("fake: qkv f32", lambda: torch.ops.coda.attention(q.float().to("meta"), *shape), E, "CODA_ERR_DTYPE")
         raises("fake: rows", lambda: torch.ops.coda.attention(q.to("meta"), 3, S, H, KV, D), E, "CODA_ERR_SHAPE")
         raises("fake: groups", lambda: torch.ops.coda.attention(q.to("meta"), B, S, 3, 2, D), E, "CODA_ERR_SHAPE")
+        # what the C call refuses, the fake refuses too (a review): an integer do, the shape limits
+        raises("fake: do i32", lambda: torch.ops.coda.attention_backward(q.to("meta"), mo, ml,
+                                                                          dd.to("meta").int(), *shape),
+               E, "CODA_ERR_DTYPE")
+        raises("fake: head_dim 2^17", lambda: torch.ops.coda.attention(torch.empty(1, 3 << 17, dtype=BF,
+                                                                                   device="meta"),
+                                                                       1, 1, 1, 1, 1 << 17), E, "CODA_ERR_SHAPE")
+        raises("real: do i32", lambda: torch.ops.coda.attention_backward(q, o, lse, dd.int(), *shape), E,
+               "CODA_ERR_DTYPE")
     print("\nbad input: dtypes, shapes, groups, head_dim, overlap, workspace, Python types refused; nothing "
           "written; the op and its fake refuse alike")
 

@@ -1140,6 +1140,16 @@ def _workspace(nbytes, device):
     return buf, ctypes.c_void_p(buf.data_ptr() + (-buf.data_ptr()) % 256)
 
 
+def _workspace_bytes(workspace, fn):
+    """The bytes a caller's workspace tensor holds, as the C call is told:
+    only a contiguous tensor's numel x element size are its own (an expanded
+    or strided view would claim memory past or between its elements)."""
+    if not workspace.is_contiguous():
+        raise ValueError("coda: %s: workspace must be contiguous (shape %s, strides %s)"
+                         % (fn, tuple(workspace.shape), workspace.stride()))
+    return workspace.numel() * workspace.element_size()
+
+
 def lm_loss(ctx, x, w, targets, loss=None, total=None, dx=None, dw=None, opts=None, workspace=None, **fields):
     """coda_lm_loss: the LM head (logits = x w^T, softcapped if asked) and
     the cross-entropy loss, forward and, for the outputs dx and dw given,
@@ -1173,7 +1183,7 @@ def lm_loss(ctx, x, w, targets, loss=None, total=None, dx=None, dw=None, opts=No
         if not isinstance(workspace, torch.Tensor):
             raise TypeError("coda: lm_loss: workspace must be a torch.Tensor or None, got %s"
                             % type(workspace).__name__)
-        buf, ws, n = workspace, ctypes.c_void_p(workspace.data_ptr()), workspace.numel() * workspace.element_size()
+        buf, ws, n = workspace, ctypes.c_void_p(workspace.data_ptr()), _workspace_bytes(workspace, "lm_loss")
     _check(lib.coda_lm_loss(ctx.handle, _opt(x), _opt(w), _opt(targets), ctypes.byref(o), _opt(loss), _opt(total),
                             _opt(dx), _opt(dw), ws, n, _stream(x, w, loss)))
     del buf  # held until the call is queued (torch's allocator orders its reuse on the stream)
@@ -1296,7 +1306,8 @@ def attention_backward(ctx, qkv, o, lse, do, dqkv, batch, seq, n_heads, n_kv_hea
             # C cannot tell a host pointer from a device one
             raise ValueError("coda: attention_backward: workspace is on %s, qkv on %s"
                              % (workspace.device, qkv.device))
-        buf, ws, n = workspace, ctypes.c_void_p(workspace.data_ptr()), workspace.numel() * workspace.element_size()
+        buf, ws, n = workspace, ctypes.c_void_p(workspace.data_ptr()), _workspace_bytes(workspace,
+                                                                                         "attention_backward")
     _check(lib.coda_attention_backward(ctx.handle, ctypes.byref(shape), _opt(qkv), _opt(o), _opt(lse), _opt(do),
                                        _opt(dqkv), ws, n, _attn_stream(stream, qkv, dqkv)))
     del buf  # held until the call is queued (torch's allocator orders its reuse on the stream)

@@ -89,7 +89,9 @@ def _check_meta(what, t, rows, cols, dtype):
 
 
 def _meta_shape(batch, seq, n_heads, n_kv_heads, head_dim, device):
-    if batch < 1 or seq < 1 or n_heads < 1 or n_kv_heads < 1 or n_heads % n_kv_heads or head_dim < 1:
+    # src/api/attention.c's check_shape: batch * seq at most 2^30, n_heads and head_dim at most 2^16
+    if (batch < 1 or seq < 1 or n_heads < 1 or n_kv_heads < 1 or n_heads % n_kv_heads or head_dim < 1
+            or batch * seq > 1 << 30 or n_heads > 1 << 16 or head_dim > 1 << 16):
         _refuse(2, "CODA_ERR_SHAPE", "batch %d, seq %d, n_heads %d, n_kv_heads %d, head_dim %d"
                 % (batch, seq, n_heads, n_kv_heads, head_dim))
     if device.type == "cuda" and head_dim not in (64, 128):
@@ -127,6 +129,8 @@ if HAVE_CUSTOM_OPS:
         _check_meta("lse", lse, m, n_heads, torch.float32)
         if do.dim() != 2 or tuple(do.shape) != (m, nq):
             _refuse(2, "CODA_ERR_SHAPE", "do must be (%d, %d), got %s" % (m, nq, tuple(do.shape)))
+        if not do.is_floating_point():  # _bwd casts a floating do to bf16; the C call refuses the rest
+            _refuse(4, "CODA_ERR_DTYPE", "do_ must be bf16, got %s" % do.dtype)
         return qkv.new_empty(m, w, dtype=torch.float32)
 
     def _setup(ctx, inputs, output):

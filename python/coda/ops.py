@@ -142,7 +142,9 @@ def ready(t, align=16):
     if not isinstance(t, torch.Tensor) or t.dim() != 2:
         return t  # the C call says what is wrong
     es = t.element_size()
-    ok = (t.stride(1) == 1 or t.shape[1] <= 1) and (t.shape[0] <= 1 or t.stride(0) >= t.shape[1])
+    # coda reads strides as they are, a size-1 dimension's too (torch calls
+    # such a tensor contiguous whatever that stride is)
+    ok = t.stride(1) == 1 and t.stride(0) >= max(1, t.shape[1])
     if ok and t.is_cuda:
         ok = t.data_ptr() % align == 0 and (t.stride(0) * es) % align == 0
     if ok:

@@ -32,12 +32,21 @@ static void *run_chunk(void *p) {
     return NULL;
 }
 
-/* Run fn over [0, n) split into `threads` contiguous chunks. If a thread cannot
- * be started its chunk runs on the calling thread: slower, never wrong. */
-static void parallel_for(task_fn fn, void *ctx, int64_t n, int threads) {
-    enum { MAX_THREADS = 256 };
+enum { MAX_THREADS = 256 };
+
+/* The workers parallel_for runs n tasks on with `threads` asked for (what
+ * per-worker scratch is sized by). */
+static int workers(int threads, int64_t n) {
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     if (threads > n) threads = (int)(n > 0 ? n : 1);
+    return threads < 1 ? 1 : threads;
+}
+
+/* Run fn over [0, n) split into workers(threads, n) contiguous chunks. If a
+ * thread cannot be started its chunk runs on the calling thread: slower,
+ * never wrong. */
+static void parallel_for(task_fn fn, void *ctx, int64_t n, int threads) {
+    threads = workers(threads, n);
     chunk_t chunks[MAX_THREADS];
     pthread_t tids[MAX_THREADS];
     int started[MAX_THREADS];
@@ -244,7 +253,9 @@ coda_status_t coda__attention_forward(const coda_llama_config_t *cfg, int64_t ba
     float *buf_qkv = malloc((size_t)(m * a.w) * sizeof(float));
     float *buf_o = malloc((size_t)(m * a.nq) * sizeof(float));
     float *buf_lse = malloc((size_t)(m * a.n_heads) * sizeof(float));
-    float *scratch = malloc((size_t)threads * (size_t)seq * sizeof(float));
+    /* a row of scores per worker (not per thread asked for: a context may
+     * ask for far more than parallel_for starts) */
+    float *scratch = malloc((size_t)workers(threads, m * a.n_heads) * (size_t)seq * sizeof(float));
     if (!buf_qkv || !buf_o || !buf_lse || !scratch) {
         free(buf_qkv); free(buf_o); free(buf_lse); free(scratch);
         return coda__fail(CODA_ERR_NO_MEMORY, "attention forward: out of host memory (M = %lld)",
