@@ -92,14 +92,18 @@ def model_loading(cfg):
     of both uses); with it, the head is its own; wrong shapes, biases,
     unknown keys, a missing layer or key are ValueErrors (a review found
     them loaded silently: a broadcast embedding, dropped biases, an untied
-    head); RoPE's inv_freq buffer is skipped."""
+    head); RoPE's inv_freq buffer is checked against cfg.rope_theta, not
+    loaded (another theta's is a ValueError: a review found it loaded
+    silently); a tied model's state_dict (lm_head.weight the embedding's
+    tensor) gives a tied model (a review found it untied)."""
     torch.manual_seed(5)
     vocab, n = 37, 2
     sd = {"model.embed_tokens.weight": torch.randn(vocab, cfg.d), "model.norm.weight": 1 + 0.1 * torch.randn(cfg.d)}
     for i in range(n):
         W, _, _, _ = T.make_case(cfg, 1, 8, False, False)
         sd.update(state_dict({k: v.float() for k, v in W.items()}, "model.layers.%d." % i))
-    sd["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(cfg.head_dim // 2)
+    freq = lambda theta: 1.0 / theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim)
+    sd["model.layers.0.self_attn.rotary_emb.inv_freq"] = freq(float(cfg.rope_theta))
     tied = coda.nn.LlamaModel.from_state_dict(cfg, sd, device=DEVICE)
     check(tied.head.weight is tied.embed.weight, "from_state_dict without lm_head: head and embedding not one Parameter")
     tokens = torch.randint(0, vocab, (2, 9), device=DEVICE)
@@ -107,6 +111,10 @@ def model_loading(cfg):
     tied(tokens[:, :-1], tokens[:, 1:]).backward()
     opt.step()
     check(torch.equal(tied.head.weight, tied.embed.weight), "tied: head and embedding differ after a step")
+    both = dict(sd, **{"lm_head.weight": sd["model.embed_tokens.weight"]})  # a tied model's state_dict()
+    tied2 = coda.nn.LlamaModel.from_state_dict(cfg, both, device=DEVICE)
+    check(tied2.head.weight is tied2.embed.weight, "from_state_dict of a tied state_dict: head and embedding not one "
+          "Parameter")
     sd2 = dict(sd, **{"lm_head.weight": torch.randn(vocab, cfg.d)})
     own = coda.nn.LlamaModel.from_state_dict(cfg, sd2, device=DEVICE)
     check(own.head.weight is not own.embed.weight and torch.equal(own.head.weight.detach().cpu(), sd2["lm_head.weight"]),
@@ -118,7 +126,8 @@ def model_loading(cfg):
            "an unknown key": dict(sd, **{"model.foo": torch.zeros(1)}),
            "a layer missing": {k: v for k, v in sd.items() if not k.startswith("model.layers.0.")},
            "a key missing": {k: v for k, v in sd.items() if k != "model.layers.1.mlp.up_proj.weight"},
-           "no norm": {k: v for k, v in sd.items() if k != "model.norm.weight"}}
+           "no norm": {k: v for k, v in sd.items() if k != "model.norm.weight"},
+           "inv_freq of theta 10000": dict(sd, **{"model.layers.1.self_attn.rotary_emb.inv_freq": freq(10000.0)})}
     for what, b in bad.items():
         try:
             coda.nn.LlamaModel.from_state_dict(cfg, b, device=DEVICE)
@@ -132,6 +141,21 @@ def model_loading(cfg):
     except ValueError:
         pass
     print("LlamaModel.from_state_dict: tied and untied heads, %d bad checkpoints refused: ok" % len(bad))
+
+
+def inference_then_training(cfg):
+    """A forward under torch.inference_mode (an evaluation before training),
+    then a training step at the same shape: the positions cached for that
+    shape must not be an inference tensor (a review: the backward could not
+    save it)."""
+    blk = coda.nn.LlamaBlock(cfg, device=DEVICE)
+    x = torch.randn(3, 11, cfg.d, device=DEVICE)
+    coda.nn._pos_cache.clear()  # the shape first seen under inference_mode
+    with torch.inference_mode():
+        blk(x)
+    blk(x).float().sum().backward()
+    check(all(p.grad is not None for p in blk.parameters()), "training after inference_mode: no gradients")
+    print("inference_mode, then training at the same shape: ok")
 
 
 def in_flight(cfg):
@@ -636,6 +660,7 @@ def main():
     loading(cfg)
     model_loading(cfg)
     in_flight(cfg)
+    inference_then_training(cfg)
     split_grads(cfg)
     no_qkv_path(cfg)
     fused_norms(cfg)

@@ -224,9 +224,12 @@ class LlamaBlock(torch.nn.Module):
         The weights keep their precision up to `dtype` (an f32 checkpoint
         gives f32 masters exactly); cfg.vocab is not used. Any other key
         under prefix (a bias: this block has none) is a ValueError, as is
-        a missing one (RoPE's self_attn.rotary_emb.inv_freq buffer, which
-        cfg's rope_theta makes, is skipped)."""
+        a missing one. RoPE's self_attn.rotary_emb.inv_freq buffer (older
+        checkpoints have it) is not loaded: cfg's rope_theta makes the
+        frequencies, and a buffer that disagrees with them (another theta,
+        a rope_scaling) is a ValueError."""
         _check_block_keys(sd, prefix)
+        _check_inv_freq(cfg, sd, prefix)
         g = lambda n: sd[prefix + n].detach().to("cpu", dtype)
         w = coda_layout(cfg, g("self_attn.q_proj.weight"), g("self_attn.k_proj.weight"),
                         g("self_attn.v_proj.weight"), g("mlp.gate_proj.weight"), g("mlp.up_proj.weight"))
@@ -316,11 +319,14 @@ def _positions(batch, seq, pad, x):
     0.2 ms of host time before the block's first kernel otherwise; nothing
     writes it: the ops only read and save it); made afresh where something
     traces (torch.compile) or a CUDA graph is captured, so no global tensor
-    enters a graph."""
+    enters a graph, and under inference_mode (an inference tensor cached
+    there could not be saved for a later training call's backward)."""
     def make():
         pos = torch.arange(seq, device=x.device, dtype=torch.float32).repeat(batch)
         return torch.nn.functional.pad(pos, (0, pad)) if pad else pos
-    if not _ops._value_readable(x):
+    if not _ops._value_readable(x):  # first: tracing cannot ask for inference mode
+        return make()
+    if getattr(torch, "is_inference_mode_enabled", lambda: False)():
         return make()
     key = (batch, seq, pad, x.device)
     pos = _pos_cache.get(key)
@@ -543,6 +549,30 @@ def _check_block_keys(sd, prefix):
                          "architectures are not supported): %s" % (prefix, ", ".join(other[:6])))
 
 
+def _check_inv_freq(cfg, sd, prefix):
+    """A checkpoint's RoPE frequencies, where it has them, against the ones
+    cfg makes (theta^(-2i / head_dim)): loading a model with the wrong
+    theta would run without an error and give other outputs (a review:
+    LLaMA-2's 10000 under coda's default of LLaMA-3's 500000)."""
+    f = sd.get(prefix + "self_attn.rotary_emb.inv_freq")
+    if f is None:
+        return
+    hd = cfg.head_dim
+    want = 1.0 / float(cfg.rope_theta) ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+    got = f.detach().to("cpu", torch.float64).reshape(-1)
+    if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-3, atol=0.0):
+        raise ValueError("coda: from_state_dict: %srotary_emb.inv_freq is not cfg.rope_theta = %g's frequencies "
+                         "(another theta, or a rope_scaling coda does not do): set cfg.rope_theta to the "
+                         "checkpoint's" % (prefix + "self_attn.", cfg.rope_theta))
+
+
+def _same_tensor(a, b):
+    """Whether a and b are one tensor (a tied state_dict gives the same
+    storage under two keys)."""
+    return a is b or (a.device == b.device and a.shape == b.shape and a.stride() == b.stride()
+                      and a.dtype == b.dtype and a.data_ptr() == b.data_ptr() and a.data_ptr() != 0)
+
+
 class LlamaModel(torch.nn.Module):
     """A LLaMA model: embedding, n_layers coda LlamaBlocks, final RMSNorm,
     LM head + loss. forward(tokens (batch, seq) int64, targets or None) ->
@@ -568,10 +598,11 @@ class LlamaModel(torch.nn.Module):
     @classmethod
     def from_state_dict(cls, cfg, sd, device="cpu", dtype=torch.float32, attention=None, fuse_norms=False):
         """From a Hugging Face LlamaForCausalLM state dict (model.embed_tokens,
-        model.layers.N..., model.norm, lm_head). Without lm_head.weight the
-        checkpoint's head is its embedding (tie_word_embeddings): the model
-        then shares one Parameter between them, as the tied model does, so
-        training updates both alike. Shapes are checked against cfg and the
+        model.layers.N..., model.norm, lm_head). Without lm_head.weight, or
+        with one that is the embedding's tensor (a tied model's state_dict()
+        gives both keys), the checkpoint's head is its embedding
+        (tie_word_embeddings): the model then shares one Parameter between
+        them, as the tied model does, so training updates both alike. Shapes are checked against cfg and the
         embedding's vocabulary; a key the model does not have (a bias, a
         layer past a missing one, another architecture's) is a ValueError."""
         parts = [k.split(".") for k in sd if k.startswith("model.layers.")]
@@ -600,8 +631,9 @@ class LlamaModel(torch.nn.Module):
         with torch.no_grad():
             m.embed.weight.copy_(sd["model.embed_tokens.weight"])
             m.norm.weight.copy_(sd["model.norm.weight"])
-            if "lm_head.weight" in sd:
-                m.head.weight.copy_(sd["lm_head.weight"])
+            head = sd.get("lm_head.weight")
+            if head is not None and not _same_tensor(head, sd["model.embed_tokens.weight"]):
+                m.head.weight.copy_(head)
             else:
                 m.head.weight = m.embed.weight
             for i in range(n):
