@@ -45,6 +45,16 @@ int main(void) {
     CHECK_STATUS(coda_program_arg_shape(p, -1, 1, 1, NULL, &ndim, shape, &dt), CODA_ERR_INVALID_ARG);
     CHECK_STATUS(coda_program_arg_shape(p, 0, -1, 1, NULL, &ndim, shape, &dt), CODA_ERR_SHAPE);
     CHECK_STATUS(coda_program_arg_shape(p, 0, 1, 1, NULL, NULL, shape, &dt), CODA_ERR_INVALID_ARG);
+    /* extents past a tensor's 2^40 (a review: 2n and the tile counts wrapped
+     * to negative extents with CODA_OK), and tilings coda_gemm_epilogue refuses */
+    CHECK_STATUS(coda_program_arg_shape(p, 0, 4, (int64_t)1 << 62, NULL, &ndim, shape, &dt), CODA_ERR_SHAPE);
+    CHECK_STATUS(coda_program_arg_shape(p, 0, ((int64_t)1 << 40) + 1, 4, NULL, &ndim, shape, &dt), CODA_ERR_SHAPE);
+    CHECK_OK(coda_program_arg_shape(p, 0, (int64_t)1 << 40, (int64_t)1 << 40, NULL, &ndim, shape, &dt));
+    {
+        const coda_tiling_t odd[] = {{-1, 128}, {128, 3}, {128, -2}, {2000, 128}, {128, 2048}};
+        for (size_t t = 0; t < sizeof odd / sizeof odd[0]; t++)
+            CHECK_STATUS(coda_program_arg_shape(p, 0, 4, 4, &odd[t], &ndim, shape, &dt), CODA_ERR_INVALID_ARG);
+    }
     coda_program_free(p);
     TEST_MAIN_END();
 }

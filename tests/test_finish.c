@@ -109,6 +109,18 @@ static void test_lse(int64_t M, int64_t N, int64_t tn, uint64_t seed) {
     poison_f32(loss, M);
     coda_tensor_t pt = coda_tensor_3d(part, CODA_F32, M, T, 3), tt = coda_tensor_1d(tg, CODA_I32, M),
                   lt = coda_tensor_1d(lse, CODA_F32, M), st = coda_tensor_1d(loss, CODA_F32, M);
+    if (M > 1) {
+        /* rows on top of each other behind a size-1 dimension: (M, 1, 3)
+         * with byte strides (4, 4, 4) is refused, not read (a review found
+         * it accepted: the check compared each stride with the next
+         * dimension's alone, and a size-1 one checks nothing) */
+        coda_tensor_t ov = coda_tensor_3d(part, CODA_F32, M, 1, 3);
+        ov.stride[0] = ov.stride[1] = 4;
+        CHECK_STATUS(coda_finish_lse(g_ctx, &ov, &tt, -100, &lt, &st, NULL), CODA_ERR_STRIDE);
+        int untouched = 1;
+        for (int64_t i = 0; i < M; i++) untouched &= isnan(lse[i]) && isnan(loss[i]);
+        CHECK(untouched, "a refused coda_finish_lse wrote lse or loss");
+    }
     CHECK_OK(coda_finish_lse(g_ctx, &pt, &tt, -100, &lt, &st, NULL));
     int64_t bad_lse = 0, bad_loss = 0;
     for (int64_t i = 0; i < M; i++) {

@@ -99,11 +99,18 @@ coda_status_t coda_program_arg_shape(const coda_program_t *p, int index, int64_t
     if (index < 0 || index >= p->n_args)
         return coda__fail(CODA_ERR_INVALID_ARG, "coda_program_arg_shape: index %d outside 0..%d", index,
                           p->n_args - 1);
-    if (m < 0 || n < 0)
-        return coda__fail(CODA_ERR_SHAPE, "coda_program_arg_shape: negative extent (m %lld, n %lld)",
+    /* a tensor's extents stop at 2^40 (coda__check_tensor): the widths and
+     * tile counts below then cannot overflow (a review found 2n wrap) */
+    if (m < 0 || n < 0 || m > ((int64_t)1 << 40) || n > ((int64_t)1 << 40))
+        return coda__fail(CODA_ERR_SHAPE, "coda_program_arg_shape: extent outside 0..2^40 (m %lld, n %lld)",
                           (long long)m, (long long)n);
-    int64_t tm = tiling && tiling->tile_m > 0 ? tiling->tile_m : DEFAULT_TILE_M;
-    int64_t tn = tiling && tiling->tile_n > 0 ? tiling->tile_n : DEFAULT_TILE_N;
+    /* the tiling as coda_gemm_epilogue takes it: 0 the default, else in range */
+    const int tm0 = tiling ? tiling->tile_m : 0, tn0 = tiling ? tiling->tile_n : 0;
+    if (tm0 < 0 || tm0 > MAX_TILE || tn0 < 0 || tn0 > MAX_TILE || tn0 % 2 != 0)
+        return coda__fail(CODA_ERR_INVALID_ARG, "coda_program_arg_shape: tiling (%d, %d): tile_m in 1..%d, tile_n "
+                          "even in 2..%d, or 0 for the default", tm0, tn0, MAX_TILE, MAX_TILE);
+    int64_t tm = tm0 > 0 ? tm0 : DEFAULT_TILE_M;
+    int64_t tn = tn0 > 0 ? tn0 : DEFAULT_TILE_N;
     const coda_arg_t *arg = &p->args[index];
     int64_t w = coda__space_width(arg->space, n);
     *ndim = 2;
