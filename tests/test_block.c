@@ -443,6 +443,14 @@ int main(void) {
         /* cfg->vocab is not the block's: any vocab passes the CUDA checks
          * (without a GPU the create then fails on the device, not the shape) */
         coda_llama_config_t cv = CFG;
+        /* ... nor checked at all (a review found vocab past 2^24 or < 0 refused) */
+        const int64_t vocabs[] = {-1, ((int64_t)1 << 24) + 1};
+        for (int i = 0; i < 2; i++) {
+            cv.vocab = vocabs[i];
+            CHECK_OK(coda_block_create(ctx, &cv, CODA_DEVICE_CPU, &B2));
+            coda_block_free(B2);
+            B2 = NULL;
+        }
         cv.vocab = 50257;
         coda_status_t sv = coda_block_create(ctx, &cv, CODA_DEVICE_CUDA, &B2);
         CHECK(sv == CODA_OK || sv == CODA_ERR_DEVICE, "a CUDA block with vocab 50257: %s: %s", coda_status_name(sv),

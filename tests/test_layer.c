@@ -402,6 +402,19 @@ int main(void) {
     o.grad_dtype = CODA_F32;
     run_case(ctx, "M = 999", big, 3, 333, o);
 
+    /* the head's gradient (V x d) larger than every other weight's and than
+     * (m, max(d, V)): the check's buffer was too small for it (a review: a
+     * heap overflow in the oracle); ffn = 1: wd's gradient (d, 1) is a
+     * matrix, not a gain vector */
+    coda_llama_config_t wide = c;
+    wide.d = 300; wide.n_heads = 5; wide.n_kv_heads = 5; wide.head_dim = 2; wide.ffn = 2; wide.vocab = 1000;
+    o.seed = 6; o.loss_scale = 1.0f; o.ignore_every = 7;
+    run_case(ctx, "V x d the largest gradient", wide, 3, 43, o);
+    coda_llama_config_t f1 = c;
+    f1.ffn = 1;
+    o.seed = 7;
+    run_case(ctx, "ffn = 1", f1, 2, 5, o);
+
     coda_context_free(ctx);
     TEST_MAIN_END();
 }

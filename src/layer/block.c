@@ -221,7 +221,12 @@ coda_status_t coda__block_create(coda_context_t *ctx, const coda_llama_config_t 
     if (!out) return coda__fail(CODA_ERR_INVALID_ARG, "%s: out is NULL", fn);
     *out = NULL;
     if (!ctx) return coda__fail(CODA_ERR_INVALID_ARG, "%s: ctx is NULL", fn);
-    CODA_TRY(coda__llama_check_config(cfg, fn));
+    if (!cfg) return coda__fail(CODA_ERR_INVALID_ARG, "%s: cfg is NULL", fn);
+    /* the block's own calls ignore cfg->vocab (coda.h section 9): check the
+     * rest of cfg only (a review found a vocab past 2^24 refused) */
+    coda_llama_config_t checked = *cfg;
+    if (!with_vocab) checked.vocab = 0;
+    CODA_TRY(coda__llama_check_config(&checked, fn));
     if (device != CODA_DEVICE_CPU && device != CODA_DEVICE_CUDA)
         return coda__fail(CODA_ERR_INVALID_ARG, "%s: device %d is neither CPU (0) nor CUDA (1)", fn, (int)device);
     if (device == CODA_DEVICE_CUDA) {

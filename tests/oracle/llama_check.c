@@ -177,8 +177,9 @@ static coda_status_t run(arena_t *A, coda_context_t *ctx, const coda_llama_confi
         void *p = grab(A, bytes);
         if (!p) return coda__fail(CODA_ERR_NO_MEMORY, "coda__llama_check: out of memory");
         memset(p, 0xff, bytes);
-        *gf_[i] = gshape[i][1] == 1 ? coda_tensor_1d(p, gd, gshape[i][0])
-                                    : coda_tensor_2d(p, gd, gshape[i][0], gshape[i][1]);
+        /* the norms' gains are vectors; a weight of one column (ffn = 1) stays a matrix */
+        *gf_[i] = i == 0 || i == 3 || i == 6 ? coda_tensor_1d(p, gd, gshape[i][0])
+                                             : coda_tensor_2d(p, gd, gshape[i][0], gshape[i][1]);
     }
     memset(y, 0xff, (size_t)(m * d) * 2);
     memset(dx, 0xff, (size_t)(m * d) * 2);
@@ -233,7 +234,10 @@ static coda_status_t run(arena_t *A, coda_context_t *ctx, const coda_llama_confi
     out->t_reference = now_s() - t2;
 
     /* Compare. coda's gradients back to PyTorch's layout first. */
-    double *buf = grab(A, (size_t)(m * (d > V ? d : V) + (nq + 2 * nkv + 2 * I) * d + 16) * 8);
+    /* y (m, d), then every gradient in turn: the largest is (m, max(d, V))
+     * or a weight ((nq + 2 nkv + 2 I) x d, or the head's V x d: a review
+     * found that one past the end) */
+    double *buf = grab(A, (size_t)(m * (d > V ? d : V) + (nq + 2 * nkv + 2 * I + V) * d + 16) * 8);
     void *unp = grab(A, (size_t)((nq + 2 * nkv + 2 * I) * d) * es);
     if (!buf || !unp) return coda__fail(CODA_ERR_NO_MEMORY, "coda__llama_check: out of memory");
     coda__ref_layer_t *F = A->ref64, *B = A->ref16;
