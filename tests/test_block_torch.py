@@ -158,6 +158,24 @@ def inference_then_training(cfg):
     print("inference_mode, then training at the same shape: ok")
 
 
+def second_order(cfg):
+    """create_graph=True and a second backward through the gradients: an
+    error, with either attention, never gradients that silently drop the
+    second-order terms (a review: they came back as constants)."""
+    for att in ("sdpa", "coda"):
+        blk = coda.nn.LlamaBlock(cfg, device=DEVICE, attention=att)
+        x = torch.randn(2, 8, cfg.d, device=DEVICE, requires_grad=True)
+        s = torch.tensor(1.5, device=DEVICE, requires_grad=True)
+        try:
+            gx, = torch.autograd.grad(blk(x).float().sum() * s, x, create_graph=True)
+            (gx.float().pow(2).sum() + s).backward()
+            refused = False
+        except RuntimeError as e:
+            refused = "create_graph" in str(e) or "differentiate twice" in str(e)
+        check(refused, "attention %s: a second-order backward through the block was not refused" % att)
+    print("second-order backward (create_graph): refused with either attention")
+
+
 def in_flight(cfg):
     """Two micro-batches forwarded before either backward: the gradients
     are the sum of each alone (gradient accumulation)."""
@@ -661,6 +679,7 @@ def main():
     model_loading(cfg)
     in_flight(cfg)
     inference_then_training(cfg)
+    second_order(cfg)
     split_grads(cfg)
     no_qkv_path(cfg)
     fused_norms(cfg)

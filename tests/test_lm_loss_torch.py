@@ -234,7 +234,13 @@ def edges():
         check(bool((per == 0).all()) and bool((dx == 0).all()) and bool((dw == 0).all()),
               "all ignored, %s: per-token losses or gradients not all zero" % red)
     check(bool(torch.isnan(t64[0])) and bool((t64[2] == 0).all()), "all ignored: torch's own is not NaN / zero")
-    print("\nall rows ignored: mean NaN (torch too), sum 0, gradients zero")
+    # the fallback too, with the z-loss on (a review: inf * 0 made its gradients NaN)
+    xf, wf = x.float().requires_grad_(True), w.float().requires_grad_(True)
+    lf, _ = coda.nn.lm_loss_torch(xf, wf, t, z_loss=1e-4)
+    lf.backward()
+    check(bool(torch.isnan(lf)) and bool((xf.grad == 0).all()) and bool((wf.grad == 0).all()),
+          "all ignored, the fallback with z_loss: loss %s, gradients not all zero" % float(lf))
+    print("\nall rows ignored: mean NaN (torch too), sum 0, gradients zero (the fallback's too)")
 
     # a target outside [0, V) that is not ignore_index, and one outside int32
     x, w, t = make(24, d, V, seed=6)
@@ -358,6 +364,23 @@ def grad_output_and_accumulate():
         refused = "second backward" in str(err)
     check(refused, "lm_loss: a second backward through one forward was not refused")
     check(torch.equal(first, xr.grad), "lm_loss: the refused second backward changed x.grad")
+    # differentiating the gradients again (create_graph): an error, not a
+    # silent 0 for every second-order term (a review: the gradients came
+    # back as constants)
+    s = torch.tensor(3.7, requires_grad=True)
+    calls = [("coda.ops.lm_loss", lambda xx: coda.ops.lm_loss(xx, on(w), on(t))[0])]
+    if coda.ops.HAVE_CUSTOM_OPS:
+        calls.append(("torch.ops.coda.lm_loss", lambda xx: torch.ops.coda.lm_loss(
+            xx, on(w), on(t), -100, 0.0, 0.0, 0.0, "mean", 0, True, False, False)[0]))
+    for name, f in calls:
+        xr = leaf(x)
+        gx, = torch.autograd.grad(f(xr) * s, xr, create_graph=True)
+        try:
+            (gx.float().pow(2).sum() + s).backward()
+            refused = False
+        except RuntimeError as err:
+            refused = "differentiate twice" in str(err)
+        check(refused, "%s: differentiating its gradient again was not refused" % name)
     print("\ngrad_output 0.37, 2, -1.5: the gradients scaled; two forwards in flight and the library's "
           "accumulate add up (in flight %.1e)" % e)
 

@@ -147,7 +147,7 @@ if HAVE_CUSTOM_OPS:
         dqkv = attention_backward_op(qkv, o, lse, do.to(BF), *ctx.shape)
         return (dqkv.to(qkv.dtype),) + (None,) * 5
 
-    torch.library.register_autograd("coda::attention", _backward, setup_context=_setup)
+    torch.library.register_autograd("coda::attention", _ops.once_eager(_backward), setup_context=_setup)
 
     def _call(qkv, shape):
         return attention_op(qkv, *shape)
@@ -163,6 +163,7 @@ else:
             return o, lse
 
         @staticmethod
+        @_ops._once_differentiable
         def backward(ctx, do, dlse):
             qkv, o, lse = ctx.saved_tensors
             if do is None or not ctx.needs_input_grad[0]:
@@ -198,7 +199,9 @@ class _Linked(torch.autograd.Function):
         return o, lse
 
     @staticmethod
+    @_ops._once_differentiable
     def backward(ctx, do, dlse):
+        _ops.refuse_second_order("attention's backward", do)
         if do is not None:
             qkv, o, lse = ctx.saved_tensors
             _ops.hand_over(ctx.link, _bwd(qkv, o, lse, do.to(BF), *ctx.shape))

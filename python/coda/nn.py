@@ -436,7 +436,9 @@ def lm_loss_torch(x, w, targets, ignore_index=-100, label_smoothing=0.0, z_loss=
                                             reduction="none")
     keep = t != ignore_index
     if z_loss:
-        per = per + z_loss * torch.logsumexp(z, -1).pow(2) * keep
+        # where, not * keep: an all-ignored mean divides by 0 below, and
+        # inf * 0 would make the ignored rows' gradients NaN (a review)
+        per = per + z_loss * torch.where(keep, torch.logsumexp(z, -1).pow(2), torch.zeros_like(per))
     total = per.sum()
     return (total / keep.sum() if reduction == "mean" else total), per.detach()
 

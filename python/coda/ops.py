@@ -196,6 +196,35 @@ def _post_grads(ctx, dy, bwd, **kw):
 
 HAVE_CUSTOM_OPS = hasattr(torch, "library") and hasattr(torch.library, "custom_op")
 
+# Every backward here hands out gradients that C computed: nothing autograd
+# can differentiate again. Under create_graph=True they would come back as
+# constants and every second-order term (a gradient penalty, a learnable
+# loss weight) would silently be 0 (a review). So each backward is once
+# differentiable: differentiating its results again is an error.
+_once_differentiable = torch.autograd.function.once_differentiable
+
+
+def refuse_second_order(what, *grads):
+    """A backward that hands its gradients over through a Link, outside
+    autograd: where they require grad (create_graph=True, a second-order
+    term on its way) once_differentiable cannot see them arrive at the
+    block's other half, so the call refuses here."""
+    if any(isinstance(t, torch.Tensor) and t.requires_grad for t in grads):
+        raise RuntimeError("coda: %s: differentiating coda's gradients again (create_graph=True) is not "
+                           "supported: they are computed by coda, outside autograd" % what)
+
+
+def once_eager(fn):
+    """A custom op's backward fn, once differentiable where it runs eagerly;
+    where torch.compile traces the backward graph, fn as it is (the
+    compiler differentiates the graph it traced, not these calls)."""
+    once = _once_differentiable(fn)
+
+    def backward(ctx, *grads):
+        g = next((t for t in grads if isinstance(t, torch.Tensor)), None)
+        return fn(ctx, *grads) if g is not None and _traced(g) else once(ctx, *grads)
+    return backward
+
 
 def _fake_bf16(op, name, t):
     """A fake implementation's copy of the C call's dtype check (the real op
@@ -287,8 +316,8 @@ if HAVE_CUSTOM_OPS:
             return (None,) * 11
         return _post_grads(ctx, dy, block_post_backward) + (None,) * 5
 
-    torch.library.register_autograd("coda::block_pre", _pre_backward, setup_context=_pre_setup)
-    torch.library.register_autograd("coda::block_post", _post_backward, setup_context=_post_setup)
+    torch.library.register_autograd("coda::block_pre", once_eager(_pre_backward), setup_context=_pre_setup)
+    torch.library.register_autograd("coda::block_post", once_eager(_post_backward), setup_context=_post_setup)
 
 
 class Link:
@@ -340,6 +369,7 @@ class _Pre(torch.autograd.Function):
         return qkv
 
     @staticmethod
+    @_once_differentiable
     def backward(ctx, dqkv):
         dh = parts = None
         if ctx.link is not None:
@@ -420,7 +450,9 @@ class _Split(torch.autograd.Function):
         return qkv[:, :nq], qkv[:, nq:nq + nkv], qkv[:, nq + nkv:]
 
     @staticmethod
+    @_once_differentiable
     def backward(ctx, dq, dk, dv):
+        refuse_second_order("split_qkv's backward", dq, dk, dv)
         if dq is not None or dk is not None or dv is not None:
             ref = next(t for t in (dq, dk, dv) if t is not None)
             hand_over(ctx.link, tuple(t if t is not None else ref.new_zeros(sh)
@@ -460,6 +492,7 @@ class _Post(torch.autograd.Function):
         return y, yg, rn
 
     @staticmethod
+    @_once_differentiable
     def backward(ctx, dy, dyg, drn):
         if dy is None:
             return (None,) * 11
@@ -661,7 +694,7 @@ if HAVE_CUSTOM_OPS:
     def _lm_backward(ctx, dtotal, dloss, ddx, ddw):
         return _lm_backward_common(ctx, dtotal)
 
-    torch.library.register_autograd("coda::lm_loss", _lm_backward, setup_context=_lm_setup)
+    torch.library.register_autograd("coda::lm_loss", once_eager(_lm_backward), setup_context=_lm_setup)
 
 
 class _LMLoss(torch.autograd.Function):
@@ -681,6 +714,7 @@ class _LMLoss(torch.autograd.Function):
         return total, loss
 
     @staticmethod
+    @_once_differentiable
     def backward(ctx, dtotal, dloss):
         return _lm_backward_common(ctx, dtotal)
 
