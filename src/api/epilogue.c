@@ -91,6 +91,16 @@ static int needs_even_n(const coda_program_t *p) {
     return 0;
 }
 
+/* A tiling's fields, defaults filled in: what every backend's tiles take. */
+static coda_status_t check_tiling(const char *fn, const coda_tiling_t *tl) {
+    if (tl->tile_m < 1 || tl->tile_m > MAX_TILE)
+        return coda__fail(CODA_ERR_INVALID_ARG, "%s: tiling.tile_m %d outside 1..%d", fn, tl->tile_m, MAX_TILE);
+    if (tl->tile_n < 2 || tl->tile_n > MAX_TILE || tl->tile_n % 2 != 0)
+        return coda__fail(CODA_ERR_INVALID_ARG, "%s: tiling.tile_n %d must be even and in 2..%d", fn,
+                          tl->tile_n, MAX_TILE);
+    return CODA_OK;
+}
+
 coda_status_t coda_program_arg_shape(const coda_program_t *p, int index, int64_t m, int64_t n,
                                      const coda_tiling_t *tiling, int *ndim, int64_t shape[3],
                                      coda_dtype_t *dtype) {
@@ -105,12 +115,11 @@ coda_status_t coda_program_arg_shape(const coda_program_t *p, int index, int64_t
         return coda__fail(CODA_ERR_SHAPE, "coda_program_arg_shape: extent outside 0..2^40 (m %lld, n %lld)",
                           (long long)m, (long long)n);
     /* the tiling as coda_gemm_epilogue takes it: 0 the default, else in range */
-    const int tm0 = tiling ? tiling->tile_m : 0, tn0 = tiling ? tiling->tile_n : 0;
-    if (tm0 < 0 || tm0 > MAX_TILE || tn0 < 0 || tn0 > MAX_TILE || tn0 % 2 != 0)
-        return coda__fail(CODA_ERR_INVALID_ARG, "coda_program_arg_shape: tiling (%d, %d): tile_m in 1..%d, tile_n "
-                          "even in 2..%d, or 0 for the default", tm0, tn0, MAX_TILE, MAX_TILE);
-    int64_t tm = tm0 > 0 ? tm0 : DEFAULT_TILE_M;
-    int64_t tn = tn0 > 0 ? tn0 : DEFAULT_TILE_N;
+    coda_tiling_t tl = {DEFAULT_TILE_M, DEFAULT_TILE_N};
+    if (tiling && tiling->tile_m) tl.tile_m = tiling->tile_m;
+    if (tiling && tiling->tile_n) tl.tile_n = tiling->tile_n;
+    CODA_TRY(check_tiling("coda_program_arg_shape", &tl));
+    const int64_t tm = tl.tile_m, tn = tl.tile_n;
     const coda_arg_t *arg = &p->args[index];
     int64_t w = coda__space_width(arg->space, n);
     *ndim = 2;
@@ -215,11 +224,7 @@ coda_status_t coda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout, cons
     if (tiling) tl = *tiling;
     if (tl.tile_m == 0) tl.tile_m = def.tile_m;
     if (tl.tile_n == 0) tl.tile_n = def.tile_n;
-    if (tl.tile_m < 1 || tl.tile_m > MAX_TILE)
-        return coda__fail(CODA_ERR_INVALID_ARG, "%s: tiling.tile_m %d outside 1..%d", fn, tl.tile_m, MAX_TILE);
-    if (tl.tile_n < 2 || tl.tile_n > MAX_TILE || tl.tile_n % 2 != 0)
-        return coda__fail(CODA_ERR_INVALID_ARG, "%s: tiling.tile_n %d must be even and in 2..%d", fn,
-                          tl.tile_n, MAX_TILE);
+    CODA_TRY(check_tiling(fn, &tl));
 
     /* bindings: each argument exactly once, by name */
     if (n_bindings < 0) return coda__fail(CODA_ERR_INVALID_ARG, "%s: n_bindings %d < 0", fn, n_bindings);

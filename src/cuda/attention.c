@@ -146,15 +146,18 @@ void coda__cuda_attn_bwd_layout(int group, int64_t seq, int64_t hd, int64_t l2_b
                                 int tune_order, int *parts, int *chunk) {
     const double l2 = l2_bytes > 0 ? (double)l2_bytes : 50.0 * (1 << 20);
     const double share = (double)group * (double)seq * (double)hd * 8.0;
+    const int fits = share <= l2;
+    /* the L2 rule's order: 1, one (part, sequence)'s key blocks at a time;
+     * 0, all pairs' (tuning's parts take it too: the chunks of 8 were
+     * measured for two heads a block only) */
+    const int l2_order = !fits;
     int n = 1;
-    if (share > l2)
+    *chunk = l2_order;
+    if (!fits)
         while (n < group && (group % n || share / n > l2)) n++;
-    *chunk = share > l2; /* 1: one (head part, sequence)'s key blocks at a time; 0: all pairs' */
-    if (share <= l2 && hd == 128 && group >= 4 && group % 2 == 0) n = group / 2, *chunk = 8;
-    if (tune_parts) { /* the chunks of 8 were measured for two heads a block: other parts, the L2 rule's order */
-        n = tune_parts == -1 ? group : tune_parts;
-        *chunk = share > l2;
-    }
+    else if (hd == 128 && group >= 4 && group % 2 == 0)
+        n = group / 2, *chunk = 8;
+    if (tune_parts) n = tune_parts == -1 ? group : tune_parts, *chunk = l2_order;
     if (tune_order >= 0) *chunk = tune_order;
     *parts = n >= 1 && group % n == 0 ? n : 1;
 }
