@@ -119,27 +119,30 @@ static void check_attn_layout(void) {
 
 /* The attention source (src/cuda/attention.c) compiles at both head
  * dimensions with the backward's defaults and each ring of the forward
- * (2 or 3 stages of k and v, freed together or apart); the options a
- * launch would pass. */
+ * (2 or 3 stages of k and v, freed together or apart), and at head_dim 64
+ * with three consumer warpgroups (192-row items; with either ring, apart);
+ * the options a launch would pass. */
 static void check_attention(void) {
     char *src = NULL;
     coda_status_t s = coda__cuda_join_sources(coda__cuda_attention_files, CODA_CUDA_ATTN_NFILES, NULL,
                                               "CUDA attention", &src);
     CHECK(s == CODA_OK, "attention source assembles: %s", coda_last_error());
     if (s != CODA_OK) return;
-    for (int v = 0; v < 6; v++) {
-        const int hd = v < 4 ? 64 : 128, fwd_stages = 2 + (v >> 1 & 1), apart = v & 1;
+    for (int v = 0; v < 8; v++) {
+        const int hd = v < 4 || v >= 6 ? 64 : 128, fwd_stages = 2 + (v >> 1 & 1), apart = v & 1 || v >= 6;
+        const int consumers = v >= 6 ? 3 : 2;
         const char *opts[CODA_CUDA_ATTN_NOPTS];
         char buf[CODA_CUDA_ATTN_NOPTS][32];
-        int n = coda__cuda_attention_options(hd, hd == 128 ? 2 : 3, 1, 1, fwd_stages, apart, opts, buf);
+        int n = coda__cuda_attention_options(hd, hd == 128 ? 2 : 3, 1, 1, fwd_stages, apart, consumers, opts, buf);
         char *cubin = NULL;
         size_t size = 0;
         double t0 = now();
         s = coda__nvrtc_compile(src, opts, n, &cubin, &size);
-        CHECK(s == CODA_OK && size > 1000, "attention hd %d, forward %d stages %s: %s", hd, fwd_stages,
-              apart ? "apart" : "together", s == CODA_OK ? "tiny cubin" : coda_last_error());
-        printf("attention hd %d, forward ring %d stages, k and v freed %s: %s, %zu bytes, %.1f s\n", hd, fwd_stages,
-               apart ? "apart" : "together", s == CODA_OK ? "ok" : "FAILED", size, now() - t0);
+        CHECK(s == CODA_OK && size > 1000, "attention hd %d, forward %d stages %s, %d consumers: %s", hd, fwd_stages,
+              apart ? "apart" : "together", consumers, s == CODA_OK ? "tiny cubin" : coda_last_error());
+        printf("attention hd %d, forward ring %d stages, k and v freed %s, %d consumers: %s, %zu bytes, %.1f s\n", hd,
+               fwd_stages, apart ? "apart" : "together", consumers, s == CODA_OK ? "ok" : "FAILED", size,
+               now() - t0);
         free(cubin);
     }
     free(src);
@@ -204,6 +207,21 @@ static void check_attention_registers(void) {
               "attention backward hd %d %s: compiled %s, no spill %d, serialised wgmma %s", hd,
               form ? form : "(default)", s == CODA_OK ? "ok" : coda_last_error(), no_spill,
               log && strstr(log, "serialized") ? "yes" : "no");
+        free(cubin);
+        free(log);
+    }
+    { /* the forward with three consumer warpgroups (head_dim 64): 160 registers a consumer thread */
+        const char *opts[CODA_CUDA_ATTN_NOPTS + 1];
+        char buf[CODA_CUDA_ATTN_NOPTS][32], *cubin = NULL, *log = NULL;
+        int n = coda__cuda_attention_options(64, 3, 1, 1, 2, 1, 3, opts, buf);
+        opts[n++] = "--ptxas-options=-v";
+        size_t size = 0;
+        coda_status_t s = coda__nvrtc_compile_log(src, opts, n, &cubin, &size, &log);
+        const int no_spill = ptxas_no_spill(log, "coda_attn_fwd_wgmma_kernel");
+        CHECK(s == CODA_OK && no_spill && !strstr(log, "serialized"),
+              "attention forward hd 64, 3 consumers: compiled %s, no spill %d, serialised wgmma %s",
+              s == CODA_OK ? "ok" : coda_last_error(), no_spill, log && strstr(log, "serialized") ? "yes" : "no");
+        if (getenv("CODA_TEST_PTXAS_LOG") && log) fputs(log, stdout);
         free(cubin);
         free(log);
     }

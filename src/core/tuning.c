@@ -42,6 +42,8 @@ void coda__tuning_from_env(coda__tuning_t *t) {
     t->attn_fwd_apart = c == '0' || c == '1' ? c - '0' : -1;
     c = one_char("CODA_DEBUG_ATTN_FWD_PERSIST");
     t->attn_fwd_persist = c == '0' || c == '1' ? c - '0' : -1;
+    c = one_char("CODA_DEBUG_ATTN_FWD_CONSUMERS");
+    if (c == '2' || c == '3') t->attn_fwd_consumers = c - '0';
     c = one_char("CODA_DEBUG_ATTN_BWD_PARTS");
     t->attn_bwd_parts = c == 'h' ? -1 : c >= '1' && c <= '8' ? c - '0' : 0;
     c = one_char("CODA_DEBUG_ATTN_BWD_ORDER");
@@ -72,6 +74,9 @@ coda_status_t coda__set_tuning(coda_context_t *ctx, const coda__tuning_t *t) {
     if (t->attn_fwd_persist < -1 || t->attn_fwd_persist > 1)
         return coda__fail(CODA_ERR_INVALID_ARG, "tuning: attn_fwd_persist %d is not -1 (default), 0 or 1",
                           t->attn_fwd_persist);
+    if (t->attn_fwd_consumers != 0 && t->attn_fwd_consumers != 2 && t->attn_fwd_consumers != 3)
+        return coda__fail(CODA_ERR_INVALID_ARG, "tuning: attn_fwd_consumers %d is not 0 (default), 2 or 3",
+                          t->attn_fwd_consumers);
     if (t->attn_bwd_parts < -1 || t->attn_bwd_parts > 8)
         return coda__fail(CODA_ERR_INVALID_ARG, "tuning: attn_bwd_parts %d is not -1 (a head a block), 0 (default) or 1..8",
                           t->attn_bwd_parts);

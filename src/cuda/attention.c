@@ -58,8 +58,8 @@ static long long es(const coda_tensor_t *t) {
  * and attention_wgmma.cuh: q, `stages` stages of k and v tiles of 128 rows,
  * 2 + 4 stages mbarriers (q full and empty, a stage's four), 1024 bytes of slack to align the swizzled tiles;
  * at head_dim 128 three stages take 225 KiB of the 227 an SM offers). */
-static int smem_fwd_wgmma(int hd, int stages) {
-    return (1 + 2 * stages) * (hd / 64) * 128 * 128 + 8 * (2 + 4 * stages) + 1024;
+static int smem_fwd_wgmma(int hd, int stages, int consumers) {
+    return (64 * consumers + 2 * stages * 128) * (hd / 64) * 128 + 8 * (2 + 4 * stages) + 1024;
 }
 static int smem_fwd(int hd) { return (FWD_ROWS + 4 * KV_TILE) * hd * 2; }
 /* threads of the mma.sync forward: a warp per 16 rows, 32 at HD 128 (its FWD_MT) */
@@ -113,6 +113,14 @@ static int smem_bwd_wgmma(int hd, int stages, int kind) {
 #define FWD_STAGES 2
 #define FWD_APART 1
 #define FWD_PERSIST 1
+/* The wgmma forward's consumer warpgroups (CODA_AW_CONSUMERS), 64 query
+ * rows each: an item of 128 rows (2) or 192 (3, head_dim 64 only: at 128
+ * the o accumulator would not fit the 160 registers three leave a
+ * thread); tuning's attn_fwd_consumers overrides. */
+static int fwd_consumers(const coda_context_t *ctx, int hd) {
+    const int tuned = ctx->tuning.attn_fwd_consumers;
+    return tuned && hd == 64 ? tuned : 2;
+}
 /* The fused backward's layout: the blocks a kv group's query heads are
  * shared over (`parts`, dk and dv added in the parts' order) and the launch
  * order (chunk: the (group part, sequence) pairs of a launch chunk, 1 one
@@ -177,7 +185,7 @@ static int smem_dkdv(int hd) {
 }
 
 int coda__cuda_attention_options(int hd, int bwd_stages, int pipe, int dq_perm, int fwd_stages, int fwd_apart,
-                                 const char **opts, char (*buf)[32]) {
+                                 int fwd_consumers, const char **opts, char (*buf)[32]) {
     opts[0] = "--gpu-architecture=sm_90a";
     opts[1] = "-default-device";
     opts[2] = hd == 64 ? "-DCODA_ATTN_HD=64" : "-DCODA_ATTN_HD=128";
@@ -189,12 +197,14 @@ int coda__cuda_attention_options(int hd, int bwd_stages, int pipe, int dq_perm, 
     snprintf(buf[8], 32, "-DCODA_AB_DQ_PERM=%d", dq_perm);
     snprintf(buf[9], 32, "-DCODA_AW_STAGES=%d", fwd_stages);
     snprintf(buf[10], 32, "-DCODA_AW_APART=%d", fwd_apart);
+    snprintf(buf[11], 32, "-DCODA_AW_CONSUMERS=%d", fwd_consumers);
     for (int i = 5; i < CODA_CUDA_ATTN_NOPTS; i++) opts[i] = buf[i];
     return CODA_CUDA_ATTN_NOPTS;
 }
 
 int coda__cuda_attention_default_options(int hd, const char **opts, char (*buf)[32]) {
-    return coda__cuda_attention_options(hd, bwd_stages_of(0, 0, hd), BWD_PIPE, 1, FWD_STAGES, FWD_APART, opts, buf);
+    return coda__cuda_attention_options(hd, bwd_stages_of(0, 0, hd), BWD_PIPE, 1, FWD_STAGES, FWD_APART, 2, opts,
+                                        buf);
 }
 
 typedef struct {
@@ -206,6 +216,7 @@ typedef struct {
     int dq_perm;        /* CODA_AB_DQ_PERM: the fused backward's dq tile staged with rows permuted */
     int fwd_stages;     /* CODA_AW_STAGES: the wgmma forward's k/v ring */
     int fwd_apart;      /* CODA_AW_APART: its k and v stages freed apart */
+    int fwd_consumers;  /* CODA_AW_CONSUMERS: its consumer warpgroups, 64 query rows each */
     char optbuf[CODA_CUDA_ATTN_NOPTS][32];
     void *stream;
 } launcher_t;
@@ -217,7 +228,7 @@ static coda_status_t launch(launcher_t *L, const char *entry, unsigned gx, unsig
     struct coda_cuda *cu = L->ctx->cuda;
     uint64_t quick[2] = {KEY0 + (uint64_t)L->hd + 256u * (uint64_t)L->stages + 4096u * (uint64_t)L->pipe +
                              65536u * (uint64_t)L->dq_perm + (1u << 20) * (uint64_t)L->fwd_stages +
-                             (1u << 24) * (uint64_t)L->fwd_apart,
+                             (1u << 24) * (uint64_t)L->fwd_apart + (1u << 28) * (uint64_t)L->fwd_consumers,
                          coda__hash(CODA_HASH_SEED0, entry, strlen(entry))};
     const coda__tuning_t *tu = &L->ctx->tuning;
     if (tu->code_key) /* CODA_DEBUG_OPTS (experiments) change the code: part of the key */
@@ -338,19 +349,23 @@ static coda_status_t run(launcher_t *L, const coda_attention_shape_t *s, const c
     const unsigned heads = (unsigned)s->n_heads, kv_heads = (unsigned)s->n_kv_heads, batch = (unsigned)s->batch;
     void *args[] = {a};
     if (!backward && !L->ctx->tuning.attn_mma) {
+        /* items of 64 x consumers query rows; TMA boxes of 128 positions
+         * with two consumers, 64 with three (attention_wgmma.cuh's
+         * AW_BOX_ROWS: q of 192 rows and k of 128 in pieces) */
+        const int nc = L->fwd_consumers, rows = 64 * nc;
         CUtensorMap map;
-        CODA_TRY(seq_map(L->ctx, &map, qkv, s, FWD_ROWS, "cuTensorMapEncodeTiled(qkv)"));
+        CODA_TRY(seq_map(L->ctx, &map, qkv, s, nc == 2 ? 128 : 64, "cuTensorMapEncodeTiled(qkv)"));
         void *wargs[] = {&map, a};
-        /* a 1-D grid over the items (128 query rows, head, sequence): one
+        /* a 1-D grid over the items (query rows, head, sequence): one
          * block an item, or one a multiprocessor looping over them */
-        const int64_t items = coda__cdiv(s->seq, FWD_ROWS) * s->n_heads * s->batch;
+        const int64_t items = coda__cdiv(s->seq, rows) * s->n_heads * s->batch;
         if (items > INT32_MAX)
-            return coda__fail(CODA_ERR_SHAPE, "coda_attention: %lld work items of 128 rows (over 2^31)",
-                              (long long)items);
+            return coda__fail(CODA_ERR_SHAPE, "coda_attention: %lld work items of %d rows (over 2^31)",
+                              (long long)items, rows);
         const int persist = L->ctx->tuning.attn_fwd_persist >= 0 ? L->ctx->tuning.attn_fwd_persist : FWD_PERSIST;
         const int64_t grid = persist && items > L->dev->sm_count ? L->dev->sm_count : items;
-        return launch(L, "coda_attn_fwd_wgmma_kernel", (unsigned)grid, 1, 1, 384, smem_fwd_wgmma(L->hd, L->fwd_stages),
-                      wargs);
+        return launch(L, "coda_attn_fwd_wgmma_kernel", (unsigned)grid, 1, 1, 128 * (nc + 1),
+                      smem_fwd_wgmma(L->hd, L->fwd_stages, nc), wargs);
     }
     if (!backward)
         return launch(L, "coda_attn_fwd_kernel", heads, batch, (unsigned)coda__cdiv(s->seq, FWD_ROWS),
@@ -401,7 +416,9 @@ coda_status_t coda__cuda_attention(coda_context_t *ctx, const coda_attention_sha
     L.dq_perm = !backward || shape->seq % 8 == 0;
     L.fwd_stages = ctx->tuning.attn_fwd_stages ? ctx->tuning.attn_fwd_stages : FWD_STAGES;
     L.fwd_apart = ctx->tuning.attn_fwd_apart >= 0 ? ctx->tuning.attn_fwd_apart : FWD_APART;
-    coda__cuda_attention_options(L.hd, L.stages, L.pipe, L.dq_perm, L.fwd_stages, L.fwd_apart, L.opts, L.optbuf);
+    L.fwd_consumers = fwd_consumers(ctx, L.hd);
+    coda__cuda_attention_options(L.hd, L.stages, L.pipe, L.dq_perm, L.fwd_stages, L.fwd_apart, L.fwd_consumers,
+                                 L.opts, L.optbuf);
 
     attn_args_t a;
     memset(&a, 0, sizeof a);

@@ -12,7 +12,7 @@
  * calls return the documented status and write nothing. With "bench": the
  * LLaMA-3 shapes (batch 2 x 8192), ms and TFLOP/s counting the causal half;
  * "benchonly": the timings alone (for a profiler); "fwdab": the forward's
- * ring variants, "bwdab" the fused backward's layouts, "dqab" its dq
+ * ring and consumer variants, "bwdab" the fused backward's layouts, "dqab" its dq
  * forms, timed in turns and tested ("benchonly" beside them: timed only).
  * Needs an sm_90a GPU. */
 #include "harness.h"
@@ -40,11 +40,15 @@
  * (CODA_DEBUG_OPTS=-DCODA_AB_DQ_ONE=0, attention_bwd_wgmma.cuh), 8 the
  * forward a block an item (CODA_DEBUG_ATTN_FWD_PERSIST=0; the default since
  * stop 50 is persistent, a block a multiprocessor looping over its items,
- * which the shapes with more items than the 132 multiprocessors exercise).
+ * which the shapes with more items than the 132 multiprocessors exercise),
+ * 9 the forward with three consumer warpgroups at head_dim 64
+ * (CODA_DEBUG_ATTN_FWD_CONSUMERS=3: items of 192 rows over 128-key tiles,
+ * where a warpgroup may need a tile fewer than its block loads, or hold
+ * rows wholly past the sequence's end; 300, 200 and 1000 make both).
  * The other
  * sets keep the environment's attn_pipe, forward ring, backward layout and
  * CODA_DEBUG_OPTS (the A/B runs of "bench"). */
-#define N_KERNEL_SETS 9
+#define N_KERNEL_SETS 10
 #define DQ_SUM_OPT "-DCODA_AB_DQ_ONE=0"
 static const char *const kernel_names[N_KERNEL_SETS] = {
     "wgmma (fused backward)", "wgmma, split backward: dk/dv and dq kernels (CODA_DEBUG_ATTN_SPLIT_BWD)",
@@ -53,8 +57,10 @@ static const char *const kernel_names[N_KERNEL_SETS] = {
     "wgmma, backward one head a block, key blocks fastest (CODA_DEBUG_ATTN_BWD_PARTS=h, _ORDER=1)",
     "wgmma, backward 2 parts a group, chunks of 3 pairs (CODA_DEBUG_ATTN_BWD_PARTS=2, _ORDER=3)",
     "wgmma, backward dq as two warpgroups' parts, summed (CODA_DEBUG_OPTS=" DQ_SUM_OPT ")",
-    "wgmma, the forward a block an item, not persistent (CODA_DEBUG_ATTN_FWD_PERSIST=0)"};
-static int use_mma, env_pipe = -2, env_fwd_stages, env_fwd_apart, env_fwd_persist, env_bwd_parts, env_bwd_order;
+    "wgmma, the forward a block an item, not persistent (CODA_DEBUG_ATTN_FWD_PERSIST=0)",
+    "wgmma, the forward with three consumer warpgroups at head_dim 64 (CODA_DEBUG_ATTN_FWD_CONSUMERS=3)"};
+static int use_mma, env_pipe = -2, env_fwd_stages, env_fwd_apart, env_fwd_persist, env_bwd_parts, env_bwd_order,
+    env_fwd_consumers;
 static char env_opts[CODA_TUNING_OPTS_CAP];
 static void tune_attn(coda_context_t *ctx, int kernels) {
     coda__tuning_t t = coda__get_tuning(ctx);
@@ -63,6 +69,7 @@ static void tune_attn(coda_context_t *ctx, int kernels) {
         env_fwd_stages = t.attn_fwd_stages;
         env_fwd_apart = t.attn_fwd_apart;
         env_fwd_persist = t.attn_fwd_persist;
+        env_fwd_consumers = t.attn_fwd_consumers;
         env_bwd_parts = t.attn_bwd_parts;
         env_bwd_order = t.attn_bwd_order;
         memcpy(env_opts, t.extra_opts, sizeof env_opts);
@@ -73,6 +80,7 @@ static void tune_attn(coda_context_t *ctx, int kernels) {
     t.attn_fwd_stages = kernels == 4 ? 3 : env_fwd_stages;
     t.attn_fwd_apart = kernels == 4 ? 0 : env_fwd_apart;
     t.attn_fwd_persist = kernels == 8 ? 0 : env_fwd_persist;
+    t.attn_fwd_consumers = kernels == 9 ? 3 : env_fwd_consumers;
     t.attn_bwd_parts = kernels == 5 ? -1 : kernels == 6 ? 2 : env_bwd_parts;
     t.attn_bwd_order = kernels == 5 ? 1 : kernels == 6 ? 3 : env_bwd_order;
     snprintf(t.extra_opts, sizeof t.extra_opts, "%s", kernels == 7 ? DQ_SUM_OPT : env_opts);
@@ -328,6 +336,7 @@ static void test_shapes(coda_context_t *ctx) {
         {1, 1, 1, 1, 64},   {2, 77, 4, 2, 64},  {1, 64, 2, 1, 128}, {3, 129, 6, 3, 128},
         {1, 300, 4, 4, 64}, {2, 191, 8, 2, 128}, {1, 520, 2, 1, 128}, {1, 257, 4, 1, 64},
         {1, 1100, 2, 1, 128}, /* 9 key tiles of 128: the stage ring wraps four times */
+        {1, 1000, 2, 1, 64},  /* and at 64: 192-row items with a tile fewer for some warpgroups */
         /* many short sequences and heads: more blocks than the H200 has SMs */
         {8, 130, 24, 8, 128}, {6, 200, 24, 8, 64},
         /* seq a multiple of 8 but not of 64, several sequences: the fused
@@ -517,8 +526,8 @@ static void bench(coda_context_t *ctx, int dirs) {
     }
 }
 
-/* "fwdab": the forward's ring variants (tuning attn_fwd_stages x
- * attn_fwd_apart); "bwdab": the fused backward's (attn_bwd_parts x
+/* "fwdab": the forward's variants (tuning attn_fwd_stages x
+ * attn_fwd_apart x attn_fwd_consumers); "bwdab": the fused backward's (attn_bwd_parts x
  * attn_bwd_order); "dqab": its dq forms (CODA_AB_DQ_ONE 0; 1 with
  * CODA_AB_PT_REG 0 and 1, the default; the default layout). Each timed in
  * turns, two rounds, then each tested (unless `timed_only`). "bwdab"'s
@@ -527,8 +536,8 @@ static void bench(coda_context_t *ctx, int dirs) {
 #define MAX_LAYOUTS 16
 static int layouts[MAX_LAYOUTS][2], n_layouts;
 static void variants_ab(coda_context_t *ctx, char mode, int timed_only) {
-    /* (stages, k and v freed apart, persistent) */
-    static const int fwd[6][3] = {{2, 0, 0}, {2, 1, 0}, {3, 0, 0}, {3, 1, 0}, {3, 0, 1}, {2, 1, 1}};
+    /* (stages, k and v freed apart, persistent, consumer warpgroups: 3 at head_dim 64 only) */
+    static const int fwd[6][4] = {{2, 1, 1, 2}, {3, 0, 1, 2}, {2, 1, 1, 3}, {3, 1, 1, 3}, {2, 0, 1, 3}, {3, 0, 1, 3}};
     /* (parts, launch chunk): 0 all pairs (kv heads fastest), 1 key blocks fastest, else pairs a chunk */
     static const int bwd0[9][2] = {{1, 0}, {1, 1}, {1, 4}, {2, 0}, {2, 1}, {2, 2}, {2, 4}, {-1, 0}, {-1, 1}};
     const int(*bwd)[2] = n_layouts ? (const int(*)[2])layouts : bwd0;
@@ -562,8 +571,10 @@ static void variants_ab(coda_context_t *ctx, char mode, int timed_only) {
                 t.attn_fwd_stages = fwd[i][0];
                 t.attn_fwd_apart = fwd[i][1];
                 t.attn_fwd_persist = fwd[i][2];
-                printf("== forward ring: %d stages, k and v freed %s, %s%s\n", fwd[i][0],
-                       fwd[i][1] ? "apart" : "together", fwd[i][2] ? "persistent" : "a block an item", tag);
+                t.attn_fwd_consumers = fwd[i][3];
+                printf("== forward ring: %d stages, k and v freed %s, %s, %d consumers at head_dim 64%s\n", fwd[i][0],
+                       fwd[i][1] ? "apart" : "together", fwd[i][2] ? "persistent" : "a block an item", fwd[i][3],
+                       tag);
             }
             tune_set(ctx, &t);
             fflush(stdout);

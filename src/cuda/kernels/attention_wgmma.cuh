@@ -58,13 +58,25 @@
 #ifndef CODA_AW_APART
 #define CODA_AW_APART 0
 #endif
-#define AW_BM 128                    /* query rows of a block            */
+#ifndef CODA_AW_CONSUMERS
+#define CODA_AW_CONSUMERS 2
+#endif
+#define AW_NC CODA_AW_CONSUMERS      /* the forward's consumer warpgroups, 64 query rows each */
+#define AW_BM (64 * AW_NC)           /* query rows of a forward item     */
 #define AW_BN 128                    /* keys per tile                    */
 #define AW_STAGES CODA_AW_STAGES
-#define AW_CONSUMER_THREADS 256      /* two consumer warpgroups (the backward's too) */
-#define AW_CHUNK (128 * 128)         /* bytes of one 64-column chunk of a tile */
+#define AW_CONSUMER_THREADS 256      /* the backward's two consumer warpgroups */
+#define AW_FWD_CONSUMER_THREADS (128 * AW_NC)
+/* Positions of one TMA box: a whole tile with two consumers (q and k both
+ * 128 rows), 64 with three (q 192 rows, k 128: loaded in 64-row pieces,
+ * which land as one tile would, the swizzle repeating every 8 rows). The
+ * host's map (src/cuda/attention.c) has the same. */
+#define AW_BOX_ROWS (AW_NC == 2 ? 128 : 64)
+#define AW_CHUNK (AW_BN * 128)       /* bytes of one 64-column chunk of a k or v tile */
+#define AW_QCHUNK (AW_BM * 128)      /* and of q                          */
 #define AW_TILE_BYTES (HD / 64 * AW_CHUNK)
-#define AW_BAR_OFF ((1 + 2 * AW_STAGES) * AW_TILE_BYTES)
+#define AW_Q_BYTES (HD / 64 * AW_QCHUNK)
+#define AW_BAR_OFF (AW_Q_BYTES + 2 * AW_STAGES * AW_TILE_BYTES)
 #define AW_SMEM (AW_BAR_OFF + 8 * (2 + 4 * AW_STAGES)) /* + 1024 of slack on the host */
 
 /* 3-D TMA tile load (column, position, sequence), completing on `bar`. */
@@ -76,11 +88,15 @@ static __device__ __forceinline__ void aw_tma_load3(u32 dst, const coda_tmap *ma
                  : "memory");
 }
 
-/* One 128-key tile (HD columns) from column col0 into the tile at dst. */
+/* `rows` positions from pos (HD columns from column col0) into the tile at
+ * dst, its 64-column chunks rows x 128 bytes apart; in boxes of AW_BOX_ROWS. */
 static __device__ __forceinline__ void aw_load_tile(u32 dst, const coda_tmap *map, int col0, int pos, int b,
-                                                    u32 bar) {
+                                                    u32 bar, const int rows) {
 #pragma unroll
-    for (int c = 0; c < HD / 64; c++) aw_tma_load3(dst + c * AW_CHUNK, map, col0 + 64 * c, pos, b, bar);
+    for (int c = 0; c < HD / 64; c++)
+#pragma unroll
+        for (int r = 0; r < rows; r += AW_BOX_ROWS)
+            aw_tma_load3(dst + c * rows * 128 + r * 128, map, col0 + 64 * c, pos + r, b, bar);
 }
 
 /* One key tile of the online softmax for the thread's rows row0 and row0 + 8
@@ -137,7 +153,7 @@ static __device__ __forceinline__ void aw_pack(const float *s, u32 (*a)[4], cons
 static __device__ __forceinline__ void aw_issue_s(float *s, u32 qa, u32 kb) {
 #pragma unroll
     for (int kk = 0; kk < HD / 16; kk++)
-        coda_wgmma_n128(s, coda_desc(qa + (kk >> 2) * AW_CHUNK + (kk & 3) * 32, 16, 1024),
+        coda_wgmma_n128(s, coda_desc(qa + (kk >> 2) * AW_QCHUNK + (kk & 3) * 32, 16, 1024),
                         coda_desc(kb + (kk >> 2) * AW_CHUNK + (kk & 3) * 32, 16, 1024), kk > 0);
     coda_wgmma_commit();
 }
@@ -164,10 +180,11 @@ static __device__ __forceinline__ void aw_issue_pv(float *o, u32 (*pa)[4], u32 v
 }
 
 /* The ping-pong's turn: warpgroup c waits on barrier 4 + c before it
- * issues and passes to 4 + (1 - c) after (256 threads: 128 wait, 128 of the
- * other arrive). Warpgroup 1 passes once before its first turn, so 0 goes
- * first, and skips its pass after its last (of the block's last item), so
- * every arrival is waited for. */
+ * issues and passes to the next, 4 + (c + 1) % AW_NC, after (256 threads:
+ * 128 wait, 128 of the other arrive): the consumers take the tensor cores
+ * round robin. The last warpgroup passes once before its first turn, so 0
+ * goes first, and skips its pass after its last (of the block's last
+ * item), so every arrival is waited for. */
 #ifndef CODA_AW_PINGPONG
 #define CODA_AW_PINGPONG 0
 #endif
@@ -175,7 +192,7 @@ static __device__ __forceinline__ void aw_issue_pv(float *o, u32 (*pa)[4], u32 v
 #define AW_TURN_WAIT(c) coda_turn_wait(4 + (c))
 #define AW_TURN_PASS(c, last) \
     do {                      \
-        if (!((c) == 1 && (last))) coda_turn_pass(5 - (c)); \
+        if (!((c) == AW_NC - 1 && (last))) coda_turn_pass(4 + ((c) + 1) % AW_NC); \
     } while (0)
 #else
 #define AW_TURN_WAIT(c) ((void)0)
@@ -204,11 +221,17 @@ static __device__ __forceinline__ void aw_decode(const coda_attn_args_t &p, int 
     *b = item % hb / p.n_heads;
 }
 
-extern "C" __global__ void __launch_bounds__(384, 1)
+/* Registers a thread after setmaxnreg: the producer gives back what its
+ * one loading thread does not need; the consumers take the rest
+ * (128 x (AW_NC + 1) threads, 64 K registers: 40 + 2 x 232, 24 + 3 x 160). */
+#define AW_PRODUCER_REGS (AW_NC == 2 ? 40 : 24)
+#define AW_CONSUMER_REGS (AW_NC == 2 ? 232 : 160)
+
+extern "C" __global__ void __launch_bounds__(128 * (AW_NC + 1), 1)
 coda_attn_fwd_wgmma_kernel(const __grid_constant__ coda_tmap tmap, coda_attn_args_t p) {
     extern __shared__ __align__(1024) unsigned char smem[];
     const u32 base = (coda_smem_addr(smem) + 1023u) & ~1023u;
-    const u32 sq = base, sk = base + AW_TILE_BYTES, sv = sk + AW_STAGES * AW_TILE_BYTES;
+    const u32 sq = base, sk = base + AW_Q_BYTES, sv = sk + AW_STAGES * AW_TILE_BYTES;
     const u32 bars = base + AW_BAR_OFF;
 #define BAR_Q (bars)
 #define BAR_K(s) (bars + 8 + 8 * (s))
@@ -218,23 +241,26 @@ coda_attn_fwd_wgmma_kernel(const __grid_constant__ coda_tmap tmap, coda_attn_arg
 #define BAR_QE (bars + 8 + 32 * AW_STAGES)              /* q read: the next item's may come */
     const int seq = p.seq, n_tiles = (seq + AW_BM - 1) / AW_BM, n_items = n_tiles * p.n_heads * p.batch;
     const int group = p.n_heads / p.n_kv_heads;
-    const int wg = threadIdx.x / 128;
+    /* warp-uniform as far as the compiler can tell (a lane's shuffle): the
+     * consumers' tile counts depend on it, and a loop over wgmma whose
+     * bounds might diverge within a warp gets its wgmma serialised */
+    const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
 
     if (threadIdx.x == 0) {
         coda_mbar_init(BAR_Q, 1);
-        coda_mbar_init(BAR_QE, AW_CONSUMER_THREADS);
+        coda_mbar_init(BAR_QE, AW_FWD_CONSUMER_THREADS);
         for (int s = 0; s < AW_STAGES; s++) {
             coda_mbar_init(BAR_K(s), 1);
             coda_mbar_init(BAR_V(s), 1);
-            coda_mbar_init(BAR_E(s), AW_CONSUMER_THREADS); /* each releases for itself (below) */
-            coda_mbar_init(BAR_EV(s), AW_CONSUMER_THREADS);
+            coda_mbar_init(BAR_E(s), AW_FWD_CONSUMER_THREADS); /* each releases for itself (below) */
+            coda_mbar_init(BAR_EV(s), AW_FWD_CONSUMER_THREADS);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
 
     if (wg == 0) { /* producer */
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(AW_PRODUCER_REGS));
         if (threadIdx.x == 0) {
             coda_prefetch_tmap(&tmap);
             int g = 0; /* tiles loaded so far, over the block's items: the ring's place */
@@ -242,38 +268,47 @@ coda_attn_fwd_wgmma_kernel(const __grid_constant__ coda_tmap tmap, coda_attn_arg
                 int tile, h, b;
                 aw_decode(p, item, n_tiles, &tile, &h, &b);
                 const int col_k = p.n_heads * HD + h / group * HD, col_v = col_k + p.n_kv_heads * HD;
+                /* causal: the keys below the item's last row (or the sequence's end) */
+                const int n_kv = (min(tile * AW_BM + AW_BM, seq) + AW_BN - 1) / AW_BN;
                 if (k > 0) coda_mbar_wait(BAR_QE, (u32)(k - 1) & 1u);
-                coda_mbar_expect_tx(BAR_Q, AW_TILE_BYTES);
-                aw_load_tile(sq, &tmap, h * HD, tile * AW_BM, b, BAR_Q);
-                for (int j = 0; j <= tile; j++, g++) { /* causal: keys < (tile + 1) AW_BM */
+                coda_mbar_expect_tx(BAR_Q, AW_Q_BYTES);
+                aw_load_tile(sq, &tmap, h * HD, tile * AW_BM, b, BAR_Q, AW_BM);
+                for (int j = 0; j < n_kv; j++, g++) {
                     const int s = g % AW_STAGES;
                     const u32 ph = (u32)((g / AW_STAGES) - 1) & 1u;
                     if (g >= AW_STAGES) coda_mbar_wait(BAR_E(s), ph);
                     coda_mbar_expect_tx(BAR_K(s), AW_TILE_BYTES);
-                    aw_load_tile(sk + s * AW_TILE_BYTES, &tmap, col_k, j * AW_BN, b, BAR_K(s));
+                    aw_load_tile(sk + s * AW_TILE_BYTES, &tmap, col_k, j * AW_BN, b, BAR_K(s), AW_BN);
                     if (CODA_AW_APART && g >= AW_STAGES) coda_mbar_wait(BAR_EV(s), ph);
                     coda_mbar_expect_tx(BAR_V(s), AW_TILE_BYTES);
-                    aw_load_tile(sv + s * AW_TILE_BYTES, &tmap, col_v, j * AW_BN, b, BAR_V(s));
+                    aw_load_tile(sv + s * AW_TILE_BYTES, &tmap, col_v, j * AW_BN, b, BAR_V(s), AW_BN);
                 }
             }
         }
         return;
     }
 
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(AW_CONSUMER_REGS));
     const int c = wg - 1, tid = threadIdx.x % 128, lane = tid & 31;
     const u32 qa = sq + c * 8192;
     const float sl2 = p.scale * LOG2E;
 #if CODA_AW_PINGPONG
-    if (c == 1) coda_turn_pass(4);
+    if (c == AW_NC - 1) coda_turn_pass(4);
 #endif
     int g0 = 0; /* the ring's place of the item's first tile */
     for (int k = 0, item; (item = aw_item(k, n_items)) >= 0; k++) {
         int tile, h, b;
         aw_decode(p, item, n_tiles, &tile, &h, &b);
         const int last_item = aw_item(k + 1, n_items) < 0;
-        const int q0 = tile * AW_BM, n_kv = tile + 1;
-        const int row0 = q0 + 64 * c + 16 * (tid >> 5) + (lane >> 2); /* and row0 + 8 */
+        const int q0 = tile * AW_BM, n_kv = (min(q0 + AW_BM, seq) + AW_BN - 1) / AW_BN;
+        /* This warpgroup's key tiles: those below its own last row. With
+         * three consumers (192 rows over 128-key tiles) the first ones
+         * may need one tile fewer than the block loads; rows wholly past
+         * the sequence's end (none are stored) take one. Only the last of
+         * a warpgroup's tiles holds keys past its first row or the end. */
+        const int r_first = q0 + 64 * c;
+        const int n_mine = r_first < seq ? (min(r_first + 64, seq) + AW_BN - 1) / AW_BN : 1;
+        const int row0 = r_first + 16 * (tid >> 5) + (lane >> 2); /* and row0 + 8 */
         float o[HD / 2], s[AW_BN / 2], m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f}, alpha[2];
         u32 pa[AW_BN / 16][4];
 #pragma unroll
@@ -289,11 +324,11 @@ coda_attn_fwd_wgmma_kernel(const __grid_constant__ coda_tmap tmap, coda_attn_arg
         coda_wgmma_wait(0);
         AW_FENCE(s, AW_BN / 2);
         if (CODA_AW_APART) coda_mbar_arrive(BAR_E(s0)); /* k of tile 0 read */
-        if (n_kv == 1) coda_mbar_arrive(BAR_QE);         /* q read for the last time */
-        aw_softmax(s, 0, row0, seq, n_kv == 1, sl2, m, l, alpha);
+        if (n_mine == 1) coda_mbar_arrive(BAR_QE);        /* q read for the last time */
+        aw_softmax(s, 0, row0, seq, n_mine == 1, sl2, m, l, alpha);
         aw_pack(s, pa, AW_BN / 16);
 
-        for (int j = 1; j < n_kv; j++) {
+        for (int j = 1; j < n_mine; j++) {
             const int gj = g0 + j, s_now = gj % AW_STAGES, s_prev = (gj - 1) % AW_STAGES;
             coda_mbar_wait(BAR_K(s_now), (u32)(gj / AW_STAGES) & 1u);
             AW_TURN_WAIT(c);
@@ -305,8 +340,8 @@ coda_attn_fwd_wgmma_kernel(const __grid_constant__ coda_tmap tmap, coda_attn_arg
             coda_wgmma_wait(1); /* S done, P v of the previous tile in flight */
             AW_FENCE(s, AW_BN / 2);
             if (CODA_AW_APART) coda_mbar_arrive(BAR_E(s_now)); /* k of tile j read */
-            if (j == n_kv - 1) coda_mbar_arrive(BAR_QE);       /* q read for the last time */
-            aw_softmax(s, j * AW_BN, row0, seq, j == n_kv - 1, sl2, m, l, alpha);
+            if (j == n_mine - 1) coda_mbar_arrive(BAR_QE);     /* q read for the last time */
+            aw_softmax(s, j * AW_BN, row0, seq, j == n_mine - 1, sl2, m, l, alpha);
             coda_wgmma_wait(0);
             AW_FENCE(o, HD / 2);
             /* every thread releases for itself: no __syncwarp before one
@@ -317,15 +352,34 @@ coda_attn_fwd_wgmma_kernel(const __grid_constant__ coda_tmap tmap, coda_attn_arg
             aw_pack(s, pa, AW_BN / 16);
         }
         {
-            const int gl = g0 + n_kv - 1, s_last = gl % AW_STAGES;
+            const int gl = g0 + n_mine - 1, s_last = gl % AW_STAGES;
             coda_mbar_wait(BAR_V(s_last), (u32)(gl / AW_STAGES) & 1u);
             AW_TURN_WAIT(c);
             coda_wgmma_fence();
             aw_issue_pv(o, pa, sv + s_last * AW_TILE_BYTES);
-            AW_TURN_PASS(c, last_item);
+            AW_TURN_PASS(c, last_item && n_mine == n_kv);
             coda_wgmma_wait(0);
             AW_FENCE(o, HD / 2);
             coda_mbar_arrive(CODA_AW_APART ? BAR_EV(s_last) : BAR_E(s_last));
+        }
+        /* The block's tiles past this warpgroup's: release each stage
+         * (after its loads have landed: an arrival before would count
+         * towards the stage's previous use, freeing it while another
+         * warpgroup still reads it) and take the turns the products would
+         * have, so the round robin stays in step. */
+        for (int j = n_mine; j < n_kv; j++) {
+            const int gj = g0 + j, sj = gj % AW_STAGES;
+            const u32 ph = (u32)(gj / AW_STAGES) & 1u;
+            coda_mbar_wait(BAR_K(sj), ph);
+            if (CODA_AW_APART) {
+                coda_mbar_arrive(BAR_E(sj));
+                coda_mbar_wait(BAR_V(sj), ph);
+                coda_mbar_arrive(BAR_EV(sj));
+            } else {
+                coda_mbar_arrive(BAR_E(sj));
+            }
+            AW_TURN_WAIT(c);
+            AW_TURN_PASS(c, last_item && j == n_kv - 1);
         }
         g0 += n_kv;
 
