@@ -7,8 +7,11 @@
  * gemm_wgmma.cuh (the wgmma wrappers, CODA_TA = CODA_TB = 0) and
  * attention.cuh (HD, coda_attn_args_t, constants).
  *
- * Work items of (128 query rows, head, sequence), the longest rows first,
- * heads fastest; a 1-D grid of 384-thread blocks. With as many blocks as
+ * Work items of (64 x AW_NC query rows, head, sequence), the longest rows
+ * first, heads fastest; a 1-D grid of 128 x (AW_NC + 1)-thread blocks
+ * (AW_NC = CODA_AW_CONSUMERS consumer warpgroups: 2, or 3 at head_dim 64,
+ * 192 rows over 128-key tiles, where the first warpgroups may need a key
+ * tile fewer than the block loads: they release it unread). With as many blocks as
  * items each takes one; with fewer (persistent: one a multiprocessor, the
  * host's choice) block j takes items j, then 2G - 1 - j, then 2G + j...
  * (G blocks; rounds alternate in direction so that every block's sum of
@@ -20,7 +23,7 @@
  *                    128-key tile's k and v (3-D tensor map over (column,
  *                    position, sequence): rows past the sequence's end come
  *                    in as zeros, nothing of the next sequence is read)
- *   warpgroups 1, 2  consumers, 64 query rows each:
+ *   warpgroups 1..   consumers, 64 query rows each:
  *                    S = q k^T   wgmma m64n128k16, q and k K-major in shared
  *                                memory (128-byte swizzle)
  *                    online softmax on S in registers (base 2, as attention.cuh)
