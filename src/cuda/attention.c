@@ -116,10 +116,13 @@ static int smem_bwd_wgmma(int hd, int stages, int kind) {
 /* The wgmma forward's consumer warpgroups (CODA_AW_CONSUMERS), 64 query
  * rows each: an item of 128 rows (2) or 192 (3, head_dim 64 only: at 128
  * the o accumulator would not fit the 160 registers three leave a
- * thread); tuning's attn_fwd_consumers overrides. */
-static int fwd_consumers(const coda_context_t *ctx, int hd) {
-    const int tuned = ctx->tuning.attn_fwd_consumers;
-    return tuned && hd == 64 ? tuned : 2;
+ * thread). Three at head_dim 64: 537 / 533 TFLOP/s at LLaMA-3 1B against
+ * 469 / 462 with two (H100, stop 51, `test_attention_gpu fwdab
+ * benchonly`, two rounds; the softmax is issue-bound and a third
+ * warpgroup's warps hide more of its latencies, FlashAttention-3's choice
+ * at 64 too). Tuning's attn_fwd_consumers overrides. */
+static int fwd_consumers_of(int tuned, int hd) {
+    return hd != 64 ? 2 : tuned ? tuned : 3;
 }
 /* The fused backward's layout: the blocks a kv group's query heads are
  * shared over (`parts`, dk and dv added in the parts' order) and the launch
@@ -203,8 +206,8 @@ int coda__cuda_attention_options(int hd, int bwd_stages, int pipe, int dq_perm, 
 }
 
 int coda__cuda_attention_default_options(int hd, const char **opts, char (*buf)[32]) {
-    return coda__cuda_attention_options(hd, bwd_stages_of(0, 0, hd), BWD_PIPE, 1, FWD_STAGES, FWD_APART, 2, opts,
-                                        buf);
+    return coda__cuda_attention_options(hd, bwd_stages_of(0, 0, hd), BWD_PIPE, 1, FWD_STAGES, FWD_APART,
+                                        fwd_consumers_of(0, hd), opts, buf);
 }
 
 typedef struct {
@@ -416,7 +419,7 @@ coda_status_t coda__cuda_attention(coda_context_t *ctx, const coda_attention_sha
     L.dq_perm = !backward || shape->seq % 8 == 0;
     L.fwd_stages = ctx->tuning.attn_fwd_stages ? ctx->tuning.attn_fwd_stages : FWD_STAGES;
     L.fwd_apart = ctx->tuning.attn_fwd_apart >= 0 ? ctx->tuning.attn_fwd_apart : FWD_APART;
-    L.fwd_consumers = fwd_consumers(ctx, L.hd);
+    L.fwd_consumers = fwd_consumers_of(ctx->tuning.attn_fwd_consumers, L.hd);
     coda__cuda_attention_options(L.hd, L.stages, L.pipe, L.dq_perm, L.fwd_stages, L.fwd_apart, L.fwd_consumers,
                                  L.opts, L.optbuf);
 

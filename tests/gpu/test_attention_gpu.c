@@ -41,10 +41,11 @@
  * forward a block an item (CODA_DEBUG_ATTN_FWD_PERSIST=0; the default since
  * stop 50 is persistent, a block a multiprocessor looping over its items,
  * which the shapes with more items than the 132 multiprocessors exercise),
- * 9 the forward with three consumer warpgroups at head_dim 64
- * (CODA_DEBUG_ATTN_FWD_CONSUMERS=3: items of 192 rows over 128-key tiles,
- * where a warpgroup may need a tile fewer than its block loads, or hold
- * rows wholly past the sequence's end; 300, 200 and 1000 make both).
+ * 9 the forward with two consumer warpgroups at head_dim 64
+ * (CODA_DEBUG_ATTN_FWD_CONSUMERS=2: items of 128 rows; the default since
+ * stop 51 is three, items of 192 rows over 128-key tiles, where a
+ * warpgroup may need a tile fewer than its block loads, or hold rows
+ * wholly past the sequence's end: seq 300, 200 and 1000 make both).
  * The other
  * sets keep the environment's attn_pipe, forward ring, backward layout and
  * CODA_DEBUG_OPTS (the A/B runs of "bench"). */
@@ -58,7 +59,7 @@ static const char *const kernel_names[N_KERNEL_SETS] = {
     "wgmma, backward 2 parts a group, chunks of 3 pairs (CODA_DEBUG_ATTN_BWD_PARTS=2, _ORDER=3)",
     "wgmma, backward dq as two warpgroups' parts, summed (CODA_DEBUG_OPTS=" DQ_SUM_OPT ")",
     "wgmma, the forward a block an item, not persistent (CODA_DEBUG_ATTN_FWD_PERSIST=0)",
-    "wgmma, the forward with three consumer warpgroups at head_dim 64 (CODA_DEBUG_ATTN_FWD_CONSUMERS=3)"};
+    "wgmma, the forward with two consumer warpgroups at head_dim 64 (CODA_DEBUG_ATTN_FWD_CONSUMERS=2)"};
 static int use_mma, env_pipe = -2, env_fwd_stages, env_fwd_apart, env_fwd_persist, env_bwd_parts, env_bwd_order,
     env_fwd_consumers;
 static char env_opts[CODA_TUNING_OPTS_CAP];
@@ -80,7 +81,7 @@ static void tune_attn(coda_context_t *ctx, int kernels) {
     t.attn_fwd_stages = kernels == 4 ? 3 : env_fwd_stages;
     t.attn_fwd_apart = kernels == 4 ? 0 : env_fwd_apart;
     t.attn_fwd_persist = kernels == 8 ? 0 : env_fwd_persist;
-    t.attn_fwd_consumers = kernels == 9 ? 3 : env_fwd_consumers;
+    t.attn_fwd_consumers = kernels == 9 ? 2 : env_fwd_consumers;
     t.attn_bwd_parts = kernels == 5 ? -1 : kernels == 6 ? 2 : env_bwd_parts;
     t.attn_bwd_order = kernels == 5 ? 1 : kernels == 6 ? 3 : env_bwd_order;
     snprintf(t.extra_opts, sizeof t.extra_opts, "%s", kernels == 7 ? DQ_SUM_OPT : env_opts);
