@@ -119,18 +119,21 @@ static void check_attn_layout(void) {
 
 /* The attention source (src/cuda/attention.c) compiles at both head
  * dimensions with the backward's defaults and each ring of the forward
- * (2 or 3 stages of k and v, freed together or apart), and at head_dim 64
- * with three consumer warpgroups (192-row items; with either ring, apart);
- * the options a launch would pass. */
+ * (2 or 3 stages of k and v, freed together or apart), at head_dim 64 with
+ * two consumer warpgroups (128-row items) and three (192 rows, the
+ * default); the options a launch would pass. */
 static void check_attention(void) {
     char *src = NULL;
     coda_status_t s = coda__cuda_join_sources(coda__cuda_attention_files, CODA_CUDA_ATTN_NFILES, NULL,
                                               "CUDA attention", &src);
     CHECK(s == CODA_OK, "attention source assembles: %s", coda_last_error());
     if (s != CODA_OK) return;
-    for (int v = 0; v < 8; v++) {
-        const int hd = v < 4 || v >= 6 ? 64 : 128, fwd_stages = 2 + (v >> 1 & 1), apart = v & 1 || v >= 6;
-        const int consumers = v >= 6 ? 3 : 2;
+    for (int v = 0; v < 10; v++) {
+        /* v 0-3: head_dim 64, two consumers, each ring; 4-5: 128, 2 stages;
+         * 6-9: 64, three consumers, each ring */
+        const int three = v >= 6, hd = v < 4 || three ? 64 : 128;
+        const int fwd_stages = 2 + (three ? (v - 6) & 1 : v >> 1 & 1), apart = three ? (v - 6) >> 1 : v & 1;
+        const int consumers = three ? 3 : 2;
         const char *opts[CODA_CUDA_ATTN_NOPTS];
         char buf[CODA_CUDA_ATTN_NOPTS][32];
         int n = coda__cuda_attention_options(hd, hd == 128 ? 2 : 3, 1, 1, fwd_stages, apart, consumers, opts, buf);
@@ -210,16 +213,18 @@ static void check_attention_registers(void) {
         free(cubin);
         free(log);
     }
-    { /* the forward with three consumer warpgroups (head_dim 64): 160 registers a consumer thread */
+    { /* the forward with two consumer warpgroups at head_dim 64 (tuning's
+       * attn_fwd_consumers = 2; the default build above has three, 160
+       * registers a consumer thread) */
         const char *opts[CODA_CUDA_ATTN_NOPTS + 1];
         char buf[CODA_CUDA_ATTN_NOPTS][32], *cubin = NULL, *log = NULL;
-        int n = coda__cuda_attention_options(64, 3, 1, 1, 2, 1, 3, opts, buf);
+        int n = coda__cuda_attention_options(64, 3, 1, 1, 2, 1, 2, opts, buf);
         opts[n++] = "--ptxas-options=-v";
         size_t size = 0;
         coda_status_t s = coda__nvrtc_compile_log(src, opts, n, &cubin, &size, &log);
         const int no_spill = ptxas_no_spill(log, "coda_attn_fwd_wgmma_kernel");
         CHECK(s == CODA_OK && no_spill && !strstr(log, "serialized"),
-              "attention forward hd 64, 3 consumers: compiled %s, no spill %d, serialised wgmma %s",
+              "attention forward hd 64, 2 consumers: compiled %s, no spill %d, serialised wgmma %s",
               s == CODA_OK ? "ok" : coda_last_error(), no_spill, log && strstr(log, "serialized") ? "yes" : "no");
         if (getenv("CODA_TEST_PTXAS_LOG") && log) fputs(log, stdout);
         free(cubin);

@@ -30,7 +30,7 @@
 
 #define KEY0 0xc0daa77e0ull
 #define KV_TILE 64
-#define FWD_ROWS 128 /* the kernels' FWD_ROWS (= AW_BM), BWD_ROWS, BWD_QTILE */
+#define FWD_ROWS 128 /* the mma.sync kernels' FWD_ROWS (the wgmma forward's items: 64 x consumers), BWD_ROWS, BWD_QTILE */
 #define BWD_ROWS 64
 #define MAX_GRID 65535
 
@@ -55,7 +55,7 @@ static long long es(const coda_tensor_t *t) {
 }
 
 /* Dynamic shared memory of each kernel, bytes (the layouts of attention.cuh
- * and attention_wgmma.cuh: q, `stages` stages of k and v tiles of 128 rows,
+ * and attention_wgmma.cuh: q (64 rows a consumer warpgroup), `stages` stages of k and v tiles of 128 rows,
  * 2 + 4 stages mbarriers (q full and empty, a stage's four), 1024 bytes of slack to align the swizzled tiles;
  * at head_dim 128 three stages take 225 KiB of the 227 an SM offers). */
 static int smem_fwd_wgmma(int hd, int stages, int consumers) {
