@@ -128,12 +128,11 @@ static void check_attention(void) {
                                               "CUDA attention", &src);
     CHECK(s == CODA_OK, "attention source assembles: %s", coda_last_error());
     if (s != CODA_OK) return;
-    for (int v = 0; v < 10; v++) {
-        /* v 0-3: head_dim 64, two consumers, each ring; 4-5: 128, 2 stages;
-         * 6-9: 64, three consumers, each ring */
-        const int three = v >= 6, hd = v < 4 || three ? 64 : 128;
-        const int fwd_stages = 2 + (three ? (v - 6) & 1 : v >> 1 & 1), apart = three ? (v - 6) >> 1 : v & 1;
-        const int consumers = three ? 3 : 2;
+    /* (head_dim, forward stages, k and v freed apart, consumer warpgroups) */
+    static const int builds[][4] = {{64, 2, 0, 2}, {64, 2, 1, 2}, {64, 3, 0, 2}, {64, 3, 1, 2}, {128, 2, 0, 2},
+                                    {128, 2, 1, 2}, {64, 2, 0, 3}, {64, 3, 0, 3}, {64, 2, 1, 3}, {64, 3, 1, 3}};
+    for (size_t v = 0; v < sizeof builds / sizeof builds[0]; v++) {
+        const int hd = builds[v][0], fwd_stages = builds[v][1], apart = builds[v][2], consumers = builds[v][3];
         const char *opts[CODA_CUDA_ATTN_NOPTS];
         char buf[CODA_CUDA_ATTN_NOPTS][32];
         int n = coda__cuda_attention_options(hd, hd == 128 ? 2 : 3, 1, 1, fwd_stages, apart, consumers, opts, buf);
