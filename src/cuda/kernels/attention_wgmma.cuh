@@ -214,6 +214,12 @@ static __device__ __forceinline__ int aw_item(int k, int n_items) {
     return it < n_items ? (int)it : -1;
 }
 
+/* Causal: the 128-key tiles that rows below `end` see (keys past the
+ * sequence's end are never loaded). */
+static __device__ __forceinline__ int aw_key_tiles(int end, int seq) {
+    return (min(end, seq) + AW_BN - 1) / AW_BN;
+}
+
 /* An item's rows, head and sequence: the longest rows (the last tile) first,
  * heads fastest, then sequences. */
 static __device__ __forceinline__ void aw_decode(const coda_attn_args_t &p, int item, int n_tiles, int *tile,
@@ -272,7 +278,7 @@ coda_attn_fwd_wgmma_kernel(const __grid_constant__ coda_tmap tmap, coda_attn_arg
                 aw_decode(p, item, n_tiles, &tile, &h, &b);
                 const int col_k = p.n_heads * HD + h / group * HD, col_v = col_k + p.n_kv_heads * HD;
                 /* causal: the keys below the item's last row (or the sequence's end) */
-                const int n_kv = (min(tile * AW_BM + AW_BM, seq) + AW_BN - 1) / AW_BN;
+                const int n_kv = aw_key_tiles(tile * AW_BM + AW_BM, seq);
                 if (k > 0) coda_mbar_wait(BAR_QE, (u32)(k - 1) & 1u);
                 coda_mbar_expect_tx(BAR_Q, AW_Q_BYTES);
                 aw_load_tile(sq, &tmap, h * HD, tile * AW_BM, b, BAR_Q, AW_BM);
@@ -303,14 +309,14 @@ coda_attn_fwd_wgmma_kernel(const __grid_constant__ coda_tmap tmap, coda_attn_arg
         int tile, h, b;
         aw_decode(p, item, n_tiles, &tile, &h, &b);
         const int last_item = aw_item(k + 1, n_items) < 0;
-        const int q0 = tile * AW_BM, n_kv = (min(q0 + AW_BM, seq) + AW_BN - 1) / AW_BN;
+        const int q0 = tile * AW_BM, n_kv = aw_key_tiles(q0 + AW_BM, seq);
         /* This warpgroup's key tiles: those below its own last row. With
          * three consumers (192 rows over 128-key tiles) the first ones
          * may need one tile fewer than the block loads; rows wholly past
          * the sequence's end (none are stored) take one. Only the last of
          * a warpgroup's tiles holds keys past its first row or the end. */
         const int r_first = q0 + 64 * c;
-        const int n_mine = r_first < seq ? (min(r_first + 64, seq) + AW_BN - 1) / AW_BN : 1;
+        const int n_mine = r_first < seq ? aw_key_tiles(r_first + 64, seq) : 1;
         const int row0 = r_first + 16 * (tid >> 5) + (lane >> 2); /* and row0 + 8 */
         float o[HD / 2], s[AW_BN / 2], m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f}, alpha[2];
         u32 pa[AW_BN / 16][4];
@@ -374,12 +380,10 @@ coda_attn_fwd_wgmma_kernel(const __grid_constant__ coda_tmap tmap, coda_attn_arg
             const int gj = g0 + j, sj = gj % AW_STAGES;
             const u32 ph = (u32)(gj / AW_STAGES) & 1u;
             coda_mbar_wait(BAR_K(sj), ph);
+            coda_mbar_arrive(BAR_E(sj));
             if (CODA_AW_APART) {
-                coda_mbar_arrive(BAR_E(sj));
                 coda_mbar_wait(BAR_V(sj), ph);
                 coda_mbar_arrive(BAR_EV(sj));
-            } else {
-                coda_mbar_arrive(BAR_E(sj));
             }
             AW_TURN_WAIT(c);
             AW_TURN_PASS(c, last_item && j == n_kv - 1);
