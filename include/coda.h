@@ -112,6 +112,11 @@ typedef enum coda_device {
  * vocabulary of the layer (section 8) and of coda_lm_loss (section 10):
  * 2^24 = 16,777,216 columns, the last whole numbers f32 holds exactly. */
 #define CODA_LSE_MAX_COLS ((int64_t)1 << 24)
+/* Widest qkv projection a layer takes ((n_heads + 2 n_kv_heads) * head_dim,
+ * section 8; CODA_ERR_SHAPE past it): 2^24 columns. A block keeps a RoPE
+ * angle for each column pair (a table of 4 bytes a pair on its device), so
+ * the cap bounds what coda_block_create allocates; LLaMA-3 405B has 18,432. */
+#define CODA_LLAMA_MAX_QKV ((int64_t)1 << 24)
 
 typedef struct coda_tensor {
     void *data;
@@ -569,7 +574,8 @@ typedef struct coda_llama_config {
     int64_t d;           /* hidden size                                   */
     int64_t n_heads;     /* query heads                                   */
     int64_t n_kv_heads;  /* key/value heads; divides n_heads (GQA)        */
-    int64_t head_dim;    /* even                                          */
+    int64_t head_dim;    /* even; (n_heads + 2 n_kv_heads) * head_dim at
+                            most CODA_LLAMA_MAX_QKV                       */
     int64_t ffn;         /* I, the FFN width                              */
     int64_t vocab;       /* LM-head rows; 0: no LM head and no loss; at most
                             CODA_LSE_MAX_COLS (2^24)                      */

@@ -11,6 +11,7 @@
 #pragma GCC diagnostic ignored "-Wunused-function" /* uses few of the harness's helpers */
 #include "harness.h"
 #include "layer/attention.h"
+#include "layer/llama.h"
 
 static const coda_llama_config_t CFG = {.d = 64, .n_heads = 4, .n_kv_heads = 2, .head_dim = 16, .ffn = 96,
                                         .vocab = 0, .eps = 1e-5f, .rope_theta = 10000.0f};
@@ -439,6 +440,17 @@ int main(void) {
         bc.head_dim = 15;
         CHECK_STATUS(coda_block_create(ctx, &bc, CODA_DEVICE_CPU, &B2), CODA_ERR_SHAPE);
         CHECK(B2 == NULL, "a refused create left a block");
+        /* a qkv projection past CODA_LLAMA_MAX_QKV is refused before its
+         * RoPE table is made (2^30 heads once built a 12 GiB table and the
+         * OS killed the process); 2^24 exactly is taken by the check */
+        bc = CFG;
+        bc.n_heads = bc.n_kv_heads = (int64_t)1 << 30, bc.head_dim = 2;
+        CHECK_STATUS(coda_block_create(ctx, &bc, CODA_DEVICE_CPU, &B2), CODA_ERR_SHAPE);
+        CHECK(B2 == NULL && strstr(coda_last_error(), "CODA_LLAMA_MAX_QKV"), "2^30 heads: %s", coda_last_error());
+        bc.n_heads = bc.n_kv_heads = ((int64_t)1 << 23) / 3 + 1; /* 3 x 2796203 x 2 = 2^24 + 2 */
+        CHECK_STATUS(coda_block_create(ctx, &bc, CODA_DEVICE_CPU, &B2), CODA_ERR_SHAPE);
+        bc.n_heads = bc.n_kv_heads = 4, bc.head_dim = 1398100; /* 16777200 columns: under the cap */
+        CHECK_STATUS(coda__llama_check_config(&bc, "test"), CODA_OK);
         CHECK_STATUS(coda_block_create(ctx, &CFG, (coda_device_t)7, &B2), CODA_ERR_INVALID_ARG);
         /* cfg->vocab is not the block's: any vocab passes the CUDA checks
          * (without a GPU the create then fails on the device, not the shape) */

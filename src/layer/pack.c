@@ -29,6 +29,10 @@ coda_status_t coda__llama_check_config(const coda_llama_config_t *cfg, const cha
     if (cfg->n_heads * cfg->head_dim > lim)
         return coda__fail(CODA_ERR_SHAPE, "%s: n_heads * head_dim = %lld is too large", fn,
                           (long long)(cfg->n_heads * cfg->head_dim));
+    const int64_t nqkv = (cfg->n_heads + 2 * cfg->n_kv_heads) * cfg->head_dim; /* each term <= 2^31 */
+    if (nqkv > CODA_LLAMA_MAX_QKV)
+        return coda__fail(CODA_ERR_SHAPE, "%s: (n_heads + 2 n_kv_heads) * head_dim = %lld is past 2^24 "
+                          "(CODA_LLAMA_MAX_QKV: a RoPE angle is kept for each column pair)", fn, (long long)nqkv);
     if (cfg->ffn <= 0 || cfg->ffn > lim)
         return coda__fail(CODA_ERR_SHAPE, "%s: cfg->ffn = %lld must be in 1..2^31", fn, (long long)cfg->ffn);
     if (cfg->vocab < 0 || cfg->vocab > CODA_LSE_MAX_COLS)
