@@ -2,7 +2,7 @@
 """bench_model.py - a LLaMA-3-1B-shaped model's training step (forward +
 backward of the whole model; no optimizer step) on the GPU: tokens per
 second and peak memory for coda against eager PyTorch, torch.compile and
-Liger-Kernel, in one process, the same attention (SDPA) everywhere.
+Liger-Kernel, in one process, the same attention (SDPA) everywhere (coda+attn: coda's own).
 
   eager          embedding, 16 PyTorch blocks (bench_block.TorchBlock), final
                  RMSNorm, LM head (bf16 GEMM) + cross-entropy in f32
@@ -14,6 +14,10 @@ Liger-Kernel, in one process, the same attention (SDPA) everywhere.
   coda-fn        (only when named in --variants) coda with fuse_norms=True:
                  each next block's first RMSNorm from this one's down
                  projection epilogue
+  coda+attn      (only when named in --variants) coda with its own
+                 attention (coda.nn.coda_attention) instead of SDPA: not the
+                 same attention as the others, so a row for what a coda
+                 user gets, not for the fusion's share
 
 bf16 parameters for all; the median of --reps steps after two warm-ups,
 CUDA events, each step queued behind a sleep kernel that outlasts the host's
@@ -146,6 +150,9 @@ def main():
         cm = coda.nn.LlamaModel.from_state_dict(cfg, sd, device=dev, dtype=torch.bfloat16,
                                                 attention=bb.coda_attention)
         models.append(("coda", cm))
+    if "coda+attn" in want:  # coda's own attention kernels instead of SDPA
+        models.append(("coda+attn", coda.nn.LlamaModel.from_state_dict(cfg, sd, device=dev, dtype=torch.bfloat16,
+                                                                       attention=coda.nn.coda_attention)))
     if "coda-fn" in want:  # fuse_norms: each next block's first norm from the down projection's epilogue
         models.append(("coda-fn", coda.nn.LlamaModel.from_state_dict(cfg, sd, device=dev, dtype=torch.bfloat16,
                                                                      attention=bb.coda_attention,

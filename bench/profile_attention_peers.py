@@ -4,10 +4,11 @@ side by side under Nsight Compute: the same memory and pipe counters for
 every kernel of one forward and one backward of each, at a LLaMA-3 shape
 (bench_attention.py's data and calls).
 
-The script runs a few warm-up rounds, then one round inside an NVTX range
-"prof" that ncu is told to keep:
+The script runs a few warm-up rounds, then one round between
+cudaProfilerStart and cudaProfilerStop (process-wide: autograd runs SDPA's
+backward on a thread of its own, which an NVTX range would miss):
 
-    ncu --nvtx --nvtx-include "prof/" --metrics $(python3 bench/profile_attention_peers.py --metrics) \\
+    ncu --profile-from-start off --metrics $(python3 bench/profile_attention_peers.py --metrics) \\
         --csv python3 bench/profile_attention_peers.py --shape 70b > out.csv
     python3 bench/profile_attention_peers.py --summarise out.csv
 
@@ -87,12 +88,12 @@ def main():
     for i in range(a.warmup + 1):
         if i == a.warmup:
             torch.cuda.synchronize()
-            torch.cuda.nvtx.range_push("prof")
+            torch.cuda.profiler.start()
         for fn in (cf, cb, sf, sb):
             fn()
         if i == a.warmup:
             torch.cuda.synchronize()
-            torch.cuda.nvtx.range_pop()
+            torch.cuda.profiler.stop()
     torch.cuda.synchronize()
 
 
