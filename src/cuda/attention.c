@@ -373,9 +373,10 @@ static coda_status_t run(launcher_t *L, const coda_attention_shape_t *s, const c
     if (!backward)
         return launch(L, "coda_attn_fwd_kernel", heads, batch, (unsigned)coda__cdiv(s->seq, FWD_ROWS),
                       fwd_threads(L->hd), smem_fwd(L->hd), args);
-    long long rows = s->batch * s->seq;
-    int64_t warps = rows * s->n_heads, blocks = coda__cdiv(warps, 8);
-    void *pargs[] = {a, &rows};
+    /* a warp per 32 positions of a (sequence, head), 8 warps a block */
+    int batch_i = (int)s->batch;
+    int64_t warps = s->batch * s->n_heads * coda__cdiv(s->seq, 32), blocks = coda__cdiv(warps, 8);
+    void *pargs[] = {a, &batch_i};
     CODA_TRY(launch(L, "coda_attn_bwd_prep_kernel", (unsigned)(blocks < MAX_GRID ? blocks : MAX_GRID), 1, 1, 256,
                     0, pargs));
     if (!L->ctx->tuning.attn_mma) return run_bwd_wgmma(L, s, qkv, do_, out, a);
