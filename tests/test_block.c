@@ -449,8 +449,10 @@ int main(void) {
         CHECK(B2 == NULL && strstr(coda_last_error(), "CODA_LLAMA_MAX_QKV"), "2^30 heads: %s", coda_last_error());
         bc.n_heads = bc.n_kv_heads = ((int64_t)1 << 23) / 3 + 1; /* 3 x 2796203 x 2 = 2^24 + 2 */
         CHECK_STATUS(coda_block_create(ctx, &bc, CODA_DEVICE_CPU, &B2), CODA_ERR_SHAPE);
-        bc.n_heads = bc.n_kv_heads = 4, bc.head_dim = 1398100; /* 16777200 columns: under the cap */
+        bc.n_heads = 2, bc.n_kv_heads = 1, bc.head_dim = (int64_t)1 << 22; /* (2 + 2) x 2^22 = 2^24: taken */
         CHECK_STATUS(coda__llama_check_config(&bc, "test"), CODA_OK);
+        bc.head_dim += 2; /* 2^24 + 8 */
+        CHECK_STATUS(coda__llama_check_config(&bc, "test"), CODA_ERR_SHAPE);
         CHECK_STATUS(coda_block_create(ctx, &CFG, (coda_device_t)7, &B2), CODA_ERR_INVALID_ARG);
         /* cfg->vocab is not the block's: any vocab passes the CUDA checks
          * (without a GPU the create then fails on the device, not the shape) */
