@@ -26,7 +26,7 @@ SDPA pinned to cuDNN's kernels (--sdpa); peak = torch.cuda.max_memory_allocated 
 what was allocated before it (weights, inputs).
 
     python3 bench/bench_model.py [--layers 16] [--batch 2] [--seq 8192] [--vocab 128256]
-                                 [--variants eager,torch.compile,liger,coda] [--profile 12]
+                                 [--variants eager,torch.compile,liger,coda[,coda+attn,coda-fn]] [--profile 12]
 
 --profile N also runs one step of each variant under torch.profiler (CUPTI)
 and prints its GPU busy time (kernels summed) beside the step's time, and

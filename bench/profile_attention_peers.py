@@ -57,7 +57,7 @@ def summarise(path):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shape", default="70b")
+    ap.add_argument("--shape", default="70b", choices=("1b", "8b", "70b"))
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--metrics", action="store_true", help="print the metric list for ncu and exit")
     ap.add_argument("--summarise", metavar="CSV")

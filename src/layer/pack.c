@@ -29,7 +29,7 @@ coda_status_t coda__llama_check_config(const coda_llama_config_t *cfg, const cha
     if (cfg->n_heads * cfg->head_dim > lim)
         return coda__fail(CODA_ERR_SHAPE, "%s: n_heads * head_dim = %lld is too large", fn,
                           (long long)(cfg->n_heads * cfg->head_dim));
-    const int64_t nqkv = (cfg->n_heads + 2 * cfg->n_kv_heads) * cfg->head_dim; /* each term <= 2^31 */
+    const int64_t nqkv = (cfg->n_heads + 2 * cfg->n_kv_heads) * cfg->head_dim; /* <= 3 x 2^31: no overflow */
     if (nqkv > CODA_LLAMA_MAX_QKV)
         return coda__fail(CODA_ERR_SHAPE, "%s: (n_heads + 2 n_kv_heads) * head_dim = %lld is past 2^24 "
                           "(CODA_LLAMA_MAX_QKV: a RoPE angle is kept for each column pair)", fn, (long long)nqkv);

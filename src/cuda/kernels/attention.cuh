@@ -390,6 +390,7 @@ static __device__ __forceinline__ float dot8_bf16(uint4 a, uint4 b) {
            bf_lo(a.z) * bf_lo(b.z) + bf_hi(a.z) * bf_hi(b.z) + bf_lo(a.w) * bf_lo(b.w) + bf_hi(a.w) * bf_hi(b.w);
 }
 
+/* 8 warps a block: launched with 256 threads only (attention.c's run) */
 extern "C" __global__ void __launch_bounds__(256)
 coda_attn_bwd_prep_kernel(coda_attn_args_t p, int batch) {
     const int chunks = (p.seq + 31) / 32;
