@@ -175,6 +175,24 @@ static int ptxas_no_spill(const char *log, const char *kernel) {
     return hit && (!end || hit < end);
 }
 
+/* Compiles src with opts[0..n) and --ptxas-options=-v (opts has room for
+ * one more) and checks that each kernel of the NULL-terminated kernels[]
+ * spills nothing and that no wgmma is serialised; `what` names the build. */
+static void check_ptxas_clean(const char *src, const char **opts, int n, const char *const *kernels,
+                              const char *what) {
+    char *cubin = NULL, *log = NULL;
+    size_t size = 0;
+    opts[n++] = "--ptxas-options=-v";
+    coda_status_t s = coda__nvrtc_compile_log(src, opts, n, &cubin, &size, &log);
+    int no_spill = 1;
+    for (const char *const *k = kernels; *k; k++) no_spill = no_spill && ptxas_no_spill(log, *k);
+    CHECK(s == CODA_OK && no_spill && !strstr(log, "serialized"), "%s: compiled %s, no spill %d, serialised wgmma %s",
+          what, s == CODA_OK ? "ok" : coda_last_error(), no_spill, log && strstr(log, "serialized") ? "yes" : "no");
+    if (getenv("CODA_TEST_PTXAS_LOG") && log) fputs(log, stdout);
+    free(cubin);
+    free(log);
+}
+
 static void check_attention_registers(void) {
     /* the parser itself, on logs of the form ptxas writes */
     static const char ok_log[] = "ptxas info    : Function properties for k\n"
@@ -194,40 +212,26 @@ static void check_attention_registers(void) {
     for (int v = 0; v < 6; v++) {
         const int hd = v & 1 ? 128 : 64;
         const char *form = forms[v >> 1], *opts[CODA_CUDA_ATTN_NOPTS + 2];
-        char buf[CODA_CUDA_ATTN_NOPTS][32], *cubin = NULL, *log = NULL;
+        char buf[CODA_CUDA_ATTN_NOPTS][32], what[96];
         int n = coda__cuda_attention_default_options(hd, opts, buf);
         if (form) opts[n++] = form;
-        opts[n++] = "--ptxas-options=-v";
-        size_t size = 0;
-        coda_status_t s = coda__nvrtc_compile_log(src, opts, n, &cubin, &size, &log);
-        int no_spill = ptxas_no_spill(log, "coda_attn_bwd_wgmma_kernel");
-        if (!form) /* the default build: the other wgmma kernels too (the forward, the split backward) */
-            no_spill = no_spill && ptxas_no_spill(log, "coda_attn_fwd_wgmma_kernel") &&
-                       (hd == 64 || ptxas_no_spill(log, "coda_attn_bwd_dkdv_wgmma_kernel")) &&
-                       ptxas_no_spill(log, "coda_attn_bwd_dq_wgmma_kernel");
-        CHECK(s == CODA_OK && no_spill && !strstr(log, "serialized"),
-              "attention backward hd %d %s: compiled %s, no spill %d, serialised wgmma %s", hd,
-              form ? form : "(default)", s == CODA_OK ? "ok" : coda_last_error(), no_spill,
-              log && strstr(log, "serialized") ? "yes" : "no");
-        free(cubin);
-        free(log);
+        /* the default build: the other wgmma kernels too (the forward, the split backward) */
+        const char *kernels[5] = {"coda_attn_bwd_wgmma_kernel"}, **k = kernels + 1;
+        if (!form) {
+            *k++ = "coda_attn_fwd_wgmma_kernel";
+            if (hd == 128) *k++ = "coda_attn_bwd_dkdv_wgmma_kernel";
+            *k++ = "coda_attn_bwd_dq_wgmma_kernel";
+        }
+        snprintf(what, sizeof what, "attention backward hd %d %s", hd, form ? form : "(default)");
+        check_ptxas_clean(src, opts, n, kernels, what);
     }
     { /* the forward with two consumer warpgroups at head_dim 64 (tuning's
        * attn_fwd_consumers = 2; the default build above has three, 160
        * registers a consumer thread) */
-        const char *opts[CODA_CUDA_ATTN_NOPTS + 1];
-        char buf[CODA_CUDA_ATTN_NOPTS][32], *cubin = NULL, *log = NULL;
+        const char *opts[CODA_CUDA_ATTN_NOPTS + 1], *kernels[] = {"coda_attn_fwd_wgmma_kernel", NULL};
+        char buf[CODA_CUDA_ATTN_NOPTS][32];
         int n = coda__cuda_attention_options(64, 3, 1, 1, 2, 1, 2, opts, buf);
-        opts[n++] = "--ptxas-options=-v";
-        size_t size = 0;
-        coda_status_t s = coda__nvrtc_compile_log(src, opts, n, &cubin, &size, &log);
-        const int no_spill = ptxas_no_spill(log, "coda_attn_fwd_wgmma_kernel");
-        CHECK(s == CODA_OK && no_spill && !strstr(log, "serialized"),
-              "attention forward hd 64, 2 consumers: compiled %s, no spill %d, serialised wgmma %s",
-              s == CODA_OK ? "ok" : coda_last_error(), no_spill, log && strstr(log, "serialized") ? "yes" : "no");
-        if (getenv("CODA_TEST_PTXAS_LOG") && log) fputs(log, stdout);
-        free(cubin);
-        free(log);
+        check_ptxas_clean(src, opts, n, kernels, "attention forward hd 64, 2 consumers");
     }
     free(src);
 }
