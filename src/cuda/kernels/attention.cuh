@@ -392,10 +392,10 @@ static __device__ __forceinline__ float dot8_bf16(uint4 a, uint4 b) {
 
 /* 8 warps a block: launched with 256 threads only (attention.c's run) */
 extern "C" __global__ void __launch_bounds__(256)
-coda_attn_bwd_prep_kernel(coda_attn_args_t p, int batch) {
+coda_attn_bwd_prep_kernel(coda_attn_args_t p) {
     const int chunks = (p.seq + 31) / 32;
-    const long long units = (long long)batch * p.n_heads * chunks, warps = (long long)gridDim.x * 8;
-    const long long plane = STAT_PLANE(p, batch);
+    const long long units = (long long)p.batch * p.n_heads * chunks, warps = (long long)gridDim.x * 8;
+    const long long plane = STAT_PLANE(p, p.batch);
     const int lane = threadIdx.x & 31, g = lane / PREP_LPR, c = lane % PREP_LPR;
     for (long long w = (long long)blockIdx.x * 8 + (threadIdx.x >> 5); w < units; w += warps) {
         const int pos0 = (int)(w % chunks) * 32, h = (int)(w / chunks % p.n_heads), b = (int)(w / chunks / p.n_heads);

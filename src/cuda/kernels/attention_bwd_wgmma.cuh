@@ -81,6 +81,10 @@
 #define CODA_AB_PT_REG 1                  /* with CODA_AB_DQ_ONE: dv += P^T do with P^T from registers
                                              (1), or from shared memory (0) */
 #endif
+#ifndef CODA_AB_PAIR
+#define CODA_AB_PAIR 0                    /* fused: key blocks 2j and 2j + 1 as a 2-CTA cluster sharing
+                                             their q and do tiles by TMA multicast (ab_pair_release) */
+#endif
 #define AB_BIG_CHUNK (AB_ROWS * 128)      /* one 64-column chunk of a block */
 #define AB_SMALL_CHUNK (AB_TILE * 128)    /* ... of a streamed tile         */
 #define AB_BIG (HD / 64 * AB_BIG_CHUNK)
@@ -117,6 +121,19 @@ static __device__ __forceinline__ void ab_load(u32 dst, const coda_tmap *map, in
                                                u32 chunk_bytes, u32 bar) {
 #pragma unroll
     for (int c = 0; c < HD / 64; c++) aw_tma_load3(dst + c * chunk_bytes, map, col0 + 64 * c, pos, b, bar);
+}
+
+/* The same into both CTAs of the pair (CODA_AB_PAIR): written at the same
+ * offset dst of each, completing bytes on the barrier at bar's offset in
+ * each. */
+static __device__ __forceinline__ void ab_load_mc(u32 dst, const coda_tmap *map, int col0, int pos, int b,
+                                                  u32 chunk_bytes, u32 bar) {
+#pragma unroll
+    for (int c = 0; c < HD / 64; c++)
+        asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                     ".multicast::cluster [%0], [%1, {%2, %3, %4}], [%5], %6;" ::"r"(dst + c * chunk_bytes),
+                     "l"((u64)map), "r"(col0 + 64 * c), "r"(pos), "r"(b), "r"(bar), "h"((unsigned short)3)
+                     : "memory");
 }
 
 /* acc (64 x n) = a (64 rows of a 128-row block, K-major) . b^T (a tile of
@@ -177,14 +194,17 @@ static __device__ __forceinline__ void ab_store(const float *acc, float scale, f
 #define AB_BAR_DQ_EMPTY(bars, d) ((bars) + 24 + 16 * AB_STAGES + 8 * (d))
 
 /* The barriers of a block: the block operands' (one arrival), each stage's
- * full (`full` arrivals) and empty (every consumer thread); with `fused`,
- * the two dq tiles' full and empty. */
-static __device__ __forceinline__ void ab_init_bars(u32 bars, u32 full, const int fused) {
+ * full (`full` arrivals) and empty (every consumer thread; with `pair`
+ * also a lane of each of the peer's 8 consumer warps, ab_pair_release);
+ * with `fused`, the two dq tiles' full and empty. A pair's CTAs both have
+ * theirs set up before either multicasts into the other or arrives on
+ * its barriers (the cluster barrier). */
+static __device__ __forceinline__ void ab_init_bars(u32 bars, u32 full, const int fused, const int pair) {
     if (threadIdx.x == 0) {
         coda_mbar_init(AB_BAR_BLOCK(bars), 1);
         for (int s = 0; s < AB_STAGES; s++) {
             coda_mbar_init(AB_BAR_FULL(bars, s), full);
-            coda_mbar_init(AB_BAR_EMPTY(bars, s), AW_CONSUMER_THREADS);
+            coda_mbar_init(AB_BAR_EMPTY(bars, s), AW_CONSUMER_THREADS + (pair ? 8 : 0));
         }
         if (fused)
             for (int d = 0; d < 2; d++) {
@@ -193,7 +213,8 @@ static __device__ __forceinline__ void ab_init_bars(u32 bars, u32 full, const in
             }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
-    __syncthreads();
+    if (pair) coda_cluster_sync();
+    else __syncthreads();
 }
 
 /* A consumer thread is done with stage s. Every consumer thread arrives
@@ -204,6 +225,30 @@ static __device__ __forceinline__ void ab_init_bars(u32 bars, u32 full, const in
  * (with one lane a warp it reported the stores as racing the loads). */
 static __device__ __forceinline__ void ab_release(u32 bars, int s) {
     coda_mbar_arrive(AB_BAR_EMPTY(bars, s));
+}
+
+/* The same in a pair (CODA_AB_PAIR: the CTAs of a 2-CTA cluster own key
+ * blocks 2j and 2j + 1 and walk the same (tile, head) steps, the first
+ * `shared` of them together: rank 1's are all of its own, rank 0 then has
+ * the diagonal's two tiles a head left alone). A shared step's q and do
+ * come half from each CTA's producer, multicast into both, so a stage is
+ * free for either producer only once both CTAs' consumers are done with
+ * it: each thread arrives on its own CTA's empty barrier as above, and
+ * after the warp's __syncwarp one lane on the peer's (its wgmma reads were
+ * waited for by every lane; the peer writes only q and do into the stage,
+ * not the statistics, which stay local). A step rank 0 takes alone counts
+ * that lane twice at home instead. Every arrival on the peer's barrier is
+ * one its producer waits for, in its loop or in the drain after it
+ * (ab_pair_drain), so no CTA of the pair exits while the other may still
+ * arrive on its barriers or write into its stages. */
+static __device__ __forceinline__ void ab_pair_release(u32 bars, int s, int together) {
+    const u32 bar = AB_BAR_EMPTY(bars, s);
+    coda_mbar_arrive(bar);
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) {
+        if (together) coda_mbar_arrive_cluster(bar, coda_cluster_rank() ^ 1u);
+        else coda_mbar_arrive(bar);
+    }
 }
 
 /* The staged dq tile (a consumer thread's part of a dq product: 64
@@ -522,16 +567,20 @@ static __device__ __forceinline__ void ab_store_ds(u32 ds, u32 (*pd)[4], int wro
  * block, then every pair's second... Either way a key block comes after the
  * one before it and a part after the one before it, which is all the dq and
  * dk/dv orders wait for. */
-static __device__ __forceinline__ void ab_block(const coda_attn_args_t &p, int *xb, int *b, int *jb) {
-    const unsigned lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-    const unsigned pairs = gridDim.x * gridDim.y, kb = gridDim.z;
+static __device__ __forceinline__ void ab_block(const coda_attn_args_t &p, const int paired, int *xb, int *b,
+                                                int *jb) {
+    /* with `paired`, x counts CTAs of 2-CTA clusters (rank blockIdx.x & 1) and
+     * z pairs of key blocks: the same order over clusters */
+    const unsigned pr = paired ? 1u : 0u, gx = gridDim.x >> pr;
+    const unsigned lin = (blockIdx.x >> pr) + gx * (blockIdx.y + gridDim.y * blockIdx.z);
+    const unsigned pairs = gx * gridDim.y, kb = gridDim.z;
     const unsigned g = p.kv_chunk > 0 && (unsigned)p.kv_chunk < pairs ? (unsigned)p.kv_chunk : pairs;
     const unsigned c = lin / (g * kb), r = lin - c * g * kb; /* the chunk, the place in it */
     const unsigned n = min(g, pairs - c * g);                /* its pairs */
     const unsigned pair = c * g + r % n;
-    *jb = (int)(r / n);
-    *xb = (int)(pair % gridDim.x);
-    *b = (int)(pair / gridDim.x);
+    *jb = (int)((r / n) << pr | (blockIdx.x & pr));
+    *xb = (int)(pair % gx);
+    *b = (int)(pair / gx);
 }
 
 /* dk, dv (and with `fused`, dq) of one block of 128 keys: the body of
@@ -550,8 +599,9 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
     const u32 sdq = base + AB_DQB_OFF;                             /* [2] dq (64 queries, HD) f32 */
     const u32 bars = base + (fused ? AB_BARS_FUSED : AB_BARS_DKDV);
     const int seq = p.seq;
+    const int paired = fused && CODA_AB_PAIR;
     int xb, b, jb; /* (kv head, part), sequence, key block */
-    ab_block(p, &xb, &b, &jb);
+    ab_block(p, paired, &xb, &b, &jb);
     const int k0 = jb * AB_ROWS;
     const int group = p.n_heads / p.n_kv_heads, nq = p.n_heads * HD, nkv = p.n_kv_heads * HD;
     /* the block's heads: hpb of kvh's group from h0 */
@@ -560,10 +610,14 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
     /* the query tiles' rows (t_q and t_do have boxes of qt rows) */
     const int qt = fused ? AB_TILE : AB_KV_QT;
     const int qt0 = k0 / qt, n_qt = (seq + qt - 1) / qt - qt0;
-    const int steps = hpb * n_qt; /* step i: ab_kv_step's head (of the block's) and query tile */
+    /* step i: ab_kv_step's head (of the block's) and query tile; none in
+     * a pair's rank 1 past the last key block (an odd count) */
+    const int steps = hpb * max(n_qt, 0);
+    /* a pair's steps taken together: all of rank 1's (ab_pair_release) */
+    const int shared = paired ? hpb * max((seq + qt - 1) / qt - (k0 | AB_ROWS) / qt, 0) : 0;
     const int wg = threadIdx.x / 128;
 
-    ab_init_bars(bars, 1 + 32, fused); /* the TMA thread's expect_tx, the statistics warp's 32 lanes */
+    ab_init_bars(bars, 1 + 32, fused, paired); /* the TMA thread's expect_tx, the statistics warp's 32 lanes */
 
     if (wg == 0) { /* producer: thread 0 the tiles (TMA), warp 1 the statistics, fused: threads 64, 96 dq */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
@@ -582,9 +636,19 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
                 const u32 full = AB_BAR_FULL(bars, s);
                 if (i >= AB_STAGES) coda_mbar_wait(AB_BAR_EMPTY(bars, s), (u32)(i / AB_STAGES - 1) & 1u);
                 coda_mbar_expect_tx(full, 2 * (HD / 64) * qt * 128);
-                ab_load(sq + s * AB_KV_SMALL, t_q, h * HD, qs, b, qt * 128, full);
-                ab_load(sdo + s * AB_KV_SMALL, t_do, h * HD, qs, b, qt * 128, full);
+                if (i < shared) { /* a pair: q from rank 0, do from rank 1, into both */
+                    if (jb & 1) ab_load_mc(sdo + s * AB_KV_SMALL, t_do, h * HD, qs, b, qt * 128, full);
+                    else ab_load_mc(sq + s * AB_KV_SMALL, t_q, h * HD, qs, b, qt * 128, full);
+                } else {
+                    ab_load(sq + s * AB_KV_SMALL, t_q, h * HD, qs, b, qt * 128, full);
+                    ab_load(sdo + s * AB_KV_SMALL, t_do, h * HD, qs, b, qt * 128, full);
+                }
             }
+            /* a pair's drain: the last stages' releases, the peer's
+             * included, before this CTA may exit (ab_pair_release) */
+            if (paired)
+                for (int i = max(steps - AB_STAGES, 0); i < steps; i++)
+                    coda_mbar_wait(AB_BAR_EMPTY(bars, i % AB_STAGES), (u32)(i / AB_STAGES) & 1u);
         } else if (threadIdx.x / 32 == 1) {
             /* Ordinary loads and stores, not a bulk copy: the consumers read
              * the statistics with ordinary loads too, so both directions
@@ -726,7 +790,8 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
             coda_wgmma_wait(0);
             AW_FENCE(dk, HD / 2);
             AW_FENCE(dv, HD / 2);
-            ab_release(bars, st);
+            if (paired) ab_pair_release(bars, st, i < shared);
+            else ab_release(bars, st);
         } else { /* CODA_AB_DQ_ONE=0: the form before stop 44 (the A/B's base) */
             /* P^T and dS^T go to shared memory (key-major, the warpgroup's
              * 64 rows of each buffer), so that dv += P^T do, dk += dS^T q
@@ -774,7 +839,8 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
             coda_wgmma_wait(0);
             AW_FENCE(dk, HD / 2);
             AW_FENCE(dv, HD / 2);
-            ab_release(bars, st);
+            if (paired) ab_pair_release(bars, st, i < shared);
+            else ab_release(bars, st);
         }
     }
 
@@ -833,7 +899,7 @@ coda_attn_bwd_dq_wgmma_kernel(const __grid_constant__ coda_tmap t_qkv128, const 
     const int col_k = p.n_heads * HD + kvh * HD, col_v = col_k + p.n_kv_heads * HD;
     const int wg = threadIdx.x / 128;
 
-    ab_init_bars(bars, 1, 0);
+    ab_init_bars(bars, 1, 0, 0);
 
     if (wg == 0) { /* producer */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
