@@ -76,8 +76,8 @@ static int smem_bwd_wgmma(int hd, int stages, int kind) {
     const int rows = kind == BWD_DQ ? 64 : kv_tile_rows(hd);                  /* the ring's tiles (AB_KV_QT) */
     int at = 2 * (hd / 64) * 128 * 128 + stages * 2 * (hd / 64) * rows * 128; /* block operands, the ring */
     if (kind != BWD_DQ) at += stages * 2 * rows * 4;                          /* the statistics */
-    if (kind == BWD_FUSED) /* P^T and dS^T (1024-aligned), 2 dq tiles (64 x hd f32), their 4 barriers */
-        at = (at + 1023) / 1024 * 1024 + 2 * 128 * 128 + 2 * 64 * hd * 4 + 8 * 4;
+    if (kind == BWD_FUSED) /* P^T and dS^T (1024-aligned), 2 dq tiles (64 x hd f32), their 6 barriers */
+        at = (at + 1023) / 1024 * 1024 + 2 * 128 * 128 + 2 * 64 * hd * 4 + 8 * 6;
     return at + 8 * (1 + 2 * stages) + 1024;
 }
 

@@ -83,7 +83,11 @@
 #endif
 #ifndef CODA_AB_PAIR
 #define CODA_AB_PAIR 0                    /* fused: key blocks 2j and 2j + 1 as a 2-CTA cluster sharing
-                                             their q and do tiles by TMA multicast (ab_pair_release) */
+                                             their q and do tiles by TMA multicast (ab_pair_release) and
+                                             summing their dq in shared memory (ab_dq_red) */
+#endif
+#if CODA_AB_PAIR && !CODA_AB_DQ_ONE
+#error "CODA_AB_PAIR needs CODA_AB_DQ_ONE (a step's dq staged by one warpgroup)"
 #endif
 #define AB_BIG_CHUNK (AB_ROWS * 128)      /* one 64-column chunk of a block */
 #define AB_SMALL_CHUNK (AB_TILE * 128)    /* ... of a streamed tile         */
@@ -113,7 +117,7 @@
 #define AB_BARS_FUSED (AB_DQB_OFF + 2 * AB_DQB_BYTES)
 #define AB_SMEM_DKDV (AB_BARS_DKDV + 8 * (1 + 2 * AB_STAGES)) /* + 1024 of slack */
 #define AB_SMEM_DQ (AB_BARS_DQ + 8 * (1 + 2 * AB_STAGES))
-#define AB_SMEM_FUSED (AB_BARS_FUSED + 8 * (5 + 2 * AB_STAGES)) /* + dq full[2], empty[2] */
+#define AB_SMEM_FUSED (AB_BARS_FUSED + 8 * (7 + 2 * AB_STAGES)) /* + dq full[2], empty[2], peer[2] */
 
 /* HD columns of `rows` positions from column col0 (one TMA per 64-column
  * chunk, chunk_bytes apart). */
@@ -192,11 +196,14 @@ static __device__ __forceinline__ void ab_store(const float *acc, float scale, f
  * warpgroups' parts summed), read out by TMA */
 #define AB_BAR_DQ_FULL(bars, d) ((bars) + 8 + 16 * AB_STAGES + 8 * (d))
 #define AB_BAR_DQ_EMPTY(bars, d) ((bars) + 24 + 16 * AB_STAGES + 8 * (d))
+/* a pair's rank 1: rank 0 has staged its part of dq tile d (ab_dq_red) */
+#define AB_BAR_DQ_PEER(bars, d) ((bars) + 40 + 16 * AB_STAGES + 8 * (d))
 
 /* The barriers of a block: the block operands' (one arrival), each stage's
  * full (`full` arrivals) and empty (every consumer thread; with `pair`
  * also a lane of each of the peer's 8 consumer warps, ab_pair_release);
- * with `fused`, the two dq tiles' full and empty. A pair's CTAs both have
+ * with `fused`, the two dq tiles' full (with `pair` twice the stagers:
+ * ab_dq_red), empty and peer. A pair's CTAs both have
  * theirs set up before either multicasts into the other or arrives on
  * its barriers (the cluster barrier). */
 static __device__ __forceinline__ void ab_init_bars(u32 bars, u32 full, const int fused, const int pair) {
@@ -208,8 +215,9 @@ static __device__ __forceinline__ void ab_init_bars(u32 bars, u32 full, const in
         }
         if (fused)
             for (int d = 0; d < 2; d++) {
-                coda_mbar_init(AB_BAR_DQ_FULL(bars, d), 128);
+                coda_mbar_init(AB_BAR_DQ_FULL(bars, d), pair ? 256 : 128);
                 coda_mbar_init(AB_BAR_DQ_EMPTY(bars, d), 1);
+                coda_mbar_init(AB_BAR_DQ_PEER(bars, d), 128);
             }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -249,6 +257,26 @@ static __device__ __forceinline__ void ab_pair_release(u32 bars, int s, int toge
         if (together) coda_mbar_arrive_cluster(bar, coda_cluster_rank() ^ 1u);
         else coda_mbar_arrive(bar);
     }
+}
+
+/* Cluster-scope forms for a pair's dq (ab_dq_red): an arrival on the
+ * barrier at bar's offset in CTA cta that releases this thread's writes
+ * (its stores or its adds into the other CTA) to the cluster, and a wait
+ * that acquires what the arrivals released. */
+static __device__ __forceinline__ void ab_arrive_release_cluster(u32 bar, u32 cta) {
+    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}" ::"r"(bar), "r"(cta)
+                 : "memory");
+}
+static __device__ __forceinline__ void ab_wait_cluster(u32 bar, u32 parity) {
+    u32 done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
 }
 
 /* The staged dq tile (a consumer thread's part of a dq product: 64
@@ -347,6 +375,41 @@ static __device__ __forceinline__ void ab_dq_stage(float *dq, float scale, u32 b
                                      fmaf(dq[e + 1], scale, a[k][r][1]));
             }
     }
+}
+
+/* A pair's dq (CODA_AB_PAIR): on a step the two CTAs take together, rank
+ * 1's dq warpgroup adds its part (times scale) into the dq tile rank 0 has
+ * staged at buf, in rank 0's shared memory (`red` on the address ab_dq_at
+ * gives, moved into rank 0's window), so that one TMA add a step carries
+ * both key blocks' sum into dq: half the adds through the L2, and half the
+ * turns of ab_dq_writer's chain. Rank 0 stores first (the peer barrier
+ * says so); the sum of the two parts is the same whichever order the adds
+ * land in. Called after the step's products are waited for: a spin loop
+ * between a product's issue and its registers' use serialises products. */
+static __device__ __forceinline__ void ab_dq_red(float *dq, float scale, u32 buf, int row, u32 bars, int d,
+                                                 u32 phase) {
+#if !CODA_AB_DQ_PERM
+#pragma unroll
+    for (int h = 0; h < HD / 64; h++) ab_dq_order(dq + 32 * h, row & 3);
+#endif
+    u32 far;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, 0;" : "=r"(far) : "r"(buf));
+    const u32 delta = far - buf; /* rank 0's window: ab_dq_at's swizzle bits are the same there */
+    ab_wait_cluster(AB_BAR_DQ_PEER(bars, d), phase);
+#pragma unroll
+    for (int t = 0; t < HD / 8; t++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const u32 at = ab_dq_at(buf, row, t, r) + delta;
+            const int e = 4 * t + 2 * r;
+            asm volatile("red.relaxed.cluster.shared::cluster.add.f32 [%0], %1;" ::"r"(at), "f"(dq[e] * scale)
+                         : "memory");
+            asm volatile("red.relaxed.cluster.shared::cluster.add.f32 [%0], %1;" ::"r"(at + 4),
+                         "f"(dq[e + 1] * scale)
+                         : "memory");
+        }
+    asm volatile("fence.proxy.async.shared::cluster;" ::: "memory"); /* before rank 0's TMA reads the sums */
+    ab_arrive_release_cluster(AB_BAR_DQ_FULL(bars, d), 0);
 }
 
 /* dq (64 queries x HD) = dS (64 queries x `keys` keys, key-major at ds,
@@ -463,16 +526,20 @@ static __device__ __forceinline__ void ab_tma_out_dq(const coda_tmap *map, u32 s
  * rows and each tile's order stays the key blocks'. */
 static __device__ __forceinline__ void ab_dq_writer(const coda_tmap *t_dq, const coda_attn_args_t &p, u32 bars,
                                                     u32 sdq, int first, int steps, int group, int n_qt, int qt0,
-                                                    int h0, int jb, int b) {
+                                                    int h0, int jb, int b, const int paired) {
     u32 *counters = (u32 *)(p.dsum + 2 * STAT_PLANE(p, gridDim.y));
-    const u32 turn = (u32)jb;
+    /* a pair: rank 0 adds both key blocks' sum in the pair's turn; rank 1
+     * has no step of its own (ab_dq_red) */
+    if (paired && (jb & 1)) return;
+    const u32 turn = (u32)(paired ? jb >> 1 : jb);
     coda_prefetch_tmap(t_dq);
     for (int i = first; i < steps; i += 2) {
         int g, qti;
         ab_kv_step(i, group, n_qt, qt0, 1, &g, &qti);
         const int d = i & 1, hq = h0 + g;
         u32 *count = counters + (((long long)b * p.n_heads + hq) * (STAT_PAD(p.seq) / AB_TILE) + qti) * 2;
-        coda_mbar_wait(AB_BAR_DQ_FULL(bars, d), (u32)(i >> 1) & 1u);
+        if (paired) ab_wait_cluster(AB_BAR_DQ_FULL(bars, d), (u32)(i >> 1) & 1u); /* rank 1's adds too */
+        else coda_mbar_wait(AB_BAR_DQ_FULL(bars, d), (u32)(i >> 1) & 1u);
         while (coda_ld_acquire_u32(count) != turn) {
         }
         asm volatile("fence.proxy.async;" ::: "memory"); /* the last turn's adds (async proxy) before ours */
@@ -622,7 +689,7 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
     if (wg == 0) { /* producer: thread 0 the tiles (TMA), warp 1 the statistics, fused: threads 64, 96 dq */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
         if (fused && (threadIdx.x == 64 || threadIdx.x == 96)) /* even steps, odd steps */
-            ab_dq_writer(t_dq, p, bars, sdq, threadIdx.x == 96, steps, hpb, n_qt, qt0, h0, jb, b);
+            ab_dq_writer(t_dq, p, bars, sdq, threadIdx.x == 96, steps, hpb, n_qt, qt0, h0, jb, b, paired);
         if (threadIdx.x == 0) {
             coda_prefetch_tmap(t_q);
             coda_prefetch_tmap(t_do);
@@ -700,7 +767,7 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
         /* fused: the warpgroup that stages this step's dq (i & 1, or 0
          * with CODA_AB_DQ_ONE=0) needs a tile the writer has read out
          * (ab_dq_writer); waited for here, before any product */
-        if (fused && c == (CODA_AB_DQ_ONE ? (i & 1) : 0) && i >= 2)
+        if (fused && c == (CODA_AB_DQ_ONE ? (i & 1) : 0) && i >= 2 && !(paired && (jb & 1)))
             coda_mbar_wait(AB_BAR_DQ_EMPTY(bars, i & 1), (u32)((i >> 1) - 1) & 1u);
         const float *dd = stats + st * (AB_STAT_BYTES / 4), *l2 = dd + qt;
         coda_wgmma_fence();
@@ -778,9 +845,24 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
                 if (i + 1 < steps) coda_turn_pass(7 + (i & 1));
                 const u32 dqb = sdq + (i & 1) * AB_DQB_BYTES;
                 const int row = 16 * (tid >> 5) + (lane >> 2);
-                ab_dq_stage(dq, p.scale, dqb, row, 0);
-                coda_fence_proxy_async(); /* the staged tile before the writer's TMA reads it */
-                coda_mbar_arrive(AB_BAR_DQ_FULL(bars, i & 1));
+                if (paired && (jb & 1)) { /* into rank 0's staged tile, once our products are done */
+                    coda_wgmma_wait(0);
+                    AW_FENCE(dk, HD / 2);
+                    AW_FENCE(dv, HD / 2);
+                    ab_dq_red(dq, p.scale, dqb, row, bars, i & 1, (u32)(i >> 1) & 1u);
+                } else {
+                    ab_dq_stage(dq, p.scale, dqb, row, 0);
+                    coda_fence_proxy_async(); /* the staged tile before the writer's TMA reads it */
+                    if (!paired) {
+                        coda_mbar_arrive(AB_BAR_DQ_FULL(bars, i & 1));
+                    } else if (i < shared) { /* rank 1 may add its part now; its arrivals complete dq full */
+                        coda_mbar_arrive(AB_BAR_DQ_FULL(bars, i & 1));
+                        ab_arrive_release_cluster(AB_BAR_DQ_PEER(bars, i & 1), 1);
+                    } else { /* rank 0 alone: both halves of dq full's count */
+                        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], 2;" ::"r"(AB_BAR_DQ_FULL(bars, i & 1))
+                                     : "memory");
+                    }
+                }
             } else {
                 coda_turn_pass(6);
                 coda_wg_sync(2 + c);
