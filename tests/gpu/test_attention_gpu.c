@@ -47,8 +47,10 @@
  * warpgroup may need a tile fewer than its block loads, or hold rows
  * wholly past the sequence's end: seq 300, 200 and 1000 make both),
  * 10 the fused backward's key blocks in 2-CTA clusters that share q and
- * do by multicast (CODA_DEBUG_ATTN_BWD_PAIR=1; an odd count of key blocks,
- * seq 77, 129 or 300, leaves the last cluster's second CTA without one).
+ * do by multicast and sum their dq in shared memory
+ * (CODA_DEBUG_ATTN_BWD_PAIR=1; an odd count of key blocks, seq 1, 77,
+ * 257, 300, 520 or 1100, leaves the last cluster's second CTA without
+ * one).
  * The other
  * sets keep the environment's attn_pipe, forward ring, backward layout and
  * CODA_DEBUG_OPTS (the A/B runs of "bench"). */

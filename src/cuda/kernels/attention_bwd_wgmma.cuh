@@ -59,7 +59,7 @@
  *   fused: P^T and dS^T (128 keys x 64 queries bf16), 2 dq tiles (64 x HD
  *   f32)
  *   barriers: block operands full, stage full[s], stage empty[s], fused:
- *   dq full[2], dq empty[2] */
+ *   dq full[2], dq empty[2], dq peer[2] (CODA_AB_PAIR) */
 
 #define AB_ROWS 128                       /* rows a block owns              */
 #define AB_TILE 64                        /* rows of a streamed tile        */
@@ -246,9 +246,9 @@ static __device__ __forceinline__ void ab_release(u32 bars, int s) {
  * waited for by every lane; the peer writes only q and do into the stage,
  * not the statistics, which stay local). A step rank 0 takes alone counts
  * that lane twice at home instead. Every arrival on the peer's barrier is
- * one its producer waits for, in its loop or in the drain after it
- * (ab_pair_drain), so no CTA of the pair exits while the other may still
- * arrive on its barriers or write into its stages. */
+ * one its producer waits for, in its loop or in the drain after it, so
+ * no CTA of the pair exits while the other may still arrive on its
+ * barriers or write into its stages. */
 static __device__ __forceinline__ void ab_pair_release(u32 bars, int s, int together) {
     const u32 bar = AB_BAR_EMPTY(bars, s);
     coda_mbar_arrive(bar);
