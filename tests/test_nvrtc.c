@@ -135,8 +135,7 @@ static void check_attention(void) {
         const int hd = builds[v][0], fwd_stages = builds[v][1], apart = builds[v][2], consumers = builds[v][3];
         const char *opts[CODA_CUDA_ATTN_NOPTS];
         char buf[CODA_CUDA_ATTN_NOPTS][32];
-        int n = coda__cuda_attention_options(hd, hd == 128 ? 2 : 3, 1, 1, fwd_stages, apart, consumers, 0, opts,
-                                             buf);
+        int n = coda__cuda_attention_options(hd, hd == 128 ? 2 : 3, 1, 1, fwd_stages, apart, consumers, opts, buf);
         char *cubin = NULL;
         size_t size = 0;
         double t0 = now();
@@ -231,15 +230,8 @@ static void check_attention_registers(void) {
        * registers a consumer thread) */
         const char *opts[CODA_CUDA_ATTN_NOPTS + 1], *kernels[] = {"coda_attn_fwd_wgmma_kernel", NULL};
         char buf[CODA_CUDA_ATTN_NOPTS][32];
-        int n = coda__cuda_attention_options(64, 3, 1, 1, 2, 1, 2, 0, opts, buf);
+        int n = coda__cuda_attention_options(64, 3, 1, 1, 2, 1, 2, opts, buf);
         check_ptxas_clean(src, opts, n, kernels, "attention forward hd 64, 2 consumers");
-    }
-    for (int hd = 64; hd <= 128; hd += 64) { /* the fused backward's key blocks in pairs (CODA_AB_PAIR) */
-        const char *opts[CODA_CUDA_ATTN_NOPTS + 1], *kernels[] = {"coda_attn_bwd_wgmma_kernel", NULL};
-        char buf[CODA_CUDA_ATTN_NOPTS][32], what[64];
-        int n = coda__cuda_attention_options(hd, hd == 128 ? 2 : 3, 1, 1, 2, 1, hd == 64 ? 3 : 2, 1, opts, buf);
-        snprintf(what, sizeof what, "attention backward hd %d, key blocks in pairs", hd);
-        check_ptxas_clean(src, opts, n, kernels, what);
     }
     free(src);
 }

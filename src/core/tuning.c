@@ -46,8 +46,6 @@ void coda__tuning_from_env(coda__tuning_t *t) {
     if (c == '2' || c == '3') t->attn_fwd_consumers = c - '0';
     c = one_char("CODA_DEBUG_ATTN_BWD_PARTS");
     t->attn_bwd_parts = c == 'h' ? -1 : c >= '1' && c <= '8' ? c - '0' : 0;
-    c = one_char("CODA_DEBUG_ATTN_BWD_PAIR");
-    t->attn_bwd_pair = c == '0' || c == '1' ? c - '0' : -1;
     c = one_char("CODA_DEBUG_ATTN_BWD_ORDER");
     t->attn_bwd_order = c >= '0' && c <= '9' ? c - '0' : -1;
     v = getenv("CODA_DEBUG_OPTS");
@@ -82,9 +80,6 @@ coda_status_t coda__set_tuning(coda_context_t *ctx, const coda__tuning_t *t) {
     if (t->attn_bwd_parts < -1 || t->attn_bwd_parts > 8)
         return coda__fail(CODA_ERR_INVALID_ARG, "tuning: attn_bwd_parts %d is not -1 (a head a block), 0 (default) or 1..8",
                           t->attn_bwd_parts);
-    if (t->attn_bwd_pair < -1 || t->attn_bwd_pair > 1)
-        return coda__fail(CODA_ERR_INVALID_ARG, "tuning: attn_bwd_pair %d is not -1 (default), 0 or 1",
-                          t->attn_bwd_pair);
     if (t->attn_bwd_order < -1 || t->attn_bwd_order > 9)
         return coda__fail(CODA_ERR_INVALID_ARG, "tuning: attn_bwd_order %d is not -1 (default) or 0..9",
                           t->attn_bwd_order);

@@ -76,8 +76,8 @@ static int smem_bwd_wgmma(int hd, int stages, int kind) {
     const int rows = kind == BWD_DQ ? 64 : kv_tile_rows(hd);                  /* the ring's tiles (AB_KV_QT) */
     int at = 2 * (hd / 64) * 128 * 128 + stages * 2 * (hd / 64) * rows * 128; /* block operands, the ring */
     if (kind != BWD_DQ) at += stages * 2 * rows * 4;                          /* the statistics */
-    if (kind == BWD_FUSED) /* P^T and dS^T (1024-aligned), 2 dq tiles (64 x hd f32), their 6 barriers */
-        at = (at + 1023) / 1024 * 1024 + 2 * 128 * 128 + 2 * 64 * hd * 4 + 8 * 6;
+    if (kind == BWD_FUSED) /* P^T and dS^T (1024-aligned), 2 dq tiles (64 x hd f32), their 4 barriers */
+        at = (at + 1023) / 1024 * 1024 + 2 * 128 * 128 + 2 * 64 * hd * 4 + 8 * 4;
     return at + 8 * (1 + 2 * stages) + 1024;
 }
 
@@ -181,12 +181,6 @@ static int bwd_stages_of(int tuned, int split, int hd) {
 static int bwd_stages(const coda_context_t *ctx, int hd) {
     return bwd_stages_of(ctx->tuning.attn_stages, ctx->tuning.attn_split_bwd, hd);
 }
-/* The fused backward's key blocks in pairs, each a 2-CTA cluster that
- * loads a shared step's q and do once for both (multicast; kernels/
- * attention_bwd_wgmma.cuh's ab_pair_release): BWD_PAIR, or tuning's
- * attn_bwd_pair (-1: the default). */
-#define BWD_PAIR 0
-static int bwd_pair_of(int tuned) { return tuned >= 0 ? tuned : BWD_PAIR; }
 static int smem_dq(int hd) { return (2 * BWD_ROWS + 4 * KV_TILE) * hd * 2; }
 static int smem_dkdv(int hd) {
     int qt = hd == 128 ? 32 : 64;
@@ -194,7 +188,7 @@ static int smem_dkdv(int hd) {
 }
 
 int coda__cuda_attention_options(int hd, int bwd_stages, int pipe, int dq_perm, int fwd_stages, int fwd_apart,
-                                 int fwd_consumers, int pair, const char **opts, char (*buf)[32]) {
+                                 int fwd_consumers, const char **opts, char (*buf)[32]) {
     opts[0] = "--gpu-architecture=sm_90a";
     opts[1] = "-default-device";
     opts[2] = hd == 64 ? "-DCODA_ATTN_HD=64" : "-DCODA_ATTN_HD=128";
@@ -207,14 +201,13 @@ int coda__cuda_attention_options(int hd, int bwd_stages, int pipe, int dq_perm, 
     snprintf(buf[9], 32, "-DCODA_AW_STAGES=%d", fwd_stages);
     snprintf(buf[10], 32, "-DCODA_AW_APART=%d", fwd_apart);
     snprintf(buf[11], 32, "-DCODA_AW_CONSUMERS=%d", fwd_consumers);
-    snprintf(buf[12], 32, "-DCODA_AB_PAIR=%d", pair);
     for (int i = 5; i < CODA_CUDA_ATTN_NOPTS; i++) opts[i] = buf[i];
     return CODA_CUDA_ATTN_NOPTS;
 }
 
 int coda__cuda_attention_default_options(int hd, const char **opts, char (*buf)[32]) {
     return coda__cuda_attention_options(hd, bwd_stages_of(0, 0, hd), BWD_PIPE, 1, FWD_STAGES, FWD_APART,
-                                        fwd_consumers_of(0, hd), bwd_pair_of(-1), opts, buf);
+                                        fwd_consumers_of(0, hd), opts, buf);
 }
 
 typedef struct {
@@ -227,21 +220,18 @@ typedef struct {
     int fwd_stages;     /* CODA_AW_STAGES: the wgmma forward's k/v ring */
     int fwd_apart;      /* CODA_AW_APART: its k and v stages freed apart */
     int fwd_consumers;  /* CODA_AW_CONSUMERS: its consumer warpgroups, 64 query rows each */
-    int pair;           /* CODA_AB_PAIR: the fused backward's key blocks in 2-CTA clusters */
     char optbuf[CODA_CUDA_ATTN_NOPTS][32];
     void *stream;
 } launcher_t;
 
 /* Launch `entry` on a (gx, gy, gz) grid of `threads` with `smem` bytes of
- * dynamic shared memory, in clusters of `cluster` blocks along x (1: no
- * clusters). The caller has the device's context current. */
+ * dynamic shared memory. The caller has the device's context current. */
 static coda_status_t launch(launcher_t *L, const char *entry, unsigned gx, unsigned gy, unsigned gz,
-                            int threads, int smem, int cluster, void **args) {
+                            int threads, int smem, void **args) {
     struct coda_cuda *cu = L->ctx->cuda;
     uint64_t quick[2] = {KEY0 + (uint64_t)L->hd + 256u * (uint64_t)L->stages + 4096u * (uint64_t)L->pipe +
                              65536u * (uint64_t)L->dq_perm + (1u << 20) * (uint64_t)L->fwd_stages +
-                             (1u << 24) * (uint64_t)L->fwd_apart + (1u << 28) * (uint64_t)L->fwd_consumers +
-                             (1ull << 32) * (uint64_t)L->pair,
+                             (1u << 24) * (uint64_t)L->fwd_apart + (1u << 28) * (uint64_t)L->fwd_consumers,
                          coda__hash(CODA_HASH_SEED0, entry, strlen(entry))};
     const coda__tuning_t *tu = &L->ctx->tuning;
     if (tu->code_key) /* CODA_DEBUG_OPTS (experiments) change the code: part of the key */
@@ -267,14 +257,6 @@ static coda_status_t launch(launcher_t *L, const char *entry, unsigned gx, unsig
     lc.blockDimY = lc.blockDimZ = 1;
     lc.sharedMemBytes = (unsigned)smem;
     lc.hStream = (CUstream)L->stream;
-    CUlaunchAttribute attr[1];
-    if (cluster > 1) {
-        attr[0].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-        attr[0].value.clusterDim.x = (unsigned)cluster;
-        attr[0].value.clusterDim.y = attr[0].value.clusterDim.z = 1;
-        lc.attrs = attr;
-        lc.numAttrs = 1;
-    }
     CUresult r = cu->cu.LaunchKernelEx(&lc, fn, args, NULL);
     return r == CUDA_SUCCESS ? CODA_OK : coda__cu_fail(cu, r, entry);
 }
@@ -353,19 +335,16 @@ static coda_status_t run_bwd_wgmma(launcher_t *L, const coda_attention_shape_t *
                 cu->cu.MemsetD32Async((CUdeviceptr)(a->dsum + 2 * plane), 0, (size_t)(plane / 64 * 2),
                                       (CUstream)L->stream),
                 "cuMemsetD32Async(attention's dq counters)");
-        /* paired: x counts the clusters' two CTAs, z pairs of key blocks
-         * (ab_block) */
-        const unsigned pr = L->pair ? 1u : 0u;
-        return launch(L, "coda_attn_bwd_wgmma_kernel", (unsigned)(s->n_kv_heads * a->kv_parts) << pr, batch,
-                      (blocks + pr) >> pr, 384, smem_bwd_wgmma(L->hd, L->stages, BWD_FUSED), 1 + (int)pr, kv_args);
+        return launch(L, "coda_attn_bwd_wgmma_kernel", (unsigned)(s->n_kv_heads * a->kv_parts), batch, blocks, 384,
+                      smem_bwd_wgmma(L->hd, L->stages, BWD_FUSED), kv_args);
     }
     const int wide = kv_tile_rows(L->hd) == 128;
     void *dkdv_args[] = {&qkv128, wide ? &qkv128 : &qkv64, wide ? &do128 : &do64, a};
     CODA_TRY(launch(L, "coda_attn_bwd_dkdv_wgmma_kernel", (unsigned)s->n_kv_heads, batch, blocks, 384,
-                    smem_bwd_wgmma(L->hd, L->stages, BWD_DKDV), 1, dkdv_args));
+                    smem_bwd_wgmma(L->hd, L->stages, BWD_DKDV), dkdv_args));
     void *q_args[] = {&qkv128, &qkv64, &do128, a};
     return launch(L, "coda_attn_bwd_dq_wgmma_kernel", (unsigned)s->n_heads, batch, blocks, 384,
-                  smem_bwd_wgmma(L->hd, L->stages, BWD_DQ), 1, q_args);
+                  smem_bwd_wgmma(L->hd, L->stages, BWD_DQ), q_args);
 }
 
 static coda_status_t run(launcher_t *L, const coda_attention_shape_t *s, const coda_tensor_t *qkv,
@@ -389,20 +368,19 @@ static coda_status_t run(launcher_t *L, const coda_attention_shape_t *s, const c
         const int persist = L->ctx->tuning.attn_fwd_persist >= 0 ? L->ctx->tuning.attn_fwd_persist : FWD_PERSIST;
         const int64_t grid = persist && items > L->dev->sm_count ? L->dev->sm_count : items;
         return launch(L, "coda_attn_fwd_wgmma_kernel", (unsigned)grid, 1, 1, 128 * (nc + 1),
-                      smem_fwd_wgmma(L->hd, L->fwd_stages, nc), 1, wargs);
+                      smem_fwd_wgmma(L->hd, L->fwd_stages, nc), wargs);
     }
     if (!backward)
         return launch(L, "coda_attn_fwd_kernel", heads, batch, (unsigned)coda__cdiv(s->seq, FWD_ROWS),
-                      fwd_threads(L->hd), smem_fwd(L->hd), 1, args);
+                      fwd_threads(L->hd), smem_fwd(L->hd), args);
     /* a warp per 32 positions of a (sequence, head), 8 warps a block */
     int64_t warps = s->batch * s->n_heads * coda__cdiv(s->seq, 32), blocks = coda__cdiv(warps, 8);
     CODA_TRY(launch(L, "coda_attn_bwd_prep_kernel", (unsigned)(blocks < MAX_GRID ? blocks : MAX_GRID), 1, 1, 256,
-                    0, 1, args));
+                    0, args));
     if (!L->ctx->tuning.attn_mma) return run_bwd_wgmma(L, s, qkv, do_, out, a);
     unsigned tiles = (unsigned)coda__cdiv(s->seq, BWD_ROWS);
-    CODA_TRY(launch(L, "coda_attn_bwd_dq_kernel", heads, batch, tiles, BWD_ROWS / 16 * 32, smem_dq(L->hd), 1,
-                    args));
-    return launch(L, "coda_attn_bwd_dkdv_kernel", kv_heads, batch, tiles, BWD_ROWS / 16 * 32, smem_dkdv(L->hd), 1,
+    CODA_TRY(launch(L, "coda_attn_bwd_dq_kernel", heads, batch, tiles, BWD_ROWS / 16 * 32, smem_dq(L->hd), args));
+    return launch(L, "coda_attn_bwd_dkdv_kernel", kv_heads, batch, tiles, BWD_ROWS / 16 * 32, smem_dkdv(L->hd),
                   args);
 }
 
@@ -441,9 +419,8 @@ coda_status_t coda__cuda_attention(coda_context_t *ctx, const coda_attention_sha
     L.fwd_stages = ctx->tuning.attn_fwd_stages ? ctx->tuning.attn_fwd_stages : FWD_STAGES;
     L.fwd_apart = ctx->tuning.attn_fwd_apart >= 0 ? ctx->tuning.attn_fwd_apart : FWD_APART;
     L.fwd_consumers = fwd_consumers_of(ctx->tuning.attn_fwd_consumers, L.hd);
-    L.pair = bwd_pair_of(ctx->tuning.attn_bwd_pair);
     coda__cuda_attention_options(L.hd, L.stages, L.pipe, L.dq_perm, L.fwd_stages, L.fwd_apart, L.fwd_consumers,
-                                 L.pair, L.opts, L.optbuf);
+                                 L.opts, L.optbuf);
 
     attn_args_t a;
     memset(&a, 0, sizeof a);

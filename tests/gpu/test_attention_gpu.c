@@ -45,16 +45,11 @@
  * (CODA_DEBUG_ATTN_FWD_CONSUMERS=2: items of 128 rows; the default since
  * stop 51 is three, items of 192 rows over 128-key tiles, where a
  * warpgroup may need a tile fewer than its block loads, or hold rows
- * wholly past the sequence's end: seq 300, 200 and 1000 make both),
- * 10 the fused backward's key blocks in 2-CTA clusters that share q and
- * do by multicast and sum their dq in shared memory
- * (CODA_DEBUG_ATTN_BWD_PAIR=1; an odd count of key blocks, seq 1, 77,
- * 257, 300, 520 or 1100, leaves the last cluster's second CTA without
- * one).
+ * wholly past the sequence's end: seq 300, 200 and 1000 make both).
  * The other
  * sets keep the environment's attn_pipe, forward ring, backward layout and
  * CODA_DEBUG_OPTS (the A/B runs of "bench"). */
-#define N_KERNEL_SETS 11
+#define N_KERNEL_SETS 10
 #define DQ_SUM_OPT "-DCODA_AB_DQ_ONE=0"
 static const char *const kernel_names[N_KERNEL_SETS] = {
     "wgmma (fused backward)", "wgmma, split backward: dk/dv and dq kernels (CODA_DEBUG_ATTN_SPLIT_BWD)",
@@ -64,10 +59,9 @@ static const char *const kernel_names[N_KERNEL_SETS] = {
     "wgmma, backward 2 parts a group, chunks of 3 pairs (CODA_DEBUG_ATTN_BWD_PARTS=2, _ORDER=3)",
     "wgmma, backward dq as two warpgroups' parts, summed (CODA_DEBUG_OPTS=" DQ_SUM_OPT ")",
     "wgmma, the forward a block an item, not persistent (CODA_DEBUG_ATTN_FWD_PERSIST=0)",
-    "wgmma, the forward with two consumer warpgroups at head_dim 64 (CODA_DEBUG_ATTN_FWD_CONSUMERS=2)",
-    "wgmma, backward key blocks in 2-CTA clusters sharing q and do (CODA_DEBUG_ATTN_BWD_PAIR=1)"};
+    "wgmma, the forward with two consumer warpgroups at head_dim 64 (CODA_DEBUG_ATTN_FWD_CONSUMERS=2)"};
 static int use_mma, env_pipe = -2, env_fwd_stages, env_fwd_apart, env_fwd_persist, env_bwd_parts, env_bwd_order,
-    env_fwd_consumers, env_bwd_pair;
+    env_fwd_consumers;
 static char env_opts[CODA_TUNING_OPTS_CAP];
 static void tune_attn(coda_context_t *ctx, int kernels) {
     coda__tuning_t t = coda__get_tuning(ctx);
@@ -79,7 +73,6 @@ static void tune_attn(coda_context_t *ctx, int kernels) {
         env_fwd_consumers = t.attn_fwd_consumers;
         env_bwd_parts = t.attn_bwd_parts;
         env_bwd_order = t.attn_bwd_order;
-        env_bwd_pair = t.attn_bwd_pair;
         memcpy(env_opts, t.extra_opts, sizeof env_opts);
     }
     t.attn_mma = kernels == 2;
@@ -91,7 +84,6 @@ static void tune_attn(coda_context_t *ctx, int kernels) {
     t.attn_fwd_consumers = kernels == 9 ? 2 : env_fwd_consumers;
     t.attn_bwd_parts = kernels == 5 ? -1 : kernels == 6 ? 2 : env_bwd_parts;
     t.attn_bwd_order = kernels == 5 ? 1 : kernels == 6 ? 3 : env_bwd_order;
-    t.attn_bwd_pair = kernels == 10 ? 1 : env_bwd_pair;
     snprintf(t.extra_opts, sizeof t.extra_opts, "%s", kernels == 7 ? DQ_SUM_OPT : env_opts);
     tune_set(ctx, &t);
     use_mma = kernels == 2;
@@ -541,18 +533,15 @@ static void bench(coda_context_t *ctx, int dirs) {
  * CODA_AB_PT_REG 0 and 1, the default; the default layout). Each timed in
  * turns, two rounds, then each tested (unless `timed_only`). "bwdab"'s
  * layouts are n_layouts of `layouts` when given (the argument
- * "layouts=P:C,P:C:X,...": parts, launch chunk and, optionally, key blocks
- * in pairs X, 0 or 1; -1 or none the default), else the list below. */
+ * "layouts=P:C,P:C,..."), else the list below. */
 #define MAX_LAYOUTS 16
-static int layouts[MAX_LAYOUTS][3], n_layouts;
+static int layouts[MAX_LAYOUTS][2], n_layouts;
 static void variants_ab(coda_context_t *ctx, char mode, int timed_only) {
     /* (stages, k and v freed apart, persistent, consumer warpgroups: 3 at head_dim 64 only) */
     static const int fwd[6][4] = {{2, 1, 1, 2}, {3, 0, 1, 2}, {2, 1, 1, 3}, {3, 1, 1, 3}, {2, 0, 1, 3}, {3, 0, 1, 3}};
     /* (parts, launch chunk): 0 all pairs (kv heads fastest), 1 key blocks fastest, else pairs a chunk */
-    /* (parts, launch chunk, key blocks in pairs: -1 the default) */
-    static const int bwd0[9][3] = {{1, 0, -1}, {1, 1, -1}, {1, 4, -1}, {2, 0, -1}, {2, 1, -1},
-                                   {2, 2, -1}, {2, 4, -1}, {-1, 0, -1}, {-1, 1, -1}};
-    const int(*bwd)[3] = n_layouts ? (const int(*)[3])layouts : bwd0;
+    static const int bwd0[9][2] = {{1, 0}, {1, 1}, {1, 4}, {2, 0}, {2, 1}, {2, 2}, {2, 4}, {-1, 0}, {-1, 1}};
+    const int(*bwd)[2] = n_layouts ? (const int(*)[2])layouts : bwd0;
     static const char *const dq[3] = {"-DCODA_AB_DQ_ONE=0", "-DCODA_AB_DQ_ONE=1 -DCODA_AB_PT_REG=0",
                                       "-DCODA_AB_DQ_ONE=1 -DCODA_AB_PT_REG=1"};
     static const char *const dq_name[3] = {"both warpgroups, staged sum", "one warpgroup a step, 128 keys",
@@ -570,8 +559,7 @@ static void variants_ab(coda_context_t *ctx, char mode, int timed_only) {
             } else if (backward) {
                 t.attn_bwd_parts = bwd[i][0];
                 t.attn_bwd_order = bwd[i][1];
-                t.attn_bwd_pair = bwd[i][2];
-                printf("== fused backward: %s%.0d, %s%.0d%s%s\n",
+                printf("== fused backward: %s%.0d, %s%.0d%s\n",
                        bwd[i][0] == -1  ? "one head a block"
                        : bwd[i][0] == 1 ? "a kv group a block"
                                         : "parts a group: ",
@@ -579,8 +567,7 @@ static void variants_ab(coda_context_t *ctx, char mode, int timed_only) {
                        bwd[i][1] == 0   ? "kv heads fastest"
                        : bwd[i][1] == 1 ? "key blocks fastest"
                                         : "chunks of (part, sequence) pairs: ",
-                       bwd[i][1] > 1 ? bwd[i][1] : 0,
-                       bwd[i][2] == 1 ? ", key blocks in pairs" : bwd[i][2] == 0 ? ", key blocks alone" : "", tag);
+                       bwd[i][1] > 1 ? bwd[i][1] : 0, tag);
             } else {
                 t.attn_fwd_stages = fwd[i][0];
                 t.attn_fwd_apart = fwd[i][1];
@@ -613,14 +600,12 @@ int main(int argc, char **argv) {
         timed_only |= !strcmp(argv[i], "benchonly");
         if (!strncmp(argv[i], "layouts=", 8))
             for (const char *c = argv[i] + 8; *c && n_layouts < MAX_LAYOUTS; c += strcspn(c, ","), c += *c == ',') {
-                int parts, chunk, pair = -1, used = 0, used3 = 0;
-                if (sscanf(c, "%d:%d%n", &parts, &chunk, &used) != 2 ||
-                    (c[used] == ':' && (sscanf(c + used, ":%d%n", &pair, &used3) != 1 || pair < 0 || pair > 1)) ||
-                    (c[used + used3] && c[used + used3] != ',')) {
-                    fprintf(stderr, "layouts=: '%s' is not parts:chunk or parts:chunk:pair\n", c);
+                int parts, chunk, used = 0;
+                if (sscanf(c, "%d:%d%n", &parts, &chunk, &used) != 2 || (c[used] && c[used] != ',')) {
+                    fprintf(stderr, "layouts=: '%s' is not parts:chunk\n", c);
                     return 2;
                 }
-                layouts[n_layouts][0] = parts, layouts[n_layouts][1] = chunk, layouts[n_layouts++][2] = pair;
+                layouts[n_layouts][0] = parts, layouts[n_layouts++][1] = chunk;
             }
     }
     for (int i = 1; i < argc; i++)

@@ -59,7 +59,7 @@
  *   fused: P^T and dS^T (128 keys x 64 queries bf16), 2 dq tiles (64 x HD
  *   f32)
  *   barriers: block operands full, stage full[s], stage empty[s], fused:
- *   dq full[2], dq empty[2], dq peer[2] (CODA_AB_PAIR) */
+ *   dq full[2], dq empty[2] */
 
 #define AB_ROWS 128                       /* rows a block owns              */
 #define AB_TILE 64                        /* rows of a streamed tile        */
@@ -80,14 +80,6 @@
 #ifndef CODA_AB_PT_REG
 #define CODA_AB_PT_REG 1                  /* with CODA_AB_DQ_ONE: dv += P^T do with P^T from registers
                                              (1), or from shared memory (0) */
-#endif
-#ifndef CODA_AB_PAIR
-#define CODA_AB_PAIR 0                    /* fused: key blocks 2j and 2j + 1 as a 2-CTA cluster sharing
-                                             their q and do tiles by TMA multicast (ab_pair_release) and
-                                             summing their dq in shared memory (ab_dq_red) */
-#endif
-#if CODA_AB_PAIR && !CODA_AB_DQ_ONE
-#error "CODA_AB_PAIR needs CODA_AB_DQ_ONE (a step's dq staged by one warpgroup)"
 #endif
 #define AB_BIG_CHUNK (AB_ROWS * 128)      /* one 64-column chunk of a block */
 #define AB_SMALL_CHUNK (AB_TILE * 128)    /* ... of a streamed tile         */
@@ -117,7 +109,7 @@
 #define AB_BARS_FUSED (AB_DQB_OFF + 2 * AB_DQB_BYTES)
 #define AB_SMEM_DKDV (AB_BARS_DKDV + 8 * (1 + 2 * AB_STAGES)) /* + 1024 of slack */
 #define AB_SMEM_DQ (AB_BARS_DQ + 8 * (1 + 2 * AB_STAGES))
-#define AB_SMEM_FUSED (AB_BARS_FUSED + 8 * (7 + 2 * AB_STAGES)) /* + dq full[2], empty[2], peer[2] */
+#define AB_SMEM_FUSED (AB_BARS_FUSED + 8 * (5 + 2 * AB_STAGES)) /* + dq full[2], empty[2] */
 
 /* HD columns of `rows` positions from column col0 (one TMA per 64-column
  * chunk, chunk_bytes apart). */
@@ -125,19 +117,6 @@ static __device__ __forceinline__ void ab_load(u32 dst, const coda_tmap *map, in
                                                u32 chunk_bytes, u32 bar) {
 #pragma unroll
     for (int c = 0; c < HD / 64; c++) aw_tma_load3(dst + c * chunk_bytes, map, col0 + 64 * c, pos, b, bar);
-}
-
-/* The same into both CTAs of the pair (CODA_AB_PAIR): written at the same
- * offset dst of each, completing bytes on the barrier at bar's offset in
- * each. */
-static __device__ __forceinline__ void ab_load_mc(u32 dst, const coda_tmap *map, int col0, int pos, int b,
-                                                  u32 chunk_bytes, u32 bar) {
-#pragma unroll
-    for (int c = 0; c < HD / 64; c++)
-        asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-                     ".multicast::cluster [%0], [%1, {%2, %3, %4}], [%5], %6;" ::"r"(dst + c * chunk_bytes),
-                     "l"((u64)map), "r"(col0 + 64 * c), "r"(pos), "r"(b), "r"(bar), "h"((unsigned short)3)
-                     : "memory");
 }
 
 /* acc (64 x n) = a (64 rows of a 128-row block, K-major) . b^T (a tile of
@@ -196,33 +175,25 @@ static __device__ __forceinline__ void ab_store(const float *acc, float scale, f
  * warpgroups' parts summed), read out by TMA */
 #define AB_BAR_DQ_FULL(bars, d) ((bars) + 8 + 16 * AB_STAGES + 8 * (d))
 #define AB_BAR_DQ_EMPTY(bars, d) ((bars) + 24 + 16 * AB_STAGES + 8 * (d))
-/* a pair's rank 1: rank 0 has staged its part of dq tile d (ab_dq_red) */
-#define AB_BAR_DQ_PEER(bars, d) ((bars) + 40 + 16 * AB_STAGES + 8 * (d))
 
 /* The barriers of a block: the block operands' (one arrival), each stage's
- * full (`full` arrivals) and empty (every consumer thread; with `pair`
- * also a lane of each of the peer's 8 consumer warps, ab_pair_release);
- * with `fused`, the two dq tiles' full (with `pair` twice the stagers:
- * ab_dq_red), empty and peer. A pair's CTAs both have
- * theirs set up before either multicasts into the other or arrives on
- * its barriers (the cluster barrier). */
-static __device__ __forceinline__ void ab_init_bars(u32 bars, u32 full, const int fused, const int pair) {
+ * full (`full` arrivals) and empty (every consumer thread); with `fused`,
+ * the two dq tiles' full and empty. */
+static __device__ __forceinline__ void ab_init_bars(u32 bars, u32 full, const int fused) {
     if (threadIdx.x == 0) {
         coda_mbar_init(AB_BAR_BLOCK(bars), 1);
         for (int s = 0; s < AB_STAGES; s++) {
             coda_mbar_init(AB_BAR_FULL(bars, s), full);
-            coda_mbar_init(AB_BAR_EMPTY(bars, s), AW_CONSUMER_THREADS + (pair ? 8 : 0));
+            coda_mbar_init(AB_BAR_EMPTY(bars, s), AW_CONSUMER_THREADS);
         }
         if (fused)
             for (int d = 0; d < 2; d++) {
-                coda_mbar_init(AB_BAR_DQ_FULL(bars, d), pair ? 256 : 128);
+                coda_mbar_init(AB_BAR_DQ_FULL(bars, d), 128);
                 coda_mbar_init(AB_BAR_DQ_EMPTY(bars, d), 1);
-                coda_mbar_init(AB_BAR_DQ_PEER(bars, d), 128);
             }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
-    if (pair) coda_cluster_sync();
-    else __syncthreads();
+    __syncthreads();
 }
 
 /* A consumer thread is done with stage s. Every consumer thread arrives
@@ -233,50 +204,6 @@ static __device__ __forceinline__ void ab_init_bars(u32 bars, u32 full, const in
  * (with one lane a warp it reported the stores as racing the loads). */
 static __device__ __forceinline__ void ab_release(u32 bars, int s) {
     coda_mbar_arrive(AB_BAR_EMPTY(bars, s));
-}
-
-/* The same in a pair (CODA_AB_PAIR: the CTAs of a 2-CTA cluster own key
- * blocks 2j and 2j + 1 and walk the same (tile, head) steps, the first
- * `shared` of them together: rank 1's are all of its own, rank 0 then has
- * the diagonal's two tiles a head left alone). A shared step's q and do
- * come half from each CTA's producer, multicast into both, so a stage is
- * free for either producer only once both CTAs' consumers are done with
- * it: each thread arrives on its own CTA's empty barrier as above, and
- * after the warp's __syncwarp one lane on the peer's (its wgmma reads were
- * waited for by every lane; the peer writes only q and do into the stage,
- * not the statistics, which stay local). A step rank 0 takes alone counts
- * that lane twice at home instead. Every arrival on the peer's barrier is
- * one its producer waits for, in its loop or in the drain after it, so
- * no CTA of the pair exits while the other may still arrive on its
- * barriers or write into its stages. */
-static __device__ __forceinline__ void ab_pair_release(u32 bars, int s, int together) {
-    const u32 bar = AB_BAR_EMPTY(bars, s);
-    coda_mbar_arrive(bar);
-    __syncwarp();
-    if ((threadIdx.x & 31) == 0) {
-        if (together) coda_mbar_arrive_cluster(bar, coda_cluster_rank() ^ 1u);
-        else coda_mbar_arrive(bar);
-    }
-}
-
-/* Cluster-scope forms for a pair's dq (ab_dq_red): an arrival on the
- * barrier at bar's offset in CTA cta that releases this thread's writes
- * (its stores or its adds into the other CTA) to the cluster, and a wait
- * that acquires what the arrivals released. */
-static __device__ __forceinline__ void ab_arrive_release_cluster(u32 bar, u32 cta) {
-    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}" ::"r"(bar), "r"(cta)
-                 : "memory");
-}
-static __device__ __forceinline__ void ab_wait_cluster(u32 bar, u32 parity) {
-    u32 done;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, p;\n}"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
-    } while (!done);
 }
 
 /* The staged dq tile (a consumer thread's part of a dq product: 64
@@ -375,41 +302,6 @@ static __device__ __forceinline__ void ab_dq_stage(float *dq, float scale, u32 b
                                      fmaf(dq[e + 1], scale, a[k][r][1]));
             }
     }
-}
-
-/* A pair's dq (CODA_AB_PAIR): on a step the two CTAs take together, rank
- * 1's dq warpgroup adds its part (times scale) into the dq tile rank 0 has
- * staged at buf, in rank 0's shared memory (`red` on the address ab_dq_at
- * gives, moved into rank 0's window), so that one TMA add a step carries
- * both key blocks' sum into dq: half the adds through the L2, and half the
- * turns of ab_dq_writer's chain. Rank 0 stores first (the peer barrier
- * says so); the sum of the two parts is the same whichever order the adds
- * land in. Called after the step's products are waited for: a spin loop
- * between a product's issue and its registers' use serialises products. */
-static __device__ __forceinline__ void ab_dq_red(float *dq, float scale, u32 buf, int row, u32 bars, int d,
-                                                 u32 phase) {
-#if !CODA_AB_DQ_PERM
-#pragma unroll
-    for (int h = 0; h < HD / 64; h++) ab_dq_order(dq + 32 * h, row & 3);
-#endif
-    u32 far;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, 0;" : "=r"(far) : "r"(buf));
-    const u32 delta = far - buf; /* rank 0's window: ab_dq_at's swizzle bits are the same there */
-    ab_wait_cluster(AB_BAR_DQ_PEER(bars, d), phase);
-#pragma unroll
-    for (int t = 0; t < HD / 8; t++)
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const u32 at = ab_dq_at(buf, row, t, r) + delta;
-            const int e = 4 * t + 2 * r;
-            asm volatile("red.relaxed.cluster.shared::cluster.add.f32 [%0], %1;" ::"r"(at), "f"(dq[e] * scale)
-                         : "memory");
-            asm volatile("red.relaxed.cluster.shared::cluster.add.f32 [%0], %1;" ::"r"(at + 4),
-                         "f"(dq[e + 1] * scale)
-                         : "memory");
-        }
-    asm volatile("fence.proxy.async.shared::cluster;" ::: "memory"); /* before rank 0's TMA reads the sums */
-    ab_arrive_release_cluster(AB_BAR_DQ_FULL(bars, d), 0);
 }
 
 /* dq (64 queries x HD) = dS (64 queries x `keys` keys, key-major at ds,
@@ -526,20 +418,16 @@ static __device__ __forceinline__ void ab_tma_out_dq(const coda_tmap *map, u32 s
  * rows and each tile's order stays the key blocks'. */
 static __device__ __forceinline__ void ab_dq_writer(const coda_tmap *t_dq, const coda_attn_args_t &p, u32 bars,
                                                     u32 sdq, int first, int steps, int group, int n_qt, int qt0,
-                                                    int h0, int jb, int b, const int paired) {
+                                                    int h0, int jb, int b) {
     u32 *counters = (u32 *)(p.dsum + 2 * STAT_PLANE(p, gridDim.y));
-    /* a pair: rank 0 adds both key blocks' sum in the pair's turn; rank 1
-     * has no step of its own (ab_dq_red) */
-    if (paired && (jb & 1)) return;
-    const u32 turn = (u32)(paired ? jb >> 1 : jb);
+    const u32 turn = (u32)jb;
     coda_prefetch_tmap(t_dq);
     for (int i = first; i < steps; i += 2) {
         int g, qti;
         ab_kv_step(i, group, n_qt, qt0, 1, &g, &qti);
         const int d = i & 1, hq = h0 + g;
         u32 *count = counters + (((long long)b * p.n_heads + hq) * (STAT_PAD(p.seq) / AB_TILE) + qti) * 2;
-        if (paired) ab_wait_cluster(AB_BAR_DQ_FULL(bars, d), (u32)(i >> 1) & 1u); /* rank 1's adds too */
-        else coda_mbar_wait(AB_BAR_DQ_FULL(bars, d), (u32)(i >> 1) & 1u);
+        coda_mbar_wait(AB_BAR_DQ_FULL(bars, d), (u32)(i >> 1) & 1u);
         while (coda_ld_acquire_u32(count) != turn) {
         }
         asm volatile("fence.proxy.async;" ::: "memory"); /* the last turn's adds (async proxy) before ours */
@@ -634,20 +522,16 @@ static __device__ __forceinline__ void ab_store_ds(u32 ds, u32 (*pd)[4], int wro
  * block, then every pair's second... Either way a key block comes after the
  * one before it and a part after the one before it, which is all the dq and
  * dk/dv orders wait for. */
-static __device__ __forceinline__ void ab_block(const coda_attn_args_t &p, const int paired, int *xb, int *b,
-                                                int *jb) {
-    /* with `paired`, x counts CTAs of 2-CTA clusters (rank blockIdx.x & 1) and
-     * z pairs of key blocks: the same order over clusters */
-    const unsigned pr = paired ? 1u : 0u, gx = gridDim.x >> pr;
-    const unsigned lin = (blockIdx.x >> pr) + gx * (blockIdx.y + gridDim.y * blockIdx.z);
-    const unsigned pairs = gx * gridDim.y, kb = gridDim.z;
+static __device__ __forceinline__ void ab_block(const coda_attn_args_t &p, int *xb, int *b, int *jb) {
+    const unsigned lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    const unsigned pairs = gridDim.x * gridDim.y, kb = gridDim.z;
     const unsigned g = p.kv_chunk > 0 && (unsigned)p.kv_chunk < pairs ? (unsigned)p.kv_chunk : pairs;
     const unsigned c = lin / (g * kb), r = lin - c * g * kb; /* the chunk, the place in it */
     const unsigned n = min(g, pairs - c * g);                /* its pairs */
     const unsigned pair = c * g + r % n;
-    *jb = (int)((r / n) << pr | (blockIdx.x & pr));
-    *xb = (int)(pair % gx);
-    *b = (int)(pair / gx);
+    *jb = (int)(r / n);
+    *xb = (int)(pair % gridDim.x);
+    *b = (int)(pair / gridDim.x);
 }
 
 /* dk, dv (and with `fused`, dq) of one block of 128 keys: the body of
@@ -666,9 +550,8 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
     const u32 sdq = base + AB_DQB_OFF;                             /* [2] dq (64 queries, HD) f32 */
     const u32 bars = base + (fused ? AB_BARS_FUSED : AB_BARS_DKDV);
     const int seq = p.seq;
-    const int paired = fused && CODA_AB_PAIR;
     int xb, b, jb; /* (kv head, part), sequence, key block */
-    ab_block(p, paired, &xb, &b, &jb);
+    ab_block(p, &xb, &b, &jb);
     const int k0 = jb * AB_ROWS;
     const int group = p.n_heads / p.n_kv_heads, nq = p.n_heads * HD, nkv = p.n_kv_heads * HD;
     /* the block's heads: hpb of kvh's group from h0 */
@@ -677,19 +560,15 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
     /* the query tiles' rows (t_q and t_do have boxes of qt rows) */
     const int qt = fused ? AB_TILE : AB_KV_QT;
     const int qt0 = k0 / qt, n_qt = (seq + qt - 1) / qt - qt0;
-    /* step i: ab_kv_step's head (of the block's) and query tile; none in
-     * a pair's rank 1 past the last key block (an odd count) */
-    const int steps = hpb * max(n_qt, 0);
-    /* a pair's steps taken together: all of rank 1's (ab_pair_release) */
-    const int shared = paired ? hpb * max((seq + qt - 1) / qt - (k0 | AB_ROWS) / qt, 0) : 0;
+    const int steps = hpb * n_qt; /* step i: ab_kv_step's head (of the block's) and query tile */
     const int wg = threadIdx.x / 128;
 
-    ab_init_bars(bars, 1 + 32, fused, paired); /* the TMA thread's expect_tx, the statistics warp's 32 lanes */
+    ab_init_bars(bars, 1 + 32, fused); /* the TMA thread's expect_tx, the statistics warp's 32 lanes */
 
     if (wg == 0) { /* producer: thread 0 the tiles (TMA), warp 1 the statistics, fused: threads 64, 96 dq */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
         if (fused && (threadIdx.x == 64 || threadIdx.x == 96)) /* even steps, odd steps */
-            ab_dq_writer(t_dq, p, bars, sdq, threadIdx.x == 96, steps, hpb, n_qt, qt0, h0, jb, b, paired);
+            ab_dq_writer(t_dq, p, bars, sdq, threadIdx.x == 96, steps, hpb, n_qt, qt0, h0, jb, b);
         if (threadIdx.x == 0) {
             coda_prefetch_tmap(t_q);
             coda_prefetch_tmap(t_do);
@@ -703,19 +582,9 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
                 const u32 full = AB_BAR_FULL(bars, s);
                 if (i >= AB_STAGES) coda_mbar_wait(AB_BAR_EMPTY(bars, s), (u32)(i / AB_STAGES - 1) & 1u);
                 coda_mbar_expect_tx(full, 2 * (HD / 64) * qt * 128);
-                if (i < shared) { /* a pair: q from rank 0, do from rank 1, into both */
-                    if (jb & 1) ab_load_mc(sdo + s * AB_KV_SMALL, t_do, h * HD, qs, b, qt * 128, full);
-                    else ab_load_mc(sq + s * AB_KV_SMALL, t_q, h * HD, qs, b, qt * 128, full);
-                } else {
-                    ab_load(sq + s * AB_KV_SMALL, t_q, h * HD, qs, b, qt * 128, full);
-                    ab_load(sdo + s * AB_KV_SMALL, t_do, h * HD, qs, b, qt * 128, full);
-                }
+                ab_load(sq + s * AB_KV_SMALL, t_q, h * HD, qs, b, qt * 128, full);
+                ab_load(sdo + s * AB_KV_SMALL, t_do, h * HD, qs, b, qt * 128, full);
             }
-            /* a pair's drain: the last stages' releases, the peer's
-             * included, before this CTA may exit (ab_pair_release) */
-            if (paired)
-                for (int i = max(steps - AB_STAGES, 0); i < steps; i++)
-                    coda_mbar_wait(AB_BAR_EMPTY(bars, i % AB_STAGES), (u32)(i / AB_STAGES) & 1u);
         } else if (threadIdx.x / 32 == 1) {
             /* Ordinary loads and stores, not a bulk copy: the consumers read
              * the statistics with ordinary loads too, so both directions
@@ -767,7 +636,7 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
         /* fused: the warpgroup that stages this step's dq (i & 1, or 0
          * with CODA_AB_DQ_ONE=0) needs a tile the writer has read out
          * (ab_dq_writer); waited for here, before any product */
-        if (fused && c == (CODA_AB_DQ_ONE ? (i & 1) : 0) && i >= 2 && !(paired && (jb & 1)))
+        if (fused && c == (CODA_AB_DQ_ONE ? (i & 1) : 0) && i >= 2)
             coda_mbar_wait(AB_BAR_DQ_EMPTY(bars, i & 1), (u32)((i >> 1) - 1) & 1u);
         const float *dd = stats + st * (AB_STAT_BYTES / 4), *l2 = dd + qt;
         coda_wgmma_fence();
@@ -845,24 +714,9 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
                 if (i + 1 < steps) coda_turn_pass(7 + (i & 1));
                 const u32 dqb = sdq + (i & 1) * AB_DQB_BYTES;
                 const int row = 16 * (tid >> 5) + (lane >> 2);
-                if (paired && (jb & 1)) { /* into rank 0's staged tile, once our products are done */
-                    coda_wgmma_wait(0);
-                    AW_FENCE(dk, HD / 2);
-                    AW_FENCE(dv, HD / 2);
-                    ab_dq_red(dq, p.scale, dqb, row, bars, i & 1, (u32)(i >> 1) & 1u);
-                } else {
-                    ab_dq_stage(dq, p.scale, dqb, row, 0);
-                    coda_fence_proxy_async(); /* the staged tile before the writer's TMA reads it */
-                    if (!paired) {
-                        coda_mbar_arrive(AB_BAR_DQ_FULL(bars, i & 1));
-                    } else if (i < shared) { /* rank 1 may add its part now; its arrivals complete dq full */
-                        coda_mbar_arrive(AB_BAR_DQ_FULL(bars, i & 1));
-                        ab_arrive_release_cluster(AB_BAR_DQ_PEER(bars, i & 1), 1);
-                    } else { /* rank 0 alone: both halves of dq full's count */
-                        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], 2;" ::"r"(AB_BAR_DQ_FULL(bars, i & 1))
-                                     : "memory");
-                    }
-                }
+                ab_dq_stage(dq, p.scale, dqb, row, 0);
+                coda_fence_proxy_async(); /* the staged tile before the writer's TMA reads it */
+                coda_mbar_arrive(AB_BAR_DQ_FULL(bars, i & 1));
             } else {
                 coda_turn_pass(6);
                 coda_wg_sync(2 + c);
@@ -872,8 +726,7 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
             coda_wgmma_wait(0);
             AW_FENCE(dk, HD / 2);
             AW_FENCE(dv, HD / 2);
-            if (paired) ab_pair_release(bars, st, i < shared);
-            else ab_release(bars, st);
+            ab_release(bars, st);
         } else { /* CODA_AB_DQ_ONE=0: the form before stop 44 (the A/B's base) */
             /* P^T and dS^T go to shared memory (key-major, the warpgroup's
              * 64 rows of each buffer), so that dv += P^T do, dk += dS^T q
@@ -921,8 +774,7 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
             coda_wgmma_wait(0);
             AW_FENCE(dk, HD / 2);
             AW_FENCE(dv, HD / 2);
-            if (paired) ab_pair_release(bars, st, i < shared);
-            else ab_release(bars, st);
+            ab_release(bars, st);
         }
     }
 
@@ -981,7 +833,7 @@ coda_attn_bwd_dq_wgmma_kernel(const __grid_constant__ coda_tmap t_qkv128, const 
     const int col_k = p.n_heads * HD + kvh * HD, col_v = col_k + p.n_kv_heads * HD;
     const int wg = threadIdx.x / 128;
 
-    ab_init_bars(bars, 1, 0, 0);
+    ab_init_bars(bars, 1, 0);
 
     if (wg == 0) { /* producer */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
