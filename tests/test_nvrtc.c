@@ -204,12 +204,12 @@ static void check_attention_registers(void) {
     CHECK(ptxas_no_spill(ok_log, "k") && !ptxas_no_spill(spill_log, "k") && ptxas_no_spill(spill_log, "j") &&
               !ptxas_no_spill(ok_log, "j") && !ptxas_no_spill(NULL, "k"),
           "ptxas log parser");
-    static const char *const forms[] = {NULL, "-DCODA_AB_DQ_ONE=0", "-DCODA_AB_PT_REG=0", "-DCODA_AB_L2HINT=1"};
+    static const char *const forms[] = {NULL, "-DCODA_AB_DQ_ONE=0", "-DCODA_AB_PT_REG=0"};
     char *src = NULL;
     if (coda__cuda_join_sources(coda__cuda_attention_files, CODA_CUDA_ATTN_NFILES, NULL, "CUDA attention", &src) !=
         CODA_OK)
         return;
-    for (int v = 0; v < 8; v++) {
+    for (int v = 0; v < 6; v++) {
         const int hd = v & 1 ? 128 : 64;
         const char *form = forms[v >> 1], *opts[CODA_CUDA_ATTN_NOPTS + 2];
         char buf[CODA_CUDA_ATTN_NOPTS][32], what[96];

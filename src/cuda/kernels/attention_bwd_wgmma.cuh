@@ -81,10 +81,6 @@
 #define CODA_AB_PT_REG 1                  /* with CODA_AB_DQ_ONE: dv += P^T do with P^T from registers
                                              (1), or from shared memory (0) */
 #endif
-#ifndef CODA_AB_L2HINT
-#define CODA_AB_L2HINT 0                  /* dk/dv and fused: 1 the streamed q and do tiles and the dq adds
-                                             kept in the L2 before k and v (TMA cache hints, ab_l2_policy) */
-#endif
 #define AB_BIG_CHUNK (AB_ROWS * 128)      /* one 64-column chunk of a block */
 #define AB_SMALL_CHUNK (AB_TILE * 128)    /* ... of a streamed tile         */
 #define AB_BIG (HD / 64 * AB_BIG_CHUNK)
@@ -121,26 +117,6 @@ static __device__ __forceinline__ void ab_load(u32 dst, const coda_tmap *map, in
                                                u32 chunk_bytes, u32 bar) {
 #pragma unroll
     for (int c = 0; c < HD / 64; c++) aw_tma_load3(dst + c * chunk_bytes, map, col0 + 64 * c, pos, b, bar);
-}
-
-/* An L2 eviction policy for TMA's cache hints (CODA_AB_L2HINT): `last`
- * for what other blocks read again soon (q, do, the dq sums), else first
- * (k and v, each block's own, read once). */
-static __device__ __forceinline__ u64 ab_l2_policy(const int last) {
-    u64 pol;
-    if (last) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
-    else asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-    return pol;
-}
-/* ab_load with a cache hint. */
-static __device__ __forceinline__ void ab_load_hint(u32 dst, const coda_tmap *map, int col0, int pos, int b,
-                                                    u32 chunk_bytes, u32 bar, u64 pol) {
-#pragma unroll
-    for (int c = 0; c < HD / 64; c++)
-        asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-                     ".L2::cache_hint [%0], [%1, {%2, %3, %4}], [%5], %6;" ::"r"(dst + c * chunk_bytes),
-                     "l"((u64)map), "r"(col0 + 64 * c), "r"(pos), "r"(b), "r"(bar), "l"(pol)
-                     : "memory");
 }
 
 /* acc (64 x n) = a (64 rows of a 128-row block, K-major) . b^T (a tile of
@@ -396,19 +372,6 @@ static __device__ __forceinline__ void ab_kv_step(int i, int group, int n_qt, in
  * are not written. */
 static __device__ __forceinline__ void ab_tma_out_dq(const coda_tmap *map, u32 src, int col, int pos, int b, int add) {
 #if CODA_AB_DQ_PERM /* the map is (column, h, q, g, sequence), position 8 g + 4 h + q */
-#if CODA_AB_L2HINT
-    const u64 pol = ab_l2_policy(1);
-    if (add)
-        asm volatile("cp.reduce.async.bulk.tensor.5d.global.shared::cta.add.tile.bulk_group.L2::cache_hint"
-                     " [%0, {%2, %3, %3, %4, %5}], [%1], %6;"
-                     ::"l"((u64)map), "r"(src), "r"(col), "r"(0), "r"(pos >> 3), "r"(b), "l"(pol)
-                     : "memory");
-    else
-        asm volatile("cp.async.bulk.tensor.5d.global.shared::cta.tile.bulk_group.L2::cache_hint"
-                     " [%0, {%2, %3, %3, %4, %5}], [%1], %6;"
-                     ::"l"((u64)map), "r"(src), "r"(col), "r"(0), "r"(pos >> 3), "r"(b), "l"(pol)
-                     : "memory");
-#else
     if (add)
         asm volatile("cp.reduce.async.bulk.tensor.5d.global.shared::cta.add.tile.bulk_group"
                      " [%0, {%2, %3, %3, %4, %5}], [%1];"
@@ -417,19 +380,6 @@ static __device__ __forceinline__ void ab_tma_out_dq(const coda_tmap *map, u32 s
     else
         asm volatile("cp.async.bulk.tensor.5d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %3, %4, %5}], [%1];"
                      ::"l"((u64)map), "r"(src), "r"(col), "r"(0), "r"(pos >> 3), "r"(b)
-                     : "memory");
-#endif
-#elif CODA_AB_L2HINT
-    const u64 pol = ab_l2_policy(1);
-    if (add)
-        asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group.L2::cache_hint"
-                     " [%0, {%2, %3, %4}], [%1], %5;"
-                     ::"l"((u64)map), "r"(src), "r"(col), "r"(pos), "r"(b), "l"(pol)
-                     : "memory");
-    else
-        asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group.L2::cache_hint"
-                     " [%0, {%2, %3, %4}], [%1], %5;"
-                     ::"l"((u64)map), "r"(src), "r"(col), "r"(pos), "r"(b), "l"(pol)
                      : "memory");
 #else
     if (add)
@@ -623,14 +573,8 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
             coda_prefetch_tmap(t_q);
             coda_prefetch_tmap(t_do);
             coda_mbar_expect_tx(AB_BAR_BLOCK(bars), 2 * AB_BIG);
-#if CODA_AB_L2HINT
-            const u64 first = ab_l2_policy(0), last = ab_l2_policy(1);
-            ab_load_hint(sk, t_qkv128, nq + kvh * HD, k0, b, AB_BIG_CHUNK, AB_BAR_BLOCK(bars), first);
-            ab_load_hint(sv, t_qkv128, nq + nkv + kvh * HD, k0, b, AB_BIG_CHUNK, AB_BAR_BLOCK(bars), first);
-#else
             ab_load(sk, t_qkv128, nq + kvh * HD, k0, b, AB_BIG_CHUNK, AB_BAR_BLOCK(bars));
             ab_load(sv, t_qkv128, nq + nkv + kvh * HD, k0, b, AB_BIG_CHUNK, AB_BAR_BLOCK(bars));
-#endif
             for (int i = 0; i < steps; i++) {
                 int g, tile;
                 ab_kv_step(i, hpb, n_qt, qt0, fused, &g, &tile);
@@ -638,13 +582,8 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
                 const u32 full = AB_BAR_FULL(bars, s);
                 if (i >= AB_STAGES) coda_mbar_wait(AB_BAR_EMPTY(bars, s), (u32)(i / AB_STAGES - 1) & 1u);
                 coda_mbar_expect_tx(full, 2 * (HD / 64) * qt * 128);
-#if CODA_AB_L2HINT
-                ab_load_hint(sq + s * AB_KV_SMALL, t_q, h * HD, qs, b, qt * 128, full, last);
-                ab_load_hint(sdo + s * AB_KV_SMALL, t_do, h * HD, qs, b, qt * 128, full, last);
-#else
                 ab_load(sq + s * AB_KV_SMALL, t_q, h * HD, qs, b, qt * 128, full);
                 ab_load(sdo + s * AB_KV_SMALL, t_do, h * HD, qs, b, qt * 128, full);
-#endif
             }
         } else if (threadIdx.x / 32 == 1) {
             /* Ordinary loads and stores, not a bulk copy: the consumers read
