@@ -428,8 +428,10 @@ static __device__ __forceinline__ void ab_dq_writer(const coda_tmap *t_dq, const
         const int d = i & 1, hq = h0 + g;
         u32 *count = counters + (((long long)b * p.n_heads + hq) * (STAT_PAD(p.seq) / AB_TILE) + qti) * 2;
         coda_mbar_wait(AB_BAR_DQ_FULL(bars, d), (u32)(i >> 1) & 1u);
+#ifndef CODA_PROBE_NO_DQ_TURN /* a measurement probe: the adds in no order, wrong dq (what the order costs) */
         while (coda_ld_acquire_u32(count) != turn) {
         }
+#endif
         asm volatile("fence.proxy.async;" ::: "memory"); /* the last turn's adds (async proxy) before ours */
         const u32 src = sdq + d * AB_DQB_BYTES;
 #pragma unroll
