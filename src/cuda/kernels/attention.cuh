@@ -236,7 +236,7 @@ typedef struct {
     float scale;     /* softmax scale, 1/sqrt(HD)                */
     int kv_parts;    /* fused bwd: blocks a kv group's heads are shared over (dk, dv added in order) */
     int kv_chunk;    /* fused bwd: (kv head part, sequence) pairs a launch chunk (ab_block), 0 all   */
-    int batch;       /* sequences (the wgmma forward's items)                                        */
+    int batch;       /* sequences (the wgmma forward's items, the backward prep's units)          */
 } coda_attn_args_t;
 
 /* The backward's per-row statistics in the workspace, written by
