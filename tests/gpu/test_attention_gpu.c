@@ -530,23 +530,31 @@ static void bench(coda_context_t *ctx, int dirs) {
 /* "fwdab": the forward's variants (tuning attn_fwd_stages x
  * attn_fwd_apart x attn_fwd_consumers); "bwdab": the fused backward's (attn_bwd_parts x
  * attn_bwd_order); "dqab": its dq forms (CODA_AB_DQ_ONE 0; 1 with
- * CODA_AB_PT_REG 0 and 1, the default; the default layout). Each timed in
+ * CODA_AB_PT_REG 0 and 1, the default; the default with CODA_AB_DQ_LAG;
+ * "dqforms=2,3" picks some; the default layout). Each timed in
  * turns, two rounds, then each tested (unless `timed_only`). "bwdab"'s
  * layouts are n_layouts of `layouts` when given (the argument
  * "layouts=P:C,P:C,..."), else the list below. */
 #define MAX_LAYOUTS 16
 static int layouts[MAX_LAYOUTS][2], n_layouts;
+/* "dqab"'s forms: dq_forms[0 .. n_dq) when given ("dqforms=2,3"), else all */
+#define N_DQ_FORMS 4
+static int dq_forms[N_DQ_FORMS], n_dq;
 static void variants_ab(coda_context_t *ctx, char mode, int timed_only) {
     /* (stages, k and v freed apart, persistent, consumer warpgroups: 3 at head_dim 64 only) */
     static const int fwd[6][4] = {{2, 1, 1, 2}, {3, 0, 1, 2}, {2, 1, 1, 3}, {3, 1, 1, 3}, {2, 0, 1, 3}, {3, 0, 1, 3}};
     /* (parts, launch chunk): 0 all pairs (kv heads fastest), 1 key blocks fastest, else pairs a chunk */
     static const int bwd0[9][2] = {{1, 0}, {1, 1}, {1, 4}, {2, 0}, {2, 1}, {2, 2}, {2, 4}, {-1, 0}, {-1, 1}};
     const int(*bwd)[2] = n_layouts ? (const int(*)[2])layouts : bwd0;
-    static const char *const dq[3] = {"-DCODA_AB_DQ_ONE=0", "-DCODA_AB_DQ_ONE=1 -DCODA_AB_PT_REG=0",
-                                      "-DCODA_AB_DQ_ONE=1 -DCODA_AB_PT_REG=1"};
-    static const char *const dq_name[3] = {"both warpgroups, staged sum", "one warpgroup a step, 128 keys",
-                                           "one warpgroup a step, P^T from registers (the default)"};
-    const int backward = mode != 'f', n = mode == 'b' ? (n_layouts ? n_layouts : 9) : mode == 'd' ? 3 : 6;
+    static const char *const dq[N_DQ_FORMS] = {"-DCODA_AB_DQ_ONE=0", "-DCODA_AB_DQ_ONE=1 -DCODA_AB_PT_REG=0",
+                                               "-DCODA_AB_DQ_ONE=1 -DCODA_AB_PT_REG=1",
+                                               "-DCODA_AB_DQ_ONE=1 -DCODA_AB_PT_REG=1 -DCODA_AB_DQ_LAG=1"};
+    static const char *const dq_name[N_DQ_FORMS] = {
+        "both warpgroups, staged sum", "one warpgroup a step, 128 keys",
+        "one warpgroup a step, P^T from registers (the default)",
+        "the same, each step's dq a step late, dS^T double-buffered"};
+    const int backward = mode != 'f';
+    const int n = mode == 'b' ? (n_layouts ? n_layouts : 9) : mode == 'd' ? (n_dq ? n_dq : N_DQ_FORMS) : 6;
     tune_attn(ctx, 0);
     const coda__tuning_t t0 = coda__get_tuning(ctx);
     for (int round = 0; round < (timed_only ? 2 : 3); round++)
@@ -554,8 +562,9 @@ static void variants_ab(coda_context_t *ctx, char mode, int timed_only) {
             coda__tuning_t t = t0;
             const char *tag = round == 2 ? " (tests)" : "";
             if (mode == 'd') {
-                snprintf(t.extra_opts, sizeof t.extra_opts, "%s", dq[i]);
-                printf("== fused backward's dq: %s%s\n", dq_name[i], tag);
+                const int f = n_dq ? dq_forms[i] : i;
+                snprintf(t.extra_opts, sizeof t.extra_opts, "%s", dq[f]);
+                printf("== fused backward's dq: %s%s\n", dq_name[f], tag);
             } else if (backward) {
                 t.attn_bwd_parts = bwd[i][0];
                 t.attn_bwd_order = bwd[i][1];
@@ -606,6 +615,15 @@ int main(int argc, char **argv) {
                     return 2;
                 }
                 layouts[n_layouts][0] = parts, layouts[n_layouts++][1] = chunk;
+            }
+        if (!strncmp(argv[i], "dqforms=", 8))
+            for (const char *c = argv[i] + 8; *c && n_dq < N_DQ_FORMS; c += strcspn(c, ","), c += *c == ',') {
+                const int f = atoi(c);
+                if (f < 0 || f >= N_DQ_FORMS) {
+                    fprintf(stderr, "dqforms=: %d is not a form (0-%d)\n", f, N_DQ_FORMS - 1);
+                    return 2;
+                }
+                dq_forms[n_dq++] = f;
             }
     }
     for (int i = 1; i < argc; i++)

@@ -236,7 +236,7 @@ typedef struct {
     float scale;     /* softmax scale, 1/sqrt(HD)                */
     int kv_parts;    /* fused bwd: blocks a kv group's heads are shared over (dk, dv added in order) */
     int kv_chunk;    /* fused bwd: (kv head part, sequence) pairs a launch chunk (ab_block), 0 all   */
-    int batch;       /* sequences (the wgmma forward's items, the backward prep's units)          */
+    int batch;       /* sequences (the forward's items, the backward's statistics planes: STAT_PLANE) */
 } coda_attn_args_t;
 
 /* The backward's per-row statistics in the workspace, written by
@@ -246,7 +246,7 @@ typedef struct {
  * (those copies never leave the plane; the pad is never used unmasked). */
 #define STAT_PAD(seq) (((seq) + 127) / 128 * 128)
 #define STAT_AT(p, b, h, pos) (((long long)(b) * (p).n_heads + (h)) * STAT_PAD((p).seq) + (pos))
-#define STAT_PLANE(p, batch) ((long long)(batch) * (p).n_heads * STAT_PAD((p).seq))
+#define STAT_PLANE(p) ((long long)(p).batch * (p).n_heads * STAT_PAD((p).seq))
 
 /* ---- forward ---- */
 
@@ -395,7 +395,7 @@ extern "C" __global__ void __launch_bounds__(256)
 coda_attn_bwd_prep_kernel(coda_attn_args_t p) {
     const int chunks = (p.seq + 31) / 32;
     const long long units = (long long)p.batch * p.n_heads * chunks, warps = (long long)gridDim.x * 8;
-    const long long plane = STAT_PLANE(p, p.batch);
+    const long long plane = STAT_PLANE(p);
     const int lane = threadIdx.x & 31, g = lane / PREP_LPR, c = lane % PREP_LPR;
     for (long long w = (long long)blockIdx.x * 8 + (threadIdx.x >> 5); w < units; w += warps) {
         const int pos0 = (int)(w % chunks) * 32, h = (int)(w / chunks % p.n_heads), b = (int)(w / chunks / p.n_heads);

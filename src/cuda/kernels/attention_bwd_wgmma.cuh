@@ -77,9 +77,16 @@
 #define CODA_AB_DQ_ONE 1                  /* the fused kernel's dq: 1 by one warpgroup a step over all 128
                                              keys; 0 both warpgroups' 64-key parts, summed in the staging */
 #endif
+#ifndef CODA_AB_DQ_LAG
+#define CODA_AB_DQ_LAG 0                  /* with CODA_AB_DQ_ONE and CODA_AB_PT_REG: step i's dq issued at
+                                             step i + 1, dS^T double-buffered (the loop's comment) */
+#endif
 #ifndef CODA_AB_PT_REG
 #define CODA_AB_PT_REG 1                  /* with CODA_AB_DQ_ONE: dv += P^T do with P^T from registers
                                              (1), or from shared memory (0) */
+#endif
+#if CODA_AB_DQ_LAG && !(CODA_AB_DQ_ONE && CODA_AB_PT_REG)
+#error "CODA_AB_DQ_LAG needs CODA_AB_DQ_ONE and CODA_AB_PT_REG (the P^T buffer holds dS^T of odd steps)"
 #endif
 #define AB_BIG_CHUNK (AB_ROWS * 128)      /* one 64-column chunk of a block */
 #define AB_SMALL_CHUNK (AB_TILE * 128)    /* ... of a streamed tile         */
@@ -419,7 +426,7 @@ static __device__ __forceinline__ void ab_tma_out_dq(const coda_tmap *map, u32 s
 static __device__ __forceinline__ void ab_dq_writer(const coda_tmap *t_dq, const coda_attn_args_t &p, u32 bars,
                                                     u32 sdq, int first, int steps, int group, int n_qt, int qt0,
                                                     int h0, int jb, int b) {
-    u32 *counters = (u32 *)(p.dsum + 2 * STAT_PLANE(p, gridDim.y));
+    u32 *counters = (u32 *)(p.dsum + 2 * STAT_PLANE(p));
     const u32 turn = (u32)jb;
     coda_prefetch_tmap(t_dq);
     for (int i = first; i < steps; i += 2) {
@@ -596,7 +603,7 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
              * 128 (the second loaded after the wait: in the warp's 24
              * registers two in flight spilled). */
             const int lane = threadIdx.x & 31, q4 = qt / 4;
-            const long long plane = STAT_PLANE(p, gridDim.y);
+            const long long plane = STAT_PLANE(p);
             float4 *dst = (float4 *)(smem + (sst - coda_smem_addr(smem)));
             for (int i = 0; i < steps; i++) {
                 int g, tile;
@@ -638,7 +645,10 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
         /* fused: the warpgroup that stages this step's dq (i & 1, or 0
          * with CODA_AB_DQ_ONE=0) needs a tile the writer has read out
          * (ab_dq_writer); waited for here, before any product */
-        if (fused && c == (CODA_AB_DQ_ONE ? (i & 1) : 0) && i >= 2)
+        if (CODA_AB_DQ_LAG) {
+            if (fused && c == ((i + 1) & 1) && i >= 3) /* dq of step i - 1 */
+                coda_mbar_wait(AB_BAR_DQ_EMPTY(bars, (i - 1) & 1), (u32)(((i - 1) >> 1) - 1) & 1u);
+        } else if (fused && c == (CODA_AB_DQ_ONE ? (i & 1) : 0) && i >= 2)
             coda_mbar_wait(AB_BAR_DQ_EMPTY(bars, i & 1), (u32)((i >> 1) - 1) & 1u);
         const float *dd = stats + st * (AB_STAT_BYTES / 4), *l2 = dd + qt;
         coda_wgmma_fence();
@@ -664,6 +674,56 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
             aw_issue_rs(dv, pa, tdo, qt / 16, qt * 128);
             aw_issue_rs(dk, pd, tq, qt / 16, qt * 128);
             coda_wgmma_commit();
+            coda_wgmma_wait(0);
+            AW_FENCE(dk, HD / 2);
+            AW_FENCE(dv, HD / 2);
+            ab_release(bars, st);
+        } else if (CODA_AB_DQ_LAG) {
+            /* Step i's dq a step late: D_i, the warpgroup c == (i + 1) & 1,
+             * issues dq of step i - 1 beside its dv and dk of step i, from
+             * the dS^T buffer of that step's parity (dS^T(i) in buffer i &
+             * 1: the P^T buffer is free with CODA_AB_PT_REG). Both halves
+             * of dS^T(i - 1) were stored a step earlier, so neither
+             * warpgroup waits on the other at the dS^T point of its own
+             * step, and their softmaxes need not line up (with dq in the
+             * same step they did: the dq warpgroup's barrier on the
+             * other's half put both at the same phase, the tensor pipes
+             * idle while both ran the softmax). Named barriers, each
+             * arrived by one warpgroup and synced by the other:
+             *   6 + (i & 1): D_i's half of dS^T(i) stored (D_{i + 1}
+             *                syncs before dq(i), at step i + 1);
+             *   8 + (i & 1): dq(i) has read buffer i & 1 (D_{i + 1}
+             *                arrives at step i + 1, D_{i + 2} syncs before
+             *                storing dS^T(i + 2) there).
+             * The other warpgroup's dq of a buffer is always the one
+             * before; its own it waited for itself. The last step's dq
+             * comes after the loop. */
+            const int wrow = 64 * c + 16 * (tid >> 5);
+            const int isd = c == ((i + 1) & 1);
+            const u32 dsb = sds + (i & 1) * AB_DS_BYTES;
+            if (isd && i >= 2) coda_turn_wait(8 + (i & 1));
+            ab_store_ds(dsb, pd, wrow);
+            coda_fence_proxy_async();
+            if (isd) coda_turn_pass(6 + (i & 1));
+            coda_wg_sync(2 + c);
+            if (isd && i >= 1) {
+                const int d = (i - 1) & 1;
+                coda_turn_wait(6 + d); /* the other's half of dS^T(i - 1) */
+                float dq[HD / 2];
+                coda_wgmma_fence();
+                ab_issue_dq(dq, sds + d * AB_DS_BYTES, sk, 128);
+                coda_wgmma_commit();
+                ab_issue_dv_dk(dv, dk, pa, 0, dsb + c * 8192, tq, tdo);
+                coda_wgmma_wait(1);
+                AW_FENCE(dq, HD / 2);
+                if (i + 1 < steps) coda_turn_pass(8 + d);
+                ab_dq_stage(dq, p.scale, sdq + d * AB_DQB_BYTES, 16 * (tid >> 5) + (lane >> 2), 0);
+                coda_fence_proxy_async();
+                coda_mbar_arrive(AB_BAR_DQ_FULL(bars, d));
+            } else {
+                coda_wgmma_fence();
+                ab_issue_dv_dk(dv, dk, pa, 0, dsb + c * 8192, tq, tdo);
+            }
             coda_wgmma_wait(0);
             AW_FENCE(dk, HD / 2);
             AW_FENCE(dv, HD / 2);
@@ -780,6 +840,20 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
         }
     }
 
+    if (fused && CODA_AB_DQ_LAG && steps > 0 && c == ((steps + 1) & 1)) { /* dq of the last step */
+        const int i = steps - 1, d = i & 1;
+        if (i >= 2) coda_mbar_wait(AB_BAR_DQ_EMPTY(bars, d), (u32)((i >> 1) - 1) & 1u);
+        coda_turn_wait(6 + d);
+        float dq[HD / 2];
+        coda_wgmma_fence();
+        ab_issue_dq(dq, sds + d * AB_DS_BYTES, sk, 128);
+        coda_wgmma_commit();
+        coda_wgmma_wait(0);
+        AW_FENCE(dq, HD / 2);
+        ab_dq_stage(dq, p.scale, sdq + d * AB_DQB_BYTES, 16 * (tid >> 5) + (lane >> 2), 0);
+        coda_fence_proxy_async();
+        coda_mbar_arrive(AB_BAR_DQ_FULL(bars, d));
+    }
     float *out = (float *)p.out + (long long)b * seq * p.ld_out + nq + kvh * HD;
     const int row0 = kr;
     if (p.kv_parts == 1) {
@@ -791,7 +865,7 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
      * bits run to run): part 0 stores, each next adds once the one before
      * has said so through the key block's counter (ab_dq_writer's counters'
      * second word); part - 1 was launched before this block (ab_block) */
-    u32 *count = (u32 *)(p.dsum + 2 * STAT_PLANE(p, gridDim.y)) +
+    u32 *count = (u32 *)(p.dsum + 2 * STAT_PLANE(p)) +
                  (((long long)b * p.n_heads + kvh) * (STAT_PAD(p.seq) / AB_TILE) + jb) * 2 + 1;
     if (threadIdx.x == 128)
         while (coda_ld_acquire_u32(count) != (u32)part) {
@@ -861,7 +935,7 @@ coda_attn_bwd_dq_wgmma_kernel(const __grid_constant__ coda_tmap t_qkv128, const 
     const int lo = q0 + 64 * c;                        /* the warpgroup's first query */
     const int row0 = lo + 16 * (tid >> 5) + (lane >> 2); /* the thread's rows: row0, row0 + 8 */
     const float sl2 = p.scale * LOG2E;
-    const long long plane = STAT_PLANE(p, gridDim.y);
+    const long long plane = STAT_PLANE(p);
     float l2[2], dd[2]; /* rows past seq read the pad: what they compute is never stored */
 #pragma unroll
     for (int r = 0; r < 2; r++) {
