@@ -530,7 +530,7 @@ static void bench(coda_context_t *ctx, int dirs) {
 /* "fwdab": the forward's variants (tuning attn_fwd_stages x
  * attn_fwd_apart x attn_fwd_consumers); "bwdab": the fused backward's (attn_bwd_parts x
  * attn_bwd_order); "dqab": its dq forms (CODA_AB_DQ_ONE 0; 1 with
- * CODA_AB_PT_REG 0 and 1, the default; the default with CODA_AB_DQ_LAG;
+ * CODA_AB_PT_REG 0 and 1, the default; the default with CODA_AB_DQ_LAG 1, 2;
  * "dqforms=2,3" picks some; the default layout). Each timed in
  * turns, two rounds, then each tested (unless `timed_only`). "bwdab"'s
  * layouts are n_layouts of `layouts` when given (the argument
@@ -538,7 +538,7 @@ static void bench(coda_context_t *ctx, int dirs) {
 #define MAX_LAYOUTS 16
 static int layouts[MAX_LAYOUTS][2], n_layouts;
 /* "dqab"'s forms: dq_forms[0 .. n_dq) when given ("dqforms=2,3"), else all */
-#define N_DQ_FORMS 4
+#define N_DQ_FORMS 5
 static int dq_forms[N_DQ_FORMS], n_dq;
 static void variants_ab(coda_context_t *ctx, char mode, int timed_only) {
     /* (stages, k and v freed apart, persistent, consumer warpgroups: 3 at head_dim 64 only) */
@@ -548,11 +548,13 @@ static void variants_ab(coda_context_t *ctx, char mode, int timed_only) {
     const int(*bwd)[2] = n_layouts ? (const int(*)[2])layouts : bwd0;
     static const char *const dq[N_DQ_FORMS] = {"-DCODA_AB_DQ_ONE=0", "-DCODA_AB_DQ_ONE=1 -DCODA_AB_PT_REG=0",
                                                "-DCODA_AB_DQ_ONE=1 -DCODA_AB_PT_REG=1",
-                                               "-DCODA_AB_DQ_ONE=1 -DCODA_AB_PT_REG=1 -DCODA_AB_DQ_LAG=1"};
+                                               "-DCODA_AB_DQ_ONE=1 -DCODA_AB_PT_REG=1 -DCODA_AB_DQ_LAG=1",
+                                               "-DCODA_AB_DQ_ONE=1 -DCODA_AB_PT_REG=1 -DCODA_AB_DQ_LAG=2"};
     static const char *const dq_name[N_DQ_FORMS] = {
         "both warpgroups, staged sum", "one warpgroup a step, 128 keys",
         "one warpgroup a step, P^T from registers (the default)",
-        "the same, each step's dq a step late, dS^T double-buffered"};
+        "the same, each step's dq a step late, dS^T double-buffered",
+        "the same, warpgroup 1 started half a step late"};
     const int backward = mode != 'f';
     const int n = mode == 'b' ? (n_layouts ? n_layouts : 9) : mode == 'd' ? (n_dq ? n_dq : N_DQ_FORMS) : 6;
     tune_attn(ctx, 0);

@@ -78,8 +78,9 @@
                                              keys; 0 both warpgroups' 64-key parts, summed in the staging */
 #endif
 #ifndef CODA_AB_DQ_LAG
-#define CODA_AB_DQ_LAG 0                  /* with CODA_AB_DQ_ONE and CODA_AB_PT_REG: step i's dq issued at
-                                             step i + 1, dS^T double-buffered (the loop's comment) */
+#define CODA_AB_DQ_LAG 0                  /* with CODA_AB_DQ_ONE and CODA_AB_PT_REG: 1 step i's dq issued at
+                                             step i + 1, dS^T double-buffered (the loop's comment); 2 the
+                                             same, warpgroup 1 started half a step late */
 #endif
 #ifndef CODA_AB_PT_REG
 #define CODA_AB_PT_REG 1                  /* with CODA_AB_DQ_ONE: dv += P^T do with P^T from registers
@@ -651,11 +652,16 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
         } else if (fused && c == (CODA_AB_DQ_ONE ? (i & 1) : 0) && i >= 2)
             coda_mbar_wait(AB_BAR_DQ_EMPTY(bars, i & 1), (u32)((i >> 1) - 1) & 1u);
         const float *dd = stats + st * (AB_STAT_BYTES / 4), *l2 = dd + qt;
+        /* CODA_AB_DQ_LAG=2: warpgroup 1 starts half a step behind 0, its
+         * first products once 0's first S^T is done (named barrier 10) */
+        const int stagger = CODA_AB_DQ_LAG >= 2 && fused && i == 0;
+        if (stagger && c == 1) coda_turn_wait(10);
         coda_wgmma_fence();
         ab_issue_nt_n(s, sk + c * 8192, tq, qt, qt * 128);
         ab_issue_nt_n(dp, sv + c * 8192, tdo, qt, qt * 128);
         coda_wgmma_wait(1);
         AW_FENCE(s, qt / 2);
+        if (stagger && c == 0) coda_turn_pass(10);
         /* fused: the tiles no mask touches (most) take a path with no
          * selects (in the split kernel's registers that branch serialised
          * its products: ptxas C7512) */
