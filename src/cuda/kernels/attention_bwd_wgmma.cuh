@@ -78,7 +78,7 @@
                                              keys; 0 both warpgroups' 64-key parts, summed in the staging */
 #endif
 #ifndef CODA_AB_DQ_LAG
-#define CODA_AB_DQ_LAG 0                  /* with CODA_AB_DQ_ONE and CODA_AB_PT_REG: 1 step i's dq issued at
+#define CODA_AB_DQ_LAG 1                  /* with CODA_AB_DQ_ONE and CODA_AB_PT_REG: 1 step i's dq issued at
                                              step i + 1, dS^T double-buffered (the loop's comment); 2 the
                                              same, warpgroup 1 started half a step late */
 #endif
