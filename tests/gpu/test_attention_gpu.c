@@ -547,13 +547,13 @@ static void variants_ab(coda_context_t *ctx, char mode, int timed_only) {
     static const int bwd0[9][2] = {{1, 0}, {1, 1}, {1, 4}, {2, 0}, {2, 1}, {2, 2}, {2, 4}, {-1, 0}, {-1, 1}};
     const int(*bwd)[2] = n_layouts ? (const int(*)[2])layouts : bwd0;
     static const char *const dq[N_DQ_FORMS] = {"-DCODA_AB_DQ_ONE=0", "-DCODA_AB_DQ_ONE=1 -DCODA_AB_PT_REG=0",
-                                               "-DCODA_AB_DQ_ONE=1 -DCODA_AB_PT_REG=1",
+                                               "-DCODA_AB_DQ_ONE=1 -DCODA_AB_PT_REG=1 -DCODA_AB_DQ_LAG=0",
                                                "-DCODA_AB_DQ_ONE=1 -DCODA_AB_PT_REG=1 -DCODA_AB_DQ_LAG=1",
                                                "-DCODA_AB_DQ_ONE=1 -DCODA_AB_PT_REG=1 -DCODA_AB_DQ_LAG=2"};
     static const char *const dq_name[N_DQ_FORMS] = {
         "both warpgroups, staged sum", "one warpgroup a step, 128 keys",
-        "one warpgroup a step, P^T from registers (the default)",
-        "the same, each step's dq a step late, dS^T double-buffered",
+        "one warpgroup a step, P^T from registers (the default until stop 54)",
+        "the same, each step's dq a step late, dS^T double-buffered (the default)",
         "the same, warpgroup 1 started half a step late"};
     const int backward = mode != 'f';
     const int n = mode == 'b' ? (n_layouts ? n_layouts : 9) : mode == 'd' ? (n_dq ? n_dq : N_DQ_FORMS) : 6;

@@ -77,14 +77,14 @@
 #define CODA_AB_DQ_ONE 1                  /* the fused kernel's dq: 1 by one warpgroup a step over all 128
                                              keys; 0 both warpgroups' 64-key parts, summed in the staging */
 #endif
-#ifndef CODA_AB_DQ_LAG
-#define CODA_AB_DQ_LAG 1                  /* with CODA_AB_DQ_ONE and CODA_AB_PT_REG: 1 step i's dq issued at
-                                             step i + 1, dS^T double-buffered (the loop's comment); 2 the
-                                             same, warpgroup 1 started half a step late */
-#endif
 #ifndef CODA_AB_PT_REG
 #define CODA_AB_PT_REG 1                  /* with CODA_AB_DQ_ONE: dv += P^T do with P^T from registers
                                              (1), or from shared memory (0) */
+#endif
+#ifndef CODA_AB_DQ_LAG                    /* with CODA_AB_DQ_ONE and CODA_AB_PT_REG: 1 step i's dq issued at
+                                             step i + 1, dS^T double-buffered (the loop's comment); 2 the
+                                             same, warpgroup 1 started half a step late; 0 dq in its step */
+#define CODA_AB_DQ_LAG (CODA_AB_DQ_ONE && CODA_AB_PT_REG)
 #endif
 #if CODA_AB_DQ_LAG && !(CODA_AB_DQ_ONE && CODA_AB_PT_REG)
 #error "CODA_AB_DQ_LAG needs CODA_AB_DQ_ONE and CODA_AB_PT_REG (the P^T buffer holds dS^T of odd steps)"
