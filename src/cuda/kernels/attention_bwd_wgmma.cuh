@@ -27,9 +27,11 @@
  *                              (CODA_AB_PT_REG), do from shared memory
  *            dk  += dS^T q     wgmma m64nHD from shared memory
  *            dq   = dS k       over the block's 128 keys, by one
- *                              warpgroup a step (the steps' parity),
- *                              staged as f32 and added into dqkv by a
- *                              TMA reduce-add in the block's turn
+ *                              warpgroup a step (the steps' parity), a
+ *                              step late (beside the next step's dv and
+ *                              dk: CODA_AB_DQ_LAG), staged as f32 and
+ *                              added into dqkv by a TMA reduce-add in
+ *                              the block's turn
  *   dk/dv  as the fused kernel without dq, head by head, query tiles (128
  *          rows at HD 64) from the diagonal on, P^T and dS^T as register
  *          A operands (the accumulator layout is the A fragment's)
@@ -56,8 +58,8 @@
  *   the block's two 128-row operands (dk/dv: k, v; dq: q, do)
  *   AB_STAGES x the two streamed tiles (dk/dv: q, do; dq: k, v)
  *   dk/dv: AB_STAGES x the tile's D and lse log2(e)
- *   fused: P^T and dS^T (128 keys x 64 queries bf16), 2 dq tiles (64 x HD
- *   f32)
+ *   fused: P^T and dS^T (128 keys x 64 queries bf16; with CODA_AB_DQ_LAG
+ *   dS^T of the even and the odd steps), 2 dq tiles (64 x HD f32)
  *   barriers: block operands full, stage full[s], stage empty[s], fused:
  *   dq full[2], dq empty[2] */
 
@@ -643,9 +645,11 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
             continue;
         }
         const u32 tq = sq + st * AB_KV_SMALL, tdo = sdo + st * AB_KV_SMALL;
-        /* fused: the warpgroup that stages this step's dq (i & 1, or 0
-         * with CODA_AB_DQ_ONE=0) needs a tile the writer has read out
-         * (ab_dq_writer); waited for here, before any product */
+        /* fused: the warpgroup that stages a dq this step (with
+         * CODA_AB_DQ_LAG that of step i - 1, by (i + 1) & 1; else step
+         * i's, by i & 1, or 0 with CODA_AB_DQ_ONE=0) needs a tile the
+         * writer has read out (ab_dq_writer); waited for here, before any
+         * product */
         if (CODA_AB_DQ_LAG) {
             if (fused && c == ((i + 1) & 1) && i >= 3) /* dq of step i - 1 */
                 coda_mbar_wait(AB_BAR_DQ_EMPTY(bars, (i - 1) & 1), (u32)(((i - 1) >> 1) - 1) & 1u);
@@ -703,7 +707,12 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
              *                storing dS^T(i + 2) there).
              * The other warpgroup's dq of a buffer is always the one
              * before; its own it waited for itself. The last step's dq
-             * comes after the loop. */
+             * comes after the loop. Backward TFLOP/s at LLaMA-3 1B / 8B /
+             * 70B, the means of four rounds (H100, stop 54,
+             * test_attention_gpu dqab benchonly dqforms=2,3,4): dq in its
+             * step 418 / 489 / 494, a step late 438 / 532 / 526 (+5% /
+             * +9% / +6%), a step late with warpgroup 1 started half a step
+             * behind (CODA_AB_DQ_LAG=2) 432 / 520 / 519. */
             const int wrow = 64 * c + 16 * (tid >> 5);
             const int isd = c == ((i + 1) & 1);
             const u32 dsb = sds + (i & 1) * AB_DS_BYTES;
