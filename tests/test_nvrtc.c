@@ -115,6 +115,15 @@ static void check_attn_layout(void) {
               "launch chunk %d; want %d, %d", cases[i].group, (long long)cases[i].seq, (long long)cases[i].hd,
               (long long)cases[i].l2_mib, cases[i].tp, cases[i].to, parts, chunk, cases[i].parts, cases[i].chunk);
     }
+    /* the backward's ring: (tuning's stages, split, head_dim) -> stages; the
+     * fused kernel's are cut to what fits its shared memory */
+    static const int stages[][4] = {{0, 0, 64, 3}, {0, 0, 128, 2}, {4, 0, 64, 3}, {4, 0, 128, 2}, {2, 0, 64, 2},
+                                    {3, 0, 128, 2}, {4, 1, 64, 4}, {4, 1, 128, 4}, {0, 1, 128, 3}};
+    for (size_t i = 0; i < sizeof stages / sizeof stages[0]; i++) {
+        const int n = coda__cuda_attn_bwd_stages(stages[i][0], stages[i][1], stages[i][2]);
+        CHECK(n == stages[i][3], "attention backward stages (tuning %d, split %d, head_dim %d): %d, want %d",
+              stages[i][0], stages[i][1], stages[i][2], n, stages[i][3]);
+    }
 }
 
 /* The attention source (src/cuda/attention.c) compiles at both head
@@ -204,12 +213,13 @@ static void check_attention_registers(void) {
     CHECK(ptxas_no_spill(ok_log, "k") && !ptxas_no_spill(spill_log, "k") && ptxas_no_spill(spill_log, "j") &&
               !ptxas_no_spill(ok_log, "j") && !ptxas_no_spill(NULL, "k"),
           "ptxas log parser");
-    static const char *const forms[] = {NULL, "-DCODA_AB_DQ_ONE=0", "-DCODA_AB_PT_REG=0"};
+    static const char *const forms[] = {NULL, "-DCODA_AB_DQ_ONE=0", "-DCODA_AB_PT_REG=0", "-DCODA_AB_DQ_LAG=0",
+                                        "-DCODA_AB_DQ_LAG=2"};
     char *src = NULL;
     if (coda__cuda_join_sources(coda__cuda_attention_files, CODA_CUDA_ATTN_NFILES, NULL, "CUDA attention", &src) !=
         CODA_OK)
         return;
-    for (int v = 0; v < 6; v++) {
+    for (int v = 0; v < 2 * (int)(sizeof forms / sizeof forms[0]); v++) {
         const int hd = v & 1 ? 128 : 64;
         const char *form = forms[v >> 1], *opts[CODA_CUDA_ATTN_NOPTS + 2];
         char buf[CODA_CUDA_ATTN_NOPTS][32], what[96];

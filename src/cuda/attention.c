@@ -172,14 +172,20 @@ void coda__cuda_attn_bwd_layout(int group, int64_t seq, int64_t hd, int64_t l2_b
     if (tune_order >= 0) *chunk = tune_order;
     *parts = n >= 1 && group % n == 0 ? n : 1;
 }
-/* The backward's ring: tuning's attn_stages (0: BWD_STAGES), at most 2 for
- * the fused kernel at head_dim 128. */
-static int bwd_stages_of(int tuned, int split, int hd) {
+/* The backward's ring: tuning's attn_stages (0: BWD_STAGES), for the fused
+ * kernel (split = 0; the split kernels stand in for it with the same count
+ * where dqkv is not aligned for TMA) no more stages than fit in the 227 KiB
+ * of shared memory a Hopper block may have: 2 at head_dim 128 (its dq tiles
+ * take the room of a third), 3 at 64 (4 would take 229 KiB: tuning's 4
+ * failed the launch with CUDA_ERROR_INVALID_VALUE before stop 54). */
+#define SM90_SMEM_OPTIN (227 * 1024)
+int coda__cuda_attn_bwd_stages(int tuned, int split, int hd) {
     int n = tuned ? tuned : BWD_STAGES;
-    return !split && hd == 128 && n > 2 ? 2 : n;
+    while (!split && n > 2 && smem_bwd_wgmma(hd, n, BWD_FUSED) > SM90_SMEM_OPTIN) n--;
+    return n;
 }
 static int bwd_stages(const coda_context_t *ctx, int hd) {
-    return bwd_stages_of(ctx->tuning.attn_stages, ctx->tuning.attn_split_bwd, hd);
+    return coda__cuda_attn_bwd_stages(ctx->tuning.attn_stages, ctx->tuning.attn_split_bwd, hd);
 }
 static int smem_dq(int hd) { return (2 * BWD_ROWS + 4 * KV_TILE) * hd * 2; }
 static int smem_dkdv(int hd) {
@@ -206,7 +212,7 @@ int coda__cuda_attention_options(int hd, int bwd_stages, int pipe, int dq_perm, 
 }
 
 int coda__cuda_attention_default_options(int hd, const char **opts, char (*buf)[32]) {
-    return coda__cuda_attention_options(hd, bwd_stages_of(0, 0, hd), BWD_PIPE, 1, FWD_STAGES, FWD_APART,
+    return coda__cuda_attention_options(hd, coda__cuda_attn_bwd_stages(0, 0, hd), BWD_PIPE, 1, FWD_STAGES, FWD_APART,
                                         fwd_consumers_of(0, hd), opts, buf);
 }
 

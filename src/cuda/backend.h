@@ -189,6 +189,10 @@ int coda__cuda_attention_default_options(int hd, const char **opts, char (*buf)[
  * tuning's overrides (attention.c's bwd_layout says why). */
 void coda__cuda_attn_bwd_layout(int group, int64_t seq, int64_t hd, int64_t l2_bytes, int tune_parts,
                                 int tune_order, int *parts, int *chunk);
+/* The wgmma backward's ring stages: tuned (tuning's attn_stages, 0: the
+ * default), for the fused kernel (split = 0) cut to what fits its shared
+ * memory at head_dim hd. */
+int coda__cuda_attn_bwd_stages(int tuned, int split, int hd);
 
 /* ---- gemm.c: the GEMM mainloop with a spliced-in epilogue (docs/gpu.md) ---- */
 
