@@ -696,18 +696,21 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
              * of dS^T(i - 1) were stored a step earlier, so neither
              * warpgroup waits on the other at the dS^T point of its own
              * step, and their softmaxes need not line up (with dq in the
-             * same step they did: the dq warpgroup's barrier on the
-             * other's half put both at the same phase, the tensor pipes
-             * idle while both ran the softmax). Named barriers, each
-             * arrived by one warpgroup and synced by the other:
+             * same step, the reading that led here, the dq warpgroup's
+             * barrier on the other's half put both at the same phase, the
+             * tensor pipes idle while both ran the softmax). Named
+             * barriers, each arrived by one warpgroup and synced by the
+             * other:
              *   6 + (i & 1): D_i's half of dS^T(i) stored (D_{i + 1}
-             *                syncs before dq(i), at step i + 1);
+             *                syncs before dq(i), at step i + 1, or after
+             *                the loop for the last step);
              *   8 + (i & 1): dq(i) has read buffer i & 1 (D_{i + 1}
-             *                arrives at step i + 1, D_{i + 2} syncs before
-             *                storing dS^T(i + 2) there).
-             * The other warpgroup's dq of a buffer is always the one
-             * before; its own it waited for itself. The last step's dq
-             * comes after the loop. Backward TFLOP/s at LLaMA-3 1B / 8B /
+             *                arrives at step i + 1 where a step i + 2
+             *                exists, D_{i + 2} syncs before storing
+             *                dS^T(i + 2) there).
+             * Storing as D_i, a warpgroup overwrites a buffer whose last
+             * dq was the other's (barrier 8); storing as the other, it
+             * computed that dq itself and waited for it. Backward TFLOP/s at LLaMA-3 1B / 8B /
              * 70B, the means of four rounds (H100, stop 54,
              * test_attention_gpu dqab benchonly dqforms=2,3,4): dq in its
              * step 418 / 489 / 494, a step late 438 / 532 / 526 (+5% /

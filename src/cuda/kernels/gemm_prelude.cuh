@@ -175,8 +175,9 @@ static __device__ __forceinline__ void coda_st_release_u32(unsigned *p, unsigned
     asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-/* Ping-pong turn passing between the consumer warpgroups (named barriers
- * 4 and 5, 256 threads): one warpgroup arrives, the other waits. */
+/* Turn passing between the consumer warpgroups (a named barrier of 256
+ * threads: one warpgroup arrives, the other waits): the attention
+ * forward's ping-pong (4, 5), the backward's dS^T and dq order (6-9, 10). */
 static __device__ __forceinline__ void coda_turn_pass(int id) {
     asm volatile("bar.arrive %0, 256;" ::"r"(id) : "memory");
 }
