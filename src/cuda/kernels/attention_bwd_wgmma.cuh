@@ -710,12 +710,12 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
              *                dS^T(i + 2) there).
              * Storing as D_i, a warpgroup overwrites a buffer whose last
              * dq was the other's (barrier 8); storing as the other, it
-             * computed that dq itself and waited for it. Backward TFLOP/s at LLaMA-3 1B / 8B /
-             * 70B, the means of four rounds (H100, stop 54,
-             * test_attention_gpu dqab benchonly dqforms=2,3,4): dq in its
-             * step 418 / 489 / 494, a step late 438 / 532 / 526 (+5% /
-             * +9% / +6%), a step late with warpgroup 1 started half a step
-             * behind (CODA_AB_DQ_LAG=2) 432 / 520 / 519. */
+             * computed that dq itself and waited for it. Backward TFLOP/s
+             * at LLaMA-3 1B / 8B / 70B, the means of four rounds (H100,
+             * stop 54, test_attention_gpu dqab benchonly dqforms=2,3,4):
+             * dq in its step 418 / 489 / 494, a step late 438 / 532 / 526
+             * (+5% / +9% / +6%), a step late with warpgroup 1 started half
+             * a step behind (CODA_AB_DQ_LAG=2) 432 / 520 / 519. */
             const int wrow = 64 * c + 16 * (tid >> 5);
             const int isd = c == ((i + 1) & 1);
             const u32 dsb = sds + (i & 1) * AB_DS_BYTES;
