@@ -174,18 +174,19 @@ void coda__cuda_attn_bwd_layout(int group, int64_t seq, int64_t hd, int64_t l2_b
 }
 /* The backward's ring: tuning's attn_stages (0: BWD_STAGES), for the fused
  * kernel (split = 0; the split kernels stand in for it with the same count
- * where dqkv is not aligned for TMA) no more stages than fit in the 227 KiB
- * of shared memory a Hopper block may have: 2 at head_dim 128 (its dq tiles
- * take the room of a third), 3 at 64 (4 would take 229 KiB: tuning's 4
- * failed the launch with CUDA_ERROR_INVALID_VALUE before stop 54). */
-#define SM90_SMEM_OPTIN (227 * 1024)
-int coda__cuda_attn_bwd_stages(int tuned, int split, int hd) {
+ * where dqkv is not aligned for TMA) no more stages than fit in the block's
+ * shared memory (smem_optin, the device's; 0: Hopper's 227 KiB): 2 at
+ * head_dim 128 (its dq tiles take the room of a third), 3 at 64 (4 would
+ * take 229 KiB: tuning's 4 failed the launch with CUDA_ERROR_INVALID_VALUE
+ * before stop 54). */
+int coda__cuda_attn_bwd_stages(int tuned, int split, int hd, int smem_optin) {
+    const int room = smem_optin > 0 ? smem_optin : 227 * 1024;
     int n = tuned ? tuned : BWD_STAGES;
-    while (!split && n > 2 && smem_bwd_wgmma(hd, n, BWD_FUSED) > SM90_SMEM_OPTIN) n--;
+    while (!split && n > 2 && smem_bwd_wgmma(hd, n, BWD_FUSED) > room) n--;
     return n;
 }
-static int bwd_stages(const coda_context_t *ctx, int hd) {
-    return coda__cuda_attn_bwd_stages(ctx->tuning.attn_stages, ctx->tuning.attn_split_bwd, hd);
+static int bwd_stages(const coda_context_t *ctx, const coda_cuda_device_t *dev, int hd) {
+    return coda__cuda_attn_bwd_stages(ctx->tuning.attn_stages, ctx->tuning.attn_split_bwd, hd, dev->smem_optin);
 }
 static int smem_dq(int hd) { return (2 * BWD_ROWS + 4 * KV_TILE) * hd * 2; }
 static int smem_dkdv(int hd) {
@@ -212,7 +213,7 @@ int coda__cuda_attention_options(int hd, int bwd_stages, int pipe, int dq_perm, 
 }
 
 int coda__cuda_attention_default_options(int hd, const char **opts, char (*buf)[32]) {
-    return coda__cuda_attention_options(hd, coda__cuda_attn_bwd_stages(0, 0, hd), BWD_PIPE, 1, FWD_STAGES, FWD_APART,
+    return coda__cuda_attention_options(hd, coda__cuda_attn_bwd_stages(0, 0, hd, 0), BWD_PIPE, 1, FWD_STAGES, FWD_APART,
                                         fwd_consumers_of(0, hd), opts, buf);
 }
 
@@ -416,7 +417,7 @@ coda_status_t coda__cuda_attention(coda_context_t *ctx, const coda_attention_sha
     L.hd = (int)shape->head_dim;
     L.stream = stream;
     CODA_TRY(coda__cuda_device(ctx, qkv->device_index, &L.dev));
-    L.stages = bwd_stages(ctx, L.hd);
+    L.stages = bwd_stages(ctx, L.dev, L.hd);
     L.pipe = ctx->tuning.attn_pipe >= 0 ? ctx->tuning.attn_pipe : BWD_PIPE;
     /* the permuted dq staging needs whole groups of 8 positions (its map
      * splits the position 8 g + 4 h + q); the forward takes the same

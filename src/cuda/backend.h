@@ -191,8 +191,8 @@ void coda__cuda_attn_bwd_layout(int group, int64_t seq, int64_t hd, int64_t l2_b
                                 int tune_order, int *parts, int *chunk);
 /* The wgmma backward's ring stages: tuned (tuning's attn_stages, 0: the
  * default), for the fused kernel (split = 0) cut to what fits its shared
- * memory at head_dim hd. */
-int coda__cuda_attn_bwd_stages(int tuned, int split, int hd);
+ * memory at head_dim hd in smem_optin bytes (0: Hopper's 227 KiB). */
+int coda__cuda_attn_bwd_stages(int tuned, int split, int hd, int smem_optin);
 
 /* ---- gemm.c: the GEMM mainloop with a spliced-in epilogue (docs/gpu.md) ---- */
 
