@@ -314,6 +314,15 @@ static __device__ __forceinline__ void ab_dq_stage(float *dq, float scale, u32 b
     }
 }
 
+/* The dq warpgroup's whole dq tile (its product waited for), times scale,
+ * into staged tile d, handed to the writer of parity d (ab_dq_writer). */
+static __device__ __forceinline__ void ab_dq_hand(float *dq, float scale, u32 sdq, int d, u32 bars) {
+    const int tid = threadIdx.x % 128;
+    ab_dq_stage(dq, scale, sdq + d * AB_DQB_BYTES, 16 * (tid >> 5) + ((tid & 31) >> 2), 0);
+    coda_fence_proxy_async(); /* the staged tile before the writer's TMA reads it */
+    coda_mbar_arrive(AB_BAR_DQ_FULL(bars, d));
+}
+
 /* dq (64 queries x HD) = dS (64 queries x `keys` keys, key-major at ds,
  * 128-byte rows) . k (those keys' rows from kb): both operands MN-major;
  * keys 64 (a warpgroup's own, CODA_AB_DQ_ONE=0) or 128 (the block's: both
@@ -735,9 +744,7 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
                 coda_wgmma_wait(1);
                 AW_FENCE(dq, HD / 2);
                 if (i + 1 < steps) coda_turn_pass(8 + d);
-                ab_dq_stage(dq, p.scale, sdq + d * AB_DQB_BYTES, 16 * (tid >> 5) + (lane >> 2), 0);
-                coda_fence_proxy_async();
-                coda_mbar_arrive(AB_BAR_DQ_FULL(bars, d));
+                ab_dq_hand(dq, p.scale, sdq, d, bars);
             } else {
                 coda_wgmma_fence();
                 ab_issue_dv_dk(dv, dk, pa, 0, dsb + c * 8192, tq, tdo);
@@ -792,11 +799,7 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
                 coda_wgmma_wait(1);
                 AW_FENCE(dq, HD / 2);
                 if (i + 1 < steps) coda_turn_pass(7 + (i & 1));
-                const u32 dqb = sdq + (i & 1) * AB_DQB_BYTES;
-                const int row = 16 * (tid >> 5) + (lane >> 2);
-                ab_dq_stage(dq, p.scale, dqb, row, 0);
-                coda_fence_proxy_async(); /* the staged tile before the writer's TMA reads it */
-                coda_mbar_arrive(AB_BAR_DQ_FULL(bars, i & 1));
+                ab_dq_hand(dq, p.scale, sdq, i & 1, bars);
             } else {
                 coda_turn_pass(6);
                 coda_wg_sync(2 + c);
@@ -868,9 +871,7 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
         coda_wgmma_commit();
         coda_wgmma_wait(0);
         AW_FENCE(dq, HD / 2);
-        ab_dq_stage(dq, p.scale, sdq + d * AB_DQB_BYTES, 16 * (tid >> 5) + (lane >> 2), 0);
-        coda_fence_proxy_async();
-        coda_mbar_arrive(AB_BAR_DQ_FULL(bars, d));
+        ab_dq_hand(dq, p.scale, sdq, d, bars);
     }
     float *out = (float *)p.out + (long long)b * seq * p.ld_out + nq + kvh * HD;
     const int row0 = kr;
