@@ -5,7 +5,8 @@ and coda as bench_block.py builds them, so the block's distance from the floor
 can be read as a list of kernels: which GEMM of coda's is slower than its
 cuBLAS twin, and what runs besides the GEMMs.
 
-    python3 bench/profile_block.py [--shapes 8b] [--variants floor,torch.compile,coda] [--steps 3] [--top 25]
+    python3 bench/profile_block.py [--shapes 8b] [--variants floor,torch.compile,coda,coda+attn] [--steps 3]
+                                   [--top 25]
                                    [--sequence]
 
 --sequence also lists one step's kernels in launch order with their times
@@ -86,6 +87,8 @@ def main():
             fns["torch.compile"] = module_step(torch.compile(bb.TorchBlock(W, shape, S)))
         if "coda" in want:
             fns["coda"] = module_step(bb.coda_block(W, shape, dev))
+        if "coda+attn" in want:  # bench_block's --coda-attention: coda's own attention
+            fns["coda+attn"] = module_step(bb.coda_block(W, shape, dev, bb.coda.nn.coda_attention))
         for v, fn in fns.items():
             for _ in range(2):
                 fn()

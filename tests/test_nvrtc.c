@@ -214,7 +214,7 @@ static void check_attention_registers(void) {
               !ptxas_no_spill(ok_log, "j") && !ptxas_no_spill(NULL, "k"),
           "ptxas log parser");
     static const char *const forms[] = {NULL, "-DCODA_AB_DQ_ONE=0", "-DCODA_AB_PT_REG=0", "-DCODA_AB_DQ_LAG=0",
-                                        "-DCODA_AB_DQ_LAG=2"};
+                                        "-DCODA_AB_DQ_LAG=2", "-DCODA_AB_DST_REG=1"};
     char *src = NULL;
     if (coda__cuda_join_sources(coda__cuda_attention_files, CODA_CUDA_ATTN_NFILES, NULL, "CUDA attention", &src) !=
         CODA_OK)

@@ -531,6 +531,7 @@ static void bench(coda_context_t *ctx, int dirs) {
  * attn_fwd_apart x attn_fwd_consumers); "bwdab": the fused backward's (attn_bwd_parts x
  * attn_bwd_order); "dqab": its dq forms (CODA_AB_DQ_ONE 0; 1 with
  * CODA_AB_PT_REG 0 and 1, the default; the default with CODA_AB_DQ_LAG 1, 2;
+ * LAG 1 with CODA_AB_DST_REG 1;
  * "dqforms=2,3" picks some; the default layout). Each timed in
  * turns, two rounds, then each tested (unless `timed_only`). "bwdab"'s
  * layouts are n_layouts of `layouts` when given (the argument
@@ -538,7 +539,7 @@ static void bench(coda_context_t *ctx, int dirs) {
 #define MAX_LAYOUTS 16
 static int layouts[MAX_LAYOUTS][2], n_layouts;
 /* "dqab"'s forms: dq_forms[0 .. n_dq) when given ("dqforms=2,3"), else all */
-#define N_DQ_FORMS 5
+#define N_DQ_FORMS 6
 static int dq_forms[N_DQ_FORMS], n_dq;
 static void variants_ab(coda_context_t *ctx, char mode, int timed_only) {
     /* (stages, k and v freed apart, persistent, consumer warpgroups: 3 at head_dim 64 only) */
@@ -549,12 +550,15 @@ static void variants_ab(coda_context_t *ctx, char mode, int timed_only) {
     static const char *const dq[N_DQ_FORMS] = {"-DCODA_AB_DQ_ONE=0", "-DCODA_AB_DQ_ONE=1 -DCODA_AB_PT_REG=0",
                                                "-DCODA_AB_DQ_ONE=1 -DCODA_AB_PT_REG=1 -DCODA_AB_DQ_LAG=0",
                                                "-DCODA_AB_DQ_ONE=1 -DCODA_AB_PT_REG=1 -DCODA_AB_DQ_LAG=1",
-                                               "-DCODA_AB_DQ_ONE=1 -DCODA_AB_PT_REG=1 -DCODA_AB_DQ_LAG=2"};
+                                               "-DCODA_AB_DQ_ONE=1 -DCODA_AB_PT_REG=1 -DCODA_AB_DQ_LAG=2",
+                                               "-DCODA_AB_DQ_ONE=1 -DCODA_AB_PT_REG=1 -DCODA_AB_DQ_LAG=1 "
+                                               "-DCODA_AB_DST_REG=1"};
     static const char *const dq_name[N_DQ_FORMS] = {
         "both warpgroups, staged sum", "one warpgroup a step, 128 keys",
         "one warpgroup a step, P^T from registers (the default until stop 54)",
         "the same, each step's dq a step late, dS^T double-buffered (the default)",
-        "the same, warpgroup 1 started half a step late"};
+        "the same, warpgroup 1 started half a step late",
+        "a step late, dk's dS^T from registers too (head_dim 64; 128 as the default)"};
     const int backward = mode != 'f';
     const int n = mode == 'b' ? (n_layouts ? n_layouts : 9) : mode == 'd' ? (n_dq ? n_dq : N_DQ_FORMS) : 6;
     tune_attn(ctx, 0);

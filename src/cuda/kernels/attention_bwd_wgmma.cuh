@@ -91,6 +91,16 @@
 #if CODA_AB_DQ_LAG && !(CODA_AB_DQ_ONE && CODA_AB_PT_REG)
 #error "CODA_AB_DQ_LAG needs CODA_AB_DQ_ONE and CODA_AB_PT_REG (the P^T buffer holds dS^T of odd steps)"
 #endif
+#ifndef CODA_AB_DST_REG                   /* with CODA_AB_DQ_LAG, at head_dim 64: dk += dS^T q with dS^T from
+                                             registers (1), as dv's P^T, or from its shared-memory copy that
+                                             dq reads (0); at 128 it does not fit (ptxas spills 80 bytes and
+                                             serialises the wgmma), so AB_DST_REG is 0 there */
+#define CODA_AB_DST_REG 0
+#endif
+#if CODA_AB_DST_REG && !CODA_AB_DQ_LAG
+#error "CODA_AB_DST_REG needs CODA_AB_DQ_LAG"
+#endif
+#define AB_DST_REG (CODA_AB_DST_REG && HD == 64)
 #define AB_BIG_CHUNK (AB_ROWS * 128)      /* one 64-column chunk of a block */
 #define AB_SMALL_CHUNK (AB_TILE * 128)    /* ... of a streamed tile         */
 #define AB_BIG (HD / 64 * AB_BIG_CHUNK)
@@ -369,6 +379,15 @@ static __device__ __forceinline__ void ab_issue_dv_dk(float *dv, float *dk, u32 
     ab_issue_kn(dv, spt, tdo);
 #endif
     ab_issue_kn(dk, sdt, tq);
+    coda_wgmma_commit();
+}
+
+/* The same with dS^T from the packed registers pd as well (AB_DST_REG:
+ * the products' shared-memory reads are then their B operands alone). */
+static __device__ __forceinline__ void ab_issue_dv_dk_rs(float *dv, float *dk, u32 (*pa)[4], u32 (*pd)[4], u32 tq,
+                                                         u32 tdo) {
+    aw_issue_rs(dv, pa, tdo, AB_TILE / 16, AB_TILE * 128);
+    aw_issue_rs(dk, pd, tq, AB_TILE / 16, AB_TILE * 128);
     coda_wgmma_commit();
 }
 
@@ -740,14 +759,16 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
                 coda_wgmma_fence();
                 ab_issue_dq(dq, sds + d * AB_DS_BYTES, sk, 128);
                 coda_wgmma_commit();
-                ab_issue_dv_dk(dv, dk, pa, 0, dsb + c * 8192, tq, tdo);
+                if (AB_DST_REG) ab_issue_dv_dk_rs(dv, dk, pa, pd, tq, tdo);
+                else ab_issue_dv_dk(dv, dk, pa, 0, dsb + c * 8192, tq, tdo);
                 coda_wgmma_wait(1);
                 AW_FENCE(dq, HD / 2);
                 if (i + 1 < steps) coda_turn_pass(8 + d);
                 ab_dq_hand(dq, p.scale, sdq, d, bars);
             } else {
                 coda_wgmma_fence();
-                ab_issue_dv_dk(dv, dk, pa, 0, dsb + c * 8192, tq, tdo);
+                if (AB_DST_REG) ab_issue_dv_dk_rs(dv, dk, pa, pd, tq, tdo);
+                else ab_issue_dv_dk(dv, dk, pa, 0, dsb + c * 8192, tq, tdo);
             }
             coda_wgmma_wait(0);
             AW_FENCE(dk, HD / 2);
