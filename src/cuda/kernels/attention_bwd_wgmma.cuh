@@ -751,7 +751,11 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
             ab_store_ds(dsb, pd, wrow);
             coda_fence_proxy_async();
             if (isd) coda_turn_pass(6 + (i & 1));
-            coda_wg_sync(2 + c);
+            /* the warpgroup's own barrier: its four warps' rows stored
+             * before dk's product reads them; with AB_DST_REG dk takes
+             * dS^T from registers and the only reader is a dq, a step on,
+             * behind barrier 6 + (i & 1), whose sync counts these warps */
+            if (!AB_DST_REG) coda_wg_sync(2 + c);
             if (isd && i >= 1) {
                 const int d = (i - 1) & 1;
                 coda_turn_wait(6 + d); /* the other's half of dS^T(i - 1) */
