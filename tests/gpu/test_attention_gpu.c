@@ -558,7 +558,7 @@ static void variants_ab(coda_context_t *ctx, char mode, int timed_only) {
         "one warpgroup a step, P^T from registers (the default until stop 54)",
         "the same, each step's dq a step late, dS^T double-buffered (the default)",
         "the same, warpgroup 1 started half a step late",
-        "a step late, dk's dS^T from registers too (head_dim 64; 128 as the default)"};
+        "a step late, dk's dS^T from registers, no warpgroup barrier a step (head_dim 64; 128 as the default)"};
     const int backward = mode != 'f';
     const int n = mode == 'b' ? (n_layouts ? n_layouts : 9) : mode == 'd' ? (n_dq ? n_dq : N_DQ_FORMS) : 6;
     tune_attn(ctx, 0);
