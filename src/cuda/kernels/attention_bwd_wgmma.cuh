@@ -25,7 +25,9 @@
  *            P^T, dS^T in registers; dS^T then bf16 into shared memory
  *            dv  += P^T do     wgmma m64nHD, P^T from registers
  *                              (CODA_AB_PT_REG), do from shared memory
- *            dk  += dS^T q     wgmma m64nHD from shared memory
+ *            dk  += dS^T q     wgmma m64nHD from shared memory (from
+ *                              registers at HD 64 under CODA_AB_DST_REG,
+ *                              off: measured level at stop 55)
  *            dq   = dS k       over the block's 128 keys, by one
  *                              warpgroup a step (the steps' parity), a
  *                              step late (beside the next step's dv and
