@@ -369,10 +369,11 @@ static __device__ __forceinline__ void ab_issue_kn(float *acc, u32 a, u32 b) {
 }
 
 /* dv += P^T do (P^T from the packed registers pa with CODA_AB_PT_REG, else
- * from spt) and dk += dS^T q (dS^T at sdt), the fused kernel's step i
- * under CODA_AB_DQ_ONE: issued and committed as one group. */
-static __device__ __forceinline__ void ab_issue_dv_dk(float *dv, float *dk, u32 (*pa)[4], u32 spt, u32 sdt, u32 tq,
-                                                      u32 tdo) {
+ * from spt) and dk += dS^T q (dS^T from the packed registers pd with
+ * AB_DST_REG, else at sdt), the fused kernel's step i under
+ * CODA_AB_DQ_ONE: issued and committed as one group. */
+static __device__ __forceinline__ void ab_issue_dv_dk(float *dv, float *dk, u32 (*pa)[4], u32 (*pd)[4], u32 spt,
+                                                      u32 sdt, u32 tq, u32 tdo) {
 #if CODA_AB_PT_REG
     (void)spt;
     aw_issue_rs(dv, pa, tdo, AB_TILE / 16, AB_TILE * 128);
@@ -380,16 +381,13 @@ static __device__ __forceinline__ void ab_issue_dv_dk(float *dv, float *dk, u32 
     (void)pa;
     ab_issue_kn(dv, spt, tdo);
 #endif
-    ab_issue_kn(dk, sdt, tq);
-    coda_wgmma_commit();
-}
-
-/* The same with dS^T from the packed registers pd as well (AB_DST_REG:
- * the products' shared-memory reads are then their B operands alone). */
-static __device__ __forceinline__ void ab_issue_dv_dk_rs(float *dv, float *dk, u32 (*pa)[4], u32 (*pd)[4], u32 tq,
-                                                         u32 tdo) {
-    aw_issue_rs(dv, pa, tdo, AB_TILE / 16, AB_TILE * 128);
+#if AB_DST_REG
+    (void)sdt;
     aw_issue_rs(dk, pd, tq, AB_TILE / 16, AB_TILE * 128);
+#else
+    (void)pd;
+    ab_issue_kn(dk, sdt, tq);
+#endif
     coda_wgmma_commit();
 }
 
@@ -765,16 +763,14 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
                 coda_wgmma_fence();
                 ab_issue_dq(dq, sds + d * AB_DS_BYTES, sk, 128);
                 coda_wgmma_commit();
-                if (AB_DST_REG) ab_issue_dv_dk_rs(dv, dk, pa, pd, tq, tdo);
-                else ab_issue_dv_dk(dv, dk, pa, 0, dsb + c * 8192, tq, tdo);
+                ab_issue_dv_dk(dv, dk, pa, pd, 0, dsb + c * 8192, tq, tdo);
                 coda_wgmma_wait(1);
                 AW_FENCE(dq, HD / 2);
                 if (i + 1 < steps) coda_turn_pass(8 + d);
                 ab_dq_hand(dq, p.scale, sdq, d, bars);
             } else {
                 coda_wgmma_fence();
-                if (AB_DST_REG) ab_issue_dv_dk_rs(dv, dk, pa, pd, tq, tdo);
-                else ab_issue_dv_dk(dv, dk, pa, 0, dsb + c * 8192, tq, tdo);
+                ab_issue_dv_dk(dv, dk, pa, pd, 0, dsb + c * 8192, tq, tdo);
             }
             coda_wgmma_wait(0);
             AW_FENCE(dk, HD / 2);
@@ -822,7 +818,7 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
                 coda_wgmma_fence();
                 ab_issue_dq(dq, sds + AB_DS_BYTES, sk, 128);
                 coda_wgmma_commit();
-                ab_issue_dv_dk(dv, dk, pa, spt, sdt, tq, tdo);
+                ab_issue_dv_dk(dv, dk, pa, pd, spt, sdt, tq, tdo);
                 coda_wgmma_wait(1);
                 AW_FENCE(dq, HD / 2);
                 if (i + 1 < steps) coda_turn_pass(7 + (i & 1));
@@ -831,7 +827,7 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
                 coda_turn_pass(6);
                 coda_wg_sync(2 + c);
                 coda_wgmma_fence();
-                ab_issue_dv_dk(dv, dk, pa, spt, sdt, tq, tdo);
+                ab_issue_dv_dk(dv, dk, pa, pd, spt, sdt, tq, tdo);
             }
             coda_wgmma_wait(0);
             AW_FENCE(dk, HD / 2);
