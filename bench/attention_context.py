@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""attention_context.py - an attention backward's kernels timed in the
+settings a benchmark and a training step give it, coda beside cuDNN.
+
+Why: at the 1B block (bench/RESULTS.md, stop 55) coda's backward kernel
+took 3.25-3.35 ms inside the block's step but 3.07 ms alone, while
+cuDNN's took 3.08 in both. This script times the same calls (the
+bench_attention.py variants, the same random data) behind four preludes:
+
+  idle    a 3 ms sleep kernel (the GPU nearly idle: what bench_attention's
+          timer puts before each call)
+  train   the call repeated back to back (its own previous call before it)
+  gemm    four bf16 GEMMs of the block's shapes (M x 2048 x 8192 and
+          back, ~3 ms at 1B), as the block's down-projection and its
+          neighbours run before its attention
+  gemm+   the same GEMMs, then a 1 ms sleep (power and clocks recover,
+          the L2 keeps what the GEMMs left)
+
+Each call is fenced by two tiny f64 multiplies (markers); the kernels
+between them are the call's. Printed per variant and prelude: the main
+kernel's median time, the median of all the call's kernels summed, and
+of the span from its first kernel's start to its last one's end (host
+gaps inside the call show as span > sum).
+
+    python3 bench/attention_context.py [--shapes 1b] [--reps 5] [--sequence]
+
+--sequence also lists one call's kernels (name, start offset, duration)
+per variant: where a PyTorch operator's time goes beside the C call.
+"""
+import argparse
+import os
+import sys
+import warnings
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_attention as ba  # noqa: E402  (the variants, the shapes, the data)
+
+MARK = "MulFunctor"  # the marker's kernel: an f64 multiply
+
+
+def _kernels(prof):
+    ev = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    ev.sort(key=lambda e: e.time_range.start)
+    return [(e.name, e.time_range.start, e.time_range.end) for e in ev]
+
+
+def _calls(kernels):
+    """The kernels between marker pairs: [[(name, start, end), ...], ...]."""
+    out, cur = [], None
+    for k in kernels:
+        if MARK in k[0] and "double" in k[0]:
+            if cur is None:
+                cur = []
+            else:
+                out.append(cur)
+                cur = None
+        elif cur is not None:
+            cur.append(k)
+    return out
+
+
+def _median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if xs else float("nan")
+
+
+def run(label, fn, prelude, reps, mark, main_key):
+    """Time fn behind prelude reps times. -> (main ms, sum ms, span ms, one call's kernels)."""
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        torch.cuda._sleep(50_000_000)  # a host lead for the whole run
+        for _ in range(reps):
+            prelude()
+            mark.mul_(1.0)
+            fn()
+            mark.mul_(1.0)
+        torch.cuda.synchronize()
+    calls = _calls(_kernels(prof))
+    mains, sums, spans = [], [], []
+    for c in calls:
+        if not c:
+            continue
+        mains.append(sum(e - s for n, s, e in c if main_key(n)) / 1e3)
+        sums.append(sum(e - s for n, s, e in c) / 1e3)
+        spans.append((c[-1][2] - c[0][1]) / 1e3)
+    return _median(mains), _median(sums), _median(spans), calls[len(calls) // 2] if calls else []
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="1b")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--sequence", action="store_true")
+    a = ap.parse_args()
+    dev = torch.device("cuda")
+    backends = ba.sdpa_backends()
+    mark = torch.ones(1, dtype=torch.float64, device=dev)
+    for name in a.shapes.split(","):
+        H, KV, D = ba.HEADS[name]
+        shape = (ba.BATCH, ba.SEQ, H, KV, D)
+        B, S = ba.BATCH, ba.SEQ
+        M, w = B * S, (H + 2 * KV) * D
+        g = torch.Generator().manual_seed(0)
+        qkv = torch.randn(M, w, generator=g).to(dev, torch.bfloat16)
+        do = torch.randn(M, H * D, generator=g).to(dev, torch.bfloat16)
+        ctx = ba.coda.ops.context()
+        variants = []
+        _, bwd, _ = ba.make_coda(ctx, qkv, do, shape)
+        variants.append(("coda", bwd, lambda n: n.startswith("coda_attn_bwd") and "prep" not in n))
+        _, bwd, _ = ba.make_coda_op(qkv, do, shape)
+        variants.append(("coda op", bwd, lambda n: n.startswith("coda_attn_bwd") and "prep" not in n))
+        ctxf, why = backends["sdpa cudnn"]
+        if ctxf is not None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                _, bwd, _, _ = ba.make_sdpa(ctxf, qkv, do, shape)
+            variants.append(("sdpa cudnn", bwd, lambda n: "bprop" in n))
+        # the block's GEMM neighbours: (M, 2048) x (2048, 8192) and (M, 8192) x (8192, 2048)
+        x1 = torch.randn(M, 2048, device=dev, dtype=torch.bfloat16)
+        w1 = torch.randn(2048, 8192, device=dev, dtype=torch.bfloat16)
+        x2 = torch.randn(M, 8192, device=dev, dtype=torch.bfloat16)
+        w2 = torch.randn(8192, 2048, device=dev, dtype=torch.bfloat16)
+
+        def gemms():
+            for _ in range(2):
+                torch.matmul(x1, w1)
+                torch.matmul(x2, w2)
+
+        def gemms_gap():
+            gemms()
+            torch.cuda._sleep(int(1.0 * cycles_per_ms))
+
+        cycles_per_ms = ba.StepTimer(True, True).cycles_per_ms
+        preludes = (("idle", lambda: torch.cuda._sleep(int(3.0 * cycles_per_ms))), ("train", lambda: None),
+                    ("gemm", gemms), ("gemm+", gemms_gap))
+        for _, fn, _ in variants:  # warm-up (NVRTC, cuDNN plans)
+            for _ in range(2):
+                fn()
+        torch.cuda.synchronize()
+        print("\n%s: backward, batch %d x seq %d, heads %d / %d, head_dim %d; median of %d calls, ms"
+              % (name, B, S, H, KV, D, a.reps))
+        print("  %-11s %-7s %9s %9s %9s" % ("variant", "prelude", "main", "kernels", "span"))
+        seqs = {}
+        for pname, pre in preludes:
+            for vname, fn, key in variants:
+                m, s, sp, one = run(vname, fn, pre, a.reps, mark, key)
+                print("  %-11s %-7s %9.3f %9.3f %9.3f" % (vname, pname, m, s, sp), flush=True)
+                if pname == "idle":
+                    seqs[vname] = one
+        if a.sequence:
+            for vname, one in seqs.items():
+                print("\n  %s, one call behind the idle prelude (start offset, duration, kernel):" % vname)
+                t0 = one[0][1] if one else 0
+                for n, s, e in one:
+                    print("    %8.3f %8.3f  %s" % ((s - t0) / 1e3, (e - s) / 1e3, n[:100]))
+
+
+if __name__ == "__main__":
+    main()
