@@ -7,10 +7,13 @@ cuBLAS twin, and what runs besides the GEMMs.
 
     python3 bench/profile_block.py [--shapes 8b] [--variants floor,torch.compile,coda,coda+attn] [--steps 3]
                                    [--top 25]
-                                   [--sequence]
+                                   [--sequence] [--each coda_attn,flash_bprop]
 
 --sequence also lists one step's kernels in launch order with their times
 (the GEMMs of coda and of the floor side by side, call by call).
+--each lists every call's time of the kernels whose names contain one of
+the given strings, over the --steps steps (a kernel whose time moves from
+step to step, as coda's attention backward did in the 1B block at stop 55).
 """
 import argparse
 import os
@@ -22,19 +25,22 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_block as bb  # noqa: E402  (the same modules and inputs as the benchmark)
 
 
-def kernel_table(fn, steps):
-    """{kernel name: (calls per step, us per step)} over `steps` calls of fn."""
+def kernel_table(fn, steps, each=None):
+    """{kernel name: (calls per step, us per step)} over `steps` calls of fn;
+    each (a dict): also every call's us, by kernel name, in launch order."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             fn()
         torch.cuda.synchronize()
     rows = {}
-    for e in prof.events():
-        if e.device_type != torch.autograd.DeviceType.CUDA:
-            continue
+    ev = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    ev.sort(key=lambda e: e.time_range.start)
+    for e in ev:
         t = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
         n, tot = rows.get(e.name, (0, 0.0))
         rows[e.name] = (n + 1, tot + t)
+        if each is not None:
+            each.setdefault(e.name, []).append(t)
     return {k: (n / steps, tot / steps) for k, (n, tot) in rows.items()}
 
 
@@ -57,6 +63,8 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--sequence", action="store_true")
+    ap.add_argument("--each", default="", metavar="S,S",
+                    help="also every call's time of the kernels whose names contain one of these strings")
     a = ap.parse_args()
     want = a.variants.split(",")
     dev = torch.device("cuda")
@@ -93,12 +101,16 @@ def main():
             for _ in range(2):
                 fn()
             torch.cuda.synchronize()
-            rows = kernel_table(fn, a.steps)
+            each = {}
+            rows = kernel_table(fn, a.steps, each)
             total = sum(t for _, t in rows.values())
             print("%s %s: forward+backward, GPU busy %.3f ms a step (kernels summed), %d kernel launches"
                   % (name, v, total / 1e3, round(sum(n for n, _ in rows.values()))))
             for k, (n, t) in sorted(rows.items(), key=lambda r: -r[1][1])[:a.top]:
                 print("  %9.3f ms %5.1f%% %4.0fx  %s" % (t / 1e3, 100 * t / total, n, k[:110]))
+            for k, ts in each.items():
+                if any(w and w in k for w in a.each.split(",")):
+                    print("  each call, ms: %s  %s" % (" ".join("%.3f" % (t / 1e3) for t in ts), k[:70]))
             if a.sequence:
                 print("  one step in launch order:")
                 for i, (k, t) in enumerate(kernel_sequence(fn)):

@@ -144,7 +144,7 @@ static void check_attention(void) {
         const int hd = builds[v][0], fwd_stages = builds[v][1], apart = builds[v][2], consumers = builds[v][3];
         const char *opts[CODA_CUDA_ATTN_NOPTS];
         char buf[CODA_CUDA_ATTN_NOPTS][32];
-        int n = coda__cuda_attention_options(hd, hd == 128 ? 2 : 3, 1, 1, fwd_stages, apart, consumers, 0, opts, buf);
+        int n = coda__cuda_attention_options(hd, hd == 128 ? 2 : 3, 1, 1, fwd_stages, apart, consumers, opts, buf);
         char *cubin = NULL;
         size_t size = 0;
         double t0 = now();
@@ -214,7 +214,7 @@ static void check_attention_registers(void) {
               !ptxas_no_spill(ok_log, "j") && !ptxas_no_spill(NULL, "k"),
           "ptxas log parser");
     static const char *const forms[] = {NULL, "-DCODA_AB_DQ_ONE=0", "-DCODA_AB_PT_REG=0", "-DCODA_AB_DQ_LAG=0",
-                                        "-DCODA_AB_DQ_LAG=2", "-DCODA_AB_DST_REG=1", "-DCODA_AB_MCAST=1"};
+                                        "-DCODA_AB_DQ_LAG=2", "-DCODA_AB_DST_REG=1"};
     char *src = NULL;
     if (coda__cuda_join_sources(coda__cuda_attention_files, CODA_CUDA_ATTN_NFILES, NULL, "CUDA attention", &src) !=
         CODA_OK)
@@ -224,13 +224,7 @@ static void check_attention_registers(void) {
         const char *form = forms[v >> 1], *opts[CODA_CUDA_ATTN_NOPTS + 2];
         char buf[CODA_CUDA_ATTN_NOPTS][32], what[96];
         int n = coda__cuda_attention_default_options(hd, opts, buf);
-        if (form && !strcmp(form, "-DCODA_AB_MCAST=1")) { /* the clusters (tuning attn_bwd_cluster) */
-            CHECK(!strcmp(opts[n - 1], "-DCODA_AB_MCAST=0"), "the attention options end with -DCODA_AB_MCAST=0: %s",
-                  opts[n - 1]);
-            opts[n - 1] = form;
-        } else if (form) {
-            opts[n++] = form;
-        }
+        if (form) opts[n++] = form;
         /* the default build: the other wgmma kernels too (the forward, the split backward) */
         const char *kernels[5] = {"coda_attn_bwd_wgmma_kernel"}, **k = kernels + 1;
         if (!form) {
@@ -246,7 +240,7 @@ static void check_attention_registers(void) {
        * registers a consumer thread) */
         const char *opts[CODA_CUDA_ATTN_NOPTS + 1], *kernels[] = {"coda_attn_fwd_wgmma_kernel", NULL};
         char buf[CODA_CUDA_ATTN_NOPTS][32];
-        int n = coda__cuda_attention_options(64, 3, 1, 1, 2, 1, 2, 0, opts, buf);
+        int n = coda__cuda_attention_options(64, 3, 1, 1, 2, 1, 2, opts, buf);
         check_ptxas_clean(src, opts, n, kernels, "attention forward hd 64, 2 consumers");
     }
     free(src);

@@ -45,7 +45,6 @@ typedef struct coda__tuning {
     int attn_fwd_consumers; /* CODA_DEBUG_ATTN_FWD_CONSUMERS=2|3: the wgmma forward's consumer warpgroups (128 or 192 query rows an item); 0 default */
     int attn_bwd_parts;  /* CODA_DEBUG_ATTN_BWD_PARTS: the fused backward's blocks a kv group's heads are shared over, 1..8, -1 one head a block ('h'); 0 default */
     int attn_bwd_order;  /* CODA_DEBUG_ATTN_BWD_ORDER: the fused backward's launch chunks, (kv head part, sequence) pairs each: 1..9, 0 all (kv groups fastest), 1 key blocks fastest; -1 default */
-    int attn_bwd_cluster; /* CODA_DEBUG_ATTN_BWD_CLUSTER=1: the fused backward's key blocks in clusters of two sharing q and do (CODA_AB_MCAST); 0 default */
     char extra_opts[CODA_TUNING_OPTS_CAP]; /* CODA_DEBUG_OPTS: up to 4 more NVRTC options */
     uint64_t code_key;   /* hash of extra_opts (0 when empty); set by coda__set_tuning    */
 } coda__tuning_t;

@@ -48,7 +48,6 @@ void coda__tuning_from_env(coda__tuning_t *t) {
     t->attn_bwd_parts = c == 'h' ? -1 : c >= '1' && c <= '8' ? c - '0' : 0;
     c = one_char("CODA_DEBUG_ATTN_BWD_ORDER");
     t->attn_bwd_order = c >= '0' && c <= '9' ? c - '0' : -1;
-    t->attn_bwd_cluster = one_char("CODA_DEBUG_ATTN_BWD_CLUSTER") == '1';
     v = getenv("CODA_DEBUG_OPTS");
     if (v && strlen(v) < sizeof t->extra_opts) snprintf(t->extra_opts, sizeof t->extra_opts, "%s", v);
 }
@@ -84,9 +83,6 @@ coda_status_t coda__set_tuning(coda_context_t *ctx, const coda__tuning_t *t) {
     if (t->attn_bwd_order < -1 || t->attn_bwd_order > 9)
         return coda__fail(CODA_ERR_INVALID_ARG, "tuning: attn_bwd_order %d is not -1 (default) or 0..9",
                           t->attn_bwd_order);
-    if (t->attn_bwd_cluster < 0 || t->attn_bwd_cluster > 1)
-        return coda__fail(CODA_ERR_INVALID_ARG, "tuning: attn_bwd_cluster %d is not 0 (default) or 1",
-                          t->attn_bwd_cluster);
     if (!memchr(t->extra_opts, 0, sizeof t->extra_opts))
         return coda__fail(CODA_ERR_INVALID_ARG, "tuning: extra_opts is not terminated");
     ctx->tuning = *t;

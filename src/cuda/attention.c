@@ -195,7 +195,7 @@ static int smem_dkdv(int hd) {
 }
 
 int coda__cuda_attention_options(int hd, int bwd_stages, int pipe, int dq_perm, int fwd_stages, int fwd_apart,
-                                 int fwd_consumers, int mcast, const char **opts, char (*buf)[32]) {
+                                 int fwd_consumers, const char **opts, char (*buf)[32]) {
     opts[0] = "--gpu-architecture=sm_90a";
     opts[1] = "-default-device";
     opts[2] = hd == 64 ? "-DCODA_ATTN_HD=64" : "-DCODA_ATTN_HD=128";
@@ -208,14 +208,13 @@ int coda__cuda_attention_options(int hd, int bwd_stages, int pipe, int dq_perm, 
     snprintf(buf[9], 32, "-DCODA_AW_STAGES=%d", fwd_stages);
     snprintf(buf[10], 32, "-DCODA_AW_APART=%d", fwd_apart);
     snprintf(buf[11], 32, "-DCODA_AW_CONSUMERS=%d", fwd_consumers);
-    snprintf(buf[12], 32, "-DCODA_AB_MCAST=%d", mcast);
     for (int i = 5; i < CODA_CUDA_ATTN_NOPTS; i++) opts[i] = buf[i];
     return CODA_CUDA_ATTN_NOPTS;
 }
 
 int coda__cuda_attention_default_options(int hd, const char **opts, char (*buf)[32]) {
     return coda__cuda_attention_options(hd, coda__cuda_attn_bwd_stages(0, 0, hd, 0), BWD_PIPE, 1, FWD_STAGES, FWD_APART,
-                                        fwd_consumers_of(0, hd), 0, opts, buf);
+                                        fwd_consumers_of(0, hd), opts, buf);
 }
 
 typedef struct {
@@ -228,20 +227,18 @@ typedef struct {
     int fwd_stages;     /* CODA_AW_STAGES: the wgmma forward's k/v ring */
     int fwd_apart;      /* CODA_AW_APART: its k and v stages freed apart */
     int fwd_consumers;  /* CODA_AW_CONSUMERS: its consumer warpgroups, 64 query rows each */
-    int mcast;          /* CODA_AB_MCAST: the fused backward's key blocks in clusters of two */
     char optbuf[CODA_CUDA_ATTN_NOPTS][32];
     void *stream;
 } launcher_t;
 
 /* Launch `entry` on a (gx, gy, gz) grid of `threads` with `smem` bytes of
  * dynamic shared memory. The caller has the device's context current. */
-static coda_status_t launch_cluster(launcher_t *L, const char *entry, unsigned gx, unsigned gy, unsigned gz,
-                                    int threads, int smem, unsigned cluster, void **args) {
+static coda_status_t launch(launcher_t *L, const char *entry, unsigned gx, unsigned gy, unsigned gz,
+                            int threads, int smem, void **args) {
     struct coda_cuda *cu = L->ctx->cuda;
     uint64_t quick[2] = {KEY0 + (uint64_t)L->hd + 256u * (uint64_t)L->stages + 4096u * (uint64_t)L->pipe +
                              65536u * (uint64_t)L->dq_perm + (1u << 20) * (uint64_t)L->fwd_stages +
-                             (1u << 24) * (uint64_t)L->fwd_apart + (1u << 28) * (uint64_t)L->fwd_consumers +
-                             ((uint64_t)1 << 32) * (uint64_t)L->mcast,
+                             (1u << 24) * (uint64_t)L->fwd_apart + (1u << 28) * (uint64_t)L->fwd_consumers,
                          coda__hash(CODA_HASH_SEED0, entry, strlen(entry))};
     const coda__tuning_t *tu = &L->ctx->tuning;
     if (tu->code_key) /* CODA_DEBUG_OPTS (experiments) change the code: part of the key */
@@ -267,22 +264,8 @@ static coda_status_t launch_cluster(launcher_t *L, const char *entry, unsigned g
     lc.blockDimY = lc.blockDimZ = 1;
     lc.sharedMemBytes = (unsigned)smem;
     lc.hStream = (CUstream)L->stream;
-    CUlaunchAttribute attr[1];
-    if (cluster > 1) {
-        memset(attr, 0, sizeof attr);
-        attr[0].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-        attr[0].value.clusterDim.x = cluster;
-        attr[0].value.clusterDim.y = attr[0].value.clusterDim.z = 1;
-        lc.attrs = attr;
-        lc.numAttrs = 1;
-    }
     CUresult r = cu->cu.LaunchKernelEx(&lc, fn, args, NULL);
     return r == CUDA_SUCCESS ? CODA_OK : coda__cu_fail(cu, r, entry);
-}
-/* The same, not as clusters. */
-static coda_status_t launch(launcher_t *L, const char *entry, unsigned gx, unsigned gy, unsigned gz,
-                            int threads, int smem, void **args) {
-    return launch_cluster(L, entry, gx, gy, gz, threads, smem, 1, args);
 }
 
 /* A TMA map of a (batch x seq, cols) matrix, bf16 (qkv, do) or f32 (dqkv,
@@ -359,13 +342,8 @@ static coda_status_t run_bwd_wgmma(launcher_t *L, const coda_attention_shape_t *
                 cu->cu.MemsetD32Async((CUdeviceptr)(a->dsum + 2 * plane), 0, (size_t)(plane / 64 * 2),
                                       (CUstream)L->stream),
                 "cuMemsetD32Async(attention's dq counters)");
-        const int smem = smem_bwd_wgmma(L->hd, L->stages, BWD_FUSED);
-        if (L->mcast) /* a 1-D grid of clusters of two key blocks (attention_bwd_wgmma.cuh's ab_block) */
-            return launch_cluster(L, "coda_attn_bwd_wgmma_kernel",
-                                  2u * (unsigned)(s->n_kv_heads * a->kv_parts) * batch * ((blocks + 1) / 2), 1, 1,
-                                  384, smem, 2, kv_args);
         return launch(L, "coda_attn_bwd_wgmma_kernel", (unsigned)(s->n_kv_heads * a->kv_parts), batch, blocks, 384,
-                      smem, kv_args);
+                      smem_bwd_wgmma(L->hd, L->stages, BWD_FUSED), kv_args);
     }
     const int wide = kv_tile_rows(L->hd) == 128;
     void *dkdv_args[] = {&qkv128, wide ? &qkv128 : &qkv64, wide ? &do128 : &do64, a};
@@ -448,9 +426,8 @@ coda_status_t coda__cuda_attention(coda_context_t *ctx, const coda_attention_sha
     L.fwd_stages = ctx->tuning.attn_fwd_stages ? ctx->tuning.attn_fwd_stages : FWD_STAGES;
     L.fwd_apart = ctx->tuning.attn_fwd_apart >= 0 ? ctx->tuning.attn_fwd_apart : FWD_APART;
     L.fwd_consumers = fwd_consumers_of(ctx->tuning.attn_fwd_consumers, L.hd);
-    L.mcast = backward && ctx->tuning.attn_bwd_cluster; /* the forward's kernels do not read it: one compilation */
     coda__cuda_attention_options(L.hd, L.stages, L.pipe, L.dq_perm, L.fwd_stages, L.fwd_apart, L.fwd_consumers,
-                                 L.mcast, L.opts, L.optbuf);
+                                 L.opts, L.optbuf);
 
     attn_args_t a;
     memset(&a, 0, sizeof a);

@@ -165,7 +165,7 @@ int coda__cuda_extra_options(const char *x, const char **opts, int n, int max, c
 /* ---- attention.c: the attention kernels' one NVRTC source ---- */
 
 #define CODA_CUDA_ATTN_NFILES 5
-#define CODA_CUDA_ATTN_NOPTS 13
+#define CODA_CUDA_ATTN_NOPTS 12
 /* The embedded files joined into the attention source, in order. */
 extern const char *const coda__cuda_attention_files[CODA_CUDA_ATTN_NFILES];
 /* The NVRTC options of the attention source into opts[0..CODA_CUDA_ATTN_NOPTS)
@@ -173,10 +173,9 @@ extern const char *const coda__cuda_attention_files[CODA_CUDA_ATTN_NFILES];
  * ring (CODA_AB_STAGES) and pipelining (CODA_AB_PIPE, which also turns the
  * forward's ping-pong on), the permuted dq staging, the forward's ring
  * (CODA_AW_STAGES), its k and v freed apart (CODA_AW_APART) and its
- * consumer warpgroups (CODA_AW_CONSUMERS, 2 or 3), the fused backward's
- * key blocks in clusters of two (CODA_AB_MCAST, 0 or 1). Returns the count. */
+ * consumer warpgroups (CODA_AW_CONSUMERS, 2 or 3). Returns the count. */
 int coda__cuda_attention_options(int hd, int bwd_stages, int pipe, int dq_perm, int fwd_stages, int fwd_apart,
-                                 int fwd_consumers, int mcast, const char **opts, char (*buf)[32]);
+                                 int fwd_consumers, const char **opts, char (*buf)[32]);
 /* The same with the options an untuned launch passes (the backward's with
  * seq a multiple of 8): what the tools and tests that inspect the compiled
  * attention kernels compile. */

@@ -45,15 +45,11 @@
  * (CODA_DEBUG_ATTN_FWD_CONSUMERS=2: items of 128 rows; the default since
  * stop 51 is three, items of 192 rows over 128-key tiles, where a
  * warpgroup may need a tile fewer than its block loads, or hold rows
- * wholly past the sequence's end: seq 300, 200 and 1000 make both),
- * 10 the fused backward's key blocks in clusters of two that share their
- * q and do tiles (CODA_DEBUG_ATTN_BWD_CLUSTER=1; odd key-block counts
- * leave a cluster's second block without work), 11 the same with set 6's
- * layout (two parts a group, chunks of 3 pairs).
+ * wholly past the sequence's end: seq 300, 200 and 1000 make both).
  * The other
  * sets keep the environment's attn_pipe, forward ring, backward layout and
  * CODA_DEBUG_OPTS (the A/B runs of "bench"). */
-#define N_KERNEL_SETS 12
+#define N_KERNEL_SETS 10
 #define DQ_SUM_OPT "-DCODA_AB_DQ_ONE=0"
 static const char *const kernel_names[N_KERNEL_SETS] = {
     "wgmma (fused backward)", "wgmma, split backward: dk/dv and dq kernels (CODA_DEBUG_ATTN_SPLIT_BWD)",
@@ -63,11 +59,9 @@ static const char *const kernel_names[N_KERNEL_SETS] = {
     "wgmma, backward 2 parts a group, chunks of 3 pairs (CODA_DEBUG_ATTN_BWD_PARTS=2, _ORDER=3)",
     "wgmma, backward dq as two warpgroups' parts, summed (CODA_DEBUG_OPTS=" DQ_SUM_OPT ")",
     "wgmma, the forward a block an item, not persistent (CODA_DEBUG_ATTN_FWD_PERSIST=0)",
-    "wgmma, the forward with two consumer warpgroups at head_dim 64 (CODA_DEBUG_ATTN_FWD_CONSUMERS=2)",
-    "wgmma, backward key blocks in clusters of two sharing q and do (CODA_DEBUG_ATTN_BWD_CLUSTER=1)",
-    "wgmma, backward in clusters of two, 2 parts a group, chunks of 3 pairs (CLUSTER=1, PARTS=2, ORDER=3)"};
+    "wgmma, the forward with two consumer warpgroups at head_dim 64 (CODA_DEBUG_ATTN_FWD_CONSUMERS=2)"};
 static int use_mma, env_pipe = -2, env_fwd_stages, env_fwd_apart, env_fwd_persist, env_bwd_parts, env_bwd_order,
-    env_fwd_consumers, env_bwd_cluster;
+    env_fwd_consumers;
 static char env_opts[CODA_TUNING_OPTS_CAP];
 static void tune_attn(coda_context_t *ctx, int kernels) {
     coda__tuning_t t = coda__get_tuning(ctx);
@@ -79,7 +73,6 @@ static void tune_attn(coda_context_t *ctx, int kernels) {
         env_fwd_consumers = t.attn_fwd_consumers;
         env_bwd_parts = t.attn_bwd_parts;
         env_bwd_order = t.attn_bwd_order;
-        env_bwd_cluster = t.attn_bwd_cluster;
         memcpy(env_opts, t.extra_opts, sizeof env_opts);
     }
     t.attn_mma = kernels == 2;
@@ -89,9 +82,8 @@ static void tune_attn(coda_context_t *ctx, int kernels) {
     t.attn_fwd_apart = kernels == 4 ? 0 : env_fwd_apart;
     t.attn_fwd_persist = kernels == 8 ? 0 : env_fwd_persist;
     t.attn_fwd_consumers = kernels == 9 ? 2 : env_fwd_consumers;
-    t.attn_bwd_parts = kernels == 5 ? -1 : kernels == 6 || kernels == 11 ? 2 : env_bwd_parts;
-    t.attn_bwd_order = kernels == 5 ? 1 : kernels == 6 || kernels == 11 ? 3 : env_bwd_order;
-    t.attn_bwd_cluster = kernels == 10 || kernels == 11 ? 1 : env_bwd_cluster;
+    t.attn_bwd_parts = kernels == 5 ? -1 : kernels == 6 ? 2 : env_bwd_parts;
+    t.attn_bwd_order = kernels == 5 ? 1 : kernels == 6 ? 3 : env_bwd_order;
     snprintf(t.extra_opts, sizeof t.extra_opts, "%s", kernels == 7 ? DQ_SUM_OPT : env_opts);
     tune_set(ctx, &t);
     use_mma = kernels == 2;
@@ -547,7 +539,7 @@ static void bench(coda_context_t *ctx, int dirs) {
 #define MAX_LAYOUTS 16
 static int layouts[MAX_LAYOUTS][2], n_layouts;
 /* "dqab"'s forms: dq_forms[0 .. n_dq) when given ("dqforms=2,3"), else all */
-#define N_DQ_FORMS 7
+#define N_DQ_FORMS 6
 static int dq_forms[N_DQ_FORMS], n_dq;
 static void variants_ab(coda_context_t *ctx, char mode, int timed_only) {
     /* (stages, k and v freed apart, persistent, consumer warpgroups: 3 at head_dim 64 only) */
@@ -560,15 +552,13 @@ static void variants_ab(coda_context_t *ctx, char mode, int timed_only) {
                                                "-DCODA_AB_DQ_ONE=1 -DCODA_AB_PT_REG=1 -DCODA_AB_DQ_LAG=1",
                                                "-DCODA_AB_DQ_ONE=1 -DCODA_AB_PT_REG=1 -DCODA_AB_DQ_LAG=2",
                                                "-DCODA_AB_DQ_ONE=1 -DCODA_AB_PT_REG=1 -DCODA_AB_DQ_LAG=1 "
-                                               "-DCODA_AB_DST_REG=1",
-                                               "-DCODA_AB_DQ_ONE=1 -DCODA_AB_PT_REG=1 -DCODA_AB_DQ_LAG=1"};
+                                               "-DCODA_AB_DST_REG=1"};
     static const char *const dq_name[N_DQ_FORMS] = {
         "both warpgroups, staged sum", "one warpgroup a step, 128 keys",
         "one warpgroup a step, P^T from registers (the default until stop 54)",
         "the same, each step's dq a step late, dS^T double-buffered (the default)",
         "the same, warpgroup 1 started half a step late",
-        "a step late, dk's dS^T from registers, no warpgroup barrier a step (head_dim 64; 128 as the default)",
-        "the default in clusters of two key blocks sharing q and do (attn_bwd_cluster)"};
+        "a step late, dk's dS^T from registers, no warpgroup barrier a step (head_dim 64; 128 as the default)"};
     const int backward = mode != 'f';
     const int n = mode == 'b' ? (n_layouts ? n_layouts : 9) : mode == 'd' ? (n_dq ? n_dq : N_DQ_FORMS) : 6;
     tune_attn(ctx, 0);
@@ -580,7 +570,6 @@ static void variants_ab(coda_context_t *ctx, char mode, int timed_only) {
             if (mode == 'd') {
                 const int f = n_dq ? dq_forms[i] : i;
                 snprintf(t.extra_opts, sizeof t.extra_opts, "%s", dq[f]);
-                t.attn_bwd_cluster = f == 6;
                 printf("== fused backward's dq: %s%s\n", dq_name[f], tag);
             } else if (backward) {
                 t.attn_bwd_parts = bwd[i][0];

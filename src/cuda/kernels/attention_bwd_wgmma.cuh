@@ -103,13 +103,6 @@
 #error "CODA_AB_DST_REG needs CODA_AB_DQ_LAG"
 #endif
 #define AB_DST_REG (CODA_AB_DST_REG && HD == 64)
-#ifndef CODA_AB_MCAST                     /* the fused kernel: 1 key blocks 2 j and 2 j + 1 run as a cluster
-                                             of two that share their streamed q and do tiles (each CTA
-                                             loads one of the two and multicasts it to both: half the L2
-                                             reads of q and do); the host launches it so (attention.c,
-                                             tuning attn_bwd_cluster); 0 a block alone */
-#define CODA_AB_MCAST 0
-#endif
 #define AB_BIG_CHUNK (AB_ROWS * 128)      /* one 64-column chunk of a block */
 #define AB_SMALL_CHUNK (AB_TILE * 128)    /* ... of a streamed tile         */
 #define AB_BIG (HD / 64 * AB_BIG_CHUNK)
@@ -146,18 +139,6 @@ static __device__ __forceinline__ void ab_load(u32 dst, const coda_tmap *map, in
                                                u32 chunk_bytes, u32 bar) {
 #pragma unroll
     for (int c = 0; c < HD / 64; c++) aw_tma_load3(dst + c * chunk_bytes, map, col0 + 64 * c, pos, b, bar);
-}
-
-/* The same into the same offset of both CTAs of the cluster (CODA_AB_MCAST),
- * each completing on the barrier at bar's offset in its own CTA. */
-static __device__ __forceinline__ void ab_load_mc(u32 dst, const coda_tmap *map, int col0, int pos, int b,
-                                                  u32 chunk_bytes, u32 bar) {
-#pragma unroll
-    for (int c = 0; c < HD / 64; c++)
-        asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-                     ".multicast::cluster [%0], [%1, {%2, %3, %4}], [%5], %6;" ::"r"(dst + c * chunk_bytes),
-                     "l"((u64)map), "r"(col0 + 64 * c), "r"(pos), "r"(b), "r"(bar), "h"((unsigned short)3)
-                     : "memory");
 }
 
 /* acc (64 x n) = a (64 rows of a 128-row block, K-major) . b^T (a tile of
@@ -220,13 +201,12 @@ static __device__ __forceinline__ void ab_store(const float *acc, float scale, f
 /* The barriers of a block: the block operands' (one arrival), each stage's
  * full (`full` arrivals) and empty (every consumer thread); with `fused`,
  * the two dq tiles' full and empty. */
-static __device__ __forceinline__ void ab_init_bars(u32 bars, u32 full, const int fused, const int mc) {
+static __device__ __forceinline__ void ab_init_bars(u32 bars, u32 full, const int fused) {
     if (threadIdx.x == 0) {
         coda_mbar_init(AB_BAR_BLOCK(bars), 1);
         for (int s = 0; s < AB_STAGES; s++) {
             coda_mbar_init(AB_BAR_FULL(bars, s), full);
-            /* with clusters (mc) also a lane a consumer warp: the peer's, or ours again (ab_release_mc) */
-            coda_mbar_init(AB_BAR_EMPTY(bars, s), AW_CONSUMER_THREADS + (mc ? AW_CONSUMER_THREADS / 32 : 0));
+            coda_mbar_init(AB_BAR_EMPTY(bars, s), AW_CONSUMER_THREADS);
         }
         if (fused)
             for (int d = 0; d < 2; d++) {
@@ -246,24 +226,6 @@ static __device__ __forceinline__ void ab_init_bars(u32 bars, u32 full, const in
  * (with one lane a warp it reported the stores as racing the loads). */
 static __device__ __forceinline__ void ab_release(u32 bars, int s) {
     coda_mbar_arrive(AB_BAR_EMPTY(bars, s));
-}
-
-/* The same in a cluster (CODA_AB_MCAST): a stage the peer's multicast also
- * writes (shared, a step both CTAs take) is freed to the peer's producer
- * too, by one lane a warp once the warp's reads are done (the GEMM's
- * form); a step this CTA takes alone gives its own barrier that lane's
- * arrival instead, so every phase counts the same arrivals. */
-static __device__ __forceinline__ void ab_release_mc(u32 bars, int s, int shared) {
-    coda_mbar_arrive(AB_BAR_EMPTY(bars, s));
-    __syncwarp();
-    if ((threadIdx.x & 31) == 0) {
-        if (shared) coda_mbar_arrive_cluster(AB_BAR_EMPTY(bars, s), coda_cluster_rank() ^ 1u);
-        else coda_mbar_arrive(AB_BAR_EMPTY(bars, s));
-    }
-}
-static __device__ __forceinline__ void ab_release_step(u32 bars, int s, const int mc, int shared) {
-    if (mc) ab_release_mc(bars, s, shared);
-    else ab_release(bars, s);
 }
 
 /* The staged dq tile (a consumer thread's part of a dq product: 64
@@ -600,22 +562,16 @@ static __device__ __forceinline__ void ab_store_ds(u32 ds, u32 (*pd)[4], int wro
  * block, then every pair's second... Either way a key block comes after the
  * one before it and a part after the one before it, which is all the dq and
  * dk/dv orders wait for. */
-static __device__ __forceinline__ void ab_block(const coda_attn_args_t &p, int *xb, int *b, int *jb, const int mc) {
-    /* mc (CODA_AB_MCAST): a 1-D grid of clusters of two, cluster lin in the
-     * order below over the pairs and the pairs of key blocks, its CTAs key
-     * blocks 2 j and 2 j + 1 (the host rounds the key blocks up to even: a
-     * CTA past the last one has no work) */
-    const unsigned xs = mc ? (unsigned)(p.n_kv_heads * p.kv_parts) : gridDim.x;
-    const unsigned lin = mc ? blockIdx.x >> 1 : blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-    const unsigned pairs = mc ? xs * (unsigned)p.batch : gridDim.x * gridDim.y;
-    const unsigned kb = mc ? (unsigned)((p.seq + 2 * AB_ROWS - 1) / (2 * AB_ROWS)) : gridDim.z;
+static __device__ __forceinline__ void ab_block(const coda_attn_args_t &p, int *xb, int *b, int *jb) {
+    const unsigned lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    const unsigned pairs = gridDim.x * gridDim.y, kb = gridDim.z;
     const unsigned g = p.kv_chunk > 0 && (unsigned)p.kv_chunk < pairs ? (unsigned)p.kv_chunk : pairs;
     const unsigned c = lin / (g * kb), r = lin - c * g * kb; /* the chunk, the place in it */
     const unsigned n = min(g, pairs - c * g);                /* its pairs */
     const unsigned pair = c * g + r % n;
-    *jb = mc ? (int)(2 * (r / n) + (blockIdx.x & 1)) : (int)(r / n);
-    *xb = (int)(pair % xs);
-    *b = (int)(pair / xs);
+    *jb = (int)(r / n);
+    *xb = (int)(pair % gridDim.x);
+    *b = (int)(pair / gridDim.x);
 }
 
 /* dk, dv (and with `fused`, dq) of one block of 128 keys: the body of
@@ -634,9 +590,8 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
     const u32 sdq = base + AB_DQB_OFF;                             /* [2] dq (64 queries, HD) f32 */
     const u32 bars = base + (fused ? AB_BARS_FUSED : AB_BARS_DKDV);
     const int seq = p.seq;
-    const int mc = CODA_AB_MCAST && fused; /* a cluster of two key blocks sharing q and do */
     int xb, b, jb; /* (kv head, part), sequence, key block */
-    ab_block(p, &xb, &b, &jb, mc);
+    ab_block(p, &xb, &b, &jb);
     const int k0 = jb * AB_ROWS;
     const int group = p.n_heads / p.n_kv_heads, nq = p.n_heads * HD, nkv = p.n_kv_heads * HD;
     /* the block's heads: hpb of kvh's group from h0 */
@@ -648,18 +603,7 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
     const int steps = hpb * n_qt; /* step i: ab_kv_step's head (of the block's) and query tile */
     const int wg = threadIdx.x / 128;
 
-    ab_init_bars(bars, 1 + 32, fused, mc); /* the TMA thread's expect_tx, the statistics warp's 32 lanes */
-    /* mc: the steps both CTAs of the cluster take, the first `shared` of
-     * each (both walk the query tiles from the last back, ab_kv_step: the
-     * later key block's steps are the earlier one's first ones); the
-     * peer's barriers are set up before any multicast or remote arrival */
-    int shared = 0;
-    if (mc) {
-        coda_cluster_sync();
-        const int nkb = (seq + AB_ROWS - 1) / AB_ROWS, pj = jb ^ 1;
-        if (jb >= nkb) return; /* past the last key block: the peer loads alone (shared = 0 there) */
-        if (pj < nkb) shared = hpb * ((seq + qt - 1) / qt - (pj > jb ? pj : jb) * AB_ROWS / qt);
-    }
+    ab_init_bars(bars, 1 + 32, fused); /* the TMA thread's expect_tx, the statistics warp's 32 lanes */
 
     if (wg == 0) { /* producer: thread 0 the tiles (TMA), warp 1 the statistics, fused: threads 64, 96 dq */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
@@ -678,13 +622,8 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
                 const u32 full = AB_BAR_FULL(bars, s);
                 if (i >= AB_STAGES) coda_mbar_wait(AB_BAR_EMPTY(bars, s), (u32)(i / AB_STAGES - 1) & 1u);
                 coda_mbar_expect_tx(full, 2 * (HD / 64) * qt * 128);
-                if (mc && i < shared) { /* rank 0 q, rank 1 do, each into both CTAs */
-                    if (jb & 1) ab_load_mc(sdo + s * AB_KV_SMALL, t_do, h * HD, qs, b, qt * 128, full);
-                    else ab_load_mc(sq + s * AB_KV_SMALL, t_q, h * HD, qs, b, qt * 128, full);
-                } else {
-                    ab_load(sq + s * AB_KV_SMALL, t_q, h * HD, qs, b, qt * 128, full);
-                    ab_load(sdo + s * AB_KV_SMALL, t_do, h * HD, qs, b, qt * 128, full);
-                }
+                ab_load(sq + s * AB_KV_SMALL, t_q, h * HD, qs, b, qt * 128, full);
+                ab_load(sdo + s * AB_KV_SMALL, t_do, h * HD, qs, b, qt * 128, full);
             }
         } else if (threadIdx.x / 32 == 1) {
             /* Ordinary loads and stores, not a bulk copy: the consumers read
@@ -836,7 +775,7 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
             coda_wgmma_wait(0);
             AW_FENCE(dk, HD / 2);
             AW_FENCE(dv, HD / 2);
-            ab_release_step(bars, st, mc, i < shared);
+            ab_release(bars, st);
         } else if (CODA_AB_DQ_ONE) {
             /* dS^T goes to shared memory (key-major, the warpgroup's 64
              * rows of the buffer; why: the other form's comment, below), P^T
@@ -893,7 +832,7 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
             coda_wgmma_wait(0);
             AW_FENCE(dk, HD / 2);
             AW_FENCE(dv, HD / 2);
-            ab_release_step(bars, st, mc, i < shared);
+            ab_release(bars, st);
         } else { /* CODA_AB_DQ_ONE=0: the form before stop 44 (the A/B's base) */
             /* P^T and dS^T go to shared memory (key-major, the warpgroup's
              * 64 rows of each buffer), so that dv += P^T do, dk += dS^T q
@@ -941,7 +880,7 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
             coda_wgmma_wait(0);
             AW_FENCE(dk, HD / 2);
             AW_FENCE(dv, HD / 2);
-            ab_release_step(bars, st, mc, i < shared);
+            ab_release(bars, st);
         }
     }
 
@@ -994,12 +933,6 @@ coda_attn_bwd_wgmma_kernel(const __grid_constant__ coda_tmap t_qkv128, const __g
                            const __grid_constant__ coda_tmap t_do64, const __grid_constant__ coda_tmap t_dq,
                            coda_attn_args_t p) {
     ab_dkdv(&t_qkv128, &t_qkv64, &t_do64, &t_dq, p, 1); /* t_dq: dqkv f32, boxes of 32 columns x 64 rows */
-#if CODA_AB_MCAST
-    /* a CTA must not exit while its peer may still multicast into it or
-     * arrive on its barriers: every thread, wherever ab_dkdv left it (the
-     * non-aligned form: the warps' threads need not have reconverged) */
-    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
-#endif
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)
@@ -1018,7 +951,7 @@ coda_attn_bwd_dq_wgmma_kernel(const __grid_constant__ coda_tmap t_qkv128, const 
     const int col_k = p.n_heads * HD + kvh * HD, col_v = col_k + p.n_kv_heads * HD;
     const int wg = threadIdx.x / 128;
 
-    ab_init_bars(bars, 1, 0, 0);
+    ab_init_bars(bars, 1, 0);
 
     if (wg == 0) { /* producer */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
