@@ -290,6 +290,7 @@ def bench_shape(name, shape, reps, warmup, dev, backends):
                 failed[v] = short(e)
     for v, why in failed.items():
         na[v] = why if why.startswith("warm-up") else "failed while timed: " + why
+    print("  timing: " + timer.t.describe(), flush=True)
 
     # the check: coda's o and dqkv against each peer's
     ref_outs = {}
