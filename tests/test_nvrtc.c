@@ -117,7 +117,7 @@ static void check_attn_layout(void) {
     }
     /* the backward's ring: (tuning's stages, split, head_dim) -> stages; the
      * fused kernel's are cut to what fits its shared memory */
-    static const int stages[][4] = {{0, 0, 64, 3}, {0, 0, 128, 2}, {4, 0, 64, 3}, {4, 0, 128, 2}, {2, 0, 64, 2},
+    static const int stages[][4] = {{0, 0, 64, 3}, {0, 0, 128, 2}, {4, 0, 64, 4}, {4, 0, 128, 2}, {2, 0, 64, 2},
                                     {3, 0, 128, 2}, {4, 1, 64, 4}, {4, 1, 128, 4}, {0, 1, 128, 3}};
     for (size_t i = 0; i < sizeof stages / sizeof stages[0]; i++) {
         const int n = coda__cuda_attn_bwd_stages(stages[i][0], stages[i][1], stages[i][2], 0);

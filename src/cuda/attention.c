@@ -65,15 +65,16 @@ static int smem_fwd(int hd) { return (FWD_ROWS + 4 * KV_TILE) * hd * 2; }
 /* threads of the mma.sync forward: a warp per 16 rows, 32 at HD 128 (its FWD_MT) */
 static int fwd_threads(int hd) { return FWD_ROWS / (hd == 128 ? 32 : 16) * 32; }
 /* The wgmma backward (attention_bwd_wgmma.cuh's AB_SMEM_DQ, _DKDV, _FUSED):
- * two 128-row operands, 2 stages of two 64-row tiles, dk/dv's 2 stages of
- * 128 statistics, the fused kernel's two dS^T buffers (128 x 64 bf16) and
- * two dq tiles, the mbarriers, the slack. */
+ * two 128-row operands, `stages` stages of two tiles (the dq kernel's and
+ * the fused kernel's 64 rows, dk/dv's AB_KV_QT) and of the tiles'
+ * statistics (D and lse, not the dq kernel's), the fused kernel's two dS^T
+ * buffers (128 x 64 bf16) and two dq tiles, the mbarriers, the slack. */
 enum { BWD_DQ, BWD_DKDV, BWD_FUSED };
 /* Rows of the dk/dv kernel's query tiles (AB_KV_QT): 128 at head_dim 64,
  * 64 at 128 (the fused kernel takes 64 in the same room). */
 static int kv_tile_rows(int hd) { return hd == 64 ? 128 : 64; }
 static int smem_bwd_wgmma(int hd, int stages, int kind) {
-    const int rows = kind == BWD_DQ ? 64 : kv_tile_rows(hd);                  /* the ring's tiles (AB_KV_QT) */
+    const int rows = kind == BWD_DKDV ? kv_tile_rows(hd) : 64;                /* the ring's tiles */
     int at = 2 * (hd / 64) * 128 * 128 + stages * 2 * (hd / 64) * rows * 128; /* block operands, the ring */
     if (kind != BWD_DQ) at += stages * 2 * rows * 4;                          /* the statistics */
     if (kind == BWD_FUSED) /* P^T and dS^T (1024-aligned), 2 dq tiles (64 x hd f32), their 4 barriers */

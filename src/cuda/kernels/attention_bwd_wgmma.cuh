@@ -119,7 +119,19 @@
 #define AB_STATS_OFF (AB_TILES_OFF + 2 * AB_STAGES * AB_KV_SMALL)
 #define AB_BARS_DKDV (AB_STATS_OFF + AB_STAGES * AB_STAT_BYTES)
 #define AB_BARS_DQ (AB_TILES_OFF + 2 * AB_STAGES * AB_SMALL)
-#define AB_DS_OFF ((AB_BARS_DKDV + 1023) & ~1023) /* fused: P^T, dS^T (wgmma operands: 1024-aligned) */
+/* The fused kernel's ring holds its own 64-query tiles (AB_SMALL each, and
+ * 64 rows of statistics), not dk/dv's 128 at HD 64: at HD 128 the same
+ * room, at HD 64 half of it, which lets a fourth stage fit (3 stages of
+ * 128-row slots took 197 KiB, 4 would take 229 of the 227 an SM has) */
+#define AB_F_STAT_BYTES (2 * AB_TILE * 4)
+#define AB_F_STATS_OFF (AB_TILES_OFF + 2 * AB_STAGES * AB_SMALL)
+#define AB_DS_OFF ((AB_F_STATS_OFF + AB_STAGES * AB_F_STAT_BYTES + 1023) & ~1023) /* fused: P^T, dS^T (wgmma
+                                                                                     operands: 1024-aligned) */
+/* A stage's q (or do) tile, its statistics, and where they start, by
+ * kernel (fused: 1; the same numbers either way at HD 128) */
+#define AB_RING_TILE(fused) ((fused) && HD == 64 ? AB_SMALL : AB_KV_SMALL)
+#define AB_RING_STAT(fused) ((fused) && HD == 64 ? AB_F_STAT_BYTES : AB_STAT_BYTES)
+#define AB_RING_STATS_OFF(fused) ((fused) && HD == 64 ? AB_F_STATS_OFF : AB_STATS_OFF)
 #define AB_DS_BYTES (AB_ROWS * 128)            /* 128 keys x 64 queries bf16 */
 /* fused: 2 dq tiles (64 queries x HD f32) that the writers add
  * into dq by TMA, as HD / 32 boxes of 32 columns (64 rows of 128 bytes,
@@ -583,8 +595,8 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
     extern __shared__ __align__(1024) unsigned char smem[];
     const u32 base = (coda_smem_addr(smem) + 1023u) & ~1023u;
     const u32 sk = base, sv = base + AB_BIG;                       /* (128 keys, HD) each */
-    const u32 sq = base + AB_TILES_OFF, sdo = sq + AB_STAGES * AB_KV_SMALL; /* [s] (qt queries, HD) */
-    const u32 sst = base + AB_STATS_OFF;                           /* [s] D[qt], lse2[qt] */
+    const u32 sq = base + AB_TILES_OFF, sdo = sq + AB_STAGES * AB_RING_TILE(fused); /* [s] (qt queries, HD) */
+    const u32 sst = base + AB_RING_STATS_OFF(fused);               /* [s] D[qt], lse2[qt] */
     const float *stats = (const float *)(smem + (sst - coda_smem_addr(smem)));
     const u32 sds = base + AB_DS_OFF;                              /* [2] dS^T (128 keys, 64 queries) */
     const u32 sdq = base + AB_DQB_OFF;                             /* [2] dq (64 queries, HD) f32 */
@@ -622,8 +634,8 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
                 const u32 full = AB_BAR_FULL(bars, s);
                 if (i >= AB_STAGES) coda_mbar_wait(AB_BAR_EMPTY(bars, s), (u32)(i / AB_STAGES - 1) & 1u);
                 coda_mbar_expect_tx(full, 2 * (HD / 64) * qt * 128);
-                ab_load(sq + s * AB_KV_SMALL, t_q, h * HD, qs, b, qt * 128, full);
-                ab_load(sdo + s * AB_KV_SMALL, t_do, h * HD, qs, b, qt * 128, full);
+                ab_load(sq + s * AB_RING_TILE(fused), t_q, h * HD, qs, b, qt * 128, full);
+                ab_load(sdo + s * AB_RING_TILE(fused), t_do, h * HD, qs, b, qt * 128, full);
             }
         } else if (threadIdx.x / 32 == 1) {
             /* Ordinary loads and stores, not a bulk copy: the consumers read
@@ -643,9 +655,9 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
                 const float *src = p.dsum + STAT_AT(p, b, h, qs);
                 const float4 v = ((const float4 *)(src + (lane < q4 ? 0 : plane)))[lane % q4];
                 if (i >= AB_STAGES) coda_mbar_wait(AB_BAR_EMPTY(bars, s), (u32)(i / AB_STAGES - 1) & 1u);
-                dst[s * (AB_STAT_BYTES / 16) + lane] = v;
+                dst[s * (AB_RING_STAT(fused) / 16) + lane] = v;
                 if (qt == 128) /* lanes 32-63 of the tile's 64 float4: lse2 */
-                    dst[s * (AB_STAT_BYTES / 16) + 32 + lane] = ((const float4 *)(src + plane))[lane];
+                    dst[s * (AB_RING_STAT(fused) / 16) + 32 + lane] = ((const float4 *)(src + plane))[lane];
                 coda_mbar_arrive(AB_BAR_FULL(bars, s));
             }
         }
@@ -672,7 +684,7 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
             ab_release(bars, st);
             continue;
         }
-        const u32 tq = sq + st * AB_KV_SMALL, tdo = sdo + st * AB_KV_SMALL;
+        const u32 tq = sq + st * AB_RING_TILE(fused), tdo = sdo + st * AB_RING_TILE(fused);
         /* fused: the warpgroup that stages a dq this step (with
          * CODA_AB_DQ_LAG that of step i - 1, by (i + 1) & 1; else step
          * i's, by i & 1, or 0 with CODA_AB_DQ_ONE=0) needs a tile the
@@ -683,7 +695,7 @@ static __device__ __forceinline__ void ab_dkdv(const coda_tmap *t_qkv128, const 
                 coda_mbar_wait(AB_BAR_DQ_EMPTY(bars, (i - 1) & 1), (u32)(((i - 1) >> 1) - 1) & 1u);
         } else if (fused && c == (CODA_AB_DQ_ONE ? (i & 1) : 0) && i >= 2)
             coda_mbar_wait(AB_BAR_DQ_EMPTY(bars, i & 1), (u32)((i >> 1) - 1) & 1u);
-        const float *dd = stats + st * (AB_STAT_BYTES / 4), *l2 = dd + qt;
+        const float *dd = stats + st * (AB_RING_STAT(fused) / 4), *l2 = dd + qt;
         /* CODA_AB_DQ_LAG=2: warpgroup 1 starts half a step behind 0, its
          * first products once 0's first S^T is done (named barrier 10) */
         const int stagger = CODA_AB_DQ_LAG >= 2 && fused && i == 0;
