@@ -58,8 +58,9 @@
  * Shared memory (1024-byte aligned; the host adds the slack), HD / 64
  * column chunks of 128 bytes per row, swizzled:
  *   the block's two 128-row operands (dk/dv: k, v; dq: q, do)
- *   AB_STAGES x the two streamed tiles (dk/dv: q, do; dq: k, v)
- *   dk/dv: AB_STAGES x the tile's D and lse log2(e)
+ *   AB_STAGES x the two streamed tiles (dk/dv: q, do of AB_KV_QT rows;
+ *   fused: q, do of 64 rows; dq: k, v)
+ *   dk/dv and fused: AB_STAGES x the tile's D and lse log2(e)
  *   fused: P^T and dS^T (128 keys x 64 queries bf16; with CODA_AB_DQ_LAG
  *   dS^T of the even and the odd steps), 2 dq tiles (64 x HD f32)
  *   barriers: block operands full, stage full[s], stage empty[s], fused:
