@@ -177,10 +177,11 @@ void coda__cuda_attn_bwd_layout(int group, int64_t seq, int64_t hd, int64_t l2_b
  * kernel (split = 0; the split kernels stand in for it with the same count
  * where dqkv is not aligned for TMA) no more stages than fit in the block's
  * shared memory (smem_optin, the device's; 0: Hopper's 227 KiB): 2 at
- * head_dim 128 (its dq tiles take the room of a third); at 64 up to 6
- * since stop 56 sized its ring for its own 64-query tiles (with 128-row
- * slots 4 took 229 KiB, and tuning's 4 failed the launch with
- * CUDA_ERROR_INVALID_VALUE before stop 54). 4 measured no faster than 3
+ * head_dim 128 (its dq tiles take the room of a third); at 64 all that
+ * tuning offers (up to 4; 7 would fit) since stop 56 sized its ring for
+ * its own 64-query tiles (with 128-row slots 4 took 229 KiB, and tuning's
+ * 4 failed the launch with CUDA_ERROR_INVALID_VALUE before stop 54). 4
+ * measured no faster than 3
  * (H200, stop 56: 1B backward 413.6 / 428.2 against 426.0 / 433.6 TFLOP/s,
  * `test_attention_gpu benchonly pass=0` in turns). */
 int coda__cuda_attn_bwd_stages(int tuned, int split, int hd, int smem_optin) {
