@@ -181,9 +181,9 @@ void coda__cuda_attn_bwd_layout(int group, int64_t seq, int64_t hd, int64_t l2_b
  * tuning offers (up to 4; 7 would fit) since stop 56 sized its ring for
  * its own 64-query tiles (with 128-row slots 4 took 229 KiB, and tuning's
  * 4 failed the launch with CUDA_ERROR_INVALID_VALUE before stop 54). 4
- * measured no faster than 3
- * (H200, stop 56: 1B backward 413.6 / 428.2 against 426.0 / 433.6 TFLOP/s,
- * `test_attention_gpu benchonly pass=0` in turns). */
+ * measured no faster than 3 (H200, stop 56: 1B backward 413.6 / 428.2
+ * against 426.0 / 433.6 TFLOP/s, `test_attention_gpu benchonly pass=0` in
+ * turns). */
 int coda__cuda_attn_bwd_stages(int tuned, int split, int hd, int smem_optin) {
     const int room = smem_optin > 0 ? smem_optin : 227 * 1024;
     int n = tuned ? tuned : BWD_STAGES;
