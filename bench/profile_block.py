@@ -109,8 +109,8 @@ def main():
             for k, (n, t) in sorted(rows.items(), key=lambda r: -r[1][1])[:a.top]:
                 print("  %9.3f ms %5.1f%% %4.0fx  %s" % (t / 1e3, 100 * t / total, n, k[:110]))
             for k, ts in each.items():
-                if any(w and w in k for w in a.each.split(",")):
-                    print("  each call, ms: %s  %s" % (" ".join("%.3f" % (t / 1e3) for t in ts), k[:70]))
+                if any(w.strip() and w.strip() in k for w in a.each.split(",")):
+                    print("  each call, ms: %s  %s" % (" ".join("%.3f" % (t / 1e3) for t in ts), k[:110]))
             if a.sequence:
                 print("  one step in launch order:")
                 for i, (k, t) in enumerate(kernel_sequence(fn)):

@@ -71,7 +71,7 @@ static int fwd_threads(int hd) { return FWD_ROWS / (hd == 128 ? 32 : 16) * 32; }
  * buffers (128 x 64 bf16) and two dq tiles, the mbarriers, the slack. */
 enum { BWD_DQ, BWD_DKDV, BWD_FUSED };
 /* Rows of the dk/dv kernel's query tiles (AB_KV_QT): 128 at head_dim 64,
- * 64 at 128 (the fused kernel takes 64 in the same room). */
+ * 64 at 128 (the fused kernel's ring holds 64-row tiles at both). */
 static int kv_tile_rows(int hd) { return hd == 64 ? 128 : 64; }
 static int smem_bwd_wgmma(int hd, int stages, int kind) {
     const int rows = kind == BWD_DKDV ? kv_tile_rows(hd) : 64;                /* the ring's tiles */

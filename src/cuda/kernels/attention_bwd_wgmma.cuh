@@ -111,7 +111,8 @@
 /* dk/dv's query tiles: 128 rows at HD 64 (64 would make every product
  * short: S^T and dP^T m64n64 over 64, dv and dk over 64), 64 at HD 128
  * (128 would not fit in the registers beside dk and dv); the fused kernel
- * keeps 64 in the same room (its dq turn is per 64-query tile) */
+ * takes 64 (its dq turn is per 64-query tile), in a ring of its own
+ * (AB_F_*, below) */
 #define AB_KV_QT (HD == 64 ? 128 : 64)
 #define AB_KV_CHUNK (AB_KV_QT * 128)      /* one 64-column chunk of a dk/dv query tile */
 #define AB_KV_SMALL (HD / 64 * AB_KV_CHUNK)
@@ -122,17 +123,18 @@
 #define AB_BARS_DQ (AB_TILES_OFF + 2 * AB_STAGES * AB_SMALL)
 /* The fused kernel's ring holds its own 64-query tiles (AB_SMALL each, and
  * 64 rows of statistics), not dk/dv's 128 at HD 64: at HD 128 the same
- * room, at HD 64 half of it, which lets a fourth stage fit (3 stages of
- * 128-row slots took 197 KiB, 4 would take 229 of the 227 an SM has) */
+ * room, at HD 64 half of it (3 stages take 147 KiB in all instead of 196
+ * with 128-row slots, where a fourth would have taken 229 of the 227 an
+ * SM has) */
 #define AB_F_STAT_BYTES (2 * AB_TILE * 4)
 #define AB_F_STATS_OFF (AB_TILES_OFF + 2 * AB_STAGES * AB_SMALL)
 #define AB_DS_OFF ((AB_F_STATS_OFF + AB_STAGES * AB_F_STAT_BYTES + 1023) & ~1023) /* fused: P^T, dS^T (wgmma
                                                                                      operands: 1024-aligned) */
 /* A stage's q (or do) tile, its statistics, and where they start, by
- * kernel (fused: 1; the same numbers either way at HD 128) */
-#define AB_RING_TILE(fused) ((fused) && HD == 64 ? AB_SMALL : AB_KV_SMALL)
-#define AB_RING_STAT(fused) ((fused) && HD == 64 ? AB_F_STAT_BYTES : AB_STAT_BYTES)
-#define AB_RING_STATS_OFF(fused) ((fused) && HD == 64 ? AB_F_STATS_OFF : AB_STATS_OFF)
+ * kernel (fused: 1, dk/dv: 0) */
+#define AB_RING_TILE(fused) ((fused) ? AB_SMALL : AB_KV_SMALL)
+#define AB_RING_STAT(fused) ((fused) ? AB_F_STAT_BYTES : AB_STAT_BYTES)
+#define AB_RING_STATS_OFF(fused) ((fused) ? AB_F_STATS_OFF : AB_STATS_OFF)
 #define AB_DS_BYTES (AB_ROWS * 128)            /* 128 keys x 64 queries bf16 */
 /* fused: 2 dq tiles (64 queries x HD f32) that the writers add
  * into dq by TMA, as HD / 32 boxes of 32 columns (64 rows of 128 bytes,
