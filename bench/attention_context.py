@@ -36,14 +36,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_attention as ba  # noqa: E402  (the variants, the shapes, the data)
+from step_timer import cuda_events, spread  # noqa: E402
 
 MARK = "MulFunctor"  # the marker's kernel: an f64 multiply
-
-
-def _kernels(prof):
-    ev = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    ev.sort(key=lambda e: e.time_range.start)
-    return [(e.name, e.time_range.start, e.time_range.end) for e in ev]
 
 
 def _calls(kernels):
@@ -61,23 +56,19 @@ def _calls(kernels):
     return out
 
 
-def _median(xs):
-    xs = sorted(xs)
-    return xs[len(xs) // 2] if xs else float("nan")
-
-
-def run(fn, prelude, reps, mark, main_key):
-    """Time fn behind prelude reps times. -> (main ms, sum ms, span ms, one call's kernels)."""
+def run(fn, prelude, reps, mark, main_key, lead_cycles):
+    """Time fn behind prelude reps times, all queued behind a sleep of
+    lead_cycles. -> (main ms, sum ms, span ms, one call's kernels)."""
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        torch.cuda._sleep(50_000_000)  # a host lead for the whole run
+        torch.cuda._sleep(lead_cycles)  # a host lead for the whole run
         for _ in range(reps):
             prelude()
             mark.mul_(1.0)
             fn()
             mark.mul_(1.0)
         torch.cuda.synchronize()
-    calls = _calls(_kernels(prof))
+    calls = _calls([(e.name, e.time_range.start, e.time_range.end) for e in cuda_events(prof)])
     mains, sums, spans = [], [], []
     for c in calls:
         if not c:
@@ -85,7 +76,9 @@ def run(fn, prelude, reps, mark, main_key):
         mains.append(sum(e - s for n, s, e in c if main_key(n)) / 1e3)
         sums.append(sum(e - s for n, s, e in c) / 1e3)
         spans.append((max(e for _, _, e in c) - c[0][1]) / 1e3)
-    return _median(mains), _median(sums), _median(spans), calls[len(calls) // 2] if calls else []
+    if not mains:
+        return float("nan"), float("nan"), float("nan"), []
+    return spread(mains)[0], spread(sums)[0], spread(spans)[0], calls[len(calls) // 2]
 
 
 def main():
@@ -99,6 +92,7 @@ def main():
     dev = torch.device("cuda")
     backends = ba.sdpa_backends()
     mark = torch.ones(1, dtype=torch.float64, device=dev)
+    cycles_per_ms = ba.StepTimer(True, True).cycles_per_ms
     for name in a.shapes.split(","):
         H, KV, D = ba.HEADS[name]
         shape = (ba.BATCH, ba.SEQ, H, KV, D)
@@ -139,7 +133,6 @@ def main():
             gemms()
             torch.cuda._sleep(int(1.0 * cycles_per_ms))
 
-        cycles_per_ms = ba.StepTimer(True, True).cycles_per_ms
         preludes = (("idle", lambda: torch.cuda._sleep(int(3.0 * cycles_per_ms))), ("train", lambda: None),
                     ("gemm", gemms), ("gemm+", gemms_gap))
         for _, fn, _ in variants:  # warm-up (NVRTC, cuDNN plans)
@@ -152,7 +145,7 @@ def main():
         seqs = {}
         for pname, pre in preludes:
             for vname, fn, key in variants:
-                m, s, sp, one = run(fn, pre, a.reps, mark, key)
+                m, s, sp, one = run(fn, pre, a.reps, mark, key, int(25.0 * cycles_per_ms))
                 print("  %-11s %-7s %9.3f %9.3f %9.3f" % (vname, pname, m, s, sp), flush=True)
                 if pname == "idle":
                     seqs[vname] = one

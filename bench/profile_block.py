@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_block as bb  # noqa: E402  (the same modules and inputs as the benchmark)
+from step_timer import cuda_events  # noqa: E402
 
 
 def kernel_table(fn, steps, each=None):
@@ -33,9 +34,7 @@ def kernel_table(fn, steps, each=None):
             fn()
         torch.cuda.synchronize()
     rows = {}
-    ev = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    ev.sort(key=lambda e: e.time_range.start)
-    for e in ev:
+    for e in cuda_events(prof):
         t = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
         n, tot = rows.get(e.name, (0, 0.0))
         rows[e.name] = (n + 1, tot + t)
@@ -49,9 +48,7 @@ def kernel_sequence(fn):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    ev = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    ev.sort(key=lambda e: e.time_range.start)
-    return [(e.name, e.time_range.end - e.time_range.start) for e in ev]
+    return [(e.name, e.time_range.end - e.time_range.start) for e in cuda_events(prof)]
 
 
 def main():

@@ -144,3 +144,11 @@ def spread(xs):
     """(median, min, max) of a list."""
     s = sorted(xs)
     return s[len(s) // 2], s[0], s[-1]
+
+
+def cuda_events(prof):
+    """The CUDA activity (kernels, memsets) a torch.profiler run recorded,
+    in the order it started on the device."""
+    ev = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    ev.sort(key=lambda e: e.time_range.start)
+    return ev
