@@ -349,7 +349,33 @@ static void bad_tiling(void) {
     BAD(coda_choose_tiling(ctx, CODA_DEVICE_CPU, CODA_LAYOUT_NT, -1, 8, 8, &t), CODA_ERR_SHAPE, "negative");
     CHECK(t.tile_m == 77 && t.tile_n == 99, "coda_choose_tiling wrote its output on failure");
 #ifdef CODA_WITH_CUDA
+    /* a query that succeeds keeps the last failing call's message, whether
+     * or not a device can be opened (with none it assumes 132 SMs) */
+    BAD(coda_choose_tiling(ctx, CODA_DEVICE_CPU, CODA_LAYOUT_NT, -1, 8, 8, &t), CODA_ERR_SHAPE, "negative");
+    char before[1024];
+    snprintf(before, sizeof before, "%s", coda_last_error());
     CHECK_OK(coda_choose_tiling(ctx, CODA_DEVICE_CUDA, CODA_LAYOUT_TN, 1000, 264, 7, &t));
+    CHECK(strcmp(coda_last_error(), before) == 0, "coda_choose_tiling (CUDA) succeeded but changed the last error: '%s'",
+          coda_last_error());
+    char desc[4096];
+    CHECK_OK(coda_context_describe(ctx, desc, sizeof desc));
+    CHECK(strcmp(coda_last_error(), before) == 0, "coda_context_describe succeeded but changed the last error: '%s'",
+          coda_last_error());
+    (void)coda_context_has_cuda(ctx);
+    CHECK(strcmp(coda_last_error(), before) == 0, "coda_context_has_cuda changed the last error: '%s'",
+          coda_last_error());
+    /* without a GPU, creating a block or a layer on CUDA fails, and the
+     * message names the call (the driver's own does not) */
+    if (!coda_context_has_cuda(ctx)) {
+        coda_llama_config_t c = {.d = 16, .n_heads = 2, .n_kv_heads = 1, .head_dim = 8, .ffn = 24, .vocab = 40,
+                                 .eps = 1e-5f, .rope_theta = 10000.0f};
+        coda_block_t *B = NULL;
+        BAD(coda_block_create(ctx, &c, CODA_DEVICE_CUDA, &B), CODA_ERR_DEVICE, "coda_block_create: ");
+        CHECK(B == NULL, "coda_block_create wrote its output on failure");
+        coda_llama_t *L = NULL;
+        BAD(coda_llama_create(ctx, &c, 2, 8, CODA_DEVICE_CUDA, &L), CODA_ERR_DEVICE, "coda_llama_create: ");
+        CHECK(L == NULL, "coda_llama_create wrote its output on failure");
+    }
     CHECK(t.tile_m >= 1 && t.tile_n >= 2 && t.tile_n % 2 == 0, "default tiling %dx%d", t.tile_m, t.tile_n);
 #else /* a build without the CUDA backend says so */
     BAD(coda_choose_tiling(ctx, CODA_DEVICE_CUDA, CODA_LAYOUT_TN, 1000, 264, 7, &t), CODA_ERR_UNSUPPORTED, "no CUDA");

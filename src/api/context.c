@@ -67,11 +67,11 @@ int coda_context_has_cuda(const coda_context_t *ctx) {
 #ifdef CODA_WITH_CUDA
     /* Opening the driver is lazy (it may set the error message): this query
      * is not a failing call, so the caller's last error is kept. */
-    char saved[1024];
-    snprintf(saved, sizeof saved, "%s", coda_last_error());
+    coda__error_kept_t kept;
+    coda__error_keep(&kept);
     struct coda_cuda *cuda;
     int ok = ctx && coda__cuda_get((coda_context_t *)ctx, &cuda) == CODA_OK;
-    coda__fail(CODA_OK, "%s", saved);
+    coda__error_restore(&kept);
     return ok;
 #else
     (void)ctx;
@@ -87,8 +87,13 @@ coda_status_t coda_context_describe(coda_context_t *ctx, char *buf, size_t cap) 
     /* built in a local buffer and copied only if it fits: a failing call
      * leaves buf as it was */
     char text[4096];
+    /* a device that cannot be opened is described, not a failure: the
+     * caller's last error stays */
+    coda__error_kept_t kept;
+    coda__error_keep(&kept);
     coda_status_t s = describe(ctx, text, sizeof text);
     if (s != CODA_OK) return s;
+    coda__error_restore(&kept);
     size_t n = strlen(text);
     if (n >= cap)
         return coda__fail(CODA_ERR_INVALID_ARG, "coda_context_describe: needs %zu bytes, cap is %zu", n + 1, cap);

@@ -19,6 +19,16 @@
  * An argument may be coda_last_error() itself (context around a callee's). */
 coda_status_t coda__fail(coda_status_t status, const char *fmt, ...) CODA_PRINTF(2, 3);
 
+/* A query that calls something which may fail (opening the driver, looking
+ * up a device) and then goes on without it is not a failing call, so it
+ * must leave coda_last_error() as the caller's last failing call left it:
+ *     coda__error_kept_t k; coda__error_keep(&k); ...; coda__error_restore(&k); */
+typedef struct {
+    char msg[1024];
+} coda__error_kept_t;
+void coda__error_keep(coda__error_kept_t *k);
+void coda__error_restore(const coda__error_kept_t *k);
+
 /* Propagate a failure: the callee already set the message. */
 #define CODA_TRY(expr)                         \
     do {                                       \

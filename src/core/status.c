@@ -39,3 +39,10 @@ coda_status_t coda__fail(coda_status_t status, const char *fmt, ...) {
     memcpy(last_error, msg, sizeof msg);
     return status;
 }
+
+void coda__error_keep(coda__error_kept_t *k) {
+    _Static_assert(sizeof k->msg == sizeof last_error, "the kept message must hold the whole message");
+    memcpy(k->msg, last_error, sizeof last_error);
+}
+
+void coda__error_restore(const coda__error_kept_t *k) { memcpy(last_error, k->msg, sizeof last_error); }

@@ -56,7 +56,10 @@ coda_status_t coda__cuda_choose_tiling(coda_context_t *ctx, int index, int64_t m
      * per-program choice. */
     (void)p;
     coda_cuda_device_t *d;
+    coda__error_kept_t kept; /* no device is not a failure here: the caller's last error stays */
+    coda__error_keep(&kept);
     int sm_count = coda__cuda_device(ctx, index, &d) == CODA_OK ? d->sm_count : 132;
+    coda__error_restore(&kept);
     tiling->tile_m = GPU_TILE_M;
     tiling->tile_n = coda__cuda_gemm_cfgs[coda__cuda_gemm_pick(m, n, k, sm_count)].bn;
     int forced = coda__cuda_gemm_cfg_override(ctx); /* as in cfg_for_tiling */

@@ -28,6 +28,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 const char *const coda__llama_prog_names[CODA__P_COUNT] = {
     [CODA__P_RESID_NORM] = "resid_norm", [CODA__P_RESID_ADD] = "resid_add",   [CODA__P_QKV] = "qkv_rope",
@@ -285,6 +286,9 @@ coda_status_t coda__block_create(coda_context_t *ctx, const coda_llama_config_t 
     free(freq);
     if (s != CODA_OK) {
         coda_block_free(B);
+        /* the device's messages (no driver, out of device memory) do not
+         * say which call failed */
+        if (strncmp(coda_last_error(), fn, strlen(fn)) != 0) coda__fail(s, "%s: %s", fn, coda_last_error());
         return s;
     }
     *out = B;

@@ -294,6 +294,7 @@ coda_status_t coda_llama_create(coda_context_t *ctx, const coda_llama_config_t *
     if (s == CODA_OK) s = create(L);
     if (s != CODA_OK) {
         coda_llama_free(L);
+        if (strncmp(coda_last_error(), fn, strlen(fn)) != 0) coda__fail(s, "%s: %s", fn, coda_last_error());
         return s;
     }
     *out = L;
