@@ -83,6 +83,16 @@ def loading(cfg):
     cv = coda.LlamaConfig(cfg.d, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn, vocab=50257)
     coda.nn.LlamaBlock.from_state_dict(cv, state_dict(W, ""), "")
     check(True, "from_state_dict with cfg.vocab > 0")
+    # inputs of the wrong rank: a ValueError that says what is expected
+    for what, call, want in (("LlamaBlock, 2-D x", lambda: b16(torch.randn(5, cfg.d)), "(batch, seq, d)"),
+                             ("LlamaModel, 1-D tokens",
+                              lambda: coda.nn.LlamaModel(cv, 1, 50)(torch.zeros(7, dtype=torch.long)),
+                              "(batch, seq)")):
+        try:
+            call()
+            check(False, "%s: accepted" % what)
+        except ValueError as e:
+            check(want in str(e), "%s: %s" % (what, e))
     print("from_state_dict: f32 bits kept, bf16 layout = pack_weights, any vocab: ok")
 
 
@@ -127,13 +137,21 @@ def model_loading(cfg):
            "a layer missing": {k: v for k, v in sd.items() if not k.startswith("model.layers.0.")},
            "a key missing": {k: v for k, v in sd.items() if k != "model.layers.1.mlp.up_proj.weight"},
            "no norm": {k: v for k, v in sd.items() if k != "model.norm.weight"},
-           "inv_freq of theta 10000": dict(sd, **{"model.layers.1.self_attn.rotary_emb.inv_freq": freq(10000.0)})}
+           "inv_freq of theta 10000": dict(sd, **{"model.layers.1.self_attn.rotary_emb.inv_freq": freq(10000.0)}),
+           # shapes a reshape or a stack would have met first (a review: torch's RuntimeError, not a ValueError)
+           "k_proj of another GQA": dict(sd, **{"model.layers.1.self_attn.k_proj.weight":
+                                                torch.randn(2 * cfg.n_kv_heads * cfg.head_dim, cfg.d)}),
+           "q_proj one row long": dict(sd, **{"model.layers.0.self_attn.q_proj.weight":
+                                              torch.randn(cfg.n_heads * cfg.head_dim + 1, cfg.d)}),
+           "up_proj narrower than gate_proj": dict(sd, **{"model.layers.0.mlp.up_proj.weight":
+                                                          torch.randn(cfg.ffn - 1, cfg.d)})}
     for what, b in bad.items():
         try:
             coda.nn.LlamaModel.from_state_dict(cfg, b, device=DEVICE)
             check(False, "from_state_dict with %s: accepted" % what)
         except ValueError as e:
-            check("coda: from_state_dict" in str(e), "from_state_dict with %s: %s" % (what, e))
+            check("coda: from_state_dict" in str(e) or ("coda: model.layers." in str(e) and "cfg needs" in str(e)),
+                  "from_state_dict with %s: %s" % (what, e))
     blk_sd = dict(state_dict({k: v.float() for k, v in W.items()}, "p."), **{"p.mlp.down_proj.bias": torch.zeros(cfg.d)})
     try:
         coda.nn.LlamaBlock.from_state_dict(cfg, blk_sd, "p.")
@@ -375,6 +393,16 @@ def final_norm():
     check(torch.autograd.gradcheck(lambda a, b: coda.nn._RMSNormFn.apply(a, b, 1e-5),
                                    (x[:, :5].clone().requires_grad_(), w.clone().requires_grad_())),
           "RMSNorm: gradcheck")
+    # second order (create_graph=True: a gradient penalty): the closed-form
+    # backward holds rstd as a constant, so its own derivative was wrong (a
+    # review: 80 off on a small case, silently)
+    check(torch.autograd.gradgradcheck(lambda a, b: coda.nn._RMSNormFn.apply(a, b, 1e-5),
+                                       (x[:, :5].clone().requires_grad_(), w.clone().requires_grad_()),
+                                       raise_exception=False),
+          "RMSNorm: gradgradcheck")
+    check(torch.autograd.gradgradcheck(lambda a: coda.nn._RMSNormFn.apply(a, w, 1e-5),
+                                       (x[:, :5].clone().requires_grad_(),), raise_exception=False),
+          "RMSNorm: gradgradcheck, g not requiring grad")
 
     def saved_bytes(fn):
         seen = {}

@@ -55,6 +55,17 @@ def case(ctx, name, cfg, B, S, with_loss, loss_scale=0.5):
         check(False, "%s: backward after a newer forward did not raise" % name)
     except RuntimeError as e:
         check("later forward" in str(e), "%s: unexpected error: %s" % (name, e))
+    # create_graph=True and a second backward: refused, never gradients whose
+    # second-order terms silently vanish (a review: s.grad came back 1.0)
+    x = x16.clone().requires_grad_(True)
+    s = torch.tensor(1.5, requires_grad=True)
+    y, _ = layer(x, targets, loss_scale=loss_scale)
+    try:
+        gx, = torch.autograd.grad(y.float().sum() * s, x, create_graph=True)
+        (gx.float().pow(2).sum() + s).backward()
+        check(False, "%s: a second-order backward through LlamaLayer was not refused" % name)
+    except RuntimeError as e:
+        check("differentiate" in str(e), "%s: second order: unexpected error: %s" % (name, e))
 
 
 def main():

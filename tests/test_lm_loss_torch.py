@@ -315,6 +315,20 @@ def edges():
           "int64 (M) targets vs int32 (B, S) targets with (B, S, d) x: results differ")
     print("int64 vs int32 targets, (M, d) vs (B, S, d): equal")
 
+    # one row whose target tensor is a slice with a stride: torch calls a
+    # one-element tensor contiguous whatever its stride, so .contiguous()
+    # kept it and coda refused it (a review: CODA_ERR_STRIDE on last-token
+    # losses at batch 1)
+    x, w, t = make(1, d, V, seed=10)
+    wide = torch.randint(0, V, (1, 5))
+    wide[0, -1] = t[0]
+    for tt in (wide[:, -1], wide[:, -1].to(torch.int32), wide[:, -1].to(torch.int16)):
+        check(tt.stride() == (5,), "the strided one-row target is not strided: %s" % (tt.stride(),))
+        c = run_head(head_for(w), x, tt)
+        r = run_head(head_for(w), x, t)
+        check(all(torch.equal(u, v) for u, v in zip(c, r)), "one row, %s target of stride 5: results differ" % tt.dtype)
+    print("one row, strided int64 / int32 / int16 target: as the contiguous one")
+
 
 def grad_output_and_accumulate():
     """grad_output != 1 scales the saved gradients; two steps accumulate in

@@ -833,6 +833,15 @@ def _weights_struct(w):
     return s
 
 
+def _dense_1d(t):
+    """A 1-D tensor with element stride 1, as C reads it. torch calls a
+    one-element tensor contiguous whatever its stride (a batch-1 slice
+    t[:, -1] keeps the row's stride), so .contiguous() may keep a stride C
+    refuses; such a tensor is copied."""
+    t = t.contiguous()
+    return t if t.dim() != 1 or t.stride(0) == 1 else t.clone(memory_format=torch.contiguous_format)
+
+
 def _targets(targets, device):
     """Cross-entropy targets as the int32 tensor C reads. Floats and bools
     -> TypeError (a class index is an integer); values outside int32 ->
@@ -845,7 +854,7 @@ def _targets(targets, device):
         lo, hi = int(targets.min()), int(targets.max())
         if lo < -2 ** 31 or hi > 2 ** 31 - 1:
             raise ValueError("coda: targets hold values in %d..%d, outside int32" % (lo, hi))
-    return targets.to(device, torch.int32).contiguous()
+    return _dense_1d(targets.to(device, torch.int32))
 
 
 class Llama:
@@ -1127,7 +1136,7 @@ def _lm_targets(targets, device, ignore_index):
                 bad = bad | (t < lo)
             t = t.masked_fill(bad, -1)
         t = t.to(torch.int32)
-    return t.contiguous()
+    return _dense_1d(t)
 
 
 def _workspace(nbytes, device):

@@ -48,6 +48,7 @@ class _LlamaFunction(torch.autograd.Function):
         return y, total
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # the C call's gradients are constants to autograd
     def backward(ctx, dy, dtotal):
         layer = ctx.layer
         if layer._forwards != ctx.forward_id:
@@ -231,8 +232,9 @@ class LlamaBlock(torch.nn.Module):
         _check_block_keys(sd, prefix)
         _check_inv_freq(cfg, sd, prefix)
         g = lambda n: sd[prefix + n].detach().to("cpu", dtype)
-        w = coda_layout(cfg, g("self_attn.q_proj.weight"), g("self_attn.k_proj.weight"),
-                        g("self_attn.v_proj.weight"), g("mlp.gate_proj.weight"), g("mlp.up_proj.weight"))
+        keys = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                "mlp.gate_proj.weight", "mlp.up_proj.weight")
+        w = coda_layout(cfg, *(g(k) for k in keys), names=tuple(prefix + k for k in keys))
         w.update(g1=g("input_layernorm.weight"), wo=g("self_attn.o_proj.weight"),
                  g2=g("post_attention_layernorm.weight"), wd=g("mlp.down_proj.weight"))
         shapes = coda._weight_shapes(coda._config_copy(cfg))
@@ -247,6 +249,8 @@ class LlamaBlock(torch.nn.Module):
         return blk
 
     def forward(self, x):
+        if x.dim() != 3:
+            raise ValueError("coda: LlamaBlock: x must be (batch, seq, d), got shape %s" % (tuple(x.shape),))
         batch, seq, d = x.shape
         xf, pos, m = _tokens(x)
         y = self.run(xf, pos, batch, seq, m)[0]
@@ -274,13 +278,19 @@ class LlamaBlock(torch.nn.Module):
         return out if g_next is not None else (out, None, None)
 
 
-def coda_layout(cfg, wq, wk, wv, w_gate, w_up):
+def coda_layout(cfg, wq, wk, wv, w_gate, w_up, names=("wq", "wk", "wv", "w_gate", "w_up")):
     """PyTorch's wq (nq, d), wk, wv (nkv, d), w_gate, w_up (ffn, d) -> coda's
     {"wqkv": (nq + 2 nkv, d), "wgu": (2 ffn, d)} in the same dtype (coda.h
     section 8: in each q and k head, rows i and i + head_dim/2 move to 2i
     and 2i+1; gate row j to 2j, up row j to 2j+1). The same permutation as
-    coda.pack_weights, done by torch indexing, so any dtype keeps its bits."""
+    coda.pack_weights, done by torch indexing, so any dtype keeps its bits.
+    A weight of another shape than cfg's is a ValueError naming it (names:
+    how to call the five in the message)."""
     hd = cfg.head_dim
+    nq, nkv = cfg.n_heads * hd, cfg.n_kv_heads * hd
+    for t, name, rows in zip((wq, wk, wv, w_gate, w_up), names, (nq, nkv, nkv, cfg.ffn, cfg.ffn)):
+        if t.dim() != 2 or tuple(t.shape) != (rows, cfg.d):
+            raise ValueError("coda: %s has shape %s, cfg needs (%d, %d)" % (name, tuple(t.shape), rows, cfg.d))
     perm = torch.tensor([j for i in range(hd // 2) for j in (i, i + hd // 2)], device=wq.device)
 
     def heads(w, n):
@@ -364,11 +374,20 @@ class _RMSNormFn(torch.autograd.Function):
         xf = x.to(t)
         r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
         ctx.save_for_backward(x, g, r)
+        ctx.eps = eps
         return (xf * r * g.to(t)).to(x.dtype)
 
     @staticmethod
     def backward(ctx, dy):
         x, g, r = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            # create_graph=True: the closed form below holds r as a constant,
+            # so its own derivatives would be wrong; differentiate the formula
+            ins = [t for t, need in zip((x, g), ctx.needs_input_grad[:2]) if need]
+            with torch.enable_grad():
+                y = rms_norm_torch(x, g, ctx.eps)
+            got = iter(torch.autograd.grad(y, ins, dy, create_graph=True))
+            return tuple(next(got) if need else None for need in ctx.needs_input_grad[:2]) + (None,)
         xh = x.to(r.dtype) * r
         dyf = dy.to(r.dtype)
         dxh = dyf * g.to(r.dtype)
@@ -644,6 +663,8 @@ class LlamaModel(torch.nn.Module):
         return m
 
     def forward(self, tokens, targets=None):
+        if tokens.dim() != 2:
+            raise ValueError("coda: LlamaModel: tokens must be (batch, seq), got shape %s" % (tuple(tokens.shape),))
         h = self.embed(tokens).to(torch.bfloat16)
         batch, seq, d = h.shape
         xf, pos, m = _tokens(h)

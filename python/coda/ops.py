@@ -94,9 +94,9 @@ def _pre(x, pos, g1, wqkv, xg, r1, cfg, eps, theta):
     b = blocks(cfg, eps, theta, x.device)
     w = _w(g1=g1, wqkv=wqkv)
     if xg is None:
-        return b.forward_pre(w, x.contiguous(), pos.contiguous())
+        return b.forward_pre(w, x.contiguous(), coda._dense_1d(pos))
     # the previous block's norm: a copy of r1 (an operator's outputs do not alias its inputs)
-    return b.forward_pre(w, x.contiguous(), pos.contiguous(), xg=xg.contiguous(), r1=r1.clone())
+    return b.forward_pre(w, x.contiguous(), coda._dense_1d(pos), xg=xg.contiguous(), r1=r1.clone())
 
 
 def _post(x, o, g2, wo, wgu, wd, g_next, cfg, eps, theta, save_z=True):
@@ -172,7 +172,7 @@ def _pre_bwd(x, pos, r1, qkv, dqkv, g1, wqkv, cfg, eps, theta, dh=None):
         dqkv = tuple(_grad_ready(t.to(dt)) for t in dqkv)
     else:
         dqkv = _grad_ready(dqkv)
-    dx, g = b.backward_pre(_w(g1=g1, wqkv=wqkv), x.contiguous(), pos.contiguous(), r1, qkv, dqkv,
+    dx, g = b.backward_pre(_w(g1=g1, wqkv=wqkv), x.contiguous(), coda._dense_1d(pos), r1, qkv, dqkv,
                            dh.contiguous(), grad_dtype=wqkv.dtype)
     return dx, g["g1"], g["wqkv"]
 
