@@ -197,6 +197,17 @@ static void bad_epilogue(h_rng *rng) {
         BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, q, bd, 1, &tl, NULL), CODA_ERR_VERIFY, "verified");
         coda_program_free(q);
     }
+    {   /* a refused coda_program_new leaves NULL in *out (coda.h), so a
+         * caller's coda_program_free afterwards is harmless (a review: the
+         * pointer was left as it was) */
+        coda_program_t *q = (coda_program_t *)&a;
+        BAD(coda_program_new("1bad", &q), CODA_ERR_INVALID_ARG, "name");
+        CHECK(q == NULL, "coda_program_new with a bad name left *out %p", (void *)q);
+        q = (coda_program_t *)&a;
+        BAD(coda_program_new("this_name_is_far_longer_than_thirty_one", &q), CODA_ERR_INVALID_ARG, "name");
+        CHECK(q == NULL, "coda_program_new with a long name left *out %p", (void *)q);
+        coda_program_free(q);
+    }
     BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, -1, &tl, NULL), CODA_ERR_INVALID_ARG, "n_bindings");
     BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, NULL, NB, &tl, NULL), CODA_ERR_INVALID_ARG, "bindings");
     RESET(); bd[3].name = NULL;

@@ -66,6 +66,6 @@ coda_status_t coda_gemm(coda_context_t *ctx, coda_layout_t layout, const coda_te
     return coda__cuda_gemm(ctx, layout, a, b, c, alpha, beta, stream);
 #else
     (void)stream;
-    return coda__fail(CODA_ERR_DEVICE, "coda_gemm: CUDA tensors given, but this build has no CUDA backend");
+    return coda__fail(CODA_ERR_UNSUPPORTED, "coda_gemm: CUDA tensors given, but this build has no CUDA backend");
 #endif
 }

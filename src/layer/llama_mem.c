@@ -20,7 +20,7 @@ coda_status_t coda__llama_mem_open(coda_context_t *ctx, coda_device_t device, in
                                    coda__llama_mem_t **out) {
 #ifndef CODA_WITH_CUDA
     if (device != CODA_DEVICE_CPU)
-        return coda__fail(CODA_ERR_DEVICE, "coda_llama_create: CUDA device asked for, but this build has no CUDA backend");
+        return coda__fail(CODA_ERR_UNSUPPORTED, "coda_llama_create: CUDA device asked for, but this build has no CUDA backend");
 #endif
     coda__llama_mem_t *m = calloc(1, sizeof *m);
     if (!m) return coda__fail(CODA_ERR_NO_MEMORY, "coda_llama_create: out of memory");
@@ -35,7 +35,7 @@ void coda__llama_mem_close(coda__llama_mem_t *m) { free(m); }
 
 #ifndef CODA_WITH_CUDA
 static coda_status_t no_cuda(const char *what) {
-    return coda__fail(CODA_ERR_DEVICE, "%s: CUDA tensor, but this build has no CUDA backend", what);
+    return coda__fail(CODA_ERR_UNSUPPORTED, "%s: CUDA tensor, but this build has no CUDA backend", what);
 }
 #endif
 

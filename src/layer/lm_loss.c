@@ -256,7 +256,7 @@ static coda_tensor_t ws_tensor(const coda_tensor_t *like, void *p, coda_dtype_t 
 
 #ifndef CODA_WITH_CUDA
 static coda_status_t no_cuda(void) {
-    return coda__fail(CODA_ERR_DEVICE, FN ": CUDA tensors, but this build has no CUDA backend");
+    return coda__fail(CODA_ERR_UNSUPPORTED, FN ": CUDA tensors, but this build has no CUDA backend");
 }
 #endif
 

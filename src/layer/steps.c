@@ -7,7 +7,7 @@
 
 #ifndef CODA_WITH_CUDA
 static coda_status_t no_cuda(void) {
-    return coda__fail(CODA_ERR_DEVICE, "block: a CUDA block, but this build has no CUDA backend");
+    return coda__fail(CODA_ERR_UNSUPPORTED, "block: a CUDA block, but this build has no CUDA backend");
 }
 #endif
 

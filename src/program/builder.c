@@ -97,6 +97,7 @@ static int push_inst(coda_program_t *p, const char *name, coda_op_t op, int s0, 
 
 coda_status_t coda_program_new(const char *name, coda_program_t **out) {
     if (!out) return coda__fail(CODA_ERR_INVALID_ARG, "coda_program_new: out is NULL");
+    *out = NULL; /* coda.h: a failed call that makes an object leaves NULL */
     if (name && name[0]) {
         size_t len = strnlen(name, CODA_NAME_MAX + 1);
         const char *why = coda__ident_problem(name, len);
