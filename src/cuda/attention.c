@@ -238,9 +238,10 @@ typedef struct {
 
 /* Launch `entry` on a (gx, gy, gz) grid of `threads` with `smem` bytes of
  * dynamic shared memory. The caller has the device's context current. */
-static coda_status_t launch(launcher_t *L, const char *entry, unsigned gx, unsigned gy, unsigned gz,
-                            int threads, int smem, void **args) {
-    struct coda_cuda *cu = L->ctx->cuda;
+/* entry's function for L's options: found in the device's cache, or
+ * compiled (or loaded from the disk cache) on first use, which also raises
+ * the shared-memory limit. */
+static coda_status_t kernel_fn(launcher_t *L, const char *entry, CUfunction *out) {
     uint64_t quick[2] = {KEY0 + (uint64_t)L->hd + 256u * (uint64_t)L->stages + 4096u * (uint64_t)L->pipe +
                              65536u * (uint64_t)L->dq_perm + (1u << 20) * (uint64_t)L->fwd_stages +
                              (1u << 24) * (uint64_t)L->fwd_apart + (1u << 28) * (uint64_t)L->fwd_consumers,
@@ -260,6 +261,25 @@ static coda_status_t launch(launcher_t *L, const char *entry, unsigned gx, unsig
         free(src);
         CODA_TRY(st);
     }
+    *out = fn;
+    return CODA_OK;
+}
+
+/* The functions of entries[0..n), before a call's first launch: a failure
+ * to build or load one (out of memory, a driver error) then returns before
+ * anything is written, as coda.h promises, instead of after the kernels
+ * before it wrote part of the output. */
+static coda_status_t kernel_fns(launcher_t *L, const char *const *entries, int n) {
+    CUfunction fn;
+    for (int i = 0; i < n; i++) CODA_TRY(kernel_fn(L, entries[i], &fn));
+    return CODA_OK;
+}
+
+static coda_status_t launch(launcher_t *L, const char *entry, unsigned gx, unsigned gy, unsigned gz,
+                            int threads, int smem, void **args) {
+    struct coda_cuda *cu = L->ctx->cuda;
+    CUfunction fn;
+    CODA_TRY(kernel_fn(L, entry, &fn));
     CUlaunchConfig lc;
     memset(&lc, 0, sizeof lc);
     lc.gridDimX = gx;
@@ -314,29 +334,37 @@ static coda_status_t dq_perm_map(coda_context_t *ctx, CUtensorMap *map, const co
     return CODA_OK;
 }
 
+/* The fused backward adds dq into dqkv by TMA, which wants it 16-byte
+ * aligned with rows a multiple of 16 bytes apart; where it is not (or the
+ * tuning switch says so), the two kernels run. */
+static int bwd_fused(const launcher_t *L, const coda_tensor_t *out) {
+    return !L->ctx->tuning.attn_split_bwd && (uintptr_t)out->data % 16 == 0 && out->stride[0] % 16 == 0;
+}
+
 /* The wgmma backward: by default one kernel for dk, dv and dq (128 key
  * rows a block over 64-query tiles, 5 products; dq added into dqkv by TMA
  * in the key blocks' fixed order through counters in the workspace, zeroed
  * here first); with the tuning switch attn_split_bwd, or where dqkv is not
  * aligned for TMA, dk/dv (over 128-query tiles at head_dim 64, 64 at 128),
  * then dq from its own kernel (128 query rows a block over 64-key tiles):
- * 7 products, nothing accumulated across blocks (docs/attention.md). */
+ * 7 products, nothing accumulated across blocks (docs/attention.md).
+ * The tensor maps are made first, then the prep kernel (D and lse log2 e
+ * into the workspace) runs, then the backward's kernels. */
 static coda_status_t run_bwd_wgmma(launcher_t *L, const coda_attention_shape_t *s, const coda_tensor_t *qkv,
-                                   const coda_tensor_t *do_, const coda_tensor_t *out, attn_args_t *a) {
-    CUtensorMap qkv128, qkv64, do128, do64;
+                                   const coda_tensor_t *do_, const coda_tensor_t *out, attn_args_t *a,
+                                   unsigned prep_blocks) {
+    CUtensorMap qkv128, qkv64, do128, do64, dqm;
     CODA_TRY(seq_map(L->ctx, &qkv128, qkv, s, 128, "cuTensorMapEncodeTiled(qkv, 128 rows)"));
     CODA_TRY(seq_map(L->ctx, &qkv64, qkv, s, 64, "cuTensorMapEncodeTiled(qkv, 64 rows)"));
     CODA_TRY(seq_map(L->ctx, &do64, do_, s, 64, "cuTensorMapEncodeTiled(do, 64 rows)"));
     CODA_TRY(seq_map(L->ctx, &do128, do_, s, 128, "cuTensorMapEncodeTiled(do, 128 rows)"));
+    const int fused = bwd_fused(L, out);
+    if (fused && L->dq_perm) CODA_TRY(dq_perm_map(L->ctx, &dqm, out, s));
+    else if (fused) CODA_TRY(seq_map(L->ctx, &dqm, out, s, 64, "cuTensorMapEncodeTiled(dqkv, 64 rows)"));
+    void *prep_args[] = {a};
+    CODA_TRY(launch(L, "coda_attn_bwd_prep_kernel", prep_blocks, 1, 1, 256, 0, prep_args));
     const unsigned blocks = (unsigned)coda__cdiv(s->seq, 128), batch = (unsigned)s->batch;
-    /* the fused kernel adds dq into dqkv by TMA, which wants it 16-byte
-     * aligned with rows a multiple of 16 bytes apart; where it is not, the
-     * two kernels */
-    const int dq_by_tma = (uintptr_t)out->data % 16 == 0 && out->stride[0] % 16 == 0;
-    if (!L->ctx->tuning.attn_split_bwd && dq_by_tma) {
-        CUtensorMap dqm;
-        if (L->dq_perm) CODA_TRY(dq_perm_map(L->ctx, &dqm, out, s));
-        else CODA_TRY(seq_map(L->ctx, &dqm, out, s, 64, "cuTensorMapEncodeTiled(dqkv, 64 rows)"));
+    if (fused) {
         coda__cuda_attn_bwd_layout((int)(s->n_heads / s->n_kv_heads), s->seq, s->head_dim, L->dev->l2_bytes,
                                    L->ctx->tuning.attn_bwd_parts, L->ctx->tuning.attn_bwd_order, &a->kv_parts,
                                    &a->kv_chunk);
@@ -385,11 +413,18 @@ static coda_status_t run(launcher_t *L, const coda_attention_shape_t *s, const c
     if (!backward)
         return launch(L, "coda_attn_fwd_kernel", heads, batch, (unsigned)coda__cdiv(s->seq, FWD_ROWS),
                       fwd_threads(L->hd), smem_fwd(L->hd), args);
+    /* every kernel of the backward built or loaded before the first runs */
+    const int mma = L->ctx->tuning.attn_mma;
+    const char *entries[3] = {"coda_attn_bwd_prep_kernel", mma ? "coda_attn_bwd_dq_kernel"
+                                                           : bwd_fused(L, out) ? "coda_attn_bwd_wgmma_kernel"
+                                                                               : "coda_attn_bwd_dkdv_wgmma_kernel",
+                              mma ? "coda_attn_bwd_dkdv_kernel" : "coda_attn_bwd_dq_wgmma_kernel"};
+    CODA_TRY(kernel_fns(L, entries, mma || !bwd_fused(L, out) ? 3 : 2));
     /* a warp per 32 positions of a (sequence, head), 8 warps a block */
     int64_t warps = s->batch * s->n_heads * coda__cdiv(s->seq, 32), blocks = coda__cdiv(warps, 8);
-    CODA_TRY(launch(L, "coda_attn_bwd_prep_kernel", (unsigned)(blocks < MAX_GRID ? blocks : MAX_GRID), 1, 1, 256,
-                    0, args));
-    if (!L->ctx->tuning.attn_mma) return run_bwd_wgmma(L, s, qkv, do_, out, a);
+    const unsigned prep_blocks = (unsigned)(blocks < MAX_GRID ? blocks : MAX_GRID);
+    if (!mma) return run_bwd_wgmma(L, s, qkv, do_, out, a, prep_blocks);
+    CODA_TRY(launch(L, "coda_attn_bwd_prep_kernel", prep_blocks, 1, 1, 256, 0, args));
     unsigned tiles = (unsigned)coda__cdiv(s->seq, BWD_ROWS);
     CODA_TRY(launch(L, "coda_attn_bwd_dq_kernel", heads, batch, tiles, BWD_ROWS / 16 * 32, smem_dq(L->hd), args));
     return launch(L, "coda_attn_bwd_dkdv_kernel", kv_heads, batch, tiles, BWD_ROWS / 16 * 32, smem_dkdv(L->hd),

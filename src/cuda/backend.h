@@ -30,7 +30,11 @@ typedef struct coda_cuda_kernel {
  * when all slots are taken, unless a graph captured it (pinned). */
 #define CODA_CUDA_SK_STREAMS 8
 typedef struct coda_cuda_sk_ws {
-    CUstream stream;       /* the stream it serves (NULL: the default stream) */
+    unsigned long long key; /* the stream it serves: its cuStreamGetId id, unique in the
+                               process (a handle is not: cudaStreamPerThread is one handle
+                               for every thread's stream, and a destroyed stream's handle
+                               may come back while its last GEMM still runs); without
+                               cuStreamGetId, the handle */
     CUdeviceptr part;      /* (sm_count, 2, 64 * 256) f32; 0: slot unused */
     CUdeviceptr flag;      /* (sm_count, 2, 4) u32, zero between launches */
     CUevent done;          /* recorded after each GEMM that used it (not captured) */
@@ -94,6 +98,7 @@ typedef struct coda_cuda_api {
     /* optional (NULL if the driver lacks it) */
     CUresult (*OccupancyMaxActiveClusters)(int *, CUfunction, const CUlaunchConfig *);
     CUresult (*ThreadExchangeStreamCaptureMode)(CUstreamCaptureMode *);
+    CUresult (*StreamGetId)(CUstream, unsigned long long *);
 } coda_cuda_api_t;
 
 struct coda_cuda {

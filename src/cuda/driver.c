@@ -65,6 +65,7 @@ static coda_status_t load_api(struct coda_cuda *c) {
     }
     *(void **)&c->cu.OccupancyMaxActiveClusters = dlsym(c->lib, "cuOccupancyMaxActiveClusters");
     *(void **)&c->cu.ThreadExchangeStreamCaptureMode = dlsym(c->lib, "cuThreadExchangeStreamCaptureMode");
+    *(void **)&c->cu.StreamGetId = dlsym(c->lib, "cuStreamGetId");
     return CODA_OK;
 }
 

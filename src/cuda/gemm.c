@@ -378,8 +378,11 @@ int coda__cuda_streamk_split(int64_t units, int64_t clusters, int64_t kiters, in
  * without stream-K. */
 static coda_cuda_sk_ws_t *sk_workspace(struct coda_cuda *cu, coda_cuda_device_t *d, CUstream stream) {
     coda_cuda_sk_ws_t *free_slot = NULL, *idle_slot = NULL;
+    unsigned long long key = (unsigned long long)(uintptr_t)stream;
+    if (cu->cu.StreamGetId && cu->cu.StreamGetId(stream, &key) != CUDA_SUCCESS)
+        return NULL; /* not a stream it can tell apart: no stream-K */
     for (int i = 0; i < CODA_CUDA_SK_STREAMS; i++) {
-        if (d->sk_ws[i].part && d->sk_ws[i].stream == stream) return &d->sk_ws[i];
+        if (d->sk_ws[i].part && d->sk_ws[i].key == key) return &d->sk_ws[i];
         if (!d->sk_ws[i].part && !free_slot) free_slot = &d->sk_ws[i];
     }
     CUstreamCaptureStatus cap = CU_STREAM_CAPTURE_STATUS_NONE;
@@ -389,7 +392,7 @@ static coda_cuda_sk_ws_t *sk_workspace(struct coda_cuda *cu, coda_cuda_device_t 
         for (int i = 0; i < CODA_CUDA_SK_STREAMS && !idle_slot; i++)
             if (!d->sk_ws[i].pinned && cu->cu.EventQuery(d->sk_ws[i].done) == CUDA_SUCCESS)
                 idle_slot = &d->sk_ws[i];
-        if (idle_slot) idle_slot->stream = stream;
+        if (idle_slot) idle_slot->key = key;
         return idle_slot;
     }
     size_t slots = 2 * (size_t)d->sm_count;
@@ -406,13 +409,17 @@ static coda_cuda_sk_ws_t *sk_workspace(struct coda_cuda *cu, coda_cuda_device_t 
     if (r == CUDA_SUCCESS) r = cu->cu.EventCreate(&done, CU_EVENT_DISABLE_TIMING);
     cu->cu.ThreadExchangeStreamCaptureMode(&mode); /* back to what it was */
     if (r == CUDA_SUCCESS) r = cu->cu.MemsetD32Async(flag, 0, 4 * slots, stream);
+    /* done covers the zeroing too: a slot whose first GEMM never launched (its
+     * kernel failed to build) is not handed on before its flags are zero (an
+     * event never recorded reads as done) */
+    if (r == CUDA_SUCCESS) r = cu->cu.EventRecord(done, stream);
     if (r != CUDA_SUCCESS) {
         if (part) cu->cu.MemFree(part);
         if (flag) cu->cu.MemFree(flag);
         if (done) cu->cu.EventDestroy(done);
         return NULL;
     }
-    free_slot->stream = stream;
+    free_slot->key = key;
     free_slot->part = part;
     free_slot->flag = flag;
     free_slot->done = done;

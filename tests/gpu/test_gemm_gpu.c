@@ -9,6 +9,8 @@
 #pragma GCC diagnostic ignored "-Wunused-function"
 #include "harness.h"
 
+#include <pthread.h>
+
 #include "gpu/cuda_check.h"
 #include "cuda/backend.h" /* CODA_CUDA_GEMM_NCFG */
 #include "tuning.h"
@@ -322,6 +324,86 @@ static void many_streams(void) {
     free(ha); free(hb); free(got); free(want_sk); free(want_dp);
 }
 
+/* Two host threads taking turns at the context (a mutex: coda.h's rule),
+ * each launching stream-K GEMMs on its own per-thread default stream
+ * without waiting, so that the two threads' GEMMs run at once. Both pass
+ * the one handle cudaStreamPerThread, which names two streams: each must
+ * get a stream-K workspace of its own (slots keyed by the handle shared
+ * one, and an owner could add the other stream's partial sums, or wait
+ * forever on a flag the other cleared: a review). Each thread's result is
+ * bit for bit the stream-K GEMM alone (so stream-K ran on both). */
+typedef struct {
+    pthread_mutex_t *mu;
+    const coda_tensor_t *a, *b;
+    coda_tensor_t c;
+    int reps;
+    coda_status_t st;
+    cudaError_t sync;
+} pts_job_t;
+
+static void *pts_worker(void *arg) {
+    pts_job_t *j = arg;
+    for (int i = 0; i < j->reps && j->st == CODA_OK; i++) {
+        pthread_mutex_lock(j->mu);
+        j->st = coda_gemm(ctx, CODA_LAYOUT_NT, j->a, j->b, &j->c, 1.0f, 0.0f, cudaStreamPerThread);
+        pthread_mutex_unlock(j->mu);
+    }
+    j->sync = cudaStreamSynchronize(cudaStreamPerThread);
+    return NULL;
+}
+
+static void per_thread_streams(void) {
+    const int64_t m = 1500, n = 1800, k = 2056;
+    h_rng r = rng_new(seed++);
+    size_t abytes = 2 * (size_t)(m * k), bbytes = 2 * (size_t)(n * k), cbytes = 2 * (size_t)(m * n);
+    uint16_t *ha = h_alloc(abytes), *hb = h_alloc(bbytes), *got = h_alloc(cbytes), *want = h_alloc(cbytes);
+    rng_fill_bf16(&r, ha, m * k, 1.0f);
+    rng_fill_bf16(&r, hb, n * k, 1.0f);
+    void *da, *db, *dc[3];
+    CUDA_OK(cudaMalloc(&da, abytes));
+    CUDA_OK(cudaMalloc(&db, bbytes));
+    CUDA_OK(cudaMemcpy(da, ha, abytes, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(db, hb, bbytes, cudaMemcpyHostToDevice));
+    coda_tensor_t A = coda_tensor_2d(da, CODA_BF16, m, k), B = coda_tensor_2d(db, CODA_BF16, n, k), C[3];
+    A.device = B.device = CODA_DEVICE_CUDA;
+    for (int i = 0; i < 3; i++) {
+        CUDA_OK(cudaMalloc(&dc[i], cbytes));
+        CUDA_OK(cudaMemset(dc[i], 0xff, cbytes));
+        C[i] = coda_tensor_2d(dc[i], CODA_BF16, m, n);
+        C[i].device = CODA_DEVICE_CUDA;
+    }
+    tune_cfg_str(ctx, "1"); /* 128 x 128 tiles, clusters of 2: a partial wave for stream-K */
+    tune_streamk(ctx, CODA_STREAMK_OFF);
+    CHECK_OK(coda_gemm(ctx, CODA_LAYOUT_NT, &A, &B, &C[2], 1.0f, 0.0f, NULL));
+    CUDA_OK(cudaMemcpy(got, dc[2], cbytes, cudaMemcpyDeviceToHost));
+    tune_streamk(ctx, CODA_STREAMK_ON);
+    CHECK_OK(coda_gemm(ctx, CODA_LAYOUT_NT, &A, &B, &C[2], 1.0f, 0.0f, NULL));
+    CUDA_OK(cudaMemcpy(want, dc[2], cbytes, cudaMemcpyDeviceToHost));
+    CHECK(memcmp(want, got, cbytes) != 0, "stream-K forced on changed no bit (did it run?)");
+    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pts_job_t job[2];
+    pthread_t th[2];
+    for (int t = 0; t < 2; t++) {
+        job[t] = (pts_job_t){&mu, &A, &B, C[t], 40, CODA_OK, cudaSuccess};
+        CHECK(pthread_create(&th[t], NULL, pts_worker, &job[t]) == 0, "pthread_create");
+    }
+    for (int t = 0; t < 2; t++) {
+        pthread_join(th[t], NULL);
+        CHECK(job[t].st == CODA_OK, "per-thread stream, thread %d: %s: %s", t, coda_status_name(job[t].st),
+              coda_last_error());
+        CHECK(job[t].sync == cudaSuccess, "per-thread stream, thread %d: %s", t, cudaGetErrorString(job[t].sync));
+        CUDA_OK(cudaMemcpy(got, dc[t], cbytes, cudaMemcpyDeviceToHost));
+        CHECK(memcmp(got, want, cbytes) == 0, "per-thread stream, thread %d: not the stream-K GEMM's bits", t);
+    }
+    tune_streamk(ctx, CODA_STREAMK_AUTO);
+    tune_cfg(ctx, -1);
+    printf("stream-K on two threads' per-thread default streams, 40 GEMMs each at once: each bit for bit\n");
+    for (int i = 0; i < 3; i++) CUDA_OK(cudaFree(dc[i]));
+    CUDA_OK(cudaFree(da));
+    CUDA_OK(cudaFree(db));
+    free(ha); free(hb); free(got); free(want);
+}
+
 int main(int argc, char **argv) {
     int small = argc > 1 && strcmp(argv[1], "small") == 0;
     REQUIRE_OK(coda_context_create(NULL, &ctx));
@@ -349,6 +431,7 @@ int main(int argc, char **argv) {
         tune_streamk(ctx, CODA_STREAMK_AUTO);
         split_tail();
         many_streams();
+        per_thread_streams();
         bad_args();
         TEST_MAIN_END();
     }
@@ -400,6 +483,7 @@ int main(int argc, char **argv) {
     run_case(CODA_LAYOUT_NT, 100, 64, 0, CODA_BF16, 1.0f, 0.5f, -1);
     run_case(CODA_LAYOUT_TN, 100, 64, 0, CODA_F32, 1.0f, 2.0f, -1);
     many_streams();
+    per_thread_streams();
     bad_args();
 
     /* a second context with the same cache directory loads cubins from disk */
