@@ -261,6 +261,68 @@ static void split_tail(void) {
     tune_clusters(ctx, 0);
 }
 
+/* The stream-K tests' common part: random A (m, k), B (n, k) bf16, nc
+ * output buffers C (m, n) poisoned with 0xff, configuration 1 (128 x 128
+ * tiles: a partial wave for stream-K) and what an NT GEMM gives on the
+ * default stream alone, with stream-K forced on (want_sk) and off
+ * (want_dp); stream-K is left on. */
+enum { SK_MAX_C = 12 };
+typedef struct {
+    size_t cbytes;
+    void *da, *db, *dc[SK_MAX_C];
+    coda_tensor_t a, b, c[SK_MAX_C];
+    int nc;
+    uint16_t *got, *want_sk, *want_dp;
+} sk_case_t;
+
+static void sk_case_make(sk_case_t *t, int64_t m, int64_t n, int64_t k, int nc) {
+    h_rng r = rng_new(seed++);
+    size_t abytes = 2 * (size_t)(m * k), bbytes = 2 * (size_t)(n * k);
+    uint16_t *ha = h_alloc(abytes), *hb = h_alloc(bbytes);
+    t->cbytes = 2 * (size_t)(m * n);
+    t->nc = nc;
+    t->got = h_alloc(t->cbytes);
+    t->want_sk = h_alloc(t->cbytes);
+    t->want_dp = h_alloc(t->cbytes);
+    rng_fill_bf16(&r, ha, m * k, 1.0f);
+    rng_fill_bf16(&r, hb, n * k, 1.0f);
+    CUDA_OK(cudaMalloc(&t->da, abytes));
+    CUDA_OK(cudaMalloc(&t->db, bbytes));
+    CUDA_OK(cudaMemcpy(t->da, ha, abytes, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(t->db, hb, bbytes, cudaMemcpyHostToDevice));
+    free(ha);
+    free(hb);
+    t->a = coda_tensor_2d(t->da, CODA_BF16, m, k);
+    t->b = coda_tensor_2d(t->db, CODA_BF16, n, k);
+    t->a.device = t->b.device = CODA_DEVICE_CUDA;
+    for (int i = 0; i < nc; i++) {
+        CUDA_OK(cudaMalloc(&t->dc[i], t->cbytes));
+        CUDA_OK(cudaMemset(t->dc[i], 0xff, t->cbytes));
+        t->c[i] = coda_tensor_2d(t->dc[i], CODA_BF16, m, n);
+        t->c[i].device = CODA_DEVICE_CUDA;
+    }
+    tune_cfg_str(ctx, "1");
+    tune_streamk(ctx, CODA_STREAMK_OFF);
+    CHECK_OK(coda_gemm(ctx, CODA_LAYOUT_NT, &t->a, &t->b, &t->c[0], 1.0f, 0.0f, NULL));
+    CUDA_OK(cudaMemcpy(t->want_dp, t->dc[0], t->cbytes, cudaMemcpyDeviceToHost));
+    tune_streamk(ctx, CODA_STREAMK_ON);
+    CHECK_OK(coda_gemm(ctx, CODA_LAYOUT_NT, &t->a, &t->b, &t->c[0], 1.0f, 0.0f, NULL));
+    CUDA_OK(cudaMemcpy(t->want_sk, t->dc[0], t->cbytes, cudaMemcpyDeviceToHost));
+    CHECK(memcmp(t->want_sk, t->want_dp, t->cbytes) != 0, "stream-K forced on changed no bit (did it run?)");
+    CUDA_OK(cudaMemset(t->dc[0], 0xff, t->cbytes));
+}
+
+static void sk_case_free(sk_case_t *t) {
+    tune_streamk(ctx, CODA_STREAMK_AUTO);
+    tune_cfg(ctx, -1);
+    for (int i = 0; i < t->nc; i++) CUDA_OK(cudaFree(t->dc[i]));
+    CUDA_OK(cudaFree(t->da));
+    CUDA_OK(cudaFree(t->db));
+    free(t->got);
+    free(t->want_sk);
+    free(t->want_dp);
+}
+
 /* Stream-K on more streams than there are workspaces (8): the GEMMs of
  * twelve streams, launched without waiting, twice over (the second round
  * finds every workspace idle and hands them to the new streams). Each
@@ -268,60 +330,29 @@ static void split_tail(void) {
  * stream-K (a workspace was free) or without (every one busy). */
 static void many_streams(void) {
     enum { NS = 12 };
-    const int64_t m = 1500, n = 1800, k = 264;
-    h_rng r = rng_new(seed++);
-    size_t abytes = 2 * (size_t)(m * k), bbytes = 2 * (size_t)(n * k), cbytes = 2 * (size_t)(m * n);
-    uint16_t *ha = h_alloc(abytes), *hb = h_alloc(bbytes), *got = h_alloc(cbytes);
-    uint16_t *want_sk = h_alloc(cbytes), *want_dp = h_alloc(cbytes);
-    rng_fill_bf16(&r, ha, m * k, 1.0f);
-    rng_fill_bf16(&r, hb, n * k, 1.0f);
-    void *da, *db, *dc[NS];
-    CUDA_OK(cudaMalloc(&da, abytes));
-    CUDA_OK(cudaMalloc(&db, bbytes));
-    CUDA_OK(cudaMemcpy(da, ha, abytes, cudaMemcpyHostToDevice));
-    CUDA_OK(cudaMemcpy(db, hb, bbytes, cudaMemcpyHostToDevice));
-    coda_tensor_t A = coda_tensor_2d(da, CODA_BF16, m, k), B = coda_tensor_2d(db, CODA_BF16, n, k), C[NS];
-    A.device = B.device = CODA_DEVICE_CUDA;
-    for (int i = 0; i < NS; i++) {
-        CUDA_OK(cudaMalloc(&dc[i], cbytes));
-        CUDA_OK(cudaMemset(dc[i], 0xff, cbytes));
-        C[i] = coda_tensor_2d(dc[i], CODA_BF16, m, n);
-        C[i].device = CODA_DEVICE_CUDA;
-    }
-    tune_cfg_str(ctx, "1"); /* 128 x 128 tiles, clusters of 2: a partial wave for stream-K */
-    tune_streamk(ctx, CODA_STREAMK_OFF);
-    CHECK_OK(coda_gemm(ctx, CODA_LAYOUT_NT, &A, &B, &C[0], 1.0f, 0.0f, NULL));
-    CUDA_OK(cudaMemcpy(want_dp, dc[0], cbytes, cudaMemcpyDeviceToHost));
-    tune_streamk(ctx, CODA_STREAMK_ON);
-    CHECK_OK(coda_gemm(ctx, CODA_LAYOUT_NT, &A, &B, &C[0], 1.0f, 0.0f, NULL));
-    CUDA_OK(cudaMemcpy(want_sk, dc[0], cbytes, cudaMemcpyDeviceToHost));
-    CHECK(memcmp(want_sk, want_dp, cbytes) != 0, "stream-K forced on changed no bit (did it run?)");
+    sk_case_t t;
+    sk_case_make(&t, 1500, 1800, 264, NS);
     int n_sk[2] = {0, 0}, n_dp[2] = {0, 0};
     for (int round = 0; round < 2; round++) {
         cudaStream_t st[NS];
         for (int i = 0; i < NS; i++) CUDA_OK(cudaStreamCreateWithFlags(&st[i], cudaStreamNonBlocking));
-        for (int i = 0; i < NS; i++) CHECK_OK(coda_gemm(ctx, CODA_LAYOUT_NT, &A, &B, &C[i], 1.0f, 0.0f, st[i]));
+        for (int i = 0; i < NS; i++) CHECK_OK(coda_gemm(ctx, CODA_LAYOUT_NT, &t.a, &t.b, &t.c[i], 1.0f, 0.0f, st[i]));
         CUDA_OK(cudaDeviceSynchronize());
         for (int i = 0; i < NS; i++) {
-            CUDA_OK(cudaMemcpy(got, dc[i], cbytes, cudaMemcpyDeviceToHost));
-            int sk = memcmp(got, want_sk, cbytes) == 0, dp = memcmp(got, want_dp, cbytes) == 0;
+            CUDA_OK(cudaMemcpy(t.got, t.dc[i], t.cbytes, cudaMemcpyDeviceToHost));
+            int sk = memcmp(t.got, t.want_sk, t.cbytes) == 0, dp = memcmp(t.got, t.want_dp, t.cbytes) == 0;
             CHECK(sk || dp, "stream %d of %d (round %d): neither the stream-K nor the plain result", i, NS, round);
             n_sk[round] += sk;
             n_dp[round] += dp;
-            CUDA_OK(cudaMemset(dc[i], 0xff, cbytes));
+            CUDA_OK(cudaMemset(t.dc[i], 0xff, t.cbytes));
             CUDA_OK(cudaStreamDestroy(st[i]));
         }
     }
     /* round 2 starts with 8 idle workspaces (plus the default stream's) */
     CHECK(n_sk[1] >= 8, "round 2: only %d of %d streams ran stream-K", n_sk[1], NS);
-    tune_streamk(ctx, CODA_STREAMK_AUTO);
-    tune_cfg(ctx, -1);
     printf("stream-K on %d streams: round 1 %d stream-K + %d without, round 2 %d + %d, each bit for bit\n", NS,
            n_sk[0], n_dp[0], n_sk[1], n_dp[1]);
-    for (int i = 0; i < NS; i++) CUDA_OK(cudaFree(dc[i]));
-    CUDA_OK(cudaFree(da));
-    CUDA_OK(cudaFree(db));
-    free(ha); free(hb); free(got); free(want_sk); free(want_dp);
+    sk_case_free(&t);
 }
 
 /* Two host threads taking turns at the context (a mutex: coda.h's rule),
@@ -338,6 +369,7 @@ typedef struct {
     coda_tensor_t c;
     int reps;
     coda_status_t st;
+    char why[256]; /* the worker's coda_last_error (it is per thread) */
     cudaError_t sync;
 } pts_job_t;
 
@@ -346,6 +378,7 @@ static void *pts_worker(void *arg) {
     for (int i = 0; i < j->reps && j->st == CODA_OK; i++) {
         pthread_mutex_lock(j->mu);
         j->st = coda_gemm(ctx, CODA_LAYOUT_NT, j->a, j->b, &j->c, 1.0f, 0.0f, cudaStreamPerThread);
+        if (j->st != CODA_OK) snprintf(j->why, sizeof j->why, "%s", coda_last_error());
         pthread_mutex_unlock(j->mu);
     }
     j->sync = cudaStreamSynchronize(cudaStreamPerThread);
@@ -353,55 +386,26 @@ static void *pts_worker(void *arg) {
 }
 
 static void per_thread_streams(void) {
-    const int64_t m = 1500, n = 1800, k = 2056;
-    h_rng r = rng_new(seed++);
-    size_t abytes = 2 * (size_t)(m * k), bbytes = 2 * (size_t)(n * k), cbytes = 2 * (size_t)(m * n);
-    uint16_t *ha = h_alloc(abytes), *hb = h_alloc(bbytes), *got = h_alloc(cbytes), *want = h_alloc(cbytes);
-    rng_fill_bf16(&r, ha, m * k, 1.0f);
-    rng_fill_bf16(&r, hb, n * k, 1.0f);
-    void *da, *db, *dc[3];
-    CUDA_OK(cudaMalloc(&da, abytes));
-    CUDA_OK(cudaMalloc(&db, bbytes));
-    CUDA_OK(cudaMemcpy(da, ha, abytes, cudaMemcpyHostToDevice));
-    CUDA_OK(cudaMemcpy(db, hb, bbytes, cudaMemcpyHostToDevice));
-    coda_tensor_t A = coda_tensor_2d(da, CODA_BF16, m, k), B = coda_tensor_2d(db, CODA_BF16, n, k), C[3];
-    A.device = B.device = CODA_DEVICE_CUDA;
-    for (int i = 0; i < 3; i++) {
-        CUDA_OK(cudaMalloc(&dc[i], cbytes));
-        CUDA_OK(cudaMemset(dc[i], 0xff, cbytes));
-        C[i] = coda_tensor_2d(dc[i], CODA_BF16, m, n);
-        C[i].device = CODA_DEVICE_CUDA;
-    }
-    tune_cfg_str(ctx, "1"); /* 128 x 128 tiles, clusters of 2: a partial wave for stream-K */
-    tune_streamk(ctx, CODA_STREAMK_OFF);
-    CHECK_OK(coda_gemm(ctx, CODA_LAYOUT_NT, &A, &B, &C[2], 1.0f, 0.0f, NULL));
-    CUDA_OK(cudaMemcpy(got, dc[2], cbytes, cudaMemcpyDeviceToHost));
-    tune_streamk(ctx, CODA_STREAMK_ON);
-    CHECK_OK(coda_gemm(ctx, CODA_LAYOUT_NT, &A, &B, &C[2], 1.0f, 0.0f, NULL));
-    CUDA_OK(cudaMemcpy(want, dc[2], cbytes, cudaMemcpyDeviceToHost));
-    CHECK(memcmp(want, got, cbytes) != 0, "stream-K forced on changed no bit (did it run?)");
+    sk_case_t t;
+    sk_case_make(&t, 1500, 1800, 2056, 2);
     pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
     pts_job_t job[2];
     pthread_t th[2];
-    for (int t = 0; t < 2; t++) {
-        job[t] = (pts_job_t){&mu, &A, &B, C[t], 40, CODA_OK, cudaSuccess};
-        CHECK(pthread_create(&th[t], NULL, pts_worker, &job[t]) == 0, "pthread_create");
+    for (int i = 0; i < 2; i++) {
+        job[i] = (pts_job_t){&mu, &t.a, &t.b, t.c[i], 40, CODA_OK, "", cudaSuccess};
+        CHECK(pthread_create(&th[i], NULL, pts_worker, &job[i]) == 0, "pthread_create");
     }
-    for (int t = 0; t < 2; t++) {
-        pthread_join(th[t], NULL);
-        CHECK(job[t].st == CODA_OK, "per-thread stream, thread %d: %s: %s", t, coda_status_name(job[t].st),
-              coda_last_error());
-        CHECK(job[t].sync == cudaSuccess, "per-thread stream, thread %d: %s", t, cudaGetErrorString(job[t].sync));
-        CUDA_OK(cudaMemcpy(got, dc[t], cbytes, cudaMemcpyDeviceToHost));
-        CHECK(memcmp(got, want, cbytes) == 0, "per-thread stream, thread %d: not the stream-K GEMM's bits", t);
+    for (int i = 0; i < 2; i++) {
+        pthread_join(th[i], NULL);
+        CHECK(job[i].st == CODA_OK, "per-thread stream, thread %d: %s: %s", i, coda_status_name(job[i].st),
+              job[i].why);
+        CHECK(job[i].sync == cudaSuccess, "per-thread stream, thread %d: %s", i, cudaGetErrorString(job[i].sync));
+        CUDA_OK(cudaMemcpy(t.got, t.dc[i], t.cbytes, cudaMemcpyDeviceToHost));
+        CHECK(memcmp(t.got, t.want_sk, t.cbytes) == 0, "per-thread stream, thread %d: not the stream-K GEMM's bits",
+              i);
     }
-    tune_streamk(ctx, CODA_STREAMK_AUTO);
-    tune_cfg(ctx, -1);
     printf("stream-K on two threads' per-thread default streams, 40 GEMMs each at once: each bit for bit\n");
-    for (int i = 0; i < 3; i++) CUDA_OK(cudaFree(dc[i]));
-    CUDA_OK(cudaFree(da));
-    CUDA_OK(cudaFree(db));
-    free(ha); free(hb); free(got); free(want);
+    sk_case_free(&t);
 }
 
 int main(int argc, char **argv) {
