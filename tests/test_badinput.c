@@ -206,7 +206,7 @@ static void bad_epilogue(h_rng *rng) {
         q = (coda_program_t *)&a;
         BAD(coda_program_new("this_name_is_far_longer_than_thirty_one", &q), CODA_ERR_INVALID_ARG, "name");
         CHECK(q == NULL, "coda_program_new with a long name left *out %p", (void *)q);
-        coda_program_free(q);
+        if (q == NULL) coda_program_free(q); /* harmless on NULL; never on the stack address it was */
     }
     BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, bd, -1, &tl, NULL), CODA_ERR_INVALID_ARG, "n_bindings");
     BAD(coda_gemm_epilogue(ctx, CODA_LAYOUT_NT, &a, &b, p, NULL, NB, &tl, NULL), CODA_ERR_INVALID_ARG, "bindings");
@@ -380,16 +380,26 @@ static void bad_tiling(void) {
     if (!coda_context_has_cuda(ctx)) {
         coda_llama_config_t c = {.d = 16, .n_heads = 2, .n_kv_heads = 1, .head_dim = 8, .ffn = 24, .vocab = 40,
                                  .eps = 1e-5f, .rope_theta = 10000.0f};
-        coda_block_t *B = NULL;
+        coda_block_t *B = (coda_block_t *)&t;
         BAD(coda_block_create(ctx, &c, CODA_DEVICE_CUDA, &B), CODA_ERR_DEVICE, "coda_block_create: ");
-        CHECK(B == NULL, "coda_block_create wrote its output on failure");
-        coda_llama_t *L = NULL;
+        CHECK(B == NULL, "coda_block_create: a failed call leaves NULL in *out");
+        coda_llama_t *L = (coda_llama_t *)&t;
         BAD(coda_llama_create(ctx, &c, 2, 8, CODA_DEVICE_CUDA, &L), CODA_ERR_DEVICE, "coda_llama_create: ");
-        CHECK(L == NULL, "coda_llama_create wrote its output on failure");
+        CHECK(L == NULL, "coda_llama_create: a failed call leaves NULL in *out");
     }
     CHECK(t.tile_m >= 1 && t.tile_n >= 2 && t.tile_n % 2 == 0, "default tiling %dx%d", t.tile_m, t.tile_n);
-#else /* a build without the CUDA backend says so */
+#else /* a build without the CUDA backend says so, CODA_ERR_UNSUPPORTED in every call */
     BAD(coda_choose_tiling(ctx, CODA_DEVICE_CUDA, CODA_LAYOUT_TN, 1000, 264, 7, &t), CODA_ERR_UNSUPPORTED, "no CUDA");
+    {
+        coda_llama_config_t c = {.d = 16, .n_heads = 2, .n_kv_heads = 1, .head_dim = 8, .ffn = 24, .vocab = 40,
+                                 .eps = 1e-5f, .rope_theta = 10000.0f};
+        coda_block_t *B = (coda_block_t *)&t;
+        BAD(coda_block_create(ctx, &c, CODA_DEVICE_CUDA, &B), CODA_ERR_UNSUPPORTED, "coda_block_create: ");
+        CHECK(B == NULL, "coda_block_create: a failed call leaves NULL in *out");
+        coda_llama_t *L = (coda_llama_t *)&t;
+        BAD(coda_llama_create(ctx, &c, 2, 8, CODA_DEVICE_CUDA, &L), CODA_ERR_UNSUPPORTED, "coda_llama_create: ");
+        CHECK(L == NULL, "coda_llama_create: a failed call leaves NULL in *out");
+    }
 #endif
     /* per program: a NULL program is coda_choose_tiling; an unverified one
      * is refused; on CUDA every program gets the plain GEMM's tile on a big

@@ -330,7 +330,7 @@ int coda_cli_train(int argc, char **argv) {
     } else if (!strcmp(device_name, "auto") && hd_gpu && coda_context_has_cuda(ctx)) {
         dev = CODA_DEVICE_CUDA;
     }
-    TRY(coda__llama_mem_open(ctx, dev, 0, &dp.mem));
+    TRY(coda__llama_mem_open(ctx, dev, 0, "coda train", &dp.mem));
     dp.dev = dev;
     TRY(coda_block_create(ctx, &cfg, dev, &blk));
     TRY(coda_program_parse(coda_builtin_program("lmhead_lse"), &p_lse));

@@ -236,8 +236,6 @@ typedef struct {
     void *stream;
 } launcher_t;
 
-/* Launch `entry` on a (gx, gy, gz) grid of `threads` with `smem` bytes of
- * dynamic shared memory. The caller has the device's context current. */
 /* entry's function for L's options: found in the device's cache, or
  * compiled (or loaded from the disk cache) on first use, which also raises
  * the shared-memory limit. */
@@ -275,6 +273,8 @@ static coda_status_t kernel_fns(launcher_t *L, const char *const *entries, int n
     return CODA_OK;
 }
 
+/* Launch `entry` on a (gx, gy, gz) grid of `threads` with `smem` bytes of
+ * dynamic shared memory. The caller has the device's context current. */
 static coda_status_t launch(launcher_t *L, const char *entry, unsigned gx, unsigned gy, unsigned gz,
                             int threads, int smem, void **args) {
     struct coda_cuda *cu = L->ctx->cuda;

@@ -37,7 +37,8 @@ typedef struct coda_cuda_sk_ws {
                                cuStreamGetId, the handle */
     CUdeviceptr part;      /* (sm_count, 2, 64 * 256) f32; 0: slot unused */
     CUdeviceptr flag;      /* (sm_count, 2, 4) u32, zero between launches */
-    CUevent done;          /* recorded after each GEMM that used it (not captured) */
+    CUevent done;          /* recorded once its flags are first zeroed, then after each
+                              GEMM that used it (not captured) */
     int pinned;            /* a GEMM using it was captured into a graph: never handed on */
 } coda_cuda_sk_ws_t;
 

@@ -379,8 +379,8 @@ int coda__cuda_streamk_split(int64_t units, int64_t clusters, int64_t kiters, in
 static coda_cuda_sk_ws_t *sk_workspace(struct coda_cuda *cu, coda_cuda_device_t *d, CUstream stream) {
     coda_cuda_sk_ws_t *free_slot = NULL, *idle_slot = NULL;
     unsigned long long key = (unsigned long long)(uintptr_t)stream;
-    if (cu->cu.StreamGetId && cu->cu.StreamGetId(stream, &key) != CUDA_SUCCESS)
-        return NULL; /* not a stream it can tell apart: no stream-K */
+    if (cu->cu.StreamGetId ? cu->cu.StreamGetId(stream, &key) != CUDA_SUCCESS : stream == CU_STREAM_PER_THREAD)
+        return NULL; /* not a stream it can tell apart (by id, or by a handle only one stream has): no stream-K */
     for (int i = 0; i < CODA_CUDA_SK_STREAMS; i++) {
         if (d->sk_ws[i].part && d->sk_ws[i].key == key) return &d->sk_ws[i];
         if (!d->sk_ws[i].part && !free_slot) free_slot = &d->sk_ws[i];

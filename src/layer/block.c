@@ -252,7 +252,7 @@ coda_status_t coda__block_create(coda_context_t *ctx, const coda_llama_config_t 
     B->nqkv = B->nq + 2 * B->nkv;
     B->device = device;
     B->device_index = 0; /* CUDA: device 0 of the context */
-    coda_status_t s = coda__llama_mem_open(ctx, device, B->device_index, &B->mem);
+    coda_status_t s = coda__llama_mem_open(ctx, device, B->device_index, fn, &B->mem);
     if (s != CODA_OK) {
         free(B);
         return s;
@@ -286,9 +286,6 @@ coda_status_t coda__block_create(coda_context_t *ctx, const coda_llama_config_t 
     free(freq);
     if (s != CODA_OK) {
         coda_block_free(B);
-        /* the device's messages (no driver, out of device memory) do not
-         * say which call failed */
-        if (strncmp(coda_last_error(), fn, strlen(fn)) != 0) coda__fail(s, "%s: %s", fn, coda_last_error());
         return s;
     }
     *out = B;

@@ -290,11 +290,10 @@ coda_status_t coda_llama_create(coda_context_t *ctx, const coda_llama_config_t *
     L->device = device;
     L->device_index = 0; /* CUDA: device 0 of the context */
     coda_status_t s = coda__block_create(ctx, cfg, device, 1, fn, &L->block);
-    if (s == CODA_OK) s = coda__llama_mem_open(ctx, device, L->device_index, &L->mem);
+    if (s == CODA_OK) s = coda__llama_mem_open(ctx, device, L->device_index, fn, &L->mem);
     if (s == CODA_OK) s = create(L);
     if (s != CODA_OK) {
         coda_llama_free(L);
-        if (strncmp(coda_last_error(), fn, strlen(fn)) != 0) coda__fail(s, "%s: %s", fn, coda_last_error());
         return s;
     }
     *out = L;

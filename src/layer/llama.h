@@ -46,8 +46,9 @@ void coda__llama_copy_vec(const coda_tensor_t *in, coda_tensor_t *out);
 
 typedef struct coda__llama_mem coda__llama_mem_t;
 
-/* A handle for one device (CPU, or CUDA device_index of ctx). */
-coda_status_t coda__llama_mem_open(coda_context_t *ctx, coda_device_t device, int device_index,
+/* A handle for one device (CPU, or CUDA device_index of ctx); fn (a
+ * string that outlives it) names the public call in its messages. */
+coda_status_t coda__llama_mem_open(coda_context_t *ctx, coda_device_t device, int device_index, const char *fn,
                                    coda__llama_mem_t **out);
 void coda__llama_mem_close(coda__llama_mem_t *m);
 /* bytes on the handle's device, 256-byte aligned. */

@@ -8,22 +8,25 @@
 #include "layer/llama.h"
 #include "core/context.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
 struct coda__llama_mem {
+    const char *owner; /* the call that made it, for messages: coda_llama_create, coda_block_create */
     coda_context_t *ctx;
     coda_device_t device;
     int device_index;
 };
 
-coda_status_t coda__llama_mem_open(coda_context_t *ctx, coda_device_t device, int device_index,
+coda_status_t coda__llama_mem_open(coda_context_t *ctx, coda_device_t device, int device_index, const char *fn,
                                    coda__llama_mem_t **out) {
 #ifndef CODA_WITH_CUDA
     if (device != CODA_DEVICE_CPU)
-        return coda__fail(CODA_ERR_UNSUPPORTED, "coda_llama_create: CUDA device asked for, but this build has no CUDA backend");
+        return coda__fail(CODA_ERR_UNSUPPORTED, "%s: CUDA device asked for, but this build has no CUDA backend", fn);
 #endif
     coda__llama_mem_t *m = calloc(1, sizeof *m);
-    if (!m) return coda__fail(CODA_ERR_NO_MEMORY, "coda_llama_create: out of memory");
+    if (!m) return coda__fail(CODA_ERR_NO_MEMORY, "%s: out of memory", fn);
+    m->owner = fn;
     m->ctx = ctx;
     m->device = device;
     m->device_index = device_index;
@@ -43,13 +46,20 @@ coda_status_t coda__llama_mem_alloc(coda__llama_mem_t *m, size_t bytes, void **p
     bytes = (bytes ? bytes + 255 : 256) / 256 * 256; /* 256-byte aligned sizes: 16-byte rows stay legal */
     if (m->device == CODA_DEVICE_CPU) {
         *p = aligned_alloc(256, bytes);
-        if (!*p) return coda__fail(CODA_ERR_NO_MEMORY, "coda_llama_create: out of memory (%zu bytes)", bytes);
+        if (!*p) return coda__fail(CODA_ERR_NO_MEMORY, "%s: out of memory (%zu bytes)", m->owner, bytes);
         return CODA_OK;
     }
 #ifdef CODA_WITH_CUDA
-    return coda__cuda_alloc(m->ctx, m->device_index, bytes, p, "coda_llama_create: cuMemAlloc");
+    char what[64];
+    snprintf(what, sizeof what, "%s: cuMemAlloc", m->owner);
+    coda_status_t s = coda__cuda_alloc(m->ctx, m->device_index, bytes, p, what);
+    /* the device's own messages (no driver, no such device) do not say
+     * which call failed */
+    if (s != CODA_OK && strncmp(coda_last_error(), m->owner, strlen(m->owner)) != 0)
+        coda__fail(s, "%s: %s", m->owner, coda_last_error());
+    return s;
 #else
-    return no_cuda("coda_llama_create");
+    return no_cuda(m->owner);
 #endif
 }
 

@@ -196,7 +196,7 @@ static coda_status_t run(arena_t *A, coda_context_t *ctx, const coda_llama_confi
     coda_tensor_t *wrf[8] = {&wr.g1, &wr.wqkv, &wr.wo, &wr.g2, &wr.wgu, &wr.wd, &wr.gf, &wr.wlm};
     coda_tensor_t *grf[8] = {&gr.g1, &gr.wqkv, &gr.wo, &gr.g2, &gr.wgu, &gr.wd, &gr.gf, &gr.wlm};
     if (o->device == CODA_DEVICE_CUDA) {
-        CODA_TRY(coda__llama_mem_open(ctx, CODA_DEVICE_CUDA, 0, &A->dev));
+        CODA_TRY(coda__llama_mem_open(ctx, CODA_DEVICE_CUDA, 0, "llama_check", &A->dev));
         for (int i = 0; i < nw; i++) {
             CODA_TRY(mirror(A, wf[i], wrf[i]));
             CODA_TRY(mirror(A, gf_[i], grf[i]));
