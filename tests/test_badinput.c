@@ -351,6 +351,22 @@ static void bad_epilogue(h_rng *rng) {
     coda_program_free(p);
 }
 
+/* A block and a layer on CUDA where none can be made (no GPU: want
+ * CODA_ERR_DEVICE; no CUDA backend in the build: CODA_ERR_UNSUPPORTED):
+ * refused with a message naming the call (the driver's own does not), and
+ * NULL left in *out. */
+static void cuda_objects_refused(coda_status_t want) {
+    coda_llama_config_t c = {.d = 16, .n_heads = 2, .n_kv_heads = 1, .head_dim = 8, .ffn = 24, .vocab = 40,
+                             .eps = 1e-5f, .rope_theta = 10000.0f};
+    int sentinel;
+    coda_block_t *B = (coda_block_t *)&sentinel;
+    BAD(coda_block_create(ctx, &c, CODA_DEVICE_CUDA, &B), want, "coda_block_create: ");
+    CHECK(B == NULL, "coda_block_create: a failed call leaves NULL in *out");
+    coda_llama_t *L = (coda_llama_t *)&sentinel;
+    BAD(coda_llama_create(ctx, &c, 2, 8, CODA_DEVICE_CUDA, &L), want, "coda_llama_create: ");
+    CHECK(L == NULL, "coda_llama_create: a failed call leaves NULL in *out");
+}
+
 static void bad_tiling(void) {
     coda_tiling_t t = {77, 99};
     BAD(coda_choose_tiling(NULL, CODA_DEVICE_CPU, CODA_LAYOUT_NT, 8, 8, 8, &t), CODA_ERR_INVALID_ARG, "ctx");
@@ -375,31 +391,11 @@ static void bad_tiling(void) {
     (void)coda_context_has_cuda(ctx);
     CHECK(strcmp(coda_last_error(), before) == 0, "coda_context_has_cuda changed the last error: '%s'",
           coda_last_error());
-    /* without a GPU, creating a block or a layer on CUDA fails, and the
-     * message names the call (the driver's own does not) */
-    if (!coda_context_has_cuda(ctx)) {
-        coda_llama_config_t c = {.d = 16, .n_heads = 2, .n_kv_heads = 1, .head_dim = 8, .ffn = 24, .vocab = 40,
-                                 .eps = 1e-5f, .rope_theta = 10000.0f};
-        coda_block_t *B = (coda_block_t *)&t;
-        BAD(coda_block_create(ctx, &c, CODA_DEVICE_CUDA, &B), CODA_ERR_DEVICE, "coda_block_create: ");
-        CHECK(B == NULL, "coda_block_create: a failed call leaves NULL in *out");
-        coda_llama_t *L = (coda_llama_t *)&t;
-        BAD(coda_llama_create(ctx, &c, 2, 8, CODA_DEVICE_CUDA, &L), CODA_ERR_DEVICE, "coda_llama_create: ");
-        CHECK(L == NULL, "coda_llama_create: a failed call leaves NULL in *out");
-    }
+    if (!coda_context_has_cuda(ctx)) cuda_objects_refused(CODA_ERR_DEVICE);
     CHECK(t.tile_m >= 1 && t.tile_n >= 2 && t.tile_n % 2 == 0, "default tiling %dx%d", t.tile_m, t.tile_n);
 #else /* a build without the CUDA backend says so, CODA_ERR_UNSUPPORTED in every call */
     BAD(coda_choose_tiling(ctx, CODA_DEVICE_CUDA, CODA_LAYOUT_TN, 1000, 264, 7, &t), CODA_ERR_UNSUPPORTED, "no CUDA");
-    {
-        coda_llama_config_t c = {.d = 16, .n_heads = 2, .n_kv_heads = 1, .head_dim = 8, .ffn = 24, .vocab = 40,
-                                 .eps = 1e-5f, .rope_theta = 10000.0f};
-        coda_block_t *B = (coda_block_t *)&t;
-        BAD(coda_block_create(ctx, &c, CODA_DEVICE_CUDA, &B), CODA_ERR_UNSUPPORTED, "coda_block_create: ");
-        CHECK(B == NULL, "coda_block_create: a failed call leaves NULL in *out");
-        coda_llama_t *L = (coda_llama_t *)&t;
-        BAD(coda_llama_create(ctx, &c, 2, 8, CODA_DEVICE_CUDA, &L), CODA_ERR_UNSUPPORTED, "coda_llama_create: ");
-        CHECK(L == NULL, "coda_llama_create: a failed call leaves NULL in *out");
-    }
+    cuda_objects_refused(CODA_ERR_UNSUPPORTED);
 #endif
     /* per program: a NULL program is coda_choose_tiling; an unverified one
      * is refused; on CUDA every program gets the plain GEMM's tile on a big
