@@ -72,13 +72,17 @@ all: lib $(BUILD)/coda $(TEST_BIN) $(BUILD)/tools/op_docs $(ORACLE_SO) $(LAYOUT_
 
 help:
 	@echo "make            library (static + shared), the coda CLI, the tests"
+	@echo "make lib        the library alone (build/libcoda.a, build/libcoda.so)"
 	@echo "make test       run the C tests, then the PyTorch cross-check"
+	@echo "make test-c     the C tests alone"
+	@echo "make test-py    the PyTorch cross-check alone (PYTHON=/absolute/path/to/python for another torch)"
 	@echo "make demo       run 'coda demo' (GPU if present, else CPU backend)"
 	@echo "make docs       the op tables of docs/programs.md, from src/program/ops.def"
 	@echo "make fuzz       libFuzzer on the program parser/verifier (clang, 60 s)"
 	@echo "make test-sanitize  the C tests again under AddressSanitizer + UBSan (build-asan/)"
 	@echo "make gpu-test   GPU test suite (needs an sm_90a GPU)"
 	@echo "make bench      GPU benchmarks (needs an sm_90a GPU)"
+	@echo "make clean      remove the build directory"
 
 lib: $(BUILD)/libcoda.a $(BUILD)/libcoda.so
 

@@ -401,7 +401,7 @@ def describe_tensor(t):
         raise TypeError("coda: expected a torch.Tensor, got %s" % type(t).__name__)
     dt = _DTYPES.get(t.dtype)
     if dt is None:
-        raise TypeError("coda: dtype %s is not supported (bfloat16, float32, int32)" % t.dtype)
+        raise TypeError("coda: dtype %s is not supported (bfloat16, float32, int32; int64 for targets)" % t.dtype)
     nd = t.dim()
     if not 1 <= nd <= MAX_DIMS:
         raise ValueError("coda: tensors have 1..%d dims, got %d" % (MAX_DIMS, nd))
