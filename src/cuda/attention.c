@@ -352,13 +352,12 @@ static int bwd_fused(const launcher_t *L, const coda_tensor_t *out) {
  * into the workspace) runs, then the backward's kernels. */
 static coda_status_t run_bwd_wgmma(launcher_t *L, const coda_attention_shape_t *s, const coda_tensor_t *qkv,
                                    const coda_tensor_t *do_, const coda_tensor_t *out, attn_args_t *a,
-                                   unsigned prep_blocks) {
+                                   int fused, unsigned prep_blocks) {
     CUtensorMap qkv128, qkv64, do128, do64, dqm;
     CODA_TRY(seq_map(L->ctx, &qkv128, qkv, s, 128, "cuTensorMapEncodeTiled(qkv, 128 rows)"));
     CODA_TRY(seq_map(L->ctx, &qkv64, qkv, s, 64, "cuTensorMapEncodeTiled(qkv, 64 rows)"));
     CODA_TRY(seq_map(L->ctx, &do64, do_, s, 64, "cuTensorMapEncodeTiled(do, 64 rows)"));
     CODA_TRY(seq_map(L->ctx, &do128, do_, s, 128, "cuTensorMapEncodeTiled(do, 128 rows)"));
-    const int fused = bwd_fused(L, out);
     if (fused && L->dq_perm) CODA_TRY(dq_perm_map(L->ctx, &dqm, out, s));
     else if (fused) CODA_TRY(seq_map(L->ctx, &dqm, out, s, 64, "cuTensorMapEncodeTiled(dqkv, 64 rows)"));
     void *prep_args[] = {a};
@@ -414,16 +413,19 @@ static coda_status_t run(launcher_t *L, const coda_attention_shape_t *s, const c
         return launch(L, "coda_attn_fwd_kernel", heads, batch, (unsigned)coda__cdiv(s->seq, FWD_ROWS),
                       fwd_threads(L->hd), smem_fwd(L->hd), args);
     /* every kernel of the backward built or loaded before the first runs */
-    const int mma = L->ctx->tuning.attn_mma;
-    const char *entries[3] = {"coda_attn_bwd_prep_kernel", mma ? "coda_attn_bwd_dq_kernel"
-                                                           : bwd_fused(L, out) ? "coda_attn_bwd_wgmma_kernel"
-                                                                               : "coda_attn_bwd_dkdv_wgmma_kernel",
-                              mma ? "coda_attn_bwd_dkdv_kernel" : "coda_attn_bwd_dq_wgmma_kernel"};
-    CODA_TRY(kernel_fns(L, entries, mma || !bwd_fused(L, out) ? 3 : 2));
+    const int mma = L->ctx->tuning.attn_mma, fused = !mma && bwd_fused(L, out);
+    static const char *const mma_entries[] = {"coda_attn_bwd_prep_kernel", "coda_attn_bwd_dq_kernel",
+                                              "coda_attn_bwd_dkdv_kernel"};
+    static const char *const fused_entries[] = {"coda_attn_bwd_prep_kernel", "coda_attn_bwd_wgmma_kernel"};
+    static const char *const split_entries[] = {"coda_attn_bwd_prep_kernel", "coda_attn_bwd_dkdv_wgmma_kernel",
+                                                "coda_attn_bwd_dq_wgmma_kernel"};
+    if (mma) CODA_TRY(kernel_fns(L, mma_entries, 3));
+    else if (fused) CODA_TRY(kernel_fns(L, fused_entries, 2));
+    else CODA_TRY(kernel_fns(L, split_entries, 3));
     /* a warp per 32 positions of a (sequence, head), 8 warps a block */
     int64_t warps = s->batch * s->n_heads * coda__cdiv(s->seq, 32), blocks = coda__cdiv(warps, 8);
     const unsigned prep_blocks = (unsigned)(blocks < MAX_GRID ? blocks : MAX_GRID);
-    if (!mma) return run_bwd_wgmma(L, s, qkv, do_, out, a, prep_blocks);
+    if (!mma) return run_bwd_wgmma(L, s, qkv, do_, out, a, fused, prep_blocks);
     CODA_TRY(launch(L, "coda_attn_bwd_prep_kernel", prep_blocks, 1, 1, 256, 0, args));
     unsigned tiles = (unsigned)coda__cdiv(s->seq, BWD_ROWS);
     CODA_TRY(launch(L, "coda_attn_bwd_dq_kernel", heads, batch, tiles, BWD_ROWS / 16 * 32, smem_dq(L->hd), args));

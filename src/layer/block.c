@@ -28,7 +28,6 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 const char *const coda__llama_prog_names[CODA__P_COUNT] = {
     [CODA__P_RESID_NORM] = "resid_norm", [CODA__P_RESID_ADD] = "resid_add",   [CODA__P_QKV] = "qkv_rope",
