@@ -2,7 +2,7 @@
 """attention_context.py - an attention backward's kernels timed in the
 settings a benchmark and a training step give it, coda beside cuDNN.
 
-Why: at the 1B block (bench/RESULTS.md, stop 55) coda's backward kernel
+Why: at the 1B block (bench/HISTORY.md, stop 55) coda's backward kernel
 took 3.25-3.35 ms inside the block's step but 3.07 ms alone, while
 cuDNN's took 3.08 in both. This script times the same calls (the
 bench_attention.py variants, the same random data) behind four preludes:

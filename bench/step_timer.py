@@ -7,9 +7,9 @@ launch the first kernel, and again wherever the host falls behind. In a
 training loop the host runs ahead of the GPU, so that wait is not part of a
 step's cost; it also differs between variants (a compiled graph, a module
 of custom ops and a few torch.matmul calls reach their first kernel after
-0.3-1.1 ms: bench/RESULTS.md, stop 45's gap table) and so moves their
+0.3-1.1 ms: bench/HISTORY.md, stop 45's gap table) and so moves their
 ratios: at the 1B block by 2-14% of the floor, and attention against
-cuDNN by up to 11% (bench/RESULTS.md, stop 49).
+cuDNN by up to 11% (bench/HISTORY.md, stop 49).
 
 StepTimer(hide_lead=True) queues a sleep kernel before e0, long enough for
 the host to launch the whole step behind it (twice the host's measured

@@ -278,7 +278,7 @@ static const char *src_cond(in_src_t s) {
  * joined by XOR to the chunk pair's constant (jb even, so its unit bits
  * and the lane's chunk bit are disjoint). A column vector's matrices are
  * its 4 chunks of the batch, all 8 rows one address (every row of the
- * fragment gets the same values). Measured: see bench/RESULTS.md session 12. */
+ * fragment gets the same values). Measured: see bench/HISTORY.md session 12. */
 static void gen_fetch_batch(sb_t *b, const coda_program_t *p, const coda_ring_plan_t *rp, const stage_plan_t *sp) {
     sb_printf(b,
               "static __device__ __forceinline__ void coda_epi_fetch_batch(const coda_epi_params &P_,\n"

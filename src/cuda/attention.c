@@ -142,7 +142,7 @@ static int fwd_consumers_of(int tuned, int hd) {
  *     whose share fits (70B: 2, 448-454 TFLOP/s; 1 part 438-444; one head
  *     a block 401-402, 97% L2 hits but short blocks).
  * (H100, `test_attention_gpu bwdab`, two rounds; ncu's dram__bytes and
- * lts__t_sector_hit_rate; bench/RESULTS.md, stop 43.)
+ * lts__t_sector_hit_rate; bench/HISTORY.md, stop 43.)
  *   - At head_dim 128 where the share fits (8B), two heads a block, launched
  *     in chunks of 8 (part, sequence) pairs (16 query heads; ab_block):
  *     478.1 / 478.5 TFLOP/s against 466.6 / 457.4 for a group a block,
