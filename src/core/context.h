@@ -190,6 +190,16 @@ coda_status_t coda__cuda_copy_2d(coda_context_t *ctx, int index, void *dst, size
 /* rows x width bytes of zeros at dst (row pitch `pitch`), device memory. */
 coda_status_t coda__cuda_zero_2d(coda_context_t *ctx, int index, void *dst, size_t pitch, size_t width,
                                  size_t rows, void *stream, const char *what);
+/* The two above with the driver's pitch limit as a parameter: where a pitch
+ * or the width exceeds max_pitch, each row goes in one-row pieces of at most
+ * max_pitch bytes. The calls above pass CODA__CUDA_MAX_PITCH (the driver
+ * refuses pitches of 2^31 bytes or more); tests pass small ones. */
+#define CODA__CUDA_MAX_PITCH ((size_t)0x7fffffff)
+coda_status_t coda__cuda_copy_2d_pieces(coda_context_t *ctx, int index, void *dst, size_t dpitch, int dst_host,
+                                        const void *src, size_t spitch, int src_host, size_t width, size_t rows,
+                                        void *stream, size_t max_pitch, const char *what);
+coda_status_t coda__cuda_zero_2d_pieces(coda_context_t *ctx, int index, void *dst, size_t pitch, size_t width,
+                                        size_t rows, void *stream, size_t max_pitch, const char *what);
 /* Wait for everything queued on the stream. */
 coda_status_t coda__cuda_sync(coda_context_t *ctx, int index, void *stream, const char *what);
 #endif

@@ -1,0 +1,168 @@
+/* test_memory_gpu.c - the backend's 2-D copies and zero fills
+ * (src/cuda/memory.c), which the layer and the LM head use for staging:
+ *
+ *   rectangles     host -> device, device -> device, device -> host and
+ *                  zero fills of rows x width bytes between buffers of
+ *                  different pitches; every byte of every buffer compared
+ *                  with a host model, so the bytes between and after the
+ *                  rows must stay as they were. Once whole, once in one-row
+ *                  pieces (a small max_pitch stands in for the driver's
+ *                  2 GiB limit).
+ *   past 2 GiB     one row of 2^31 + 4099 bytes (the driver refuses such a
+ *                  pitch): copied device to device and zeroed with the
+ *                  default limit; windows at its start, across 2^31 and at
+ *                  its end compared, the bytes after it untouched.
+ *
+ * Random bytes, never all zeros. Needs a CUDA GPU with 5 GiB free; the
+ * output ends with "N checks, 0 failures". */
+#include "harness.h"
+
+#ifdef CODA_WITH_CUDA
+#include "gpu/cuda_check.h"
+#include "core/context.h"
+
+static coda_context_t *ctx;
+static uint64_t seed = 0x9e3779b97f4a7c15ull;
+
+static void random_bytes(unsigned char *p, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        p[i] = (unsigned char)(seed >> 56);
+    }
+    if (n) p[0] |= 1; /* never all zeros */
+}
+
+/* rows x width bytes from src (pitch sp) into dst (pitch dp), on the host. */
+static void model_copy(unsigned char *dst, size_t dp, const unsigned char *src, size_t sp, size_t width,
+                       size_t rows) {
+    for (size_t r = 0; r < rows; r++) memcpy(dst + r * dp, src + r * sp, width);
+}
+
+static void model_zero(unsigned char *dst, size_t dp, size_t width, size_t rows) {
+    for (size_t r = 0; r < rows; r++) memset(dst + r * dp, 0, width);
+}
+
+/* The device buffer equals the host model, byte for byte. */
+static void check_device(const void *dev, const unsigned char *want, size_t n, const char *what, size_t rows,
+                         size_t width, size_t max_pitch) {
+    unsigned char *got = malloc(n);
+    if (!got) exit(1);
+    CUDA_OK(cudaMemcpy(got, dev, n, cudaMemcpyDeviceToHost));
+    size_t bad = n;
+    for (size_t i = 0; i < n && bad == n; i++)
+        if (got[i] != want[i]) bad = i;
+    CHECK(bad == n, "%s, %zu rows x %zu bytes, max_pitch %zu: byte %zu of %zu differs", what, rows, width, max_pitch,
+          bad, n);
+    free(got);
+}
+
+#define GUARD 64 /* bytes after the last row */
+
+static void rectangles(size_t rows, size_t width, size_t pad, size_t max_pitch) {
+    size_t sp = width + pad, d1p = width + 2 * pad + 8, d2p = width + (pad ? pad + 3 : 0), hp = width + pad + 1;
+    size_t sn = rows * sp + GUARD, n1 = rows * d1p + GUARD, n2 = rows * d2p + GUARD, nh = rows * hp + GUARD;
+    unsigned char *src = malloc(sn), *m1 = malloc(n1), *m2 = malloc(n2), *host = malloc(nh), *mh = malloc(nh);
+    if (!src || !m1 || !m2 || !host || !mh) exit(1);
+    random_bytes(src, sn);
+    random_bytes(m1, n1);
+    random_bytes(m2, n2);
+    random_bytes(host, nh);
+    memcpy(mh, host, nh);
+    void *d1, *d2;
+    CUDA_OK(cudaMalloc(&d1, n1));
+    CUDA_OK(cudaMalloc(&d2, n2));
+    CUDA_OK(cudaMemcpy(d1, m1, n1, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d2, m2, n2, cudaMemcpyHostToDevice));
+
+    CHECK_OK(coda__cuda_copy_2d_pieces(ctx, 0, d1, d1p, 0, src, sp, 1, width, rows, NULL, max_pitch, "h2d"));
+    model_copy(m1, d1p, src, sp, width, rows);
+    check_device(d1, m1, n1, "host -> device", rows, width, max_pitch);
+
+    CHECK_OK(coda__cuda_copy_2d_pieces(ctx, 0, d2, d2p, 0, d1, d1p, 0, width, rows, NULL, max_pitch, "d2d"));
+    model_copy(m2, d2p, m1, d1p, width, rows);
+    check_device(d2, m2, n2, "device -> device", rows, width, max_pitch);
+
+    CHECK_OK(coda__cuda_copy_2d_pieces(ctx, 0, host, hp, 1, d2, d2p, 0, width, rows, NULL, max_pitch, "d2h"));
+    model_copy(mh, hp, m2, d2p, width, rows);
+    CHECK(memcmp(host, mh, nh) == 0, "device -> host, %zu rows x %zu bytes, max_pitch %zu: differs", rows, width,
+          max_pitch);
+
+    CHECK_OK(coda__cuda_zero_2d_pieces(ctx, 0, d1, d1p, width, rows, NULL, max_pitch, "zero"));
+    model_zero(m1, d1p, width, rows);
+    check_device(d1, m1, n1, "zero fill", rows, width, max_pitch);
+
+    CUDA_OK(cudaFree(d1));
+    CUDA_OK(cudaFree(d2));
+    free(src), free(m1), free(m2), free(host), free(mh);
+}
+
+/* One row longer than the driver's largest pitch, with the default limit. */
+static void past_2gib(void) {
+    const size_t width = ((size_t)1 << 31) + 4099, W = 4096;
+    const size_t at[3] = {0, ((size_t)1 << 31) - W / 2, width - W}; /* windows: start, across 2^31, end */
+    unsigned char *d1, *d2;
+    if (cudaMalloc((void **)&d1, width + GUARD) != cudaSuccess) d1 = NULL;
+    if (!d1 || cudaMalloc((void **)&d2, width + GUARD) != cudaSuccess) {
+        printf("past 2 GiB: skipped (no 4.1 GiB free on the GPU)\n");
+        (void)cudaGetLastError();
+        if (d1) CUDA_OK(cudaFree(d1));
+        return;
+    }
+    unsigned char win[3][4096], got[4096], tail[GUARD];
+    CUDA_OK(cudaMemset(d1, 0x5a, width + GUARD));
+    CUDA_OK(cudaMemset(d2, 0xc3, width + GUARD));
+    for (int w = 0; w < 3; w++) {
+        random_bytes(win[w], W);
+        CUDA_OK(cudaMemcpy(d1 + at[w], win[w], W, cudaMemcpyHostToDevice));
+    }
+    CHECK_OK(coda__cuda_copy_2d(ctx, 0, d2, width, 0, d1, width, 0, width, 1, NULL, "d2d 2 GiB"));
+    CUDA_OK(cudaDeviceSynchronize());
+    for (int w = 0; w < 3; w++) {
+        CUDA_OK(cudaMemcpy(got, d2 + at[w], W, cudaMemcpyDeviceToHost));
+        CHECK(memcmp(got, win[w], W) == 0, "past 2 GiB: copy, window at %zu differs", at[w]);
+    }
+    CUDA_OK(cudaMemcpy(tail, d2 + width, GUARD, cudaMemcpyDeviceToHost));
+    int kept = 1;
+    for (int i = 0; i < GUARD; i++) kept &= tail[i] == 0xc3;
+    CHECK(kept, "past 2 GiB: copy wrote past the row");
+
+    CHECK_OK(coda__cuda_zero_2d(ctx, 0, d2, width, width, 1, NULL, "zero 2 GiB"));
+    CUDA_OK(cudaDeviceSynchronize());
+    for (int w = 0; w < 3; w++) {
+        CUDA_OK(cudaMemcpy(got, d2 + at[w], W, cudaMemcpyDeviceToHost));
+        int zero = 1;
+        for (size_t i = 0; i < W; i++) zero &= got[i] == 0;
+        CHECK(zero, "past 2 GiB: zero fill, window at %zu not zero", at[w]);
+    }
+    CUDA_OK(cudaMemcpy(tail, d2 + width, GUARD, cudaMemcpyDeviceToHost));
+    kept = 1;
+    for (int i = 0; i < GUARD; i++) kept &= tail[i] == 0xc3;
+    CHECK(kept, "past 2 GiB: zero fill wrote past the row");
+    printf("past 2 GiB: one row of %zu bytes copied and zeroed\n", width);
+    CUDA_OK(cudaFree(d1));
+    CUDA_OK(cudaFree(d2));
+}
+
+int main(void) {
+    REQUIRE_OK(coda_context_create(NULL, &ctx));
+    if (!coda_context_has_cuda(ctx)) {
+        fprintf(stderr, "no usable CUDA device: %s\n", coda_last_error());
+        return 1;
+    }
+    static const size_t rows[] = {1, 3, 17}, widths[] = {1, 63, 64, 200, 1000}, pads[] = {0, 5, 300};
+    static const size_t limits[] = {64, 100, 4096, CODA__CUDA_MAX_PITCH};
+    for (size_t r = 0; r < 3; r++)
+        for (size_t w = 0; w < 5; w++)
+            for (size_t p = 0; p < 3; p++)
+                for (size_t l = 0; l < 4; l++) rectangles(rows[r], widths[w], pads[p], limits[l]);
+    printf("rectangles: 3 row counts x 5 widths x 3 pitches x 4 limits, each byte as modelled\n");
+    past_2gib();
+    coda_context_free(ctx);
+    TEST_MAIN_END();
+}
+#else
+int main(void) {
+    printf("test_memory_gpu: built without CUDA\n");
+    return 0;
+}
+#endif
