@@ -362,7 +362,11 @@ static void many_streams(void) {
  * get a stream-K workspace of its own (slots keyed by the handle shared
  * one, and an owner could add the other stream's partial sums, or wait
  * forever on a flag the other cleared: a review). Each thread's result is
- * bit for bit the stream-K GEMM alone (so stream-K ran on both). */
+ * bit for bit the stream-K GEMM alone (so stream-K ran on both), and right
+ * after each of its GEMMs a workspace slot is keyed by its own stream's id
+ * (cudaStreamGetId), the two ids differing: the check that fails at once
+ * with slots keyed by the handle, however the two threads' GEMMs happen to
+ * overlap. */
 typedef struct {
     pthread_mutex_t *mu;
     const coda_tensor_t *a, *b;
@@ -371,16 +375,30 @@ typedef struct {
     coda_status_t st;
     char why[256]; /* the worker's coda_last_error (it is per thread) */
     cudaError_t sync;
+    unsigned long long id; /* this thread's per-thread stream's id */
+    int unkeyed;           /* GEMMs after which no slot had that id */
 } pts_job_t;
+
+/* Is a stream-K workspace slot of device 0 keyed by stream id `id`? */
+static int sk_slot_keyed(unsigned long long id) {
+    coda_cuda_device_t *d;
+    if (coda__cuda_device(ctx, 0, &d) != CODA_OK) return 0;
+    for (int i = 0; i < CODA_CUDA_SK_STREAMS; i++)
+        if (d->sk_ws[i].part && d->sk_ws[i].key == id) return 1;
+    return 0;
+}
 
 static void *pts_worker(void *arg) {
     pts_job_t *j = arg;
-    for (int i = 0; i < j->reps && j->st == CODA_OK; i++) {
+    j->sync = cudaStreamGetId(cudaStreamPerThread, &j->id);
+    for (int i = 0; i < j->reps && j->st == CODA_OK && j->sync == cudaSuccess; i++) {
         pthread_mutex_lock(j->mu);
         j->st = coda_gemm(ctx, CODA_LAYOUT_NT, j->a, j->b, &j->c, 1.0f, 0.0f, cudaStreamPerThread);
         if (j->st != CODA_OK) snprintf(j->why, sizeof j->why, "%s", coda_last_error());
+        else j->unkeyed += !sk_slot_keyed(j->id);
         pthread_mutex_unlock(j->mu);
     }
+    if (j->sync != cudaSuccess) return NULL;
     j->sync = cudaStreamSynchronize(cudaStreamPerThread);
     return NULL;
 }
@@ -392,7 +410,7 @@ static void per_thread_streams(void) {
     pts_job_t job[2];
     pthread_t th[2];
     for (int i = 0; i < 2; i++) {
-        job[i] = (pts_job_t){&mu, &t.a, &t.b, t.c[i], 40, CODA_OK, "", cudaSuccess};
+        job[i] = (pts_job_t){&mu, &t.a, &t.b, t.c[i], 40, CODA_OK, "", cudaSuccess, 0, 0};
         CHECK(pthread_create(&th[i], NULL, pts_worker, &job[i]) == 0, "pthread_create");
     }
     for (int i = 0; i < 2; i++) {
@@ -400,10 +418,13 @@ static void per_thread_streams(void) {
         CHECK(job[i].st == CODA_OK, "per-thread stream, thread %d: %s: %s", i, coda_status_name(job[i].st),
               job[i].why);
         CHECK(job[i].sync == cudaSuccess, "per-thread stream, thread %d: %s", i, cudaGetErrorString(job[i].sync));
+        CHECK(job[i].unkeyed == 0, "per-thread stream, thread %d: after %d of its %d GEMMs no stream-K slot had its "
+              "stream's id %llu", i, job[i].unkeyed, job[i].reps, job[i].id);
         CUDA_OK(cudaMemcpy(t.got, t.dc[i], t.cbytes, cudaMemcpyDeviceToHost));
         CHECK(memcmp(t.got, t.want_sk, t.cbytes) == 0, "per-thread stream, thread %d: not the stream-K GEMM's bits",
               i);
     }
+    CHECK(job[0].id != job[1].id, "the two threads' per-thread streams have one id, %llu", job[0].id);
     printf("stream-K on two threads' per-thread default streams, 40 GEMMs each at once: each bit for bit\n");
     sk_case_free(&t);
 }
