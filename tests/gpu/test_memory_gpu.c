@@ -8,7 +8,7 @@
  *                  rows must stay as they were. Once whole, once in one-row
  *                  pieces (a small max_pitch stands in for the driver's
  *                  2 GiB limit).
- *   past 2 GiB     one row of 2^31 + 4099 bytes (the driver refuses such a
+ *   past 2 GiB     one row of 2^31 + 12291 bytes (the driver refuses such a
  *                  pitch): copied device to device and zeroed with the
  *                  default limit; windows at its start, across 2^31 and at
  *                  its end compared, the bytes after it untouched.
@@ -98,9 +98,11 @@ static void rectangles(size_t rows, size_t width, size_t pad, size_t max_pitch) 
 
 /* One row longer than the driver's largest pitch, with the default limit. */
 static void past_2gib(void) {
-    const size_t width = ((size_t)1 << 31) + 4099, W = 4096;
-    const size_t at[3] = {0, ((size_t)1 << 31) - W / 2, width - W}; /* windows: start, across 2^31, end */
+    /* windows at the start, across 2^31 and at the end, apart from each other */
+    const size_t W = 4096, width = ((size_t)1 << 31) + 3 * W + 3;
+    const size_t at[3] = {0, ((size_t)1 << 31) - W / 2, width - W};
     unsigned char *d1, *d2;
+    CHECK(at[0] + W <= at[1] && at[1] + W <= at[2], "past 2 GiB: the test's windows overlap");
     if (cudaMalloc((void **)&d1, width + GUARD) != cudaSuccess) d1 = NULL;
     if (!d1 || cudaMalloc((void **)&d2, width + GUARD) != cudaSuccess) {
         printf("past 2 GiB: skipped (no 4.1 GiB free on the GPU)\n");
