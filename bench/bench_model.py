@@ -177,7 +177,7 @@ def main():
     for name, m in models:
         for _ in range(2):
             free_grads()
-            losses[name] = float(step(m))
+            losses[name] = float(step(m).detach())
     torch.cuda.synchronize()
     print("LLaMA-3-1B shape, %d blocks, vocab %d, batch %d x %d tokens (warm-up and compile %.0f s)"
           % (a.layers, a.vocab, a.batch, a.seq, time.time() - t0), flush=True)
