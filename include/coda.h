@@ -483,7 +483,7 @@ CODA_API coda_status_t coda_choose_tiling(coda_context_t *ctx, coda_device_t dev
 /* The same for one program (NULL: as coda_choose_tiling). On CUDA tile_n
  * also picks the GPU schedule: the choice is the plain GEMM's (256 on big
  * problems, the cooperative schedule), which measured as fast as or faster
- * than the alternative for every built-in program (H200, bench/RESULTS.md);
+ * than the alternative for every built-in program (H200, bench/HISTORY.md);
  * a caller may still pass tile_n 128, which on big problems runs the
  * ping-pong schedule (one consumer warpgroup's epilogue beside the other's
  * mainloop). The CPU's tiling is the same either way. */

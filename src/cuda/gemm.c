@@ -662,7 +662,7 @@ coda_status_t coda__cuda_gemm(coda_context_t *ctx, coda_layout_t layout, const c
         /* beta = 0 (nearly every call) has a kernel of its own: the general
          * pair code tests beta and the bounds per column pair, and that cost
          * 2-3% of the whole GEMM at K = 2048-4096 (measured on the H200,
-         * bench/RESULTS.md) */
+         * bench/HISTORY.md) */
         int simple = (beta == 0.0f ? PLAIN_SIMPLE : 0) | (n % (c->dtype == CODA_F32 ? 4 : 8) ? PLAIN_C_TAIL : 0);
         s = epi ? launch(ctx, d, layout, a, b, c, epi, NULL, &p, cfg, 0, NULL, simple, stream)
                 : coda__fail(CODA_ERR_INTERNAL, "CUDA GEMM: epi_plain.cuh is not embedded");
