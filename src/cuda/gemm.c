@@ -10,7 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-/* Measured on an H200 (bench/RESULTS.md): 128x256 tiles in 2-CTA clusters
+/* Measured on an H200 (bench/HISTORY.md): 128x256 tiles in 2-CTA clusters
  * (B multicast to a pair of tile rows, groups of 16 tile rows) win wherever
  * there are enough tiles to fill the chip, by 3-5% over the same tile
  * without clusters; one wave or less of big tiles runs best without
@@ -307,7 +307,7 @@ _Static_assert(offsetof(sk_params_t, flag) == 8 && offsetof(sk_params_t, dp_unit
  * The tail is the partial last wave plus one whole wave, so that each
  * cluster's share of its k-blocks spans at least one unit.
  *
- * When (measured on the H200, bench/RESULTS.md, `bench_gemm variants` with
+ * When (measured on the H200, bench/HISTORY.md, `bench_gemm variants` with
  * CODA_VARIANTS="3- 3s"): a cluster's share of the tail runs through
  * k-blocks of its own, where the whole units of a wave run through the same
  * k-blocks side by side and share them in L2; so the tail is slower per
