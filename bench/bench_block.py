@@ -15,8 +15,9 @@ the same attention (torch SDPA, causal, GQA):
                  SwiGLU), bf16
   torch.compile  the same module compiled (default mode)
   liger          the eager block with Liger-Kernel's RMSNorm, fused
-                 add+RMSNorm, RoPE and SwiGLU (from $LIGER_SRC, default
-                 .liger/src; skipped with a note if it does not import)
+                 add+RMSNorm, RoPE and SwiGLU ($LIGER_SRC, .liger/src or
+                 the installed package: bench/liger_import.py; skipped
+                 with a note if it does not import)
   coda           coda.nn.LlamaBlock, bf16 parameters
   coda+attn      (--coda-attention) the same with coda's own attention
                  (attention="coda", coda.h section 11) instead of SDPA: the
@@ -64,6 +65,7 @@ import coda.nn  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from step_timer import StepTimer, add_arguments, pin_sdpa, spread  # noqa: E402
 from trace_gaps import gaps  # noqa: E402
+from liger_import import import_liger  # noqa: E402
 
 SHAPES = {  # d, n_heads, n_kv_heads, head_dim, ffn, rope_theta
     "1b": (2048, 32, 8, 64, 8192, 500000.0),
@@ -74,19 +76,13 @@ EPS = 1e-5
 
 
 def load_liger():
-    src = os.environ.get("LIGER_SRC", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                                    ".liger", "src"))
-    if not os.path.isdir(src):
-        return None, "no Liger source at %s" % src
-    sys.path.insert(0, src)
-    try:
+    def load():
         from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
         from liger_kernel.ops.rms_norm import LigerRMSNormFunction
         from liger_kernel.ops.rope import LigerRopeFunction
         from liger_kernel.ops.swiglu import LigerSiLUMulFunction
-    except Exception as e:
-        return None, "%s: %s" % (type(e).__name__, e)
-    return (LigerFusedAddRMSNormFunction, LigerRMSNormFunction, LigerRopeFunction, LigerSiLUMulFunction), None
+        return (LigerFusedAddRMSNormFunction, LigerRMSNormFunction, LigerRopeFunction, LigerSiLUMulFunction)
+    return import_liger(load)
 
 
 def sdpa(q, k, v):

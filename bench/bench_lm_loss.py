@@ -10,9 +10,9 @@ x (M, d), w (V, d) and targets (M):
   eager          F.linear in bf16, F.cross_entropy of the logits .float(),
                  backward (the (M, V) logits in bf16 and f32 in memory)
   torch.compile  the same function compiled (default mode, static shapes)
-  liger          Liger-Kernel's LigerFusedLinearCrossEntropyLoss (from
-                 $LIGER_SRC, default .liger/src; skipped with a note if it
-                 does not import): chunked, the gradients made in the forward
+  liger          Liger-Kernel's LigerFusedLinearCrossEntropyLoss ($LIGER_SRC,
+                 .liger/src or the installed package: bench/liger_import.py;
+                 skipped with a note if it does not import): chunked, the gradients made in the forward
   coda           coda.ops.lm_loss with the library's chunk (at most 1 GiB of
                  bf16 logits), dw in bf16 as Liger's; "coda c=N" with
                  chunk_rows N (the time / memory trade-off); "coda dw f32"
@@ -53,6 +53,7 @@ import coda.ops  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from step_timer import StepTimer, add_arguments  # noqa: E402
+from liger_import import import_liger  # noqa: E402
 
 HOST_LEAD = False  # --host-lead
 
@@ -62,16 +63,10 @@ DEFAULT = "1b,8b,sq2048,sq4096,sq8192"
 
 
 def load_liger():
-    src = os.environ.get("LIGER_SRC", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                                    ".liger", "src"))
-    if not os.path.isdir(src):
-        return None, "no Liger source at %s" % src
-    sys.path.insert(0, src)
-    try:
+    def load():
         from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss
-    except Exception as e:
-        return None, "%s: %s" % (type(e).__name__, e)
-    return LigerFusedLinearCrossEntropyLoss, None
+        return LigerFusedLinearCrossEntropyLoss
+    return import_liger(load)
 
 
 def parse_shape(s):

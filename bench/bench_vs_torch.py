@@ -15,8 +15,8 @@ Kernel-level, forward, M = N = K, bf16, in one process (docs/benchmarks.md):
   rmsnorm_rope    RMSNorm(x) W_qkv^T, then RoPE on q and k     (QKV)
 
 Peers: the cuBLAS GEMM alone (torch.matmul; the floor), PyTorch eager,
-torch.compile, Liger-Kernel (Triton; imported from $LIGER_SRC if set, else
-skipped) for the memory-bound part after a cuBLAS GEMM. coda: the fused GEMM
+torch.compile, Liger-Kernel (Triton; from $LIGER_SRC, .liger/src or the
+installed package: bench/liger_import.py; else skipped) for the memory-bound part after a cuBLAS GEMM. coda: the fused GEMM
 (and the tiny finishing step that turns partials into rstd where the program
 needs one); "coda rowpart": the same programs with the rstd computed in the
 consuming GEMM's epilogue from the producer's partials (`in ss rowpart`), so
@@ -39,6 +39,9 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import coda  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from liger_import import import_liger  # noqa: E402, F401 (bench_vs_torch_train imports it from here)
 
 EPS = 1e-5
 CALLS = 10
@@ -155,18 +158,6 @@ class Rot:
 def rms(x, g):
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS)).to(x.dtype) * g
-
-
-def import_liger(load):
-    """Liger-Kernel from $LIGER_SRC: (load(), None), or (None, why not)."""
-    src = os.environ.get("LIGER_SRC")
-    if not src:
-        return None, "LIGER_SRC not set"
-    sys.path.insert(0, src)
-    try:
-        return load(), None
-    except Exception as e:  # report, do not hide
-        return None, "%s: %s" % (type(e).__name__, e)
 
 
 def bench_start(name, ctx, load):

@@ -20,7 +20,7 @@ RoPE; this file has the rest of the layer's programs (docs/layer.md), M = N
 
 Peers: the cuBLAS GEMM alone (torch.matmul in the kernel's layout, on the
 same rotating inputs; the floor), PyTorch eager,
-torch.compile, Liger-Kernel from $LIGER_SRC (Triton, after a cuBLAS GEMM)
+torch.compile, Liger-Kernel (bench/liger_import.py; Triton, after a cuBLAS GEMM)
 where it has the kernel, and for resid_add cuBLAS's own beta = 1 GEMM
 (torch.addmm). coda: the fused GEMM plus the finishing kernels the program
 needs (rstd, log-sum-exp, the column partials' sum).
