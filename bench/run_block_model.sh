@@ -1,0 +1,28 @@
+#!/bin/bash
+# run_block_model.sh - issue 20's measurements in one call of an sm_90a GPU
+# (about 4-5 minutes on an H100; logs under $OUT, or ./gpu-logs):
+#   1. build/tests/gpu/test_memory_gpu, test_block_gpu   a quick check first
+#   2. bench/bench_block.py --shapes 1b,8b,70b --reps 5 --coda-attention
+#        the block vs the floor, eager, torch.compile, Liger, coda, coda+attn
+#   3. bench/bench_model.py --variants eager,torch.compile,liger,coda,coda+attn
+#        the 1B-shaped model's training step: tokens/s, peak memory
+# Liger-Kernel from $LIGER_SRC, .liger/src or the installed package
+# (bench/liger_import.py); on the lent device, carry .liger with the call.
+set -u
+OUT=${OUT:-gpu-logs}
+mkdir -p "$OUT"
+export CODA_CACHE_DIR=${CODA_CACHE_DIR:-/tmp/coda-cache}
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv | tee "$OUT/device.txt"
+T="build/tests/gpu/test_memory_gpu build/tests/gpu/test_block_gpu"
+make -j16 lib $T > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+for t in test_memory_gpu test_block_gpu; do
+  echo "== $t"; timeout 120 build/tests/gpu/$t > "$OUT/$t.log" 2>&1; echo "rc=$?"
+  grep -E "FAIL" "$OUT/$t.log" | head -5; tail -1 "$OUT/$t.log"
+done
+echo "== bench_block"
+timeout 420 python3 bench/bench_block.py --shapes 1b,8b,70b --reps 5 --coda-attention > "$OUT/block.log" 2>&1
+echo "rc=$?"; grep -vE "^(device|SDPA|timing):" "$OUT/block.log" | tail -45
+echo "== bench_model"
+timeout 400 python3 bench/bench_model.py --variants eager,torch.compile,liger,coda,coda+attn --reps 5 \
+  > "$OUT/model.log" 2>&1
+echo "rc=$?"; tail -8 "$OUT/model.log"
