@@ -112,10 +112,17 @@ static inline void *h_alloc(size_t bytes) {
 /* ---- random data: xorshift64*, uniform in [-scale, scale), never all zero ---- */
 typedef struct { uint64_t s; } h_rng;
 static inline h_rng rng_new(uint64_t seed) { h_rng r = {seed * 0x9E3779B97F4A7C15ull + 1}; return r; }
-static inline float rng_uniform(h_rng *r) {
+static inline uint64_t rng_next(h_rng *r) {
     r->s ^= r->s >> 12; r->s ^= r->s << 25; r->s ^= r->s >> 27;
-    uint64_t x = r->s * 0x2545F4914F6CDD1Dull;
-    return (float)((x >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+    return r->s * 0x2545F4914F6CDD1Dull;
+}
+static inline float rng_uniform(h_rng *r) {
+    return (float)((rng_next(r) >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+/* n random bytes, the first never zero (so never all zeros) */
+static inline void rng_fill_bytes(h_rng *r, unsigned char *p, size_t n) {
+    for (size_t i = 0; i < n; i++) p[i] = (unsigned char)(rng_next(r) >> 56);
+    if (n) p[0] |= 1;
 }
 static inline uint16_t h_f2bf(float f) {
     uint32_t u; memcpy(&u, &f, 4);
