@@ -43,7 +43,8 @@ typedef struct coda_cuda_sk_ws {
 } coda_cuda_sk_ws_t;
 
 typedef struct coda_cuda_device {
-    int opened;            /* primary context retained, properties read */
+    int known;             /* name and attributes read (describe reads them alone) */
+    int opened;            /* primary context retained: coda__cuda_device opened it */
     CUdevice dev;
     CUcontext pctx;        /* the device's primary context (shared with PyTorch) */
     int sm_count;

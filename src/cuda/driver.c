@@ -100,26 +100,16 @@ coda_status_t coda__cuda_get(coda_context_t *ctx, struct coda_cuda **out) {
     return CODA_OK;
 }
 
-coda_status_t coda__cuda_device(coda_context_t *ctx, int index, coda_cuda_device_t **out) {
-    struct coda_cuda *c;
-    CODA_TRY(coda__cuda_get(ctx, &c));
-    if (index < 0 || index >= c->device_count)
-        return coda__fail(CODA_ERR_DEVICE, "CUDA device %d does not exist (%d found)", index,
-                          c->device_count);
-    coda_cuda_device_t *d = &c->devices[index];
-    if (d->opened) {
-        *out = d;
-        return CODA_OK;
-    }
+/* A device's name and attributes, read once without touching its primary
+ * context: coda_context_describe lists every device this way, so asking
+ * what a machine holds does not create (and keep) a context, with its
+ * few hundred MiB, on GPUs the caller never uses. */
+static coda_status_t cuda_read_properties(struct coda_cuda *c, int index, coda_cuda_device_t *d) {
+    if (d->known) return CODA_OK;
     CODA_CU(c, c->cu.DeviceGet(&d->dev, index), "cuDeviceGet");
     CODA_CU(c, c->cu.DeviceGetName(d->name, (int)sizeof d->name, d->dev), "cuDeviceGetName");
     CODA_CU(c, c->cu.DeviceGetAttribute(&d->cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, d->dev), "cuDeviceGetAttribute");
     CODA_CU(c, c->cu.DeviceGetAttribute(&d->cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, d->dev), "cuDeviceGetAttribute");
-    if (d->cc_major != 9 || d->cc_minor != 0)
-        return coda__fail(CODA_ERR_DEVICE,
-                          "CUDA device %d (%s) has compute capability %d.%d; coda's kernels "
-                          "need 9.0 (Hopper, sm_90a: wgmma and TMA)",
-                          index, d->name, d->cc_major, d->cc_minor);
     CODA_CU(c, c->cu.DeviceGetAttribute(&d->sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, d->dev), "cuDeviceGetAttribute");
     CODA_CU(c, c->cu.DeviceGetAttribute(&d->smem_optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, d->dev), "cuDeviceGetAttribute");
     /* peak memory bandwidth, for the stream-K rule (gemm.c): two transfers
@@ -134,6 +124,29 @@ coda_status_t coda__cuda_device(coda_context_t *ctx, int index, coda_cuda_device
     /* the L2's size, for the attention backward's layout (attention.c); 0 if unknown */
     if (c->cu.DeviceGetAttribute(&d->l2_bytes, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, d->dev) != CUDA_SUCCESS)
         d->l2_bytes = 0;
+    d->known = 1;
+    return CODA_OK;
+}
+
+static int cuda_supported(const coda_cuda_device_t *d) { return d->cc_major == 9 && d->cc_minor == 0; }
+
+coda_status_t coda__cuda_device(coda_context_t *ctx, int index, coda_cuda_device_t **out) {
+    struct coda_cuda *c;
+    CODA_TRY(coda__cuda_get(ctx, &c));
+    if (index < 0 || index >= c->device_count)
+        return coda__fail(CODA_ERR_DEVICE, "CUDA device %d does not exist (%d found)", index,
+                          c->device_count);
+    coda_cuda_device_t *d = &c->devices[index];
+    if (d->opened) {
+        *out = d;
+        return CODA_OK;
+    }
+    CODA_TRY(cuda_read_properties(c, index, d));
+    if (!cuda_supported(d))
+        return coda__fail(CODA_ERR_DEVICE,
+                          "CUDA device %d (%s) has compute capability %d.%d; coda's kernels "
+                          "need 9.0 (Hopper, sm_90a: wgmma and TMA)",
+                          index, d->name, d->cc_major, d->cc_minor);
     CODA_CU(c, c->cu.DevicePrimaryCtxRetain(&d->pctx, d->dev), "cuDevicePrimaryCtxRetain");
     d->opened = 1;
     *out = d;
@@ -180,11 +193,12 @@ coda_status_t coda__cuda_describe(coda_context_t *ctx, char *buf, size_t cap) {
         return coda__fail(CODA_ERR_INVALID_ARG, "coda_context_describe: buffer too small");
     used = (size_t)n;
     for (int i = 0; i < c->device_count; i++) {
-        coda_cuda_device_t *d;
-        if (coda__cuda_device(ctx, i, &d) == CODA_OK)
-            n = snprintf(buf + used, cap - used, "  cuda:%d %s, sm_%d%d, %d SMs, %d KiB smem/block, %d GB/s, %d MiB L2\n",
+        /* properties only: describing a device does not open it */
+        coda_cuda_device_t *d = &c->devices[i];
+        if (cuda_read_properties(c, i, d) == CODA_OK)
+            n = snprintf(buf + used, cap - used, "  cuda:%d %s, sm_%d%d, %d SMs, %d KiB smem/block, %d GB/s, %d MiB L2%s\n",
                          i, d->name, d->cc_major, d->cc_minor, d->sm_count, d->smem_optin / 1024, d->mem_gbps,
-                         d->l2_bytes >> 20);
+                         d->l2_bytes >> 20, cuda_supported(d) ? "" : " (unsupported: coda needs sm_90)");
         else
             n = snprintf(buf + used, cap - used, "  cuda:%d unusable: %s\n", i, coda_last_error());
         if (n < 0 || (size_t)n >= cap - used)

@@ -16,6 +16,12 @@
  *                  default limit; windows at its start, across 2^31 and at
  *                  its end compared, the bytes after it untouched.
  *
+ *   describe       coda_context_describe lists every device without
+ *                  retaining its primary context (first, before anything
+ *                  in the process touches a GPU): each device's context is
+ *                  inactive after it, and device 0's is active once a coda
+ *                  call opens it, so the check can see a retained one.
+ *
  * Random bytes, never all zeros. Needs a CUDA GPU with 5 GiB free; the
  * output ends with "N checks, 0 failures". */
 #include "harness.h"
@@ -23,6 +29,9 @@
 #ifdef CODA_WITH_CUDA
 #include "gpu/cuda_check.h"
 #include "core/context.h"
+#include "cuda/backend.h"
+
+#include <dlfcn.h>
 
 static coda_context_t *ctx;
 static h_rng rng;
@@ -153,6 +162,39 @@ static void past_2gib(void) {
     CUDA_OK(cudaFree(d2));
 }
 
+/* Whether device i's primary context is active, asked of the driver itself
+ * (cuDevicePrimaryCtxGetState does not create one); -1 if it cannot say. */
+static int primary_active(int i) {
+    static CUresult (*get_state)(CUdevice, unsigned int *, int *);
+    static CUresult (*get_device)(CUdevice *, int);
+    if (!get_state) {
+        void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+        if (!lib) return -1;
+        get_state = (CUresult(*)(CUdevice, unsigned int *, int *))dlsym(lib, "cuDevicePrimaryCtxGetState");
+        get_device = (CUresult(*)(CUdevice *, int))dlsym(lib, "cuDeviceGet");
+        if (!get_state || !get_device) return -1;
+    }
+    CUdevice dev;
+    unsigned int flags;
+    int active = -1;
+    if (get_device(&dev, i) != CUDA_SUCCESS || get_state(dev, &flags, &active) != CUDA_SUCCESS) return -1;
+    return active;
+}
+
+static void describe_opens_nothing(void) {
+    char text[4096];
+    CHECK_OK(coda_context_describe(ctx, text, sizeof text));
+    int n = ctx->cuda->device_count;
+    for (int i = 0; i < n; i++)
+        CHECK(primary_active(i) == 0, "after describe, device %d's primary context is %d (want 0: inactive)", i,
+              primary_active(i));
+    CHECK(strstr(text, "cuda:0 ") != NULL, "describe lists device 0:\n%s", text);
+    coda_cuda_device_t *d;
+    CHECK_OK(coda__cuda_device(ctx, 0, &d));
+    CHECK(primary_active(0) == 1, "once opened, device 0's primary context is %d (want 1)", primary_active(0));
+    printf("describe: %d device(s) listed, no primary context retained by it\n", n);
+}
+
 int main(void) {
     rng = rng_new(58);
     REQUIRE_OK(coda_context_create(NULL, &ctx));
@@ -160,6 +202,7 @@ int main(void) {
         fprintf(stderr, "no usable CUDA device: %s\n", coda_last_error());
         return 1;
     }
+    describe_opens_nothing();
     static const size_t rows[] = {1, 3, 17}, widths[] = {1, 63, 64, 200, 1000}, pads[] = {0, 5, 300};
     static const size_t limits[] = {64, 100, 4096, CODA__CUDA_MAX_PITCH};
     for (size_t r = 0; r < 3; r++)
