@@ -20,6 +20,8 @@ the same attention (torch SDPA, causal, GQA):
                  with a note if it does not import)
   coda           coda.nn.LlamaBlock, bf16 parameters
   coda+attn      (--coda-attention) the same with coda's own attention
+  coda+c, coda+attn+c  (--keep-c) coda and coda+attn keeping c = silu(gate) up
+                 from the forward for the backward (LlamaBlock.keep_c)
                  (attention="coda", coda.h section 11) instead of SDPA: the
                  whole block coda's, measured against the same floor
 
@@ -47,7 +49,7 @@ with the host and prints how long the GPU waited for the host
 (trace_gaps.py).
 
     python3 bench/bench_block.py [--shapes 1b,8b,70b] [--reps 10] [--check] [--gaps N]
-                                 [--sdpa cudnn|flash|default] [--host-lead] [--coda-attention]
+                                 [--sdpa cudnn|flash|default] [--host-lead] [--coda-attention] [--keep-c]
 """
 import argparse
 import math
@@ -240,7 +242,8 @@ def coda_block(W, shape, dev, attention=None):
                                               attention=attention or coda_attention)
 
 
-def bench_shape(name, shape, B, S, reps, liger, do_check, timer, n_gaps=0, cat_ab=False, own_attention=False):
+def bench_shape(name, shape, B, S, reps, liger, do_check, timer, n_gaps=0, cat_ab=False, own_attention=False,
+                keep_c=False):
     dev = torch.device("cuda")
     d, H, KV, hd, ffn, theta = shape
     W = weights(shape, dev)
@@ -255,6 +258,11 @@ def bench_shape(name, shape, B, S, reps, liger, do_check, timer, n_gaps=0, cat_a
         mods.append(("coda-cat", coda_block(W, shape, dev, lambda *a: coda_attention(*a, split=torch_split))))
     if own_attention:
         mods.append(("coda+attn", coda_block(W, shape, dev, coda.nn.coda_attention)))
+    if keep_c:
+        for v, m in [(v + "+c", coda_block(W, shape, dev, coda.nn.coda_attention if v == "coda+attn" else None))
+                     for v, _ in list(mods) if v in ("coda", "coda+attn")]:
+            m.keep_c = True
+            mods.append((v, m))
     x = torch.randn(B, S, d, device=dev, dtype=torch.bfloat16)
     dy = torch.randn(B, S, d, device=dev, dtype=torch.bfloat16)
     xg = x.clone().requires_grad_(True)
@@ -341,6 +349,8 @@ def main():
                     help="also time coda with torch's split of qkv (autograd concatenates dq, dk, dv) as coda-cat")
     ap.add_argument("--coda-attention", action="store_true",
                     help="also time coda with its own attention instead of SDPA, as coda+attn")
+    ap.add_argument("--keep-c", action="store_true",
+                    help="also time coda (and coda+attn) keeping c from the forward (LlamaBlock.keep_c), as coda+c")
     add_arguments(ap, sdpa=True)
     a = ap.parse_args()
     liger, why = load_liger()
@@ -350,7 +360,8 @@ def main():
           % (torch.cuda.get_device_name(), torch.__version__, "yes" if liger else "no (%s)" % why,
              coda.ops.HAVE_CUSTOM_OPS, sdpa_note, timer.describe()), flush=True)
     for s in a.shapes.split(","):
-        bench_shape(s, SHAPES[s], a.batch, a.seq, a.reps, liger, a.check, timer, a.gaps, a.cat_ab, a.coda_attention)
+        bench_shape(s, SHAPES[s], a.batch, a.seq, a.reps, liger, a.check, timer, a.gaps, a.cat_ab, a.coda_attention,
+                    a.keep_c)
     print("timing: %s" % timer.describe())
 
 

@@ -703,19 +703,33 @@ typedef struct coda_block_acts {
                            forward is wrong; z is then an output, and overlapping
                            any input, weight or gradient is CODA_ERR_OVERLAP.
                            0: z is only read. */
+    coda_tensor_t c;    /* (M, I) bf16, optional: c = silu(gate) * up, the down
+                           projection's input. With c.data set, forward_post
+                           writes c here (instead of into its workspace) and
+                           backward_post reads it for dL/dWd instead of
+                           recomputing it in the down dgrad's epilogue: one
+                           (M, I) store fewer in the backward (about 8% of
+                           that GEMM at K = 2048, bench/HISTORY.md
+                           "swiglu_bwd_no_c") for M*I*2 bytes kept from the
+                           forward to the backward. Size backward_post's
+                           workspace with the _KEPT_C calls (it needs no
+                           room for c). c.data NULL (a zeroed tensor): not
+                           kept, the default. The same bits either way. */
 } coda_block_acts_t;
 
 CODA_API coda_status_t coda_block_create(coda_context_t *ctx, const coda_llama_config_t *cfg,
                                          coda_device_t device, coda_block_t **out);
 CODA_API void coda_block_free(coda_block_t *block);
-/* The four calls, for coda_block_workspace_size. */
+/* The four calls, and backward_post's forms, for coda_block_workspace_size. */
 typedef enum coda_block_call {
     CODA_BLOCK_ANY = -1,          /* the most any call needs */
     CODA_BLOCK_FORWARD_PRE = 0,
     CODA_BLOCK_FORWARD_POST = 1,
     CODA_BLOCK_BACKWARD_POST = 2,
     CODA_BLOCK_BACKWARD_PRE = 3,
-    CODA_BLOCK_BACKWARD_POST_SPEND_Z = 4 /* backward_post with acts->spend_z set */
+    CODA_BLOCK_BACKWARD_POST_SPEND_Z = 4, /* backward_post with acts->spend_z set */
+    CODA_BLOCK_BACKWARD_POST_KEPT_C = 5,  /* backward_post with acts->c kept */
+    CODA_BLOCK_BACKWARD_POST_SPEND_Z_KEPT_C = 6 /* both */
 } coda_block_call_t;
 
 /* Bytes of workspace `call` of the block needs for m tokens (CODA_BLOCK_ANY:

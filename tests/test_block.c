@@ -202,6 +202,75 @@ int main(void) {
         mb_free(&s);
     }
 
+    /* ---- c kept from the forward (acts->c): the same bits, less workspace ---- */
+    {
+        mb_t s = mb_new(&r, 2, 5);
+        memcpy(s.x.data, a.x.data, (size_t)coda_tensor_span_bytes(&a.x));
+        memcpy(s.o.data, a.o.data, (size_t)coda_tensor_span_bytes(&a.o));
+        memcpy(s.dy.data, a.dy.data, (size_t)coda_tensor_span_bytes(&a.dy));
+        coda_tensor_t c = zbf(s.m, CFG.ffn);
+        memset(c.data, 0x5a, (size_t)coda_tensor_span_bytes(&c));
+        s.acts.c = c;
+        CHECK_OK(coda_block_forward_post(B, &w, &s.x, &s.o, &s.acts, &s.y, NULL, NULL, NULL, ws, wsb, NULL));
+        CHECK(same(&s.y, &a.y) && same(&s.acts.h, &a.acts.h) && same(&s.acts.z, &a.acts.z),
+              "y, h or z of a forward keeping c differs");
+        /* c is silu(gate) * up of the saved z, rounded to bf16 */
+        int c_right = 1;
+        for (int64_t i = 0; i < s.m && c_right; i++)
+            for (int64_t j = 0; j < CFG.ffn; j++) {
+                const uint16_t *zr = (const uint16_t *)((char *)s.acts.z.data + i * s.acts.z.stride[0]);
+                float g = h_bf2f(zr[2 * j]), u = h_bf2f(zr[2 * j + 1]);
+                float want = g / (1.0f + expf(-g)) * u;
+                float got = h_bf2f(((const uint16_t *)((char *)c.data + i * c.stride[0]))[j]);
+                if (fabsf(got - want) > 1e-2f * fabsf(want) + 1e-6f) {
+                    CHECK(0, "kept c[%lld][%lld] = %g, silu(g) u = %g", (long long)i, (long long)j, got, want);
+                    c_right = 0;
+                    break;
+                }
+            }
+        size_t ws_read, ws_kept, ws_both;
+        CHECK_OK(coda_block_workspace_size(B, CODA_BLOCK_BACKWARD_POST, s.m, &ws_read));
+        CHECK_OK(coda_block_workspace_size(B, CODA_BLOCK_BACKWARD_POST_KEPT_C, s.m, &ws_kept));
+        CHECK_OK(coda_block_workspace_size(B, CODA_BLOCK_BACKWARD_POST_SPEND_Z_KEPT_C, s.m, &ws_both));
+        CHECK(ws_kept < ws_read && ws_both < ws_kept, "backward_post's workspace: %zu, %zu keeping c, %zu also "
+              "spending z", ws_read, ws_kept, ws_both);
+        CHECK_OK(coda_block_backward_post(B, &w, &s.o, &s.acts, &s.dy, &s.do_, &s.dh, &s.grads, ws, ws_kept, NULL));
+        CHECK(same(&s.do_, &a.do_) && same(&s.dh, &a.dh), "do_ or dh with c kept differs from c recomputed");
+        CHECK(same(&s.grads.wo, &a.grads.wo) && same(&s.grads.g2, &a.grads.g2) && same(&s.grads.wgu, &a.grads.wgu) &&
+                  same(&s.grads.wd, &a.grads.wd),
+              "a weight gradient with c kept differs from c recomputed");
+        /* with z spent too, in the smaller workspace */
+        coda_block_acts_t sz = s.acts;
+        sz.spend_z = 1;
+        memset(s.dh.data, 0, (size_t)coda_tensor_span_bytes(&s.dh));
+        CHECK_OK(coda_block_backward_post(B, &w, &s.o, &sz, &s.dy, &s.do_, &s.dh, &s.grads, ws, ws_both, NULL));
+        CHECK(same(&s.dh, &a.dh) && same(&s.grads.wd, &a.grads.wd) && same(&s.grads.wgu, &a.grads.wgu),
+              "dh, dwd or dwgu with c kept and z spent differs");
+        memcpy(s.acts.z.data, a.acts.z.data, (size_t)coda_tensor_span_bytes(&a.acts.z));
+        /* bad kept c: refused, nothing written */
+        coda_block_acts_t bad = s.acts;
+        bad.c.shape[1] = CFG.ffn - 2;
+        memset(s.dh.data, 0x5a, (size_t)coda_tensor_span_bytes(&s.dh));
+        CHECK_STATUS(coda_block_backward_post(B, &w, &s.o, &bad, &s.dy, &s.do_, &s.dh, NULL, ws, ws_read, NULL),
+                     CODA_ERR_SHAPE);
+        CHECK_STATUS(coda_block_forward_post(B, &w, &s.x, &s.o, &bad, &s.y, NULL, NULL, NULL, ws, wsb, NULL),
+                     CODA_ERR_SHAPE);
+        bad = s.acts;
+        bad.c.data = (char *)s.acts.z.data + 64; /* over z */
+        CHECK_STATUS(coda_block_forward_post(B, &w, &s.x, &s.o, &bad, &s.y, NULL, NULL, NULL, ws, wsb, NULL),
+                     CODA_ERR_OVERLAP);
+        bad.c.data = (char *)s.dh.data; /* an output of backward_post's, read as c */
+        CHECK_STATUS(coda_block_backward_post(B, &w, &s.o, &bad, &s.dy, &s.do_, &s.dh, NULL, ws, ws_read, NULL),
+                     CODA_ERR_OVERLAP);
+        int untouched = 1;
+        for (size_t i = 0; i < (size_t)coda_tensor_span_bytes(&s.dh); i++)
+            untouched &= ((unsigned char *)s.dh.data)[i] == 0x5a;
+        CHECK(untouched, "a refused backward_post (bad kept c) wrote into dh");
+        CHECK(same(&s.acts.z, &a.acts.z), "a refused forward_post (bad kept c) wrote into z");
+        free(c.data);
+        mb_free(&s);
+    }
+
     /* ---- do_ NULL: the O projection's backward left to the caller ---- */
     {
         mb_t s = mb_new(&r, 2, 5);
@@ -410,7 +479,9 @@ int main(void) {
         size_t sz;
         CHECK_STATUS(coda_block_workspace_size(B, CODA_BLOCK_ANY, -1, &sz), CODA_ERR_SHAPE);
         CHECK_STATUS(coda_block_workspace_size(NULL, CODA_BLOCK_ANY, 8, &sz), CODA_ERR_INVALID_ARG);
-        CHECK_STATUS(coda_block_workspace_size(B, (coda_block_call_t)5, 8, &sz), CODA_ERR_INVALID_ARG);
+        CHECK_STATUS(coda_block_workspace_size(B, (coda_block_call_t)(CODA_BLOCK_BACKWARD_POST_SPEND_Z_KEPT_C + 1), 8,
+                                               &sz),
+                     CODA_ERR_INVALID_ARG);
         {   /* sizes past 2^56 bytes are refused, not wrapped (a review: at m = 2^31 and a 2^31-wide FFN, dz's
              * 2^64 bytes wrapped to 0 and backward_post's size read as spend_z's) */
             coda_llama_config_t wide = {.d = 8, .n_heads = 1, .n_kv_heads = 1, .head_dim = 2,
@@ -426,7 +497,7 @@ int main(void) {
             coda_block_free(BW);
         }
         size_t most = 0, each;
-        for (int k = 0; k <= CODA_BLOCK_BACKWARD_POST_SPEND_Z; k++) {
+        for (int k = 0; k <= CODA_BLOCK_BACKWARD_POST_SPEND_Z_KEPT_C; k++) {
             CHECK_OK(coda_block_workspace_size(B, (coda_block_call_t)k, a.m, &each));
             most = each > most ? each : most;
             /* each call runs in exactly its own size */

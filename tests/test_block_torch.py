@@ -296,6 +296,47 @@ def z_memory(cfg):
     print("no z saved without grad, z spent by the backward: ok")
 
 
+def kept_c(cfg):
+    """LlamaBlock.keep_c: the forward keeps c = silu(gate) * up (one (M, I)
+    tensor more saved), the backward reads it instead of recomputing it;
+    the same gradients, with z read or spent, and a forward without grad
+    keeps nothing."""
+    blk = coda.nn.LlamaBlock(cfg, device=DEVICE)
+    x = torch.randn(2, 8, cfg.d, device=DEVICE).bfloat16()
+    cs = []
+    real = coda.Block.forward_post
+
+    def spy(self, *a, **kw):
+        cs.append(kw.get("c"))
+        return real(self, *a, **kw)
+
+    grads = {}
+    coda.Block.forward_post = spy
+    try:
+        for keep, spend in ((False, True), (True, True), (True, False)):
+            blk.keep_c, coda.ops.SPEND_Z = keep, spend
+            blk.zero_grad()
+            xs = x.clone().requires_grad_(True)
+            blk(xs).float().pow(2).sum().backward()
+            grads[keep, spend] = {n: getattr(blk, n).grad.clone() for n in coda.nn._BLOCK_PARAMS}
+            grads[keep, spend]["x"] = xs.grad.clone()
+        with torch.no_grad():
+            blk(x)
+    finally:
+        coda.Block.forward_post = real
+        blk.keep_c, coda.ops.SPEND_Z = False, True
+    check([c is not None for c in cs] == [False, True, True, False],
+          "forward_post's c: %s, want kept only in the two keep_c forwards with grad" % [c is not None for c in cs])
+    m, ffn = 16, cfg.ffn
+    check(cs[1] is not None and tuple(cs[1].shape) == (m, ffn) and cs[1].dtype == torch.bfloat16,
+          "the kept c is %s, want (%d, %d) bf16" % (None if cs[1] is None else (tuple(cs[1].shape), cs[1].dtype),
+                                                     m, ffn))
+    for k in ((True, True), (True, False)):
+        for n in grads[False, True]:
+            check(torch.equal(grads[k][n], grads[False, True][n]), "keep_c (spend_z %s): grad %s differs" % (k[1], n))
+    print("c kept from the forward: ok")
+
+
 def fused_norms(cfg):
     """LlamaModel with the norm across blocks (each down projection gives the
     next block's x g1 and rstd) against the same model without: the loss
@@ -718,6 +759,7 @@ def main():
     fused_norms(cfg)
     final_norm()
     z_memory(cfg)
+    kept_c(cfg)
     model_trains(cfg)
     cuda_graph(cfg)
     custom_ops(cfg)

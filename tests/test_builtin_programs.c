@@ -25,6 +25,7 @@ static const expect_t expected[] = {
     {"lmhead_bwd", {"r:1:0", "logz:1:0", "t:1:0", "scale:3:0", "dl:4:0", "s:5:0"}},
     {"swiglu_bwd", {"z:0:1", "dz:4:1", "c:4:0", "s:5:0"}},
     {"rmsnorm_bwd", {"dres:0:0", "x:0:0", "g:2:0", "r:1:0", "s:1:0", "invd:3:0", "dx:4:0", "b:4:0", "dg:6:0"}},
+    {"swiglu_bwd_kept", {"z:0:1", "dz:4:1", "s:5:0"}},
 };
 #define N_EXPECTED ((int)(sizeof expected / sizeof expected[0]))
 

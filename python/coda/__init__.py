@@ -305,8 +305,9 @@ _ATTN_FIELDS = ("batch", "seq", "n_heads", "n_kv_heads", "head_dim")
 
 class BlockActs(ctypes.Structure):
     """coda_block_acts_t: what a block's forward saves for its backward
-    (z empty: not saved), and spend_z (backward_post may write dz over z)."""
-    _fields_ = [(n, Tensor) for n in ("r1", "qkv", "h", "r2", "z")] + [("spend_z", ctypes.c_int)]
+    (z empty: not saved), spend_z (backward_post may write dz over z) and c
+    (empty: not kept from the forward)."""
+    _fields_ = [(n, Tensor) for n in ("r1", "qkv", "h", "r2", "z")] + [("spend_z", ctypes.c_int), ("c", Tensor)]
 
 
 _P = ctypes.POINTER
@@ -920,7 +921,7 @@ class Llama:
 
 def _acts_struct(acts, spend_z=False):
     s = BlockActs()
-    for name in ("r1", "qkv", "h", "r2", "z"):
+    for name in ("r1", "qkv", "h", "r2", "z", "c"):
         t = acts.get(name)
         if t is not None:
             setattr(s, name, describe_tensor(t))
@@ -945,6 +946,9 @@ class Block:
     forward_post(..., save_z=False) is a forward for inference (z is None,
     no (M, 2I) tensor); backward_post(..., spend_z=True) writes dz over z
     (no (M, 2I) workspace; z is spent: a second backward from it is wrong).
+    forward_post(..., c=t) writes c = silu(gate) * up into t ((M, I) bf16,
+    coda_block_acts_t.c) and backward_post(..., c=t) reads it instead of
+    recomputing it: an (M, I) store fewer in the backward, t kept between.
     """
 
     def __init__(self, ctx, cfg, device="cpu"):
@@ -983,10 +987,12 @@ class Block:
                                           ctypes.byref(acts), ws, n, _stream(x)))
         return r1, qkv
 
-    def forward_post(self, w, x, o, g_next=None, save_z=True):
+    def forward_post(self, w, x, o, g_next=None, save_z=True, c=None):
         """-> (y, h, r2, z), and with g_next (the next norm's weight) also
         y_g = y * g_next and r_next = rstd(y): (y, h, r2, z, y_g, r_next).
-        save_z=False: z is not saved (None), a forward with no backward."""
+        save_z=False: z is not saved (None), a forward with no backward.
+        c: an (M, I) bf16 tensor that gets silu(gate) * up, kept for
+        backward_post(..., c=c)."""
         m, d = x.shape[0], self.cfg.d
         h = torch.empty(m, d, dtype=torch.bfloat16, device=self.device)
         r2 = torch.empty(m, dtype=torch.float32, device=self.device)
@@ -996,16 +1002,17 @@ class Block:
         if g_next is not None:
             yg = torch.empty(m, d, dtype=torch.bfloat16, device=self.device)
             rn = torch.empty(m, dtype=torch.float32, device=self.device)
-        acts = _acts_struct({"h": h, "r2": r2, "z": z})
+        acts = _acts_struct({"h": h, "r2": r2, "z": z, "c": c})
         buf, ws, n = self._workspace(1, m)
         _check(lib.coda_block_forward_post(self._h, ctypes.byref(_weights_struct(w)), _opt(x), _opt(o),
                                            ctypes.byref(acts), _opt(y), _opt(g_next), _opt(yg), _opt(rn), ws, n,
                                            _stream(x)))
         return (y, h, r2, z) if g_next is None else (y, h, r2, z, yg, rn)
 
-    def backward_post(self, w, o, h, r2, z, dy, grad_dtype=torch.float32, spend_z=False):
+    def backward_post(self, w, o, h, r2, z, dy, grad_dtype=torch.float32, spend_z=False, c=None):
         """-> (do (M, nq) bf16, dh (M, d) bf16, grads dict wo, g2, wgu, wd).
-        spend_z=True: dz is written over z (in place; z is spent)."""
+        spend_z=True: dz is written over z (in place; z is spent).
+        c: the tensor forward_post(..., c=) filled (read, not recomputed)."""
         m, d = dy.shape[0], self.cfg.d
         if z is None:
             raise ValueError("coda: Block.backward_post: z is None: its forward_post ran with save_z=False "
@@ -1019,8 +1026,9 @@ class Block:
                                          if isinstance(o, torch.Tensor) else type(o).__name__))
         dh = torch.empty(m, d, dtype=torch.bfloat16, device=self.device)
         g = {k: torch.empty(w[k].shape, dtype=grad_dtype, device=self.device) for k in ("g2", "wgu", "wd")}
-        acts = _acts_struct({"h": h, "r2": r2, "z": z}, spend_z)
-        buf, ws, n = self._workspace(4 if spend_z else 2, m)
+        acts = _acts_struct({"h": h, "r2": r2, "z": z, "c": c}, spend_z)
+        # the call's form (coda_block_call_t): 2, 4 spending z; 5, 6 with c kept
+        buf, ws, n = self._workspace((4 if spend_z else 2) if c is None else (6 if spend_z else 5), m)
         # do NULL: the O projection's backward is left out of the call and
         # run below, once the workspace is freed, so that do and dwo never
         # exist beside it (the same bits as the call's own, coda.h)

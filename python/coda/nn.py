@@ -211,6 +211,10 @@ class LlamaBlock(torch.nn.Module):
         # plain Python numbers for forward (torch.compile does not trace ctypes fields)
         self._eps, self._theta = float(self.cfg.eps), float(self.cfg.rope_theta)
         self.attention = _attention(attention)
+        # True: the forward keeps c = silu(gate) * up for the backward
+        # (coda.ops.post's keep_c): (M, I) bf16 more per block in flight
+        # for an (M, I) store fewer in its backward. Eager path only.
+        self.keep_c = False
         shapes = coda._weight_shapes(self.cfg)
         for n in _BLOCK_PARAMS:
             shape = shapes[n]
@@ -274,7 +278,7 @@ class LlamaBlock(torch.nn.Module):
         if pad:
             o = torch.nn.functional.pad(o, (0, 0, 0, pad))
         out = _ops.post(xf, o.contiguous(), p["g2"], p["wo"], p["wgu"], p["wd"], self._cfg_list, self._eps,
-                        self._theta, g_next=g_next, link=link)
+                        self._theta, g_next=g_next, link=link, keep_c=self.keep_c)
         return out if g_next is not None else (out, None, None)
 
 

@@ -99,25 +99,31 @@ def _pre(x, pos, g1, wqkv, xg, r1, cfg, eps, theta):
     return b.forward_pre(w, x.contiguous(), coda._dense_1d(pos), xg=xg.contiguous(), r1=r1.clone())
 
 
-def _post(x, o, g2, wo, wgu, wd, g_next, cfg, eps, theta, save_z=True):
-    """save_z=False: a forward with no backward; z comes back empty (0)."""
+def _post(x, o, g2, wo, wgu, wd, g_next, cfg, eps, theta, save_z=True, keep_c=False):
+    """-> (y, h, r2, z, y_g, r_next, c). save_z=False: a forward with no
+    backward; z comes back empty (0). keep_c (with save_z): c = silu(gate)
+    * up comes back for the backward (coda_block_acts_t.c), else empty."""
     b = blocks(cfg, eps, theta, x.device)
     w = _w(g2=g2, wo=wo, wgu=wgu, wd=wd)
     none = x.new_empty(0)
+    c = torch.empty(x.shape[0], cfg[4], dtype=torch.bfloat16, device=x.device) if keep_c and save_z else None
     if g_next is None:
-        (y, h, r2, z), yg, rn = b.forward_post(w, x.contiguous(), o.contiguous(), save_z=save_z), none, none.float()
+        (y, h, r2, z), yg, rn = b.forward_post(w, x.contiguous(), o.contiguous(), save_z=save_z, c=c), none, \
+            none.float()
     else:
         y, h, r2, z, yg, rn = b.forward_post(w, x.contiguous(), o.contiguous(), g_next=g_next.contiguous(),
-                                             save_z=save_z)
-    return y, h, r2, x.new_empty(0) if z is None else z, yg, rn  # an op's outputs never alias each other
+                                             save_z=save_z, c=c)
+    # an op's outputs never alias each other
+    return y, h, r2, x.new_empty(0) if z is None else z, yg, rn, x.new_empty(0) if c is None else c
 
 
-def _post_bwd(o, h, r2, z, dy, g2, wo, wgu, wd, cfg, eps, theta, spend_z=False):
-    """spend_z: dz written over z (the caller's last use of z)."""
+def _post_bwd(o, h, r2, z, dy, g2, wo, wgu, wd, cfg, eps, theta, spend_z=False, c=None):
+    """spend_z: dz written over z (the caller's last use of z). c: kept
+    from the forward (_post's keep_c), or None: recomputed."""
     b = blocks(cfg, eps, theta, dy.device)
     # gradients in the weights' dtype (bf16): no f32 copies of the big ones
     do, dh, g = b.backward_post(_w(g2=g2, wo=wo, wgu=wgu, wd=wd), o.contiguous(), h, r2, z, dy.contiguous(),
-                                grad_dtype=wo.dtype, spend_z=spend_z)
+                                grad_dtype=wo.dtype, spend_z=spend_z, c=c)
     return do, dh, g["g2"], g["wo"], g["wgu"], g["wd"]
 
 
@@ -188,7 +194,9 @@ def _pre_grads(ctx, dqkv, bwd, **kw):
 def _post_grads(ctx, dy, bwd, **kw):
     """block_post's gradients for (x, o, g2, wo, wgu, wd) from ctx's saved
     tensors: bwd is the C call (the custom op, or _post_bwd with spend_z=)."""
-    o, h, r2, z, g2, wo, wgu, wd = ctx.saved_tensors
+    o, h, r2, z, g2, wo, wgu, wd, *kept = ctx.saved_tensors
+    if kept and kept[0].numel():  # c kept from the forward (the Function path's keep_c)
+        kw["c"] = kept[0]
     do, dh, dg2, dwo, dwgu, dwd = bwd(o, h, r2, z, dy.to(torch.bfloat16), g2, wo, wgu, wd, ctx.cfg, ctx.eps,
                                       ctx.theta, **kw)
     return dh, do, dg2.to(g2.dtype), dwo.to(wo.dtype), dwgu.to(wgu.dtype), dwd.to(wd.dtype)
@@ -250,7 +258,7 @@ if HAVE_CUSTOM_OPS:
                    wd: torch.Tensor, g_next: Optional[torch.Tensor], cfg: List[int], eps: float,
                    theta: float, save_z: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                                         torch.Tensor, torch.Tensor]:
-        return _post(x, o, g2, wo, wgu, wd, g_next, cfg, eps, theta, save_z)
+        return _post(x, o, g2, wo, wgu, wd, g_next, cfg, eps, theta, save_z)[:6]
 
     @block_post.register_fake
     def _(x, o, g2, wo, wgu, wd, g_next, cfg, eps, theta, save_z):
@@ -483,9 +491,9 @@ def split_qkv(qkv, nq, nkv):
 
 class _Post(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, o, g2, wo, wgu, wd, g_next, cfg, eps, theta, link):
-        y, h, r2, z, yg, rn = _post(x, o, g2, wo, wgu, wd, g_next, cfg, eps, theta)
-        ctx.save_for_backward(o, h, r2, z, g2, wo, wgu, wd)
+    def forward(ctx, x, o, g2, wo, wgu, wd, g_next, cfg, eps, theta, keep_c, link):
+        y, h, r2, z, yg, rn, c = _post(x, o, g2, wo, wgu, wd, g_next, cfg, eps, theta, keep_c=keep_c)
+        ctx.save_for_backward(o, h, r2, z, g2, wo, wgu, wd, c)
         ctx.cfg, ctx.eps, ctx.theta, ctx.link = cfg, eps, theta, link
         ctx.mark_non_differentiable(yg, rn)
         ctx.set_materialize_grads(False)
@@ -495,7 +503,7 @@ class _Post(torch.autograd.Function):
     @_once_differentiable
     def backward(ctx, dy, dyg, drn):
         if dy is None:
-            return (None,) * 11
+            return (None,) * 12
         if getattr(ctx, "z_spent", False):
             raise RuntimeError("coda: a second backward through a block_post whose first backward wrote its "
                                "gradient over the saved z (coda.ops.SPEND_Z); set coda.ops.SPEND_Z = False "
@@ -505,7 +513,7 @@ class _Post(torch.autograd.Function):
         if ctx.link is not None and _pre_will_run(ctx.link):  # x's to block_pre's backward, which adds it (Link)
             _at_end_of_pass(ctx.link)
             ctx.link.dh, g = g[0], (None,) + g[1:]
-        return g + (None,) * 5
+        return g + (None,) * 6
 
 
 def pre(x, pos, g1, wqkv, cfg, eps, theta, xg=None, r1=None, link=None):
@@ -524,17 +532,21 @@ def pre(x, pos, g1, wqkv, cfg, eps, theta, xg=None, r1=None, link=None):
     return qkv
 
 
-def post(x, o, g2, wo, wgu, wd, cfg, eps, theta, g_next=None, link=None):
+def post(x, o, g2, wo, wgu, wd, cfg, eps, theta, g_next=None, link=None, keep_c=False):
     """-> y, or (y, y_g, r_next) with g_next (the custom op or the
-    autograd.Function, as pre; link as pre's)."""
+    autograd.Function, as pre; link as pre's). keep_c: the Function saves
+    c = silu(gate) * up for the backward (an (M, I) bf16 tensor more per
+    block in flight, one (M, I) store fewer in the backward); the custom op
+    (traced) always recomputes it."""
     grad = _needs_grad(x, o, g2, wo, wgu, wd)
     if HAVE_CUSTOM_OPS and _traced(x):
         y, h, r2, z, yg, rn = block_post(x, o, g2, wo, wgu, wd, g_next, list(cfg), float(eps), float(theta), grad)
         return y if g_next is None else (y, yg, rn)
     if not grad:  # nothing records a backward: z is not saved
-        y, h, r2, z, yg, rn = _post(x, o, g2, wo, wgu, wd, g_next, tuple(cfg), float(eps), float(theta), False)
+        y, h, r2, z, yg, rn, _ = _post(x, o, g2, wo, wgu, wd, g_next, tuple(cfg), float(eps), float(theta), False)
         return y if g_next is None else (y, yg, rn)
-    y, yg, rn = _Post.apply(x, o, g2, wo, wgu, wd, g_next, tuple(cfg), float(eps), float(theta), link)
+    y, yg, rn = _Post.apply(x, o, g2, wo, wgu, wd, g_next, tuple(cfg), float(eps), float(theta), bool(keep_c),
+                            link)
     return y if g_next is None else (y, yg, rn)
 
 

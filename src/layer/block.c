@@ -12,7 +12,8 @@
  *                  down       resid_add(c Wd^T; res h)        y
  *                             or resid_norm with the next norm's weight: y, y g, -> r
  *   backward_post  down dgrad swiglu_bwd(dy Wd; z)            dz, c, s2; dWd = dy^T c
- *                             (dz over z when acts->spend_z)
+ *                             (dz over z when acts->spend_z; swiglu_bwd_kept,
+ *                             no c, when acts->c was kept from the forward)
  *                  gate/up    rmsnorm_bwd(dz Wgu; dres dy, x h, g2)  dh, b; dWgu = dz^T b
  *                  O dgrad    do = dh Wo                      dWo = dh^T o
  *   [attention backward: the caller's]                        dqkv (M, nqkv)
@@ -33,7 +34,7 @@ const char *const coda__llama_prog_names[CODA__P_COUNT] = {
     [CODA__P_RESID_NORM] = "resid_norm", [CODA__P_RESID_ADD] = "resid_add",   [CODA__P_QKV] = "qkv_rope",
     [CODA__P_GATEUP] = "gateup_swiglu_train", [CODA__P_LSE] = "lmhead_lse", [CODA__P_LM_BWD] = "lmhead_bwd",
     [CODA__P_SWIGLU_BWD] = "swiglu_bwd", [CODA__P_RMS_BWD] = "rmsnorm_bwd",
-    [CODA__P_GATEUP_INFER] = "gateup_swiglu",
+    [CODA__P_GATEUP_INFER] = "gateup_swiglu", [CODA__P_SWIGLU_BWD_KEPT] = "swiglu_bwd_kept",
 };
 
 /* ---- the workspace: one byte buffer, carved per call ---- */
@@ -68,7 +69,8 @@ static coda_tensor_t carve(arena_t *a, coda_dtype_t dt, int64_t rows, int64_t co
 /* The GEMMs of the block, each with its tiling for the call's M. */
 enum { G_QKV, G_O, G_GU, G_DOWN, G_DOWN_DGRAD, G_GU_DGRAD, G_QKV_DGRAD, G_COUNT };
 
-static coda_status_t tilings(const coda_block_t *B, int64_t m, coda_tiling_t tl[G_COUNT]) {
+/* kept_c: the down dgrad runs swiglu_bwd_kept (acts->c kept), tiled for it */
+static coda_status_t tilings(const coda_block_t *B, int64_t m, int kept_c, coda_tiling_t tl[G_COUNT]) {
     const coda_llama_config_t *c = &B->cfg;
     int64_t d = c->d, I = c->ffn;
     const struct { coda_layout_t layout; int64_t n, k; int prog; } gs[G_COUNT] = {
@@ -76,7 +78,7 @@ static coda_status_t tilings(const coda_block_t *B, int64_t m, coda_tiling_t tl[
         [G_O] = {CODA_LAYOUT_NT, d, B->nq, CODA__P_RESID_NORM},
         [G_GU] = {CODA_LAYOUT_NT, 2 * I, d, CODA__P_GATEUP},
         [G_DOWN] = {CODA_LAYOUT_NT, d, I, CODA__P_RESID_NORM},
-        [G_DOWN_DGRAD] = {CODA_LAYOUT_NN, I, d, CODA__P_SWIGLU_BWD},
+        [G_DOWN_DGRAD] = {CODA_LAYOUT_NN, I, d, kept_c ? CODA__P_SWIGLU_BWD_KEPT : CODA__P_SWIGLU_BWD},
         [G_GU_DGRAD] = {CODA_LAYOUT_NN, d, 2 * I, CODA__P_RMS_BWD},
         [G_QKV_DGRAD] = {CODA_LAYOUT_NN, d, B->nqkv, CODA__P_RMS_BWD},
     };
@@ -110,14 +112,21 @@ typedef struct {
 enum {
     CALL_FWD_PRE = CODA_BLOCK_FORWARD_PRE, CALL_FWD_POST = CODA_BLOCK_FORWARD_POST,
     CALL_BWD_POST = CODA_BLOCK_BACKWARD_POST, CALL_BWD_PRE = CODA_BLOCK_BACKWARD_PRE,
-    CALL_BWD_POST_SPEND_Z = CODA_BLOCK_BACKWARD_POST_SPEND_Z, CALL_LAST = CALL_BWD_POST_SPEND_Z
+    CALL_BWD_POST_SPEND_Z = CODA_BLOCK_BACKWARD_POST_SPEND_Z, CALL_BWD_POST_KEPT_C = CODA_BLOCK_BACKWARD_POST_KEPT_C,
+    CALL_BWD_POST_SPEND_Z_KEPT_C = CODA_BLOCK_BACKWARD_POST_SPEND_Z_KEPT_C, CALL_LAST = CALL_BWD_POST_SPEND_Z_KEPT_C
 };
+
+/* backward_post's form for these activations */
+static int bwd_post_call(const coda_block_acts_t *acts) {
+    if (acts->c.data) return acts->spend_z ? CALL_BWD_POST_SPEND_Z_KEPT_C : CALL_BWD_POST_KEPT_C;
+    return acts->spend_z ? CALL_BWD_POST_SPEND_Z : CALL_BWD_POST;
+}
 
 static coda_status_t layout(const coda_block_t *B, int call, int64_t m, arena_t *a, scratch_t *s) {
     const coda_llama_config_t *c = &B->cfg;
     int64_t d = c->d, I = c->ffn;
     memset(s, 0, sizeof *s);
-    CODA_TRY(tilings(B, m, s->tl));
+    CODA_TRY(tilings(B, m, call == CALL_BWD_POST_KEPT_C || call == CALL_BWD_POST_SPEND_Z_KEPT_C, s->tl));
     switch (call) {
     case CALL_FWD_PRE:
         s->xg = carve(a, CODA_BF16, m, d);
@@ -130,12 +139,16 @@ static coda_status_t layout(const coda_block_t *B, int call, int64_t m, arena_t 
         s->ss_down = rowparts(a, m, d, s->tl[G_DOWN]);
         break;
     case CALL_BWD_POST:
-    case CALL_BWD_POST_SPEND_Z: { /* dz over acts->z when it is spent (the call sets s->dz) */
-        if (call == CALL_BWD_POST) s->dz = carve(a, CODA_BF16, m, 2 * I);
+    case CALL_BWD_POST_SPEND_Z:
+    case CALL_BWD_POST_KEPT_C:
+    case CALL_BWD_POST_SPEND_Z_KEPT_C: { /* dz over acts->z when it is spent (the call sets s->dz) */
+        int spend = call == CALL_BWD_POST_SPEND_Z || call == CALL_BWD_POST_SPEND_Z_KEPT_C;
+        int kept = call == CALL_BWD_POST_KEPT_C || call == CALL_BWD_POST_SPEND_Z_KEPT_C;
+        if (!spend) s->dz = carve(a, CODA_BF16, m, 2 * I);
         /* b over c: c is last read by dWd's GEMM, b first written by the
-         * gate/up dgrad after it (one stream) */
+         * gate/up dgrad after it (one stream); a kept c is the caller's */
         size_t at = a->used;
-        s->c = carve(a, CODA_BF16, m, I);
+        if (!kept) s->c = carve(a, CODA_BF16, m, I);
         size_t after_c = a->used;
         a->used = at;
         s->b = carve(a, CODA_BF16, m, d);
@@ -511,6 +524,8 @@ coda_status_t coda_block_forward_post(coda_block_t *B, const coda_llama_weights_
     CODA_TRY(coda__block_check_arg(B, &acts->r2, fn, "acts->r2", m, -1, F32, 1));
     const coda_tensor_t *z = acts->z.data ? &acts->z : NULL; /* NULL: inference, z not saved */
     if (z) CODA_TRY(coda__block_check_arg(B, z, fn, "acts->z", m, 2 * I, BF16, 1));
+    const coda_tensor_t *kc = acts->c.data ? &acts->c : NULL; /* NULL: c in the workspace */
+    if (kc) CODA_TRY(coda__block_check_arg(B, kc, fn, "acts->c", m, I, BF16, 1));
     CODA_TRY(coda__block_check_arg(B, y, fn, "y", m, d, BF16, 1));
     if ((g_next != NULL) != (y_g != NULL) || (g_next != NULL) != (r_next != NULL))
         return coda__fail(CODA_ERR_INVALID_ARG, "%s: g_next, y_g and r_next come together (all or none)", fn);
@@ -520,16 +535,18 @@ coda_status_t coda_block_forward_post(coda_block_t *B, const coda_llama_weights_
         CODA_TRY(coda__block_check_arg(B, r_next, fn, "r_next", m, -1, F32, 1));
     }
     coda__named_t out[] = {{&acts->h, "acts->h"}, {&acts->r2, "acts->r2"}, {z, "acts->z"}, {y, "y"},
-                     {y_g, "y_g"}, {r_next, "r_next"}};
+                     {y_g, "y_g"}, {r_next, "r_next"}, {kc, "acts->c"}};
     coda__named_t in[] = {{x, "x"}, {o, "o"}, {g_next, "g_next"}};
-    CODA_TRY(coda__block_check_apart(fn, out, 6, in, 3, w, CODA__W_BLOCK, NULL, 0));
+    CODA_TRY(coda__block_check_apart(fn, out, 7, in, 3, w, CODA__W_BLOCK, NULL, 0));
+    /* c is the down projection's A operand (TMA: 16-byte rows) */
     coda__dev_arg_t da[] = {{&w->wo, "w->wo", 16}, {&w->g2, "w->g2", 4}, {&w->wgu, "w->wgu", 16}, {&w->wd, "w->wd", 16},
                       {x, "x", 4}, {o, "o", 16}, {&acts->h, "acts->h", 16}, {&acts->r2, "acts->r2", 4},
                       {z, "acts->z", 4}, {y, "y", 4}, {g_next, "g_next", 4}, {y_g, "y_g", 16},
-                      {r_next, "r_next", 4}};
-    CODA_TRY(coda__block_check_on_device(B, fn, da, 13));
+                      {r_next, "r_next", 4}, {kc, "acts->c", 16}};
+    CODA_TRY(coda__block_check_on_device(B, fn, da, 14));
     scratch_t s;
-    CODA_TRY(scratch(B, fn, CALL_FWD_POST, m, ws, ws_bytes, da, 13, &s));
+    CODA_TRY(scratch(B, fn, CALL_FWD_POST, m, ws, ws_bytes, da, 14, &s));
+    if (kc) s.c = *kc; /* the caller keeps c for the backward */
 
     {   /* O-proj + residual + FFN norm partials */
         coda_binding_t bs[] = {coda__bind("res", x), coda__bind("g", &w->g2), coda__bind("h", &acts->h), coda__bind("hg", &s.hg),
@@ -576,6 +593,8 @@ coda_status_t coda_block_backward_post(coda_block_t *B, const coda_llama_weights
         return coda__fail(CODA_ERR_INVALID_ARG, "%s: acts->z is empty: its forward_post did not save it "
                           "(a forward for inference has no backward)", fn);
     CODA_TRY(coda__block_check_arg(B, &acts->z, fn, "acts->z", m, 2 * I, BF16, 1));
+    const coda_tensor_t *kc = acts->c.data ? &acts->c : NULL; /* kept from the forward: read, not recomputed */
+    if (kc) CODA_TRY(coda__block_check_arg(B, kc, fn, "acts->c", m, I, BF16, 1));
     CODA_TRY(coda__block_check_arg(B, dy, fn, "dy", m, d, BF16, 1));
     if (do_) CODA_TRY(coda__block_check_arg(B, do_, fn, "do_", m, B->nq, BF16, 1));
     CODA_TRY(coda__block_check_arg(B, dh, fn, "dh", m, d, BF16, 1));
@@ -585,22 +604,30 @@ coda_status_t coda_block_backward_post(coda_block_t *B, const coda_llama_weights
      * from every input, weight and gradient */
     const coda_tensor_t *z_out = acts->spend_z ? &acts->z : NULL, *z_in = acts->spend_z ? NULL : &acts->z;
     coda__named_t out[] = {{do_, "do_"}, {dh, "dh"}, {z_out, "acts->z (spend_z)"}};
-    coda__named_t in[] = {{o_in, "o"}, {&acts->h, "acts->h"}, {&acts->r2, "acts->r2"}, {z_in, "acts->z"}, {dy, "dy"}};
-    CODA_TRY(coda__block_check_apart(fn, out, 3, in, 5, w, CODA__W_BLOCK, grads, gmask));
+    coda__named_t in[] = {{o_in, "o"}, {&acts->h, "acts->h"}, {&acts->r2, "acts->r2"}, {z_in, "acts->z"}, {dy, "dy"},
+                          {kc, "acts->c"}};
+    CODA_TRY(coda__block_check_apart(fn, out, 3, in, 6, w, CODA__W_BLOCK, grads, gmask));
     coda__dev_arg_t da[] = {{&w->wo, "w->wo", 16}, {&w->g2, "w->g2", 4}, {&w->wgu, "w->wgu", 16},
                       {&w->wd, "w->wd", 16}, {o_in, "o", 16}, {&acts->h, "acts->h", 4},
                       {&acts->r2, "acts->r2", 4}, {&acts->z, "acts->z", 16}, {dy, "dy", 16},
                       {do_, "do_", 16}, {dh, "dh", 16},
                       {grads && do_ ? &grads->wo : NULL, "grads->wo", 16}, {grads ? &grads->g2 : NULL, "grads->g2", 0},
-                      {grads ? &grads->wgu : NULL, "grads->wgu", 16}, {grads ? &grads->wd : NULL, "grads->wd", 16}};
-    CODA_TRY(coda__block_check_on_device(B, fn, da, 15));
+                      {grads ? &grads->wgu : NULL, "grads->wgu", 16}, {grads ? &grads->wd : NULL, "grads->wd", 16},
+                      {kc, "acts->c", 16}};
+    CODA_TRY(coda__block_check_on_device(B, fn, da, 16));
     scratch_t s;
-    CODA_TRY(scratch(B, fn, acts->spend_z ? CALL_BWD_POST_SPEND_Z : CALL_BWD_POST, m, ws, ws_bytes, da, 15, &s));
+    CODA_TRY(scratch(B, fn, bwd_post_call(acts), m, ws, ws_bytes, da, 16, &s));
     if (acts->spend_z) s.dz = acts->z; /* in place: each z element is read before its dz overwrites it */
 
-    {   /* down dgrad + SwiGLU backward: dz, c recomputed, s2 */
+    if (kc) { /* down dgrad + SwiGLU backward: dz, s2; c kept from the forward */
+        s.c = *kc;
+        coda_binding_t bs[] = {coda__bind("z", &acts->z), coda__bind("dz", &s.dz), coda__bind("s", &s.s_down)};
+        CODA_TRY(epilogue(B, &s, G_DOWN_DGRAD, CODA__P_SWIGLU_BWD_KEPT, CODA_LAYOUT_NN, dy, &w->wd, bs, 3, stream));
+    } else { /* the same, with c recomputed */
         coda_binding_t bs[] = {coda__bind("z", &acts->z), coda__bind("dz", &s.dz), coda__bind("c", &s.c), coda__bind("s", &s.s_down)};
         CODA_TRY(epilogue(B, &s, G_DOWN_DGRAD, CODA__P_SWIGLU_BWD, CODA_LAYOUT_NN, dy, &w->wd, bs, 4, stream));
+    }
+    {
         CODA_TRY(coda_finish_reduce(B->ctx, CODA_REDUCE_SUM, &s.s_down, &s.svec, stream));
         if (grads) CODA_TRY(wgrad(B, dy, &s.c, &grads->wd, stream));
     }

@@ -8,7 +8,7 @@
 /* The built-in programs a block runs, parsed once per block. */
 enum {
     CODA__P_RESID_NORM, CODA__P_RESID_ADD, CODA__P_QKV, CODA__P_GATEUP, CODA__P_LSE, CODA__P_LM_BWD,
-    CODA__P_SWIGLU_BWD, CODA__P_RMS_BWD, CODA__P_GATEUP_INFER, CODA__P_COUNT
+    CODA__P_SWIGLU_BWD, CODA__P_RMS_BWD, CODA__P_GATEUP_INFER, CODA__P_SWIGLU_BWD_KEPT, CODA__P_COUNT
 };
 extern const char *const coda__llama_prog_names[CODA__P_COUNT];
 

@@ -215,6 +215,28 @@ static const char prog_swiglu_bwd[] =
     "p  = mul zz dr\n"
     "reduce s p\n";
 
+/* swiglu_bwd_kept - swiglu_bwd without c, for a c kept from the forward
+ * (coda_block_acts_t.c): dz and s, the same bits. */
+static const char prog_swiglu_bwd_kept[] =
+    "program swiglu_bwd_kept\n"
+    "in  z  tile bf16 double  # (M, 2I) saved pre-activation\n"
+    "out dz tile bf16 double  # (M, 2I) (dgate, dup) interleaved\n"
+    "out s  rowsum            # (M, n_tiles) partial sums of z * dz\n"
+    "dc = acc\n"
+    "zz = load z\n"
+    "g  = even zz\n"
+    "u  = odd zz\n"
+    "sg = silu g\n"
+    "ds = dsilu g\n"
+    "t0 = mul dc u\n"
+    "dg = mul t0 ds\n"
+    "du = mul dc sg\n"
+    "d2 = interleave dg du\n"
+    "dr = round_bf16 d2       # the value the next GEMM consumes\n"
+    "store dz dr\n"
+    "p  = mul zz dr\n"
+    "reduce s p\n";
+
 /* rmsnorm_bwd - the dgrad GEMM of a GEMM fed by b = r x g (acc = dz W = db,
  * N = d) with the RMSNorm backward (docs/layer.md):
  *     dx = dres + r (g db - x r s / d)      (M, d) bf16
@@ -258,11 +280,11 @@ static const char prog_rmsnorm_bwd[] =
 
 static const char *const names[] = {
     "resid_norm",  "resid_add",  "qkv_rope",   "gateup_swiglu", "gateup_swiglu_train",
-    "lmhead_lse",  "lmhead_bwd", "swiglu_bwd", "rmsnorm_bwd",   NULL,
+    "lmhead_lse",  "lmhead_bwd", "swiglu_bwd", "rmsnorm_bwd",   "swiglu_bwd_kept", NULL,
 };
 static const char *const texts[] = {
     prog_resid_norm, prog_resid_add, prog_qkv_rope,   prog_gateup_swiglu, prog_gateup_swiglu_train,
-    prog_lmhead_lse, prog_lmhead_bwd, prog_swiglu_bwd, prog_rmsnorm_bwd,  NULL,
+    prog_lmhead_lse, prog_lmhead_bwd, prog_swiglu_bwd, prog_rmsnorm_bwd,  prog_swiglu_bwd_kept, NULL,
 };
 
 const char *coda_builtin_program(const char *name) {

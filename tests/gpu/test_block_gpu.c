@@ -9,6 +9,8 @@
  *   - no host copy in a step: the four calls captured into one CUDA graph
  *     (a copy to the host or a wait inside would break the capture), the
  *     graph replayed, the same bits as the calls run directly;
+ *   - c kept from the forward (acts->c): c = silu(gate) up of z, and the
+ *     backward's results those of the default call;
  *   - dqkv in bf16, and M not a multiple of 8 refused.
  * Needs an sm_90a GPU. */
 #include "harness.h"
@@ -243,6 +245,55 @@ int main(void) {
                 for (int i = 0; i < NW; i++) dual_free(&g3[i]);
             }
             dual_free(&y2), dual_free(&z2), dual_free(&do2), dual_free(&dh2);
+            for (int i = 0; i < NW; i++) dual_free(&g2[i]);
+        }
+
+        /* c kept from the forward (acts->c): forward_post writes it, and the
+         * down dgrad runs swiglu_bwd_kept (no c store); its results within
+         * the same bound of the CPU's, and equal to the default call's
+         * (bitwise where both programs got one tiling) */
+        {
+            dual_t kc = dual(CODA_BF16, m, CFG.ffn), y2 = dual(CODA_BF16, m, d), h2 = dual(CODA_BF16, m, d);
+            dual_t z2 = dual(CODA_BF16, m, 2 * CFG.ffn), r22 = dual(CODA_F32, m, 0);
+            dual_t do2 = dual(CODA_BF16, m, nq), dh2 = dual(CODA_BF16, m, d), g2[NW];
+            for (int i = 0; i < NW; i++) g2[i] = dual(CODA_F32, ws_[i][0], ws_[i][1]);
+            coda_block_acts_t ka = ad;
+            ka.h = h2.d, ka.r2 = r22.d, ka.z = z2.d, ka.c = kc.d;
+            CHECK_OK(coda_block_forward_post(Bg, &wd, &g.x.d, &g.o.d, &ka, &y2.d, NULL, NULL, NULL, wsd, wsb, NULL));
+            coda_llama_weights_t gk;
+            memset(&gk, 0, sizeof gk);
+            gk.wo = g2[2].d, gk.g2 = g2[3].d, gk.wgu = g2[4].d, gk.wd = g2[5].d;
+            size_t wsk;
+            REQUIRE_OK(coda_block_workspace_size(Bg, CODA_BLOCK_BACKWARD_POST_KEPT_C, m, &wsk));
+            CHECK(wsk < wsb, "M %lld: backward_post keeping c needs %zu bytes, the default %zu", (long long)m, wsk, wsb);
+            CHECK_OK(coda_block_backward_post(Bg, &wd, &g.o.d, &ka, &g.dy.d, &do2.d, &dh2.d, &gk, wsd, wsk, NULL));
+            CUDA_OK(cudaDeviceSynchronize());
+            /* c = silu(gate) * up of the saved z */
+            uint16_t *zh = down(&z2), *ch = down(&kc);
+            double num = 0, den = 0;
+            for (int64_t i = 0; i < m * CFG.ffn; i++) {
+                double gt = h_bf2f(zh[2 * i]), u = h_bf2f(zh[2 * i + 1]), want = gt / (1 + exp(-gt)) * u;
+                double e = h_bf2f(ch[i]) - want;
+                num += e * e, den += want * want;
+            }
+            CHECK(sqrt(num / (den > 0 ? den : 1)) <= 4e-3, "M %lld: kept c vs silu(g) u of z: %.3g", (long long)m,
+                  sqrt(num / (den > 0 ? den : 1)));
+            free(zh), free(ch);
+            struct { const char *name; dual_t *want, *got; } same[] = {
+                {"y keeping c", &g.y, &y2}, {"z keeping c", &g.z, &z2}, {"do_ keeping c", &g.do_, &do2},
+                {"dh keeping c", &g.dh, &dh2}, {"dWo keeping c", &g.g[2], &g2[2]}, {"dg2 keeping c", &g.g[3], &g2[3]},
+                {"dWgu keeping c", &g.g[4], &g2[4]}, {"dWd keeping c", &g.g[5], &g2[5]}};
+            int bitwise = 1;
+            for (size_t k = 0; k < sizeof same / sizeof same[0]; k++) {
+                void *w_ = down(same[k].want), *g_ = down(same[k].got);
+                bitwise &= !memcmp(w_, g_, same[k].want->bytes);
+                double e = rel(g_, w_, coda_tensor_numel(&same[k].want->h), same[k].want->h.dtype);
+                CHECK(e <= 1e-2, "M %lld: %s: %.3g from the default call's", (long long)m, same[k].name, e);
+                free(w_), free(g_);
+            }
+            printf("  keeping c: %s the default call's bits\n", bitwise ? "the same as" : "within 1e-2 of");
+            dual_free(&kc), dual_free(&y2), dual_free(&h2), dual_free(&z2), dual_free(&r22), dual_free(&do2),
+                dual_free(&dh2);
             for (int i = 0; i < NW; i++) dual_free(&g2[i]);
         }
 
