@@ -192,50 +192,47 @@ static const char prog_lmhead_bwd[] =
  *     s[i][t] = sum over tile t of z * dz   (M, n_tiles) partials
  *     c  = silu(g) * u                      (M, I) bf16, for dWd = dy^T c
  * s is the statistic of the RMSNorm backward of h (z = r2 (h g2) Wgu^T). */
+/* the parts swiglu_bwd and swiglu_bwd_kept share: z in, dz out; then g,
+ * u and silu(g); then dz, its rounding and the partials of z * dz */
+#define SWIGLU_BWD_Z_DZ \
+    "in  z  tile bf16 double  # (M, 2I) saved pre-activation\n" \
+    "out dz tile bf16 double  # (M, 2I) (dgate, dup) interleaved\n"
+#define SWIGLU_BWD_S "out s  rowsum            # (M, n_tiles) partial sums of z * dz\n"
+#define SWIGLU_BWD_GATE \
+    "dc = acc\n"         \
+    "zz = load z\n"      \
+    "g  = even zz\n"     \
+    "u  = odd zz\n"      \
+    "sg = silu g\n"
+#define SWIGLU_BWD_DZ_S                                                  \
+    "ds = dsilu g\n"                                                     \
+    "t0 = mul dc u\n"                                                    \
+    "dg = mul t0 ds\n"                                                   \
+    "du = mul dc sg\n"                                                   \
+    "d2 = interleave dg du\n"                                            \
+    "dr = round_bf16 d2       # the value the next GEMM consumes\n"      \
+    "store dz dr\n"                                                      \
+    "p  = mul zz dr\n"                                                   \
+    "reduce s p\n"
+
 static const char prog_swiglu_bwd[] =
     "program swiglu_bwd\n"
-    "in  z  tile bf16 double  # (M, 2I) saved pre-activation\n"
-    "out dz tile bf16 double  # (M, 2I) (dgate, dup) interleaved\n"
+    SWIGLU_BWD_Z_DZ
     "out c  tile bf16         # (M, I) silu(gate) * up, recomputed\n"
-    "out s  rowsum            # (M, n_tiles) partial sums of z * dz\n"
-    "dc = acc\n"
-    "zz = load z\n"
-    "g  = even zz\n"
-    "u  = odd zz\n"
-    "sg = silu g\n"
+    SWIGLU_BWD_S
+    SWIGLU_BWD_GATE
     "cv = mul sg u\n"
     "store c cv\n"
-    "ds = dsilu g\n"
-    "t0 = mul dc u\n"
-    "dg = mul t0 ds\n"
-    "du = mul dc sg\n"
-    "d2 = interleave dg du\n"
-    "dr = round_bf16 d2       # the value the next GEMM consumes\n"
-    "store dz dr\n"
-    "p  = mul zz dr\n"
-    "reduce s p\n";
+    SWIGLU_BWD_DZ_S;
 
 /* swiglu_bwd_kept - swiglu_bwd without c, for a c kept from the forward
  * (coda_block_acts_t.c): dz and s, the same bits. */
 static const char prog_swiglu_bwd_kept[] =
     "program swiglu_bwd_kept\n"
-    "in  z  tile bf16 double  # (M, 2I) saved pre-activation\n"
-    "out dz tile bf16 double  # (M, 2I) (dgate, dup) interleaved\n"
-    "out s  rowsum            # (M, n_tiles) partial sums of z * dz\n"
-    "dc = acc\n"
-    "zz = load z\n"
-    "g  = even zz\n"
-    "u  = odd zz\n"
-    "sg = silu g\n"
-    "ds = dsilu g\n"
-    "t0 = mul dc u\n"
-    "dg = mul t0 ds\n"
-    "du = mul dc sg\n"
-    "d2 = interleave dg du\n"
-    "dr = round_bf16 d2       # the value the next GEMM consumes\n"
-    "store dz dr\n"
-    "p  = mul zz dr\n"
-    "reduce s p\n";
+    SWIGLU_BWD_Z_DZ
+    SWIGLU_BWD_S
+    SWIGLU_BWD_GATE
+    SWIGLU_BWD_DZ_S;
 
 /* rmsnorm_bwd - the dgrad GEMM of a GEMM fed by b = r x g (acc = dz W = db,
  * N = d) with the RMSNorm backward (docs/layer.md):
