@@ -2,8 +2,9 @@
 # run_block_model.sh - issue 20's measurements in one call of an sm_90a GPU
 # (about 4-5 minutes on an H100; logs under $OUT, or ./gpu-logs):
 #   1. build/tests/gpu/test_memory_gpu, test_block_gpu   a quick check first
-#   2. bench/bench_block.py --shapes 1b,8b,70b --reps 5 --coda-attention
-#        the block vs the floor, eager, torch.compile, Liger, coda, coda+attn
+#   2. bench/bench_block.py --shapes 1b,8b,70b --reps 5 --coda-attention --keep-c
+#        the block vs the floor, eager, torch.compile, Liger, coda, coda+attn,
+#        and both keeping c from the forward (coda+c, coda+attn+c)
 #   3. bench/bench_model.py --variants eager,torch.compile,liger,coda,coda+attn
 #        the 1B-shaped model's training step: tokens/s, peak memory
 # Liger-Kernel from $LIGER_SRC, .liger/src or the installed package
@@ -20,8 +21,8 @@ for t in test_memory_gpu test_block_gpu; do
   grep -E "FAIL" "$OUT/$t.log" | head -5; tail -1 "$OUT/$t.log"
 done
 echo "== bench_block"
-timeout 420 python3 bench/bench_block.py --shapes 1b,8b,70b --reps 5 --coda-attention > "$OUT/block.log" 2>&1
-echo "rc=$?"; grep -vE "^(device|SDPA|timing):" "$OUT/block.log" | tail -45
+timeout 480 python3 bench/bench_block.py --shapes 1b,8b,70b --reps 5 --coda-attention --keep-c > "$OUT/block.log" 2>&1
+echo "rc=$?"; grep -vE "^(device|SDPA|timing):" "$OUT/block.log" | tail -57
 echo "== bench_model"
 timeout 400 python3 bench/bench_model.py --variants eager,torch.compile,liger,coda,coda+attn --reps 5 \
   > "$OUT/model.log" 2>&1
