@@ -20,10 +20,10 @@ the same attention (torch SDPA, causal, GQA):
                  with a note if it does not import)
   coda           coda.nn.LlamaBlock, bf16 parameters
   coda+attn      (--coda-attention) the same with coda's own attention
-  coda+c, coda+attn+c  (--keep-c) coda and coda+attn keeping c = silu(gate) up
-                 from the forward for the backward (LlamaBlock.keep_c)
                  (attention="coda", coda.h section 11) instead of SDPA: the
                  whole block coda's, measured against the same floor
+  coda+c, coda+attn+c  (--keep-c) coda and coda+attn keeping c = silu(gate) up
+                 from the forward for the backward (LlamaBlock.keep_c)
 
 Time: CUDA events, after warm-up, --reps rounds, the variants interleaved
 run by run (clocks drift under load), their order rotated by one each round

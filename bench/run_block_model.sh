@@ -1,6 +1,6 @@
 #!/bin/bash
 # run_block_model.sh - issue 20's measurements in one call of an sm_90a GPU
-# (about 4-5 minutes on an H100; logs under $OUT, or ./gpu-logs):
+# (about 5-6 minutes on an H100; logs under $OUT, or ./gpu-logs):
 #   1. build/tests/gpu/test_memory_gpu, test_block_gpu   a quick check first
 #   2. bench/bench_block.py --shapes 1b,8b,70b --reps 5 --coda-attention --keep-c
 #        the block vs the floor, eager, torch.compile, Liger, coda, coda+attn,

@@ -711,10 +711,13 @@ typedef struct coda_block_acts {
                            (M, I) store fewer in the backward (about 8% of
                            that GEMM at K = 2048, bench/HISTORY.md
                            "swiglu_bwd_no_c") for M*I*2 bytes kept from the
-                           forward to the backward. Size backward_post's
-                           workspace with the _KEPT_C calls (it needs no
-                           room for c). c.data NULL (a zeroed tensor): not
-                           kept, the default. The same bits either way. */
+                           forward to the backward. Size the workspaces with
+                           the _KEPT_C calls: forward_post's then has no room
+                           for c, backward_post's only (M, d) where c's
+                           (M, I) was (the slot c shared with the gate/up
+                           dgrad's b; the same size when I <= d). c.data
+                           NULL (a zeroed tensor): not kept, the default.
+                           The same bits either way. */
 } coda_block_acts_t;
 
 CODA_API coda_status_t coda_block_create(coda_context_t *ctx, const coda_llama_config_t *cfg,
@@ -729,7 +732,8 @@ typedef enum coda_block_call {
     CODA_BLOCK_BACKWARD_PRE = 3,
     CODA_BLOCK_BACKWARD_POST_SPEND_Z = 4, /* backward_post with acts->spend_z set */
     CODA_BLOCK_BACKWARD_POST_KEPT_C = 5,  /* backward_post with acts->c kept */
-    CODA_BLOCK_BACKWARD_POST_SPEND_Z_KEPT_C = 6 /* both */
+    CODA_BLOCK_BACKWARD_POST_SPEND_Z_KEPT_C = 6, /* both */
+    CODA_BLOCK_FORWARD_POST_KEPT_C = 7    /* forward_post writing acts->c */
 } coda_block_call_t;
 
 /* Bytes of workspace `call` of the block needs for m tokens (CODA_BLOCK_ANY:

@@ -114,6 +114,16 @@ int main(void) {
     FIELD(coda_attention_shape_t, head_dim);
     struct_end();
 
+    STRUCT(coda_block_acts_t);
+    FIELD(coda_block_acts_t, r1);
+    FIELD(coda_block_acts_t, qkv);
+    FIELD(coda_block_acts_t, h);
+    FIELD(coda_block_acts_t, r2);
+    FIELD(coda_block_acts_t, z);
+    FIELD(coda_block_acts_t, spend_z);
+    FIELD(coda_block_acts_t, c);
+    struct_end();
+
     STRUCT(coda__ref_weights_t);
     FIELD(coda__ref_weights_t, wq);
     FIELD(coda__ref_weights_t, wk);
@@ -178,6 +188,14 @@ int main(void) {
     CONST(CODA_SPACE_HALF);
     CONST(CODA_SPACE_FULL);
     CONST(CODA_SPACE_DOUBLE);
+    CONST(CODA_BLOCK_FORWARD_PRE);
+    CONST(CODA_BLOCK_FORWARD_POST);
+    CONST(CODA_BLOCK_BACKWARD_POST);
+    CONST(CODA_BLOCK_BACKWARD_PRE);
+    CONST(CODA_BLOCK_BACKWARD_POST_SPEND_Z);
+    CONST(CODA_BLOCK_BACKWARD_POST_KEPT_C);
+    CONST(CODA_BLOCK_BACKWARD_POST_SPEND_Z_KEPT_C);
+    CONST(CODA_BLOCK_FORWARD_POST_KEPT_C);
     CONST(CODA_LM_MEAN);
     CONST(CODA_LM_SUM);
     CONST(CODA__REF_F64);

@@ -41,6 +41,7 @@ MIRRORS = {
     "coda_llama_weights_t": coda.LlamaWeights,
     "coda_lm_loss_opts_t": coda.LMLossOptions,
     "coda_attention_shape_t": coda.AttentionShape,
+    "coda_block_acts_t": coda.BlockActs,
     "coda__ref_weights_t": reference.RefWeights,
     "coda__ref_layer_t": reference.RefLayer,
 }
@@ -59,6 +60,8 @@ CONSTANTS = {
     "CODA_LM_MEAN": coda.LM_MEAN, "CODA_LM_SUM": coda.LM_SUM,
     "CODA__REF_F64": reference.F64, "CODA__REF_BF16": reference.BF16,
 }
+for name, value in coda.BLOCK_CALLS.items():
+    CONSTANTS["CODA_BLOCK_" + name.upper()] = value
 # coda.SPACES maps value -> name, coda.ARG_KINDS lists the kinds by value
 for value, space in coda.SPACES.items():
     CONSTANTS["CODA_SPACE_" + space.upper()] = value

@@ -211,7 +211,15 @@ int main(void) {
         coda_tensor_t c = zbf(s.m, CFG.ffn);
         memset(c.data, 0x5a, (size_t)coda_tensor_span_bytes(&c));
         s.acts.c = c;
-        CHECK_OK(coda_block_forward_post(B, &w, &s.x, &s.o, &s.acts, &s.y, NULL, NULL, NULL, ws, wsb, NULL));
+        size_t ws_fwd, ws_fkept, c_bytes = (size_t)(s.m * CFG.ffn * 2);
+        CHECK_OK(coda_block_workspace_size(B, CODA_BLOCK_FORWARD_POST, s.m, &ws_fwd));
+        CHECK_OK(coda_block_workspace_size(B, CODA_BLOCK_FORWARD_POST_KEPT_C, s.m, &ws_fkept));
+        CHECK(ws_fkept + c_bytes <= ws_fwd, "forward_post's workspace: %zu, %zu keeping c (%zu bytes)", ws_fwd,
+              ws_fkept, c_bytes);
+        CHECK_STATUS(coda_block_forward_post(B, &w, &s.x, &s.o, &s.acts, &s.y, NULL, NULL, NULL, ws, ws_fkept - 1,
+                                             NULL),
+                     CODA_ERR_SHAPE);
+        CHECK_OK(coda_block_forward_post(B, &w, &s.x, &s.o, &s.acts, &s.y, NULL, NULL, NULL, ws, ws_fkept, NULL));
         CHECK(same(&s.y, &a.y) && same(&s.acts.h, &a.acts.h) && same(&s.acts.z, &a.acts.z),
               "y, h or z of a forward keeping c differs");
         /* c is silu(gate) * up of the saved z, rounded to bf16 */
@@ -232,8 +240,10 @@ int main(void) {
         CHECK_OK(coda_block_workspace_size(B, CODA_BLOCK_BACKWARD_POST, s.m, &ws_read));
         CHECK_OK(coda_block_workspace_size(B, CODA_BLOCK_BACKWARD_POST_KEPT_C, s.m, &ws_kept));
         CHECK_OK(coda_block_workspace_size(B, CODA_BLOCK_BACKWARD_POST_SPEND_Z_KEPT_C, s.m, &ws_both));
-        CHECK(ws_kept < ws_read && ws_both < ws_kept, "backward_post's workspace: %zu, %zu keeping c, %zu also "
-              "spending z", ws_read, ws_kept, ws_both);
+        /* c (M, I) shared its slot with b (M, d): I - d fewer columns */
+        size_t saved = (size_t)(s.m * (CFG.ffn - CFG.d) * 2);
+        CHECK(CFG.ffn > CFG.d && ws_kept + saved <= ws_read && ws_both < ws_kept,
+              "backward_post's workspace: %zu, %zu keeping c, %zu also spending z", ws_read, ws_kept, ws_both);
         CHECK_OK(coda_block_backward_post(B, &w, &s.o, &s.acts, &s.dy, &s.do_, &s.dh, &s.grads, ws, ws_kept, NULL));
         CHECK(same(&s.do_, &a.do_) && same(&s.dh, &a.dh), "do_ or dh with c kept differs from c recomputed");
         CHECK(same(&s.grads.wo, &a.grads.wo) && same(&s.grads.g2, &a.grads.g2) && same(&s.grads.wgu, &a.grads.wgu) &&
@@ -243,11 +253,17 @@ int main(void) {
         coda_block_acts_t sz = s.acts;
         sz.spend_z = 1;
         memset(s.dh.data, 0, (size_t)coda_tensor_span_bytes(&s.dh));
+        memset(s.grads.wd.data, 0, (size_t)coda_tensor_span_bytes(&s.grads.wd));
+        memset(s.grads.wgu.data, 0, (size_t)coda_tensor_span_bytes(&s.grads.wgu));
         CHECK_OK(coda_block_backward_post(B, &w, &s.o, &sz, &s.dy, &s.do_, &s.dh, &s.grads, ws, ws_both, NULL));
         CHECK(same(&s.dh, &a.dh) && same(&s.grads.wd, &a.grads.wd) && same(&s.grads.wgu, &a.grads.wgu),
               "dh, dwd or dwgu with c kept and z spent differs");
         memcpy(s.acts.z.data, a.acts.z.data, (size_t)coda_tensor_span_bytes(&a.acts.z));
         /* bad kept c: refused, nothing written */
+        size_t y_bytes = (size_t)coda_tensor_span_bytes(&s.y), h_bytes = (size_t)coda_tensor_span_bytes(&s.acts.h);
+        unsigned char *y_was = malloc(y_bytes), *h_was = malloc(h_bytes), *c_was = malloc(c_bytes);
+        if (!y_was || !h_was || !c_was) exit(1);
+        memcpy(y_was, s.y.data, y_bytes), memcpy(h_was, s.acts.h.data, h_bytes), memcpy(c_was, c.data, c_bytes);
         coda_block_acts_t bad = s.acts;
         bad.c.shape[1] = CFG.ffn - 2;
         memset(s.dh.data, 0x5a, (size_t)coda_tensor_span_bytes(&s.dh));
@@ -266,7 +282,10 @@ int main(void) {
         for (size_t i = 0; i < (size_t)coda_tensor_span_bytes(&s.dh); i++)
             untouched &= ((unsigned char *)s.dh.data)[i] == 0x5a;
         CHECK(untouched, "a refused backward_post (bad kept c) wrote into dh");
-        CHECK(same(&s.acts.z, &a.acts.z), "a refused forward_post (bad kept c) wrote into z");
+        CHECK(same(&s.acts.z, &a.acts.z) && !memcmp(y_was, s.y.data, y_bytes) &&
+                  !memcmp(h_was, s.acts.h.data, h_bytes) && !memcmp(c_was, c.data, c_bytes),
+              "a refused forward_post (bad kept c) wrote into z, y, h or c");
+        free(y_was), free(h_was), free(c_was);
         free(c.data);
         mb_free(&s);
     }
@@ -479,7 +498,7 @@ int main(void) {
         size_t sz;
         CHECK_STATUS(coda_block_workspace_size(B, CODA_BLOCK_ANY, -1, &sz), CODA_ERR_SHAPE);
         CHECK_STATUS(coda_block_workspace_size(NULL, CODA_BLOCK_ANY, 8, &sz), CODA_ERR_INVALID_ARG);
-        CHECK_STATUS(coda_block_workspace_size(B, (coda_block_call_t)(CODA_BLOCK_BACKWARD_POST_SPEND_Z_KEPT_C + 1), 8,
+        CHECK_STATUS(coda_block_workspace_size(B, (coda_block_call_t)(CODA_BLOCK_FORWARD_POST_KEPT_C + 1), 8,
                                                &sz),
                      CODA_ERR_INVALID_ARG);
         {   /* sizes past 2^56 bytes are refused, not wrapped (a review: at m = 2^31 and a 2^31-wide FFN, dz's
@@ -497,7 +516,7 @@ int main(void) {
             coda_block_free(BW);
         }
         size_t most = 0, each;
-        for (int k = 0; k <= CODA_BLOCK_BACKWARD_POST_SPEND_Z_KEPT_C; k++) {
+        for (int k = 0; k <= CODA_BLOCK_FORWARD_POST_KEPT_C; k++) {
             CHECK_OK(coda_block_workspace_size(B, (coda_block_call_t)k, a.m, &each));
             most = each > most ? each : most;
             /* each call runs in exactly its own size */

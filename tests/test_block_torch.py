@@ -303,15 +303,19 @@ def kept_c(cfg):
     keeps nothing."""
     blk = coda.nn.LlamaBlock(cfg, device=DEVICE)
     x = torch.randn(2, 8, cfg.d, device=DEVICE).bfloat16()
-    cs = []
-    real = coda.Block.forward_post
+    cs, cb = [], []
+    real, real_b = coda.Block.forward_post, coda.Block.backward_post
 
     def spy(self, *a, **kw):
         cs.append(kw.get("c"))
         return real(self, *a, **kw)
 
+    def spy_b(self, *a, **kw):
+        cb.append(kw.get("c"))
+        return real_b(self, *a, **kw)
+
     grads = {}
-    coda.Block.forward_post = spy
+    coda.Block.forward_post, coda.Block.backward_post = spy, spy_b
     try:
         for keep, spend in ((False, True), (True, True), (True, False)):
             blk.keep_c, coda.ops.SPEND_Z = keep, spend
@@ -323,10 +327,12 @@ def kept_c(cfg):
         with torch.no_grad():
             blk(x)
     finally:
-        coda.Block.forward_post = real
+        coda.Block.forward_post, coda.Block.backward_post = real, real_b
         blk.keep_c, coda.ops.SPEND_Z = False, True
     check([c is not None for c in cs] == [False, True, True, False],
           "forward_post's c: %s, want kept only in the two keep_c forwards with grad" % [c is not None for c in cs])
+    check(len(cb) == 3 and cb[0] is None and cb[1] is cs[1] and cb[2] is cs[2],
+          "backward_post's c: not the tensor its forward kept (%s)" % [c is not None for c in cb])
     m, ffn = 16, cfg.ffn
     check(cs[1] is not None and tuple(cs[1].shape) == (m, ffn) and cs[1].dtype == torch.bfloat16,
           "the kept c is %s, want (%d, %d) bf16" % (None if cs[1] is None else (tuple(cs[1].shape), cs[1].dtype),

@@ -168,6 +168,10 @@ MAX_DIMS = 4
 BF16, F32, F16, FP8_E4M3, I32, I64 = 0, 1, 2, 3, 4, 5
 DEVICE_CPU, DEVICE_CUDA = 0, 1
 LAYOUTS = {"nt": 0, "nn": 1, "tn": 2}
+# coda_block_call_t: the block's calls and their forms, for the workspace size
+BLOCK_CALLS = {"forward_pre": 0, "forward_post": 1, "backward_post": 2, "backward_pre": 3,
+               "backward_post_spend_z": 4, "backward_post_kept_c": 5, "backward_post_spend_z_kept_c": 6,
+               "forward_post_kept_c": 7}
 REDUCE = {"sum": 0, "max": 1, "sumsq": 2}
 ARG_KINDS = ["in_tile", "in_row", "in_col", "in_scalar", "out_tile", "out_rowred",
              "out_colred", "out_lse", "in_rowpart"]
@@ -963,11 +967,11 @@ class Block:
         self._h = h
 
     def _workspace(self, call, m):
-        """The workspace of one call (0..4: forward_pre, forward_post,
-        backward_post, backward_pre, backward_post spending z), each its
-        own size."""
+        """The workspace of one call (a BLOCK_CALLS name: forward_pre,
+        forward_post, backward_post, backward_pre, and the forms spending z
+        or keeping c), each its own size."""
         n = ctypes.c_size_t()
-        _check(lib.coda_block_workspace_size(self._h, call, _int(m, "m"), ctypes.byref(n)))
+        _check(lib.coda_block_workspace_size(self._h, BLOCK_CALLS[call], _int(m, "m"), ctypes.byref(n)))
         # 256 more bytes, so that a 256-byte aligned start exists in it
         buf = torch.empty(n.value + 256, dtype=torch.uint8, device=self.device)
         off = (-buf.data_ptr()) % 256
@@ -982,7 +986,7 @@ class Block:
         r1 = torch.empty(m, dtype=torch.float32, device=self.device) if r1 is None else r1
         qkv = torch.empty(m, self.nqkv, dtype=torch.bfloat16, device=self.device)
         acts = _acts_struct({"r1": r1, "qkv": qkv})
-        buf, ws, n = self._workspace(0, m)
+        buf, ws, n = self._workspace("forward_pre", m)
         _check(lib.coda_block_forward_pre(self._h, ctypes.byref(_weights_struct(w)), _opt(x), _opt(xg), _opt(pos),
                                           ctypes.byref(acts), ws, n, _stream(x)))
         return r1, qkv
@@ -1003,7 +1007,7 @@ class Block:
             yg = torch.empty(m, d, dtype=torch.bfloat16, device=self.device)
             rn = torch.empty(m, dtype=torch.float32, device=self.device)
         acts = _acts_struct({"h": h, "r2": r2, "z": z, "c": c})
-        buf, ws, n = self._workspace(1, m)
+        buf, ws, n = self._workspace("forward_post" if c is None else "forward_post_kept_c", m)
         _check(lib.coda_block_forward_post(self._h, ctypes.byref(_weights_struct(w)), _opt(x), _opt(o),
                                            ctypes.byref(acts), _opt(y), _opt(g_next), _opt(yg), _opt(rn), ws, n,
                                            _stream(x)))
@@ -1027,8 +1031,8 @@ class Block:
         dh = torch.empty(m, d, dtype=torch.bfloat16, device=self.device)
         g = {k: torch.empty(w[k].shape, dtype=grad_dtype, device=self.device) for k in ("g2", "wgu", "wd")}
         acts = _acts_struct({"h": h, "r2": r2, "z": z, "c": c}, spend_z)
-        # the call's form (coda_block_call_t): 2, 4 spending z; 5, 6 with c kept
-        buf, ws, n = self._workspace((4 if spend_z else 2) if c is None else (6 if spend_z else 5), m)
+        buf, ws, n = self._workspace("backward_post" + ("_spend_z" if spend_z else "") +
+                                     ("_kept_c" if c is not None else ""), m)
         # do NULL: the O projection's backward is left out of the call and
         # run below, once the workspace is freed, so that do and dwo never
         # exist beside it (the same bits as the call's own, coda.h)
@@ -1053,7 +1057,7 @@ class Block:
         dx = torch.empty(m, d, dtype=torch.bfloat16, device=self.device)
         g = {k: torch.empty(w[k].shape, dtype=grad_dtype, device=self.device) for k in ("g1", "wqkv")}
         acts = _acts_struct({"r1": r1, "qkv": qkv})
-        buf, ws, n = self._workspace(3, m)
+        buf, ws, n = self._workspace("backward_pre", m)
         if split:
             _check(lib.coda_block_backward_pre_split(self._h, ctypes.byref(_weights_struct(w)), _opt(x), _opt(pos),
                                                      ctypes.byref(acts), *(_opt(t) for t in dqkv), _opt(dh), _opt(dx),

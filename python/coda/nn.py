@@ -278,7 +278,7 @@ class LlamaBlock(torch.nn.Module):
         if pad:
             o = torch.nn.functional.pad(o, (0, 0, 0, pad))
         out = _ops.post(xf, o.contiguous(), p["g2"], p["wo"], p["wgu"], p["wd"], self._cfg_list, self._eps,
-                        self._theta, g_next=g_next, link=link, keep_c=self.keep_c)
+                        self._theta, g_next=g_next, link=link, keep_c=getattr(self, "keep_c", False))
         return out if g_next is not None else (out, None, None)
 
 

@@ -113,7 +113,8 @@ enum {
     CALL_FWD_PRE = CODA_BLOCK_FORWARD_PRE, CALL_FWD_POST = CODA_BLOCK_FORWARD_POST,
     CALL_BWD_POST = CODA_BLOCK_BACKWARD_POST, CALL_BWD_PRE = CODA_BLOCK_BACKWARD_PRE,
     CALL_BWD_POST_SPEND_Z = CODA_BLOCK_BACKWARD_POST_SPEND_Z, CALL_BWD_POST_KEPT_C = CODA_BLOCK_BACKWARD_POST_KEPT_C,
-    CALL_BWD_POST_SPEND_Z_KEPT_C = CODA_BLOCK_BACKWARD_POST_SPEND_Z_KEPT_C, CALL_LAST = CALL_BWD_POST_SPEND_Z_KEPT_C
+    CALL_BWD_POST_SPEND_Z_KEPT_C = CODA_BLOCK_BACKWARD_POST_SPEND_Z_KEPT_C,
+    CALL_FWD_POST_KEPT_C = CODA_BLOCK_FORWARD_POST_KEPT_C, CALL_LAST = CALL_FWD_POST_KEPT_C
 };
 
 /* backward_post's form for these activations */
@@ -133,8 +134,9 @@ static coda_status_t layout(const coda_block_t *B, int call, int64_t m, arena_t 
         s->ss1 = carve(a, CODA_F32, m, 1);
         break;
     case CALL_FWD_POST:
+    case CALL_FWD_POST_KEPT_C: /* a kept c is the caller's */
         s->hg = carve(a, CODA_BF16, m, d);
-        s->c = carve(a, CODA_BF16, m, I);
+        if (call == CALL_FWD_POST) s->c = carve(a, CODA_BF16, m, I);
         s->ss_o = rowparts(a, m, d, s->tl[G_O]);
         s->ss_down = rowparts(a, m, d, s->tl[G_DOWN]);
         break;
@@ -545,7 +547,7 @@ coda_status_t coda_block_forward_post(coda_block_t *B, const coda_llama_weights_
                       {r_next, "r_next", 4}, {kc, "acts->c", 16}};
     CODA_TRY(coda__block_check_on_device(B, fn, da, 14));
     scratch_t s;
-    CODA_TRY(scratch(B, fn, CALL_FWD_POST, m, ws, ws_bytes, da, 14, &s));
+    CODA_TRY(scratch(B, fn, kc ? CALL_FWD_POST_KEPT_C : CALL_FWD_POST, m, ws, ws_bytes, da, 14, &s));
     if (kc) s.c = *kc; /* the caller keeps c for the backward */
 
     {   /* O-proj + residual + FFN norm partials */

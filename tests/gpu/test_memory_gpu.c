@@ -167,7 +167,7 @@ static void past_2gib(void) {
 static int primary_active(int i) {
     static CUresult (*get_state)(CUdevice, unsigned int *, int *);
     static CUresult (*get_device)(CUdevice *, int);
-    if (!get_state) {
+    if (!get_state || !get_device) {
         void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
         if (!lib) return -1;
         get_state = (CUresult(*)(CUdevice, unsigned int *, int *))dlsym(lib, "cuDevicePrimaryCtxGetState");
