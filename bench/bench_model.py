@@ -18,6 +18,9 @@ Liger-Kernel, in one process, the same attention (SDPA) everywhere (coda+attn: c
                  attention (coda.nn.coda_attention) instead of SDPA: not the
                  same attention as the others, so a row for what a coda
                  user gets, not for the fusion's share
+  coda+attn+c    (only when named in --variants) coda+attn with every
+                 block keeping c = silu(gate) up for its backward
+                 (LlamaBlock.keep_c: (M, I) bf16 more per block)
 
 bf16 parameters for all; the median of --reps steps after two warm-ups,
 CUDA events, each step queued behind a sleep kernel that outlasts the host's
@@ -26,7 +29,8 @@ SDPA pinned to cuDNN's kernels (--sdpa); peak = torch.cuda.max_memory_allocated 
 what was allocated before it (weights, inputs).
 
     python3 bench/bench_model.py [--layers 16] [--batch 2] [--seq 8192] [--vocab 128256]
-                                 [--variants eager,torch.compile,liger,coda[,coda+attn,coda-fn]] [--profile 12]
+                                 [--variants eager,torch.compile,liger,coda[,coda+attn,coda+attn+c,coda-fn]]
+                                 [--profile 12]
 
 --profile N also runs one step of each variant under torch.profiler (CUPTI)
 and prints its GPU busy time (kernels summed) beside the step's time, and
@@ -153,6 +157,12 @@ def main():
     if "coda+attn" in want:  # coda's own attention kernels instead of SDPA
         models.append(("coda+attn", coda.nn.LlamaModel.from_state_dict(cfg, sd, device=dev, dtype=torch.bfloat16,
                                                                        attention=coda.nn.coda_attention)))
+    if "coda+attn+c" in want:  # and c kept from each block's forward for its backward
+        kc = coda.nn.LlamaModel.from_state_dict(cfg, sd, device=dev, dtype=torch.bfloat16,
+                                                attention=coda.nn.coda_attention)
+        for blk in kc.layers:
+            blk.keep_c = True
+        models.append(("coda+attn+c", kc))
     if "coda-fn" in want:  # fuse_norms: each next block's first norm from the down projection's epilogue
         models.append(("coda-fn", coda.nn.LlamaModel.from_state_dict(cfg, sd, device=dev, dtype=torch.bfloat16,
                                                                      attention=bb.coda_attention,
