@@ -717,7 +717,9 @@ typedef struct coda_block_acts {
                            (M, I) was (the slot c shared with the gate/up
                            dgrad's b; the same size when I <= d). c.data
                            NULL (a zeroed tensor): not kept, the default.
-                           The same bits either way. */
+                           The same bits either way. No gain measured yet
+                           inside the block benchmark's noise (stop 59,
+                           bench/RESULTS.md). */
 } coda_block_acts_t;
 
 CODA_API coda_status_t coda_block_create(coda_context_t *ctx, const coda_llama_config_t *cfg,
