@@ -717,9 +717,8 @@ typedef struct coda_block_acts {
                            (M, I) was (the slot c shared with the gate/up
                            dgrad's b; the same size when I <= d). c.data
                            NULL (a zeroed tensor): not kept, the default.
-                           The same bits either way. No gain measured yet
-                           inside the block benchmark's noise (stop 59,
-                           bench/RESULTS.md). */
+                           The same bits either way. The block benchmark
+                           showed no gain (stop 59, bench/RESULTS.md). */
 } coda_block_acts_t;
 
 CODA_API coda_status_t coda_block_create(coda_context_t *ctx, const coda_llama_config_t *cfg,
