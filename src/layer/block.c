@@ -629,10 +629,8 @@ coda_status_t coda_block_backward_post(coda_block_t *B, const coda_llama_weights
         coda_binding_t bs[] = {coda__bind("z", &acts->z), coda__bind("dz", &s.dz), coda__bind("c", &s.c), coda__bind("s", &s.s_down)};
         CODA_TRY(epilogue(B, &s, G_DOWN_DGRAD, CODA__P_SWIGLU_BWD, CODA_LAYOUT_NN, dy, &w->wd, bs, 4, stream));
     }
-    {
-        CODA_TRY(coda_finish_reduce(B->ctx, CODA_REDUCE_SUM, &s.s_down, &s.svec, stream));
-        if (grads) CODA_TRY(wgrad(B, dy, &s.c, &grads->wd, stream));
-    }
+    CODA_TRY(coda_finish_reduce(B->ctx, CODA_REDUCE_SUM, &s.s_down, &s.svec, stream));
+    if (grads) CODA_TRY(wgrad(B, dy, &s.c, &grads->wd, stream)); /* c: kept or recomputed */
     /* gate/up dgrad + FFN RMSNorm backward: dh */
     CODA_TRY(norm_backward(B, &s, G_GU_DGRAD, &s.dz, &w->wgu, dy, &acts->h, &w->g2, &acts->r2, &s.svec, &s.b, &s.dg,
                            &s.gvec, dh, grads ? &grads->g2 : NULL, stream));
