@@ -258,11 +258,11 @@ def bench_shape(name, shape, B, S, reps, liger, do_check, timer, n_gaps=0, cat_a
         mods.append(("coda-cat", coda_block(W, shape, dev, lambda *a: coda_attention(*a, split=torch_split))))
     if own_attention:
         mods.append(("coda+attn", coda_block(W, shape, dev, coda.nn.coda_attention)))
-    if keep_c:
-        for v, m in [(v + "+c", coda_block(W, shape, dev, coda.nn.coda_attention if v == "coda+attn" else None))
-                     for v, _ in list(mods) if v in ("coda", "coda+attn")]:
+    if keep_c:  # coda and coda+attn again, each block keeping c
+        for v in [v for v, _ in mods if v in ("coda", "coda+attn")]:
+            m = coda_block(W, shape, dev, coda.nn.coda_attention if v == "coda+attn" else None)
             m.keep_c = True
-            mods.append((v, m))
+            mods.append((v + "+c", m))
     x = torch.randn(B, S, d, device=dev, dtype=torch.bfloat16)
     dy = torch.randn(B, S, d, device=dev, dtype=torch.bfloat16)
     xg = x.clone().requires_grad_(True)

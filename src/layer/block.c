@@ -127,7 +127,10 @@ static coda_status_t layout(const coda_block_t *B, int call, int64_t m, arena_t 
     const coda_llama_config_t *c = &B->cfg;
     int64_t d = c->d, I = c->ffn;
     memset(s, 0, sizeof *s);
-    CODA_TRY(tilings(B, m, call == CALL_BWD_POST_KEPT_C || call == CALL_BWD_POST_SPEND_Z_KEPT_C, s->tl));
+    /* backward_post's forms: z spent (dz over it), c kept (the caller's) */
+    int spend = call == CALL_BWD_POST_SPEND_Z || call == CALL_BWD_POST_SPEND_Z_KEPT_C;
+    int kept = call == CALL_BWD_POST_KEPT_C || call == CALL_BWD_POST_SPEND_Z_KEPT_C;
+    CODA_TRY(tilings(B, m, kept, s->tl));
     switch (call) {
     case CALL_FWD_PRE:
         s->xg = carve(a, CODA_BF16, m, d);
@@ -144,8 +147,6 @@ static coda_status_t layout(const coda_block_t *B, int call, int64_t m, arena_t 
     case CALL_BWD_POST_SPEND_Z:
     case CALL_BWD_POST_KEPT_C:
     case CALL_BWD_POST_SPEND_Z_KEPT_C: { /* dz over acts->z when it is spent (the call sets s->dz) */
-        int spend = call == CALL_BWD_POST_SPEND_Z || call == CALL_BWD_POST_SPEND_Z_KEPT_C;
-        int kept = call == CALL_BWD_POST_KEPT_C || call == CALL_BWD_POST_SPEND_Z_KEPT_C;
         if (!spend) s->dz = carve(a, CODA_BF16, m, 2 * I);
         /* b over c: c is last read by dWd's GEMM, b first written by the
          * gate/up dgrad after it (one stream); a kept c is the caller's */

@@ -45,6 +45,13 @@ static void *down(const dual_t *t) {
     CUDA_OK(cudaMemcpy(p, t->d.data, t->bytes, cudaMemcpyDeviceToHost));
     return p;
 }
+/* Whether two device tensors hold the same bytes. */
+static int same_bits(const dual_t *a, const dual_t *b) {
+    void *x = down(a), *y = down(b);
+    int eq = a->bytes == b->bytes && !memcmp(x, y, a->bytes);
+    free(x), free(y);
+    return eq;
+}
 static void dual_free(dual_t *t) {
     free(t->h.data);
     CUDA_OK(cudaFree(t->d.data));
@@ -211,12 +218,9 @@ int main(void) {
                 {"y without z", &g.y, &y2}, {"do_ spending z", &g.do_, &do2}, {"dh spending z", &g.dh, &dh2},
                 {"dWo spending z", &g.g[2], &g2[2]}, {"dg2 spending z", &g.g[3], &g2[3]},
                 {"dWgu spending z", &g.g[4], &g2[4]}, {"dWd spending z", &g.g[5], &g2[5]}};
-            for (size_t k = 0; k < sizeof same / sizeof same[0]; k++) {
-                void *w_ = down(same[k].want), *g_ = down(same[k].got);
-                CHECK(!memcmp(w_, g_, same[k].want->bytes), "M %lld: %s differs from the default call's",
+            for (size_t k = 0; k < sizeof same / sizeof same[0]; k++)
+                CHECK(same_bits(same[k].want, same[k].got), "M %lld: %s differs from the default call's",
                       (long long)m, same[k].name);
-                free(w_), free(g_);
-            }
             if (s == sizeof shapes / sizeof shapes[0] - 1) {
                 /* with stream-K forced: the down dgrad's units are shared
                  * out by k-blocks, each epilogue (and so each in-place dz
@@ -235,12 +239,9 @@ int main(void) {
                 tune_streamk(ctx, CODA_STREAMK_AUTO);
                 dual_t *want_[] = {&do3, &dh3, &g3[2], &g3[3], &g3[4], &g3[5]}, *got_[] = {&do2, &dh2, &g2[2], &g2[3],
                                                                                            &g2[4], &g2[5]};
-                for (int k = 0; k < 6; k++) {
-                    void *w_ = down(want_[k]), *g_ = down(got_[k]);
-                    CHECK(!memcmp(w_, g_, want_[k]->bytes), "M %lld, stream-K: output %d of backward_post spending "
+                for (int k = 0; k < 6; k++)
+                    CHECK(same_bits(want_[k], got_[k]), "M %lld, stream-K: output %d of backward_post spending "
                           "z differs from reading it", (long long)m, k);
-                    free(w_), free(g_);
-                }
                 dual_free(&do3), dual_free(&dh3);
                 for (int i = 0; i < NW; i++) dual_free(&g3[i]);
             }
@@ -288,11 +289,9 @@ int main(void) {
                 {"dWgu keeping c", &g.g[4], &g2[4]}, {"dWd keeping c", &g.g[5], &g2[5]}};
             int nsame = (int)(sizeof same / sizeof same[0]), bitwise = 0;
             for (int k = 0; k < nsame; k++) {
-                void *w_ = down(same[k].want), *g_ = down(same[k].got);
-                int eq = !memcmp(w_, g_, same[k].want->bytes);
+                int eq = same_bits(same[k].want, same[k].got);
                 CHECK(eq, "M %lld: %s differs from the default call's", (long long)m, same[k].name);
                 bitwise += eq;
-                free(w_), free(g_);
             }
             /* and spending z too, in the smaller workspace */
             size_t wsb2;
@@ -306,11 +305,9 @@ int main(void) {
             CUDA_OK(cudaDeviceSynchronize());
             dual_t *want2[] = {&g.dh, &g.g[4], &g.g[5]}, *got2[] = {&dh2, &g2[4], &g2[5]};
             for (int k = 0; k < 3; k++) {
-                void *w_ = down(want2[k]), *g_ = down(got2[k]);
-                int eq = !memcmp(w_, g_, want2[k]->bytes);
+                int eq = same_bits(want2[k], got2[k]);
                 CHECK(eq, "M %lld: output %d of backward_post keeping c and spending z differs", (long long)m, k);
                 bitwise += eq;
-                free(w_), free(g_);
             }
             printf("  keeping c: %d of %d outputs the default call's bits\n", bitwise, nsame + 3);
             dual_free(&kc), dual_free(&y2), dual_free(&h2), dual_free(&z2), dual_free(&r22), dual_free(&do2),
