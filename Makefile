@@ -175,6 +175,7 @@ test-py: lib $(BUILD)/coda $(ORACLE_SO) $(LAYOUT_BIN)
 	@echo "== tests/test_install.sh"; sh tests/test_install.sh $(PYTHON)
 	@echo "== bench/bench_vs_torch.py --check"; $(PYTHON) bench/bench_vs_torch.py --check
 	@echo "== bench/trace_gaps.py --selftest"; $(PYTHON) bench/trace_gaps.py --selftest
+	@echo "== bench/step_timer.py --selftest"; $(PYTHON) bench/step_timer.py --selftest
 	@echo "== bench/train_cli_curve.py --check"; $(PYTHON) bench/train_cli_curve.py --check
 	@echo "== bench/bench_vs_torch_train.py --check"; $(PYTHON) bench/bench_vs_torch_train.py --check
 

@@ -22,6 +22,7 @@ some host time, or only blocked on a full launch queue (which the GPU
 drains meanwhile).
 hide_lead=False is the plain method (the tables before stop 49).
 """
+import random
 import time
 
 import torch
@@ -140,6 +141,19 @@ def pin_sdpa(backend, sdpa):
     return "%s only (the others switched off)" % backend
 
 
+def round_order(items, r):
+    """Round r's order of the variants: items shuffled with seed r, the
+    same in every run. A rotation by one each round (bench_block before
+    stop 60) keeps each variant behind the same neighbour in every round
+    but one, while the card's clocks and temperature may carry over from
+    one call to the next: in stop 59's and stop 60's runs coda+c, always
+    right after coda+attn, read 1-6 points behind coda, more than its
+    kernels explain (bench/RESULTS.md "stop 60")."""
+    order = list(items)
+    random.Random(r).shuffle(order)
+    return order
+
+
 def spread(xs):
     """(median, min, max) of a list."""
     s = sorted(xs)
@@ -152,3 +166,36 @@ def cuda_events(prof):
     ev = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     ev.sort(key=lambda e: e.time_range.start)
     return ev
+
+
+def _selftest():
+    """round_order on the CPU: each round a permutation of the variants, the
+    same for the same round, and over bench_block's usual 5 rounds of 6-8
+    variants no variant behind one neighbour in every round (the rotation
+    it replaced failed this). Exit status 0 when all hold."""
+    bad = []
+    for n in (6, 7, 8):
+        items = ["v%d" % i for i in range(n)]
+        orders = [round_order(items, r) for r in range(5)]
+        if any(sorted(o) != sorted(items) for o in orders):
+            bad.append("%d variants: a round is not a permutation" % n)
+        if round_order(items, 3) != orders[3]:
+            bad.append("%d variants: round 3's order differs between calls" % n)
+        for v in items:
+            before = {o[o.index(v) - 1] if o.index(v) else None for o in orders}
+            if len(before) < 2:
+                bad.append("%d variants: %s has one neighbour before it in all 5 rounds" % (n, v))
+    rotated = [["v%d" % ((k + i) % 8) for i in range(8)] for k in range(5)]  # the old order, as a control
+    if all(len({o[o.index(v) - 1] if o.index(v) else None for o in rotated}) >= 2 for v in rotated[0][5:]):
+        bad.append("the control: the rotation should keep v5-v7 behind one neighbour in all 5 rounds")
+    for b in bad:
+        print("FAIL: " + b)
+    print("bench/step_timer.py --selftest: %d failure(s)" % len(bad))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    import sys
+    if sys.argv[1:] != ["--selftest"]:
+        sys.exit("usage: python3 bench/step_timer.py --selftest")
+    sys.exit(_selftest())
