@@ -717,8 +717,10 @@ typedef struct coda_block_acts {
                            (M, I) was (the slot c shared with the gate/up
                            dgrad's b; the same size when I <= d). c.data
                            NULL (a zeroed tensor): not kept, the default.
-                           The same bits either way. The block benchmark
-                           showed no gain (stop 59, bench/RESULTS.md). */
+                           The same bits either way. Measured: the 1B down
+                           dgrad 0.056 ms faster without the c store (5.4%,
+                           stop 60, H100), which the block benchmark does
+                           not resolve (stops 59, 60; bench/RESULTS.md). */
 } coda_block_acts_t;
 
 CODA_API coda_status_t coda_block_create(coda_context_t *ctx, const coda_llama_config_t *cfg,
