@@ -26,11 +26,11 @@ the same attention (torch SDPA, causal, GQA):
                  from the forward for the backward (LlamaBlock.keep_c)
 
 Time: CUDA events, after warm-up, --reps rounds, the variants interleaved
-run by run (clocks drift under load), in an order shuffled anew each
-round (step_timer.round_order, seeded by the round: the same orders in
-every run), so that no variant always follows the same one; until stop 60
-the order was rotated by one a round, which kept every variant behind the
-same neighbour. Each call is queued behind
+run by run (clocks drift under load), in an order that changes every
+round so that each variant's predecessors spread over the others
+(step_timer.round_orders: seeded, the same orders in every run); up to and
+including stop 60's runs the order was rotated by one a round, which kept
+a variant behind the same neighbour in every round it did not start. Each call is queued behind
 a sleep kernel that outlasts the host's launches (step_timer.py), so the
 times are the GPU's and not the host's lead before the first kernel (0.6 ms
 for the floor, 1.0-1.1 for coda and torch.compile at 1B: stop 45);
@@ -68,7 +68,7 @@ import coda  # noqa: E402
 import coda.nn  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from step_timer import StepTimer, add_arguments, pin_sdpa, round_order, spread  # noqa: E402
+from step_timer import StepTimer, add_arguments, pin_sdpa, round_orders, spread  # noqa: E402
 from trace_gaps import gaps  # noqa: E402
 from liger_import import import_liger  # noqa: E402
 
@@ -297,8 +297,8 @@ def bench_shape(name, shape, B, S, reps, liger, do_check, timer, n_gaps=0, cat_a
     for mi, mode in enumerate(("forward", "forward+backward")):
         times = {v: [] for v, _ in variants}
         host = {v: timer.host_ms(fns[mi]) if timer.hide_lead else None for v, fns in variants}
-        for r in range(reps):
-            for v, fns in round_order(variants, r):
+        for order in round_orders(variants, reps):
+            for v, fns in order:
                 times[v].append(timer(fns[mi], host[v], "%s %s" % (name, v)))
         peaks = {}
         for v, fns in variants:

@@ -23,8 +23,9 @@ Liger-Kernel, in one process, the same attention (SDPA) everywhere (coda+attn: c
                  (LlamaBlock.keep_c: (M, I) bf16 more per block)
 
 bf16 parameters for all; the median of --reps steps after two warm-ups, the
-variants interleaved step by step in an order shuffled anew each round
-(step_timer.round_order; before stop 60 the same order every round),
+variants interleaved step by step in an order that changes every round
+(step_timer.round_orders; up to and including stop 60's runs one fixed
+order),
 CUDA events, each step queued behind a sleep kernel that outlasts the host's
 launches (step_timer.py; --host-lead: on an idle GPU, as before stop 49);
 SDPA pinned to cuDNN's kernels (--sdpa); peak = torch.cuda.max_memory_allocated during one step minus
@@ -59,7 +60,7 @@ import coda  # noqa: E402
 import coda.nn  # noqa: E402
 import bench_block as bb  # noqa: E402
 from profile_block import kernel_table  # noqa: E402
-from step_timer import StepTimer, add_arguments, pin_sdpa, round_order  # noqa: E402
+from step_timer import StepTimer, add_arguments, pin_sdpa, round_orders  # noqa: E402
 from trace_gaps import gaps  # noqa: E402
 
 
@@ -200,8 +201,8 @@ def main():
     # steps (a cudaFree synchronises the device; retries free cached blocks)
     allocs = {n: [0, 0, 0] for n, _ in models}
     keys = ("num_device_alloc", "num_device_free", "num_alloc_retries")
-    for r in range(a.reps):
-        for name, m in round_order(models, r):
+    for order in round_orders(models, a.reps):
+        for name, m in order:
             free_grads()
             s0 = torch.cuda.memory_stats()
             times[name].append(timer(lambda: step(m), host[name], name))
@@ -238,8 +239,8 @@ def main():
             for k, (n, us) in sorted(rows.items(), key=lambda r: -r[1][1])[:a.profile]:
                 print("  %9.3f ms %5.1f%% %5.0fx  %s" % (us / 1e3, 100 * us / 1e3 / total, n, k[:100]))
             sys.stdout.flush()
-    for r in range(a.gap_rounds if a.gaps > 0 else 0):  # interleaved as the timed steps are
-        for name, m in round_order(models, r):
+    for r, order in enumerate(round_orders(models, a.gap_rounds if a.gaps > 0 else 0)):  # as the timed steps
+        for name, m in order:
             gaps(lambda: step(m), "%s (round %d)" % (name, r + 1), a.gaps)
 
 

@@ -11,6 +11,6 @@ set -u
 [ $# -gt 0 ] || { echo "usage: bash bench/on_h200.sh COMMAND [ARGS...]" >&2; exit 2; }
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 case "$name" in
-  *H200*) exec "$@" ;;
+  "NVIDIA H200"*) exec "$@" ;;
   *) echo "on_h200.sh: not an H200 (${name:-no GPU found}): nothing run"; exit 3 ;;
 esac

@@ -141,17 +141,43 @@ def pin_sdpa(backend, sdpa):
     return "%s only (the others switched off)" % backend
 
 
-def round_order(items, r):
-    """Round r's order of the variants: items shuffled with seed r, the
-    same in every run. A rotation by one each round (bench_block before
-    stop 60) keeps each variant behind the same neighbour in every round
-    but one, while the card's clocks and temperature may carry over from
-    one call to the next: in stop 59's and stop 60's runs coda+c, always
-    right after coda+attn, read 1-6 points behind coda, more than its
-    kernels explain (bench/RESULTS.md "stop 60")."""
-    order = list(items)
-    random.Random(r).shuffle(order)
-    return order
+def round_orders(items, rounds, tries=256):
+    """The variants' order in each of `rounds` rounds, as one list per
+    round. The rounds run back to back, so every call but the first has a
+    neighbour before it, the previous round's last included; each round
+    takes, of `tries` shuffles seeded by the round, the one whose pairs
+    (a variant and the one just before it) have come up least so far (the
+    largest count first, then the next). So each variant's predecessors
+    spread over the others about evenly, and the orders are the same in
+    every run (random.Random(seed).shuffle: unchanged since Python 3.2).
+
+    Why: the card's clocks and temperature may carry over from one call to
+    the next. bench_block rotated its order by one a round up to and
+    including stop 60's runs, which kept a variant behind the same
+    neighbour in every round it did not start: at 8 variants and 5 rounds
+    coda+c ran right after coda+attn in all five, and read 1-6 points
+    behind coda forward+backward in stops 59 and 60, more than its kernels
+    explain (bench/RESULTS.md "stop 60"); bench_model ran one fixed order."""
+    items = list(items)
+    n = len(items)
+    seen = {}  # (before, after) -> times run in that order so far
+    orders, last = [], None
+    for r in range(rounds):
+        rng = random.Random(r)
+        best = None
+        for _ in range(tries):
+            perm = list(range(n))
+            rng.shuffle(perm)
+            pairs = [(p, q) for p, q in zip([last] + perm[:-1], perm) if p is not None]
+            cost = sorted((seen.get(pq, 0) for pq in pairs), reverse=True)
+            if best is None or cost < best[0]:
+                best = (cost, perm, pairs)
+        _, perm, pairs = best
+        for pq in pairs:
+            seen[pq] = seen.get(pq, 0) + 1
+        last = perm[-1]
+        orders.append([items[i] for i in perm])
+    return orders
 
 
 def spread(xs):
@@ -168,26 +194,44 @@ def cuda_events(prof):
     return ev
 
 
+def _predecessors(orders):
+    """{variant: [the variant run just before it, each time]} over the
+    rounds run back to back."""
+    chain = [v for o in orders for v in o]
+    before = {}
+    for p, q in zip(chain, chain[1:]):
+        before.setdefault(q, []).append(p)
+    return before
+
+
 def _selftest():
-    """round_order on the CPU: each round a permutation of the variants, the
-    same for the same round, and over bench_block's usual 5 rounds of 6-8
-    variants no variant behind one neighbour in every round (the rotation
-    it replaced failed this). Exit status 0 when all hold."""
+    """round_orders on the CPU, at bench_model's and bench_block's 5-8
+    variants and 5, 10 and 15 rounds: each round a permutation of the
+    variants; no variant behind one neighbour more than ceil(R / (n - 1)) + 1
+    times in R rounds (n - 1 neighbours shared evenly, and one more: a
+    round's choice cannot undo the rounds before it, so an even share is
+    not always reached); round 0 of 8 pinned (the same orders in every
+    run). The rotation round_orders replaced, as a
+    control, fails the spread. Exit status 0 when all hold."""
     bad = []
-    for n in (6, 7, 8):
+    for n in (5, 6, 7, 8):
         items = ["v%d" % i for i in range(n)]
-        orders = [round_order(items, r) for r in range(5)]
-        if any(sorted(o) != sorted(items) for o in orders):
-            bad.append("%d variants: a round is not a permutation" % n)
-        if round_order(items, 3) != orders[3]:
-            bad.append("%d variants: round 3's order differs between calls" % n)
-        for v in items:
-            before = {o[o.index(v) - 1] if o.index(v) else None for o in orders}
-            if len(before) < 2:
-                bad.append("%d variants: %s has one neighbour before it in all 5 rounds" % (n, v))
+        for rounds in (5, 10, 15):
+            orders = round_orders(items, rounds)
+            if len(orders) != rounds or any(sorted(o) != items for o in orders):
+                bad.append("%d variants, %d rounds: a round is not a permutation" % (n, rounds))
+            limit = -(-rounds // (n - 1)) + 1  # an even share, and one more
+            for v, ps in _predecessors(orders).items():
+                most = max(ps.count(p) for p in set(ps))
+                if most > limit:
+                    bad.append("%d variants, %d rounds: %s ran %d times after one neighbour (at most %d)"
+                               % (n, rounds, v, most, limit))
+    pinned = round_orders(range(8), 1)[0]
+    if pinned != [4, 1, 5, 2, 0, 3, 7, 6]:
+        bad.append("round 0 of 8 variants is %s, not the pinned order: the orders changed" % pinned)
     rotated = [["v%d" % ((k + i) % 8) for i in range(8)] for k in range(5)]  # the old order, as a control
-    if all(len({o[o.index(v) - 1] if o.index(v) else None for o in rotated}) >= 2 for v in rotated[0][5:]):
-        bad.append("the control: the rotation should keep v5-v7 behind one neighbour in all 5 rounds")
+    if max(ps.count(p) for ps in _predecessors(rotated).values() for p in ps) < 5:
+        bad.append("the control: the rotation should keep a variant behind one neighbour in all 5 rounds")
     for b in bad:
         print("FAIL: " + b)
     print("bench/step_timer.py --selftest: %d failure(s)" % len(bad))
