@@ -211,8 +211,8 @@ def _selftest():
     times in R rounds (n - 1 neighbours shared evenly, and one more: a
     round's choice cannot undo the rounds before it, so an even share is
     not always reached); round 0 of 8 pinned (the same orders in every
-    run). The rotation round_orders replaced, as a
-    control, fails the spread. Exit status 0 when all hold."""
+    run). The rotation round_orders replaced, as a control, fails the
+    spread. Exit status 0 when all hold."""
     bad = []
     for n in (5, 6, 7, 8):
         items = ["v%d" % i for i in range(n)]
