@@ -153,23 +153,20 @@ def main():
     if liger and "liger" in want:
         models.append(("liger", TorchModel(emb, [bb.TorchBlock(W, shape, a.seq, liger) for _ in range(a.layers)],
                                            Head(wlm, gf, flce))))
+    def coda_model(attention, keep_c=False, **kw):
+        m = coda.nn.LlamaModel.from_state_dict(cfg, sd, device=dev, dtype=torch.bfloat16, attention=attention, **kw)
+        for blk in m.layers:
+            blk.keep_c = keep_c
+        return m
+
     if "coda" in want:
-        cm = coda.nn.LlamaModel.from_state_dict(cfg, sd, device=dev, dtype=torch.bfloat16,
-                                                attention=bb.coda_attention)
-        models.append(("coda", cm))
+        models.append(("coda", coda_model(bb.coda_attention)))
     if "coda+attn" in want:  # coda's own attention kernels instead of SDPA
-        models.append(("coda+attn", coda.nn.LlamaModel.from_state_dict(cfg, sd, device=dev, dtype=torch.bfloat16,
-                                                                       attention=coda.nn.coda_attention)))
+        models.append(("coda+attn", coda_model(coda.nn.coda_attention)))
     if "coda+attn+c" in want:  # and c kept from each block's forward for its backward
-        kc = coda.nn.LlamaModel.from_state_dict(cfg, sd, device=dev, dtype=torch.bfloat16,
-                                                attention=coda.nn.coda_attention)
-        for blk in kc.layers:
-            blk.keep_c = True
-        models.append(("coda+attn+c", kc))
+        models.append(("coda+attn+c", coda_model(coda.nn.coda_attention, keep_c=True)))
     if "coda-fn" in want:  # fuse_norms: each next block's first norm from the down projection's epilogue
-        models.append(("coda-fn", coda.nn.LlamaModel.from_state_dict(cfg, sd, device=dev, dtype=torch.bfloat16,
-                                                                     attention=bb.coda_attention,
-                                                                     fuse_norms=True)))
+        models.append(("coda-fn", coda_model(bb.coda_attention, fuse_norms=True)))
 
     def free_grads():
         """Every model's gradients freed before a step (not only the stepping
