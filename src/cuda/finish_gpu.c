@@ -1,6 +1,6 @@
 /* finish_gpu.c - the finishing steps (coda_finish_*) on CUDA tensors.
  *
- * Tiny one-thread-per-row kernels (kernels/finish.cuh), compiled once by
+ * Small kernels, a thread a row (kernels/finish.cuh), compiled once by
  * NVRTC and cached like every other kernel. Arguments arrive validated by
  * src/api/finish.c (shapes, strides, dtypes, overlap); what only the driver
  * can tell, that each tensor is device memory on the device its descriptor
@@ -10,9 +10,10 @@
 static const char *const finish_opts[] = {"--gpu-architecture=sm_90a", "--fmad=false",
                                           "-default-device"};
 
-/* Push the device of `t`, fetch kernel `entry`, launch rows/256 blocks. */
+/* Push the device of `t`, fetch kernel `entry`, launch blocks of 256 threads,
+ * one a `per_block` rows. */
 static coda_status_t run(coda_context_t *ctx, const coda_tensor_t *t, const char *entry,
-                         int64_t rows, void **args, void *stream) {
+                         int64_t rows, int per_block, void **args, void *stream) {
     if (rows == 0) return CODA_OK;
     coda_cuda_device_t *d;
     CODA_TRY(coda__cuda_device(ctx, t->device_index, &d));
@@ -27,7 +28,7 @@ static coda_status_t run(coda_context_t *ctx, const coda_tensor_t *t, const char
     if (s == CODA_OK) {
         CUlaunchConfig lc;
         memset(&lc, 0, sizeof lc);
-        lc.gridDimX = (unsigned)((rows + 255) / 256);
+        lc.gridDimX = (unsigned)((rows + per_block - 1) / per_block);
         lc.gridDimY = lc.gridDimZ = 1;
         lc.blockDimX = 256;
         lc.blockDimY = lc.blockDimZ = 1;
@@ -39,6 +40,9 @@ static coda_status_t run(coda_context_t *ctx, const coda_tensor_t *t, const char
     cu->cu.CtxPopCurrent(&prev);
     return s;
 }
+
+/* kernels/finish.cuh's FIN_ROWS: the rows of a coda_finish_reduce_kernel block */
+#define FIN_ROWS 64
 
 static long long es(const coda_tensor_t *t, int dim) {
     return (long long)(t->stride[dim] / (int64_t)coda_dtype_size(t->dtype));
@@ -55,7 +59,7 @@ coda_status_t coda__cuda_finish_reduce(coda_context_t *ctx, coda_reduce_t op,
     const coda_tensor_t *ts[] = {partials, out};
     const char *names[] = {"partials", "out"};
     if (rows > 0) CODA_TRY(coda__cuda_check_pointers(ctx, partials->device_index, ts, names, 2));
-    return run(ctx, partials, "coda_finish_reduce_kernel", rows, args, stream);
+    return run(ctx, partials, "coda_finish_reduce_kernel", rows, FIN_ROWS, args, stream);
 }
 
 coda_status_t coda__cuda_finish_rstd(coda_context_t *ctx, const coda_tensor_t *partials, int64_t d,
@@ -68,7 +72,7 @@ coda_status_t coda__cuda_finish_rstd(coda_context_t *ctx, const coda_tensor_t *p
     const coda_tensor_t *ts[] = {partials, rstd};
     const char *names[] = {"partials", "rstd"};
     if (rows > 0) CODA_TRY(coda__cuda_check_pointers(ctx, partials->device_index, ts, names, 2));
-    return run(ctx, partials, "coda_finish_rstd_kernel", rows, args, stream);
+    return run(ctx, partials, "coda_finish_rstd_kernel", rows, 256, args, stream);
 }
 
 coda_status_t coda__cuda_finish_lse(coda_context_t *ctx, const coda_tensor_t *partials,
@@ -83,5 +87,5 @@ coda_status_t coda__cuda_finish_lse(coda_context_t *ctx, const coda_tensor_t *pa
     const coda_tensor_t *ts[] = {partials, targets, lse, loss};
     const char *names[] = {"partials", "targets", "lse", "loss"};
     if (rows > 0) CODA_TRY(coda__cuda_check_pointers(ctx, partials->device_index, ts, names, 4));
-    return run(ctx, partials, "coda_finish_lse_kernel", rows, args, stream);
+    return run(ctx, partials, "coda_finish_lse_kernel", rows, 256, args, stream);
 }

@@ -379,10 +379,52 @@ static void host_pointer_case(const char *name) {
     coda_program_free(p);
 }
 
-/* Finishing steps on the GPU equal the CPU's bit for bit (same order, no FMA). */
-static void finish_case(int64_t rows, int64_t t) {
+/* coda_finish_reduce through views: partials (rows, T) stored transposed
+ * (element strides 1 and rows: no two partials of a row adjacent) and out
+ * every other element of a buffer whose odd elements are guards. Every op's
+ * GPU bits equal the CPU's, and the guards keep their bits on both. The
+ * kernel stages FIN_ROWS x FIN_COLS (64 x 64) blocks, so rows and T here
+ * straddle them. */
+static void finish_views_case(int64_t rows, int64_t t) {
     h_rng r = rng_new(seed++);
-    pad_rows = 0;
+    const size_t pbytes = (size_t)(rows * t) * 4, obytes = (size_t)(2 * rows) * 4;
+    float *ph = h_alloc(pbytes), *oh = h_alloc(obytes), *got = h_alloc(obytes);
+    rng_fill_f32(&r, ph, rows * t, 1.0f);
+    void *pd, *od;
+    CUDA_OK(cudaMalloc(&pd, pbytes));
+    CUDA_OK(cudaMalloc(&od, obytes));
+    CUDA_OK(cudaMemcpy(pd, ph, pbytes, cudaMemcpyHostToDevice));
+    coda_tensor_t P[2], O[2];
+    for (int b = 0; b < 2; b++) {
+        P[b] = coda_tensor_2d(b ? pd : ph, CODA_F32, rows, t);
+        P[b].stride[0] = 4, P[b].stride[1] = 4 * rows;
+        O[b] = coda_tensor_1d(b ? od : oh, CODA_F32, rows);
+        O[b].stride[0] = 8;
+    }
+    P[1].device = O[1].device = CODA_DEVICE_CUDA;
+    for (int op = 0; op < 3; op++) {
+        for (int64_t i = 0; i < 2 * rows; i++) oh[i] = (float)(i + 1); /* guards: odd i */
+        CUDA_OK(cudaMemcpy(od, oh, obytes, cudaMemcpyHostToDevice));
+        CHECK_OK(coda_finish_reduce(ctx, (coda_reduce_t)op, &P[0], &O[0], NULL));
+        CHECK_OK(coda_finish_reduce(ctx, (coda_reduce_t)op, &P[1], &O[1], NULL));
+        CUDA_OK(cudaMemcpy(got, od, obytes, cudaMemcpyDeviceToHost));
+        CHECK(memcmp(got, oh, obytes) == 0, "finish_reduce op %d, %lld x %lld transposed, out stride 2: GPU bits "
+              "differ from CPU's (or a guard was written)", op, (long long)rows, (long long)t);
+        int guards = 1;
+        for (int64_t i = 1; i < 2 * rows; i += 2) guards &= got[i] == (float)(i + 1);
+        CHECK(guards, "finish_reduce op %d: a guard between out's elements was written", op);
+    }
+    printf("  finish_reduce, %lld x %lld partials transposed, out stride 2: checked\n", (long long)rows,
+           (long long)t);
+    free(ph), free(oh), free(got);
+    CUDA_OK(cudaFree(pd));
+    CUDA_OK(cudaFree(od));
+}
+
+/* Finishing steps on the GPU equal the CPU's bit for bit (same order, no FMA). */
+static void finish_case(int64_t rows, int64_t t, int pad) {
+    h_rng r = rng_new(seed++);
+    pad_rows = pad; /* pad: the partials' rows 16-byte aligned, so T < row stride where 4 T is not */
     int64_t sh2[2] = {rows, t}, sh1[1] = {rows}, sh3[3] = {rows, t, 3};
     buf_t part, out, l3, tg, lse, loss;
     make_buf(&part, CODA_F32, 2, sh2, &r, 0, 0);
@@ -545,7 +587,12 @@ int main(int argc, char **argv) {
         host_pointer_case("rmsnorm_bwd");
         host_pointer_case("swiglu_bwd");
     }
-    finish_case(small ? 100 : 5000, 17);
+    finish_case(small ? 100 : 5000, 17, 0);
+    finish_case(small ? 65 : 2049, 130, 1); /* the 1B block's column partials: 2048 x 128 */
+    finish_case(64, 64, 0);
+    finish_case(1, 1, 0);
+    finish_views_case(small ? 63 : 16385, 33);
+    finish_views_case(130, 129);
     coda_context_free(ctx);
     TEST_MAIN_END();
 }

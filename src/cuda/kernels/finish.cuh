@@ -1,6 +1,6 @@
 /* finish.cuh - the finishing steps on the GPU: combine tile partials.
  *
- * One thread per row, t = 0..T-1 in order, with the same float operations as
+ * A thread per row combines t = 0..T-1 in order, with the same float operations as
  * the CPU backend (src/core/finish.c) and FMA contraction off (--fmad=false),
  * so results are bitwise reproducible and equal to the CPU's for sums and
  * maxima (NaN where the CPU has NaN; a NaN's payload bits may differ).
@@ -17,21 +17,54 @@ static __device__ __forceinline__ float coda_max_nan(float a, float b) {
     return r;
 }
 
-extern "C" __global__ void coda_finish_reduce_kernel(const float *part, long long ps0, long long ps1,
-                                                     float *out, long long os0, long long rows,
-                                                     long long T, int op) {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= rows) return;
-    const float *p = part + i * ps0;
-    float r;
-    if (op == 1) {
-        r = CODA_NEG_INF;
-        for (long long t = 0; t < T; t++) r = coda_max_nan(r, p[t * ps1]);
-    } else {
-        r = 0.0f;
-        for (long long t = 0; t < T; t++) r += p[t * ps1];
+/* coda_finish_reduce_kernel: a block of 256 threads takes FIN_ROWS rows and
+ * reads their partials FIN_COLS at a time into shared memory, every thread
+ * loading (consecutive partials of a row are consecutive threads: 128-byte
+ * reads where the partials of a row are contiguous); then thread i < FIN_ROWS
+ * combines row i's staged partials in order t = 0, 1, ... A thread a row,
+ * loading its own partials one by one (the first form), kept one load in
+ * flight a thread, and few threads (the 1B block's column partials, 2048
+ * rows x 128: 64 warps on the whole GPU): the 1B block's three reductions
+ * took 45 us a step, 15 each (bench/RESULTS.md, stop 61). The order of the
+ * additions, and so every bit, is unchanged. */
+#define FIN_ROWS 64
+#define FIN_COLS 64
+#define FIN_THREADS 256
+#define FIN_LOADS (FIN_ROWS * FIN_COLS / FIN_THREADS) /* a thread's loads a chunk */
+
+extern "C" __global__ void __launch_bounds__(FIN_THREADS)
+coda_finish_reduce_kernel(const float *part,  // (rows, T) f32, element strides ps0, ps1
+                          long long ps0, long long ps1,
+                          float *out,         // (rows) f32, element stride os0
+                          long long os0, long long rows, long long T, int op) {
+    __shared__ float tile[FIN_ROWS][FIN_COLS + 1]; /* + 1: row i's reader hits bank (i + t) % 32 */
+    const long long r0 = (long long)blockIdx.x * FIN_ROWS;
+    const int nr = (int)(rows - r0 < FIN_ROWS ? rows - r0 : FIN_ROWS);
+    const int me = threadIdx.x;
+    float r = op == 1 ? CODA_NEG_INF : 0.0f;
+    for (long long t0 = 0; t0 < T; t0 += FIN_COLS) {
+        const int nc = (int)(T - t0 < FIN_COLS ? T - t0 : FIN_COLS);
+        float v[FIN_LOADS];
+#pragma unroll
+        for (int j = 0; j < FIN_LOADS; j++) { /* every load issued before the first store waits on one */
+            const int k = me + j * FIN_THREADS, i = k / FIN_COLS, t = k % FIN_COLS;
+            v[j] = i < nr && t < nc ? part[(r0 + i) * ps0 + (t0 + t) * ps1] : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < FIN_LOADS; j++) {
+            const int k = me + j * FIN_THREADS;
+            tile[k / FIN_COLS][k % FIN_COLS] = v[j];
+        }
+        __syncthreads();
+        if (me < nr) {
+            if (op == 1)
+                for (int t = 0; t < nc; t++) r = coda_max_nan(r, tile[me][t]);
+            else
+                for (int t = 0; t < nc; t++) r += tile[me][t];
+        }
+        __syncthreads(); /* the next chunk's stores wait for this chunk's readers */
     }
-    out[i * os0] = r;
+    if (me < nr) out[(r0 + me) * os0] = r;
 }
 
 extern "C" __global__ void coda_finish_rstd_kernel(const float *part, long long ps0, long long ps1,
