@@ -379,17 +379,19 @@ static void host_pointer_case(const char *name) {
     coda_program_free(p);
 }
 
-/* coda_finish_reduce through views: partials (rows, T) stored transposed
- * (element strides 1 and rows: no two partials of a row adjacent) and out
- * every other element of a buffer whose odd elements are guards. Every op's
- * GPU bits equal the CPU's, and the guards keep their bits on both. The
- * kernel stages FIN_ROWS x FIN_COLS (64 x 64) blocks, so rows and T here
+/* coda_finish_reduce through views: partials (rows, T) with a row stride
+ * of T + 5 elements (rows neither 16-byte aligned nor adjacent), and out a
+ * slice of a buffer with GUARDS guard elements before and after it. Every
+ * op's GPU bits equal the CPU's, and the guards keep their bits on both.
+ * The kernel stages 64 x 64 blocks of partials, so rows and T here
  * straddle them. */
+#define GUARDS 37
 static void finish_views_case(int64_t rows, int64_t t) {
     h_rng r = rng_new(seed++);
-    const size_t pbytes = (size_t)(rows * t) * 4, obytes = (size_t)(2 * rows) * 4;
+    const int64_t ld = t + 5, on = rows + 2 * GUARDS;
+    const size_t pbytes = (size_t)(rows * ld) * 4, obytes = (size_t)on * 4;
     float *ph = h_alloc(pbytes), *oh = h_alloc(obytes), *got = h_alloc(obytes);
-    rng_fill_f32(&r, ph, rows * t, 1.0f);
+    rng_fill_f32(&r, ph, rows * ld, 1.0f);
     void *pd, *od;
     CUDA_OK(cudaMalloc(&pd, pbytes));
     CUDA_OK(cudaMalloc(&od, obytes));
@@ -397,29 +399,30 @@ static void finish_views_case(int64_t rows, int64_t t) {
     coda_tensor_t P[2], O[2];
     for (int b = 0; b < 2; b++) {
         P[b] = coda_tensor_2d(b ? pd : ph, CODA_F32, rows, t);
-        P[b].stride[0] = 4, P[b].stride[1] = 4 * rows;
-        O[b] = coda_tensor_1d(b ? od : oh, CODA_F32, rows);
-        O[b].stride[0] = 8;
+        P[b].stride[0] = 4 * ld;
+        O[b] = coda_tensor_1d((float *)(b ? od : (void *)oh) + GUARDS, CODA_F32, rows);
     }
     P[1].device = O[1].device = CODA_DEVICE_CUDA;
     for (int op = 0; op < 3; op++) {
-        for (int64_t i = 0; i < 2 * rows; i++) oh[i] = (float)(i + 1); /* guards: odd i */
+        for (int64_t i = 0; i < on; i++) oh[i] = (float)(i + 1);
         CUDA_OK(cudaMemcpy(od, oh, obytes, cudaMemcpyHostToDevice));
         CHECK_OK(coda_finish_reduce(ctx, (coda_reduce_t)op, &P[0], &O[0], NULL));
         CHECK_OK(coda_finish_reduce(ctx, (coda_reduce_t)op, &P[1], &O[1], NULL));
         CUDA_OK(cudaMemcpy(got, od, obytes, cudaMemcpyDeviceToHost));
-        CHECK(memcmp(got, oh, obytes) == 0, "finish_reduce op %d, %lld x %lld transposed, out stride 2: GPU bits "
-              "differ from CPU's (or a guard was written)", op, (long long)rows, (long long)t);
+        CHECK(memcmp(got, oh, obytes) == 0, "finish_reduce op %d, %lld x %lld, row stride %lld: GPU bits differ "
+              "from CPU's, or a guard was written", op, (long long)rows, (long long)t, (long long)ld);
         int guards = 1;
-        for (int64_t i = 1; i < 2 * rows; i += 2) guards &= got[i] == (float)(i + 1);
-        CHECK(guards, "finish_reduce op %d: a guard between out's elements was written", op);
+        for (int64_t i = 0; i < GUARDS; i++)
+            guards &= got[i] == (float)(i + 1) && got[on - 1 - i] == (float)(on - i);
+        CHECK(guards, "finish_reduce op %d: a guard around out was written", op);
     }
-    printf("  finish_reduce, %lld x %lld partials transposed, out stride 2: checked\n", (long long)rows,
-           (long long)t);
+    printf("  finish_reduce, %lld x %lld partials, row stride %lld, out between guards: checked\n",
+           (long long)rows, (long long)t, (long long)ld);
     free(ph), free(oh), free(got);
     CUDA_OK(cudaFree(pd));
     CUDA_OK(cudaFree(od));
 }
+#undef GUARDS
 
 /* Finishing steps on the GPU equal the CPU's bit for bit (same order, no FMA). */
 static void finish_case(int64_t rows, int64_t t, int pad) {

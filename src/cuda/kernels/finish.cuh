@@ -56,11 +56,14 @@ coda_finish_reduce_kernel(const float *part,  // (rows, T) f32, element strides 
             tile[k / FIN_COLS][k % FIN_COLS] = v[j];
         }
         __syncthreads();
-        if (me < nr) {
-            if (op == 1)
+        if (me < nr) { /* unrolled: the shared loads go ahead of the additions they feed */
+            if (op == 1) {
+#pragma unroll 16
                 for (int t = 0; t < nc; t++) r = coda_max_nan(r, tile[me][t]);
-            else
+            } else {
+#pragma unroll 16
                 for (int t = 0; t < nc; t++) r += tile[me][t];
+            }
         }
         __syncthreads(); /* the next chunk's stores wait for this chunk's readers */
     }
