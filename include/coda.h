@@ -718,9 +718,10 @@ typedef struct coda_block_acts {
                            dgrad's b; the same size when I <= d). c.data
                            NULL (a zeroed tensor): not kept, the default.
                            The same bits either way. Measured: the 1B down
-                           dgrad 0.056 ms faster without the c store (5.4%,
-                           stop 60, H100), which the block benchmark does
-                           not resolve (stops 59, 60; bench/RESULTS.md). */
+                           dgrad 0.056-0.067 ms faster without the c store
+                           (5-6%, stops 60 and 61, H100), which the block
+                           benchmark does not resolve (stops 59-61;
+                           bench/RESULTS.md). */
 } coda_block_acts_t;
 
 CODA_API coda_status_t coda_block_create(coda_context_t *ctx, const coda_llama_config_t *cfg,
