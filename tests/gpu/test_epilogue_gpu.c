@@ -384,7 +384,8 @@ static void host_pointer_case(const char *name) {
  * slice of a buffer with GUARDS guard elements before and after it. Every
  * op's GPU bits equal the CPU's, and the guards keep their bits on both.
  * The kernel stages 64 x 64 blocks of partials, so rows and T here
- * straddle them. */
+ * straddle them; every third row is all negative, so that a max which took
+ * in the zeros the kernel stages past T (or past the last row) would show. */
 #define GUARDS 37
 static void finish_views_case(int64_t rows, int64_t t) {
     h_rng r = rng_new(seed++);
@@ -392,6 +393,8 @@ static void finish_views_case(int64_t rows, int64_t t) {
     const size_t pbytes = (size_t)(rows * ld) * 4, obytes = (size_t)on * 4;
     float *ph = h_alloc(pbytes), *oh = h_alloc(obytes), *got = h_alloc(obytes);
     rng_fill_f32(&r, ph, rows * ld, 1.0f);
+    for (int64_t i = 0; i < rows; i += 3)
+        for (int64_t j = 0; j < t; j++) ph[i * ld + j] = -fabsf(ph[i * ld + j]) - 1.0f;
     void *pd, *od;
     CUDA_OK(cudaMalloc(&pd, pbytes));
     CUDA_OK(cudaMalloc(&od, obytes));

@@ -1,7 +1,7 @@
 /* finish.cuh - the finishing steps on the GPU: combine tile partials.
  *
  * A thread per row combines t = 0..T-1 in order, with the same float operations as
- * the CPU backend (src/core/finish.c) and FMA contraction off (--fmad=false),
+ * the CPU backend (src/api/finish.c) and FMA contraction off (--fmad=false),
  * so results are bitwise reproducible and equal to the CPU's for sums and
  * maxima (NaN where the CPU has NaN; a NaN's payload bits may differ).
  * Strides are in elements. op: 0 sum, 1 max, 2 sum (of squared partials). */
@@ -25,8 +25,8 @@ static __device__ __forceinline__ float coda_max_nan(float a, float b) {
  * loading its own partials one by one (the first form), kept one load in
  * flight a thread, and few threads (the 1B block's column partials, 2048
  * rows x 128: 64 warps on the whole GPU): the 1B block's three reductions
- * took 45 us a step, 15 each (bench/RESULTS.md, stop 61). The order of the
- * additions, and so every bit, is unchanged. */
+ * took 45 us a step together, 27 staged (bench/RESULTS.md, stop 61). The
+ * order of the additions, and so every bit, is unchanged. */
 #define FIN_ROWS 64
 #define FIN_COLS 64
 #define FIN_THREADS 256
