@@ -1,9 +1,10 @@
 /* finish.cuh - the finishing steps on the GPU: combine tile partials.
  *
- * A thread per row combines t = 0..T-1 in order, with the same float operations as
- * the CPU backend (src/api/finish.c) and FMA contraction off (--fmad=false),
- * so results are bitwise reproducible and equal to the CPU's for sums and
- * maxima (NaN where the CPU has NaN; a NaN's payload bits may differ).
+ * A thread per row combines t = 0..T-1 in order, with the same float
+ * operations as the CPU backend (src/api/finish.c) and FMA contraction off
+ * (--fmad=false), so results are bitwise reproducible and equal to the
+ * CPU's for sums and maxima (NaN where the CPU has NaN; a NaN's payload bits
+ * may differ).
  * Strides are in elements. op: 0 sum, 1 max, 2 sum (of squared partials). */
 
 #define CODA_NEG_INF __int_as_float(0xff800000)
@@ -27,7 +28,7 @@ static __device__ __forceinline__ float coda_max_nan(float a, float b) {
  * rows x 128: 64 warps on the whole GPU): the 1B block's three reductions
  * took 45 us a step together, 27 staged (bench/RESULTS.md, stop 61). The
  * order of the additions, and so every bit, is unchanged. */
-#define FIN_ROWS 64
+#define FIN_ROWS 64 /* src/cuda/finish_gpu.c's FIN_ROWS, its grid: the same number */
 #define FIN_COLS 64
 #define FIN_THREADS 256
 #define FIN_LOADS (FIN_ROWS * FIN_COLS / FIN_THREADS) /* a thread's loads a chunk */
