@@ -31,9 +31,10 @@ round so that each variant's predecessors spread over the others
 (step_timer.round_orders: seeded, the same orders in every run); up to and
 including stop 60's runs the order was rotated by one a round, which kept
 a variant behind the same neighbour in every round it did not start. Each
-call is queued behind a sleep kernel that outlasts the host's launches (step_timer.py), so the
-times are the GPU's and not the host's lead before the first kernel (0.6 ms
-for the floor, 1.0-1.1 for coda and torch.compile at 1B: stop 45);
+call is queued behind a sleep kernel that outlasts the host's launches
+(step_timer.py), so the times are the GPU's and not the host's lead before
+the first kernel (0.6 ms for the floor, 1.0-1.1 for coda and torch.compile
+at 1B: stop 45);
 --host-lead times as before stop 49. The ratio to the floor is taken round
 by round (each variant against the floor of the same round) and printed as
 the median with the lowest and highest round. SDPA runs cuDNN's kernels only
