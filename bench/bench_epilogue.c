@@ -14,6 +14,22 @@
  *   CODA_BENCH_AB="cfg=4" bench_epilogue ...   A/B of a tile configuration:
  *                                  B runs the fused GEMM with CODA_GEMM_CFG=4
  *                                  (its own tiling, so its own partials)
+ *   CODA_BENCH_AB="overlap=0" bench_epilogue ...   A/B of the epilogue
+ *                                  overlap (src/cuda/gemm.c): B never (0)
+ *                                  or wherever the kernel can (1); A as
+ *                                  CODA_DEBUG_OVERLAP says (default: the
+ *                                  measured rule)
+ *   CODA_BENCH_AB_CHECK=1 (with an option A/B)   also runs A twice and B
+ *                                  once from the same arguments and
+ *                                  compares every argument bit for bit
+ *                                  ("check ok", or the first differing
+ *                                  bytes; exit 1): for options that must
+ *                                  not change results. CODA_GEMM_CFG and
+ *                                  CODA_STREAMK then steer both sides. The
+ *                                  overlap's check: CODA_DEBUG_OVERLAP=0
+ *                                  CODA_DEBUG_OPTS=-DCODA_EPI_ROUND_ACC=1
+ *                                  CODA_BENCH_AB=overlap=1 (its reference
+ *                                  rounds the accumulators as it does)
  *   CODA_BENCH_PROGRAMS="rmsnorm_bwd,resid_norm"   only these programs
  *   CODA_BENCH_FILES="a.coda,b.coda"   also these program files (named by
  *                                  file in the table), bound like the rest
@@ -83,6 +99,7 @@ typedef struct job {
     coda_tiling_t tl;
     const char *opts; /* CODA_DEBUG_OPTS for this job's runs ("": none) */
     const char *cfg;  /* CODA_GEMM_CFG for this job's runs (NULL: none) */
+    int overlap;      /* tuning's epi_overlap for this job's runs (-2: the process's) */
 } job_t;
 
 static void run_once(job_t *j, int it);
@@ -146,14 +163,18 @@ static char run_opts[512]; /* CODA_DEBUG_OPTS as the process started: every job'
 /* The job's extra NVRTC options and configuration, set through the
  * context's tuning (tests/tuning.h) when they change; time_jobs calls this
  * before each run's first event, so nothing of it sits inside a timed run. */
+static int env_overlap; /* tuning's epi_overlap as the process started (CODA_DEBUG_OVERLAP) */
 static void use_opts(const job_t *j) {
     static const char *cur, *cur_cfg;
-    static int set;
+    static int set, cur_ov;
     const char *want = j->opts ? j->opts : run_opts;
+    const int ov = j->overlap == -2 ? env_overlap : j->overlap;
     if (!set || want != cur) tune_opts(ctx, want);
     if (!set || j->cfg != cur_cfg) tune_cfg_str(ctx, j->cfg);
+    if (!set || ov != cur_ov) tune_overlap(ctx, ov);
     cur = want;
     cur_cfg = j->cfg;
+    cur_ov = ov;
     set = 1;
 }
 
@@ -192,6 +213,68 @@ static void bind_args(job_t *j, h_rng *r, coda_binding_t *bind, void **ptrs) {
     }
     j->bind = bind;
     j->nbind = na;
+}
+
+/* The bytes of every bound argument, device to host (into h[i]) or back. */
+static size_t arg_bytes(const coda_binding_t *b) {
+    const coda_tensor_t *t = &b->tensor;
+    if (!t->data) return 0;
+    size_t n = coda_dtype_size(t->dtype);
+    for (int d = 0; d < t->ndim; d++) n *= (size_t)t->shape[d]; /* contiguous: bind_args makes them so */
+    return n;
+}
+static void args_copy(const job_t *j, unsigned char **h, int to_host) {
+    for (int i = 0; i < j->nbind; i++) {
+        size_t n = arg_bytes(&j->bind[i]);
+        if (!n) continue;
+        if (!h[i]) h[i] = h_alloc(n);
+        if (to_host) CUDA_OK(cudaMemcpy(h[i], j->bind[i].tensor.data, n, cudaMemcpyDeviceToHost));
+        else CUDA_OK(cudaMemcpy(j->bind[i].tensor.data, h[i], n, cudaMemcpyHostToDevice));
+    }
+}
+/* Argument by argument, the first byte where x and y differ; prints it
+ * under label and returns 1, or 0 when all agree. */
+static int args_differ(const job_t *j, unsigned char **x, unsigned char **y, const char *label) {
+    for (int i = 0; i < j->nbind; i++) {
+        size_t n = arg_bytes(&j->bind[i]);
+        for (size_t e = 0; e < n; e++)
+            if (x[i][e] != y[i][e]) {
+                size_t es = coda_dtype_size(j->bind[i].tensor.dtype), at = e / es, w = (size_t)j->bind[i].tensor.shape[j->bind[i].tensor.ndim - 1];
+                size_t diff = 0;
+                for (size_t f = e; f < n; f++) diff += x[i][f] != y[i][f];
+                char vals[96] = "";
+                if (j->bind[i].tensor.dtype == CODA_F32) {
+                    float u, v;
+                    memcpy(&u, x[i] + at * 4, 4);
+                    memcpy(&v, y[i] + at * 4, 4);
+                    snprintf(vals, sizeof vals, ": %.9g against %.9g", u, v);
+                }
+                printf("  check %s: argument %s differs first at element %zu (row %zu, column %zu%s); %zu bytes differ\n",
+                       label, j->bind[i].name, at, at / w, at % w, vals, diff);
+                return 1;
+            }
+    }
+    return 0;
+}
+
+/* CODA_BENCH_AB_CHECK: A twice and B twice from the same arguments; 1 when
+ * B differs from A (or either from itself: then the check says nothing). */
+static int check_ab(job_t *a, job_t *b) {
+    unsigned char *h0[32] = {0}, *ha[32] = {0}, *ha2[32] = {0}, *hb[32] = {0}, *hb2[32] = {0};
+    args_copy(a, h0, 1);
+    job_t *const order[4] = {a, a, b, b};
+    unsigned char **into[4] = {ha, ha2, hb, hb2};
+    for (int r = 0; r < 4; r++) {
+        args_copy(a, h0, 0);
+        run_once(order[r], 0);
+        CUDA_OK(cudaDeviceSynchronize());
+        args_copy(a, into[r], 1);
+    }
+    args_copy(a, h0, 0);
+    int bad = args_differ(a, ha, ha2, "A vs A (not deterministic)") ||
+              args_differ(a, hb, hb2, "B vs B (not deterministic)") || args_differ(a, ha, hb, "A vs B");
+    for (int i = 0; i < 32; i++) free(h0[i]), free(ha[i]), free(ha2[i]), free(hb[i]), free(hb2[i]);
+    return bad;
 }
 
 static void run_once(job_t *j, int it) {
@@ -257,6 +340,11 @@ int main(int argc, char **argv) {
     const char *ab = getenv("CODA_BENCH_AB");
     if (ab && !*ab) ab = NULL;
     const char *ab_cfg = ab && strncmp(ab, "cfg=", 4) == 0 ? ab + 4 : NULL;
+    const char *ab_ov = ab && strncmp(ab, "overlap=", 8) == 0 ? ab + 8 : NULL;
+    if (ab_ov && ((ab_ov[0] != '0' && ab_ov[0] != '1') || ab_ov[1])) {
+        fprintf(stderr, "CODA_BENCH_AB=overlap=N: N is 0 or 1\n");
+        return 2;
+    }
     char ab_opts[600] = "";
     if (ab_cfg) {
         /* a configuration gemm.c takes (else B would be A again), and no
@@ -269,7 +357,7 @@ int main(int argc, char **argv) {
             fprintf(stderr, "CODA_BENCH_AB=cfg=N: unset CODA_GEMM_CFG (A runs the default configuration)\n");
             return 2;
         }
-    } else if (ab) {
+    } else if (ab && !ab_ov) {
         /* gemm.c takes up to 4 options, each at most 60 characters, and
          * ignores the rest: refuse those rather than time two equal kernels */
         snprintf(ab_opts, sizeof ab_opts, "%s%s%s", run_opts, *run_opts ? " " : "", ab);
@@ -285,6 +373,15 @@ int main(int argc, char **argv) {
             q += len;
         }
     }
+    /* CODA_BENCH_AB_CHECK: for an option A/B only (cfg=N has its own
+     * tiling and partials); A and B then both run CODA_GEMM_CFG */
+    const int ab_check = getenv("CODA_BENCH_AB_CHECK") != NULL;
+    if (ab_check && (!ab || ab_cfg)) {
+        fprintf(stderr, "CODA_BENCH_AB_CHECK needs CODA_BENCH_AB=\"-D...\" or overlap=N (not cfg=N)\n");
+        return 2;
+    }
+    const char *base_cfg = ab_check ? getenv("CODA_GEMM_CFG") : NULL;
+    int checks_failed = 0;
     char tl_opts[600] = "";
     if (getenv("CODA_BENCH_TIMELINE")) {
         CUDA_OK(cudaMalloc((void **)&tl_dev, TL_CTAS * TL_PER_CTA * sizeof(long long)));
@@ -312,6 +409,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_epilogue: no usable CUDA device: %s\n", coda_last_error());
         return 1;
     }
+    env_overlap = coda__get_tuning(ctx).epi_overlap;
     if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) {
         fprintf(stderr, "cublasCreate failed\n");
         return 1;
@@ -334,6 +432,8 @@ int main(int argc, char **argv) {
         job_t base;
         memset(&base, 0, sizeof base);
         base.m = m, base.n = n, base.k = k;
+        base.cfg = base_cfg;
+        base.overlap = -2;
         /* operands rotate over 4 sets where one set would sit in L2 */
         base.nsets = (m + n) * k * 2 <= ((int64_t)32 << 20) ? 4 : 1;
         for (int s = 0; s < base.nsets; s++) {
@@ -382,7 +482,8 @@ int main(int argc, char **argv) {
             /* B: the same kernel with an option, or another configuration
              * with its own tiling and arguments */
             job_t jb = jf;
-            jb.opts = ab_cfg ? NULL : ab_opts;
+            jb.opts = ab_cfg || ab_ov ? NULL : ab_opts;
+            if (ab_ov) jb.overlap = ab_ov[0] - '0';
             if (ab_cfg) {
                 jb.cfg = ab_cfg;
                 use_opts(&jb); /* the tiling follows CODA_GEMM_CFG */
@@ -405,6 +506,11 @@ int main(int argc, char **argv) {
                 t_f = t[1];
                 if (ab) printf("%-20s %6s   A/B %s: plain %.3f  A %.3f  B %.3f  B/A %.3f  (A/plain %.3f, B/plain %.3f)\n",
                                *name, sz, ab, t_pl, t_f, t[2], t[2] / t_f, t_f / t_pl, t[2] / t_pl);
+            }
+            if (ab_check) {
+                int bad = check_ab(&jf, &jb);
+                printf("%-20s %6s   check %s\n", *name, sz, bad ? "FAILED" : "ok");
+                checks_failed += bad;
             }
             if (tl_dev) {
                 job_t tp = jp, tf = jf;
@@ -429,5 +535,6 @@ int main(int argc, char **argv) {
     }
     cublasDestroy(blas);
     coda_context_free(ctx);
-    return 0;
+    if (checks_failed) printf("bench_epilogue: %d checks FAILED\n", checks_failed);
+    return checks_failed ? 1 : 0;
 }
