@@ -89,8 +89,11 @@ static void stats(const char *name, const char *epi, int cfg) {
     const char *opts[CODA_CUDA_GEMM_MAX_OPTS + 2]; /* the options, CODA_STATS_OPTS, -v */
     char optbuf[768];
     const char *sk = getenv("CODA_STATS_STREAMK"); /* 1: the stream-K variants */
-    int n = coda__cuda_gemm_options(CODA_LAYOUT_NT, &coda__cuda_gemm_cfgs[cfg], 0, 0, sk && *sk == '1', opts,
-                                    optbuf, sizeof optbuf);
+    const char *ov = getenv("CODA_STATS_OVERLAP"); /* 1: the epilogue-overlap variants (programs only) */
+    const int sched = sk && *sk == '1' ? CODA_SCHED_STREAMK : ov && *ov == '1' ? CODA_SCHED_OVERLAP : CODA_SCHED_TILES;
+    if (sched == CODA_SCHED_OVERLAP && name[0] == '(') return; /* the plain GEMM stores C: never overlapped */
+    int n = coda__cuda_gemm_options(CODA_LAYOUT_NT, &coda__cuda_gemm_cfgs[cfg], 0, 0, sched, opts, optbuf,
+                                    sizeof optbuf);
     const char *xo = getenv("CODA_STATS_OPTS"); /* one more option, e.g. -DCODA_PROBE_NO_COL_LOAD */
     if (xo && *xo) opts[n++] = xo;
     ptxas_report(name, src, opts, n);
@@ -151,11 +154,11 @@ static const char *const layout_name[3] = {"nt", "nn", "tn"};
 /* A GEMM kernel: src (coda__cuda_gemm_source) with the options for this
  * layout, configuration and variant, then the plain epilogue's variant
  * options in get_kernel's order. */
-static int dump_gemm(const char *file, const char *src, int layout, int cfg, int store_c, int c_f32, int streamk,
+static int dump_gemm(const char *file, const char *src, int layout, int cfg, int store_c, int c_f32, int sched,
                      int simple, int c_tail) {
     const char *opts[CODA_CUDA_GEMM_MAX_OPTS];
     char optbuf[768];
-    int n = coda__cuda_gemm_options((coda_layout_t)layout, &coda__cuda_gemm_cfgs[cfg], store_c, c_f32, streamk,
+    int n = coda__cuda_gemm_options((coda_layout_t)layout, &coda__cuda_gemm_cfgs[cfg], store_c, c_f32, sched,
                                     opts, optbuf, sizeof optbuf);
     if (simple && n < CODA_CUDA_GEMM_MAX_OPTS) opts[n++] = "-DCODA_PLAIN_SIMPLE=1";
     if (c_tail && n < CODA_CUDA_GEMM_MAX_OPTS) opts[n++] = "-DCODA_C_TAIL=1";
@@ -182,7 +185,8 @@ static int dump_all(int cfg, const char *const *names, const char *const *texts,
     free(src);
     /* fused programs (coda__cuda_fused_gemm): no C store, each form the
      * host may pick (RING only on the cooperative schedule, for programs
-     * with a ring plan) */
+     * with a ring plan); on the cooperative schedule also stream-K (.sk)
+     * and, but for RING, the epilogue overlap (.ov) */
     static const char *const form_name[CODA_CG_NFORMS] = {"any", "even", "n16", "ring"};
     for (int i = 0; i < n_progs; i++) {
         coda_program_t *p = NULL;
@@ -205,10 +209,11 @@ static int dump_all(int cfg, const char *const *names, const char *const *texts,
             write_file(file, epi, strlen(epi));
             src = coda__cuda_gemm_source(epi);
             for (int layout = 0; src && layout < 3; layout++)
-                for (int sk = 0; sk < (pingpong ? 1 : 2); sk++) {
+                for (int sched = 0; sched < (pingpong ? 1 : 3); sched++) {
+                    if (sched == CODA_SCHED_OVERLAP && form == CODA_CG_RING) continue;
                     snprintf(file, sizeof file, "%s.%s.%s%s", names[i], layout_name[layout], form_name[form],
-                             sk ? ".sk" : "");
-                    fails += dump_gemm(file, src, layout, cfg, 0, 0, sk, 0, 0);
+                             sched == CODA_SCHED_STREAMK ? ".sk" : sched == CODA_SCHED_OVERLAP ? ".ov" : "");
+                    fails += dump_gemm(file, src, layout, cfg, 0, 0, sched, 0, 0);
                 }
             free(src);
             free(epi);

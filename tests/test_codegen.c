@@ -56,13 +56,13 @@ static void compile_in_harness(const char *name, const char *epi, int stage) {
 }
 
 /* The real thing: generated epilogue spliced into the Hopper mainloop. */
-static void compile_in_mainloop(const char *name, const char *epi, coda_layout_t layout, int cfg, int streamk) {
+static void compile_in_mainloop(const char *name, const char *epi, coda_layout_t layout, int cfg, int sched) {
     char *src = coda__cuda_gemm_source(epi);
     CHECK(src != NULL, "%s: kernel source assembles: %s", name, coda_last_error());
     if (!src) return;
     const char *opts[CODA_CUDA_GEMM_MAX_OPTS];
     char optbuf[512];
-    int n = coda__cuda_gemm_options(layout, &coda__cuda_gemm_cfgs[cfg], 0, 0, streamk, opts, optbuf, sizeof optbuf);
+    int n = coda__cuda_gemm_options(layout, &coda__cuda_gemm_cfgs[cfg], 0, 0, sched, opts, optbuf, sizeof optbuf);
     char *cubin = NULL;
     size_t size = 0;
     double t0 = now();
@@ -70,7 +70,8 @@ static void compile_in_mainloop(const char *name, const char *epi, coda_layout_t
     CHECK(s == CODA_OK, "%s compiles in the mainloop (layout %d, cfg %d): %s", name, (int)layout, cfg,
           coda_last_error());
     printf("  %-28s mainloop layout %d cfg %d%s: %s (%zu bytes, %.1f s)\n", name, (int)layout, cfg,
-           streamk ? " stream-K" : "", s == CODA_OK ? "ok" : "FAILED", size, now() - t0);
+           sched == CODA_SCHED_STREAMK ? " stream-K" : sched == CODA_SCHED_OVERLAP ? " epilogue overlap" : "",
+           s == CODA_OK ? "ok" : "FAILED", size, now() - t0);
     free(cubin);
     free(src);
 }
@@ -162,6 +163,10 @@ static void check_program(const char *name, const char *text, int in_mainloop) {
         if (n16 && in_mainloop) {
             compile_in_mainloop(name, n16, CODA_LAYOUT_NT, 3, 0);
             compile_in_mainloop(name, n16, CODA_LAYOUT_NT, 5, 0);
+            /* the epilogue overlap (gemm_overlap.cuh: no ring inputs, so the
+             * N16 form), on both tile widths of the cooperative schedule */
+            compile_in_mainloop(name, n16, CODA_LAYOUT_NT, 3, CODA_SCHED_OVERLAP);
+            if (strcmp(name, "gateup_swiglu_train") == 0) compile_in_mainloop(name, n16, CODA_LAYOUT_TN, 1, CODA_SCHED_OVERLAP);
         }
         /* tile inputs through the stage ring: active on the cooperative
          * schedule (cfg 3), read from global memory on ping-pong (cfg 5) */
@@ -187,7 +192,7 @@ static void check_program(const char *name, const char *text, int in_mainloop) {
                     snprintf(off, len, "%s\n#if CODA_EPI_RING\n#error \"ring on\"\n#endif\n", ring);
                     compile_in_mainloop(name, on, CODA_LAYOUT_NT, 3, 0);
                     /* the stream-K variant (its own kernel, cooperative only) */
-                    if (strcmp(name, "swiglu_bwd") == 0) compile_in_mainloop(name, on, CODA_LAYOUT_TN, 3, 1);
+                    if (strcmp(name, "swiglu_bwd") == 0) compile_in_mainloop(name, on, CODA_LAYOUT_TN, 3, CODA_SCHED_STREAMK);
                     if (in_mainloop) compile_in_mainloop(name, off, CODA_LAYOUT_NN, 5, 0);
                     free(on);
                     free(off);
@@ -406,7 +411,8 @@ int main(void) {
         check_program("primitive", primitive_programs[i], i == 3 || i == 5 ? 2 : 0); /* reductions, rowpart */
     int n = 0;
     for (const char *const *name = coda_builtin_program_names(); *name; name++, n++)
-        check_program(*name, coda_builtin_program(*name), n == 0 ? 1 : 0);
+        /* in the mainloop: the first, and gate/up (the epilogue overlap's program) */
+        check_program(*name, coda_builtin_program(*name), n == 0 || strcmp(*name, "gateup_swiglu_train") == 0 ? 1 : 0);
     CHECK(n >= 6, "at least 6 built-in programs, got %d", n);
 
     /* Refusals: a pair swap in the half space would pair columns of two

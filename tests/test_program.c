@@ -508,6 +508,36 @@ static coda_program_t *build_oproj(int named) {
     return p;
 }
 
+/* coda__program_acc_bf16: the accumulator read only through round_bf16
+ * (the GPU may then hold finished tiles as bf16: gemm_overlap.cuh) */
+static void test_acc_bf16(void) {
+    static const struct {
+        const char *text;
+        int want;
+    } cases[] = {
+        {"program p\nout y tile f32\na = acc\nb = round_bf16 a\nstore y b\n", 1},
+        {"program p\nout y tile f32\na = acc\nb = round_bf16 a\nc = round_bf16 a\nd = add b c\nstore y d\n", 1},
+        {"program p\nout y tile f32\nc = const 1\nstore y c\n", 1}, /* no accumulator read */
+        {"program p\nout y tile f32\na = acc\nstore y a\n", 0},
+        {"program p\nout y tile f32\na = acc\nb = round_bf16 a\nc = add a b\nstore y c\n", 0},
+        {"program p\nout s rowsum\na = acc\nreduce s a\n", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        coda_program_t *p = NULL;
+        CHECK_OK(coda_program_parse(cases[i].text, &p));
+        if (p) CHECK(coda__program_acc_bf16(p) == cases[i].want, "acc_bf16 case %zu: got %d", i, !cases[i].want);
+        coda_program_free(p);
+    }
+    /* the built-ins: gate/up and QKV + RoPE round first (docs/gpu.md), the rest read acc as it is */
+    for (const char *const *name = coda_builtin_program_names(); *name; name++) {
+        coda_program_t *p = NULL;
+        CHECK_OK(coda_program_parse(coda_builtin_program(*name), &p));
+        const int want = strncmp(*name, "gateup_swiglu", 13) == 0 || strcmp(*name, "qkv_rope") == 0;
+        if (p) CHECK(coda__program_acc_bf16(p) == want, "%s: acc_bf16 %d, want %d", *name, !want, want);
+        coda_program_free(p);
+    }
+}
+
 static void test_builder(void) {
     /* same text as the parser */
     coda_program_t *p = build_oproj(1);
@@ -1316,6 +1346,7 @@ static void test_locale(void) {
 int main(void) {
     test_round_trips();
     test_annotations();
+    test_acc_bf16();
     test_builder();
     test_malformed();
     test_builder_errors();

@@ -39,6 +39,13 @@ static inline void tune_clusters(coda_context_t *ctx, int n) {
     t.clusters = n;
     tune_set(ctx, &t);
 }
+/* A fused GEMM's epilogue beside the next tile's k-loop: never (0),
+ * wherever the kernel can (1), by the measured rule (-1). */
+static inline void tune_overlap(coda_context_t *ctx, int mode) {
+    coda__tuning_t t = coda__get_tuning(ctx);
+    t.epi_overlap = mode;
+    tune_set(ctx, &t);
+}
 /* Extra NVRTC options for every GEMM kernel (NULL or "": none). */
 static inline void tune_opts(coda_context_t *ctx, const char *opts) {
     coda__tuning_t t = coda__get_tuning(ctx);

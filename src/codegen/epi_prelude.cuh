@@ -289,7 +289,11 @@ static __device__ __forceinline__ float cg_min_nan(float a, float b) {
  *                    and the old l * exp(old m) add nothing NaN
  *   m finite: the ordinary sum (>= 1)
  * The NaN-keeping max costs nothing (one FMNMX either way), and testing
- * |mn| == inf instead of mn == -inf neither (|x| is an operand modifier). */
+ * |mn| == inf instead of mn == -inf neither (|x| is an operand modifier).
+ * v - ms is __fsub_rn: a v that the program computed as a product (z = acc
+ * * rstd) must not be fused into it as fma(acc, rstd, -ms), which the
+ * compiler did in some kernels and not in others (the same program's
+ * sums then differed in the last bit between kernel variants). */
 static __device__ __forceinline__ void cg_lse_fold(float *m, float *l, const float *v, int n) {
     float bm = v[0];
 #pragma unroll
@@ -297,7 +301,7 @@ static __device__ __forceinline__ void cg_lse_fold(float *m, float *l, const flo
     const float mn = cg_max_nan(*m, bm), ms = fabsf(mn) == CG_INF ? 0.0f : mn;
     float s = 0.0f;
 #pragma unroll
-    for (int i = 0; i < n; i++) s += cg_exp_ftz(v[i] - ms);
+    for (int i = 0; i < n; i++) s += cg_exp_ftz(__fsub_rn(v[i], ms));
     *l = fmaf(*l, cg_exp_ftz(*m - ms), s);
     *m = mn;
 }
@@ -310,12 +314,12 @@ static __device__ __forceinline__ void cg_lse_fold(float *m, float *l, const flo
  * mn NaN and so l NaN. (Equivalent forms, `m == mn ? l : l * expf(..)`
  * or expf of a selected argument, made ptxas spill in some of
  * lmhead_lse's kernel configurations; this one spills in none and has
- * fewer instructions than the -inf test it replaces.) */
+ * fewer instructions than the -inf test it replaces.) The sum is one
+ * explicit fma, so that no kernel variant fuses the other product. */
 static __device__ __forceinline__ void cg_lse_merge(float *m, float *l, float m2, float l2) {
     const float mn = cg_max_nan(*m, m2);
-    const float a = *l * (*m == mn ? 1.0f : expf(*m - mn));
     const float b = l2 * (m2 == mn ? 1.0f : expf(m2 - mn));
-    *l = a + b;
+    *l = fmaf(*l, *m == mn ? 1.0f : expf(*m - mn), b);
     *m = mn;
 }
 #endif

@@ -217,6 +217,11 @@ extern const coda_cuda_gemm_cfg_t coda__cuda_gemm_cfgs[CODA_CUDA_GEMM_NCFG];
 
 /* Pick the configuration for a problem (index into coda__cuda_gemm_cfgs). */
 int coda__cuda_gemm_pick(int64_t m, int64_t n, int64_t k, int sm_count);
+/* Whether a launch may take the epilogue overlap (kernels/gemm_overlap.cuh),
+ * before the overlapped kernel's own say (its local memory): gemm.c. nbox:
+ * the program's ring boxes, -1 for a plain GEMM; mode: tuning's epi_overlap. */
+int coda__cuda_overlap_candidate(int store_c, int pingpong, int nbox, int acc_bf16, int64_t kiters, int64_t units,
+                                 int64_t clusters, int mode);
 /* Stream-K split (kernels/gemm_streamk.cuh): how many of `units` tile pairs
  * run whole on `clusters` clusters before the rest is shared out by
  * k-blocks (kiters per unit); `units` means no stream-K. mem_gbps: the
@@ -236,7 +241,7 @@ int coda__cuda_gemm_cfg_override(const coda_context_t *ctx);
  * and the NVRTC options for a layout and config. Returns a malloc'd string;
  * opts[] (CODA_CUDA_GEMM_MAX_OPTS entries) point into static storage or into
  * optbuf (>= 512 bytes). */
-#define CODA_CUDA_GEMM_MAX_OPTS 20
+#define CODA_CUDA_GEMM_MAX_OPTS 24
 
 /* The form of the generated epilogue a fused GEMM of n columns runs with
  * these arguments bound (bound[k] for argument k, NULL if none): N16 only
@@ -248,10 +253,14 @@ int coda__cuda_gemm_cfg_override(const coda_context_t *ctx);
 coda_cg_form_t coda__cuda_fused_form(const coda_program_t *p, const coda_tensor_t *const *bound, int64_t n,
                                      int pingpong, coda_ring_plan_t *plan);
 char *coda__cuda_gemm_source(const char *epilogue_src);
+/* A kernel's tile schedule beyond the plain one (cooperative configurations
+ * only): the stream-K tail (kernels/gemm_streamk.cuh), or each tile's
+ * epilogue beside the next tile's k-loop (kernels/gemm_overlap.cuh). */
+enum { CODA_SCHED_TILES = 0, CODA_SCHED_STREAMK = 1, CODA_SCHED_OVERLAP = 2 };
 /* store_c: the mainloop stores the main output C by TMA (dtype f32 if c_f32).
- * streamk: compile the stream-K tail in (cooperative configurations only). */
+ * sched: CODA_SCHED_*. */
 int coda__cuda_gemm_options(coda_layout_t layout, const coda_cuda_gemm_cfg_t *cfg, int store_c,
-                            int c_f32, int streamk, const char **opts, char *optbuf, size_t optcap);
+                            int c_f32, int sched, const char **opts, char *optbuf, size_t optcap);
 
 /* What a launch must know of the epilogue's own tensors (all may be empty):
  *   ring    tile inputs the producer copies into the stage ring (the RING
@@ -262,7 +271,10 @@ int coda__cuda_gemm_options(coda_layout_t layout, const coda_cuda_gemm_cfg_t *cf
  *           plan, codegen.h): map s is store[s], boxes of 16 rows x
  *           store_cols[s] elements, swizzled store_cols[s] x element bytes
  *   bound   every tensor bound to the program, whose pointers are checked
- *           to be device memory of a's device before the launch */
+ *           to be device memory of a's device before the launch
+ *   acc_bf16  the program reads the accumulator only rounded to bf16
+ *           (coda__program_acc_bf16): the epilogue overlap gives it the
+ *           same bits, so the launch may take it */
 typedef struct coda_cuda_epi_io {
     int nbox;
     const coda_tensor_t *tensor[CODA_RING_MAX_BOX];
@@ -273,6 +285,7 @@ typedef struct coda_cuda_epi_io {
     int nbound;
     const coda_tensor_t *bound[CODA_EPI_MAX_ARGS]; /* NULL: not a tensor */
     const char *bound_name[CODA_EPI_MAX_ARGS];     /* its argument's name, for messages */
+    int acc_bf16;
 } coda_cuda_epi_io_t;
 
 /* Run the GEMM with an epilogue: the epilogue source defines struct

@@ -195,6 +195,7 @@ coda_status_t coda__cuda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout
         io.store[s] = bound[sp.arg[s]];
         io.store_cols[s] = sp.cols[s];
     }
+    io.acc_bf16 = coda__program_acc_bf16(p);
     io.nbound = p->n_args;
     for (int i = 0; i < p->n_args; i++) {
         io.bound[i] = bound[i];

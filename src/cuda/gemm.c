@@ -39,8 +39,8 @@ int coda__cuda_gemm_cfg_override(const coda_context_t *ctx) {
 }
 
 /* NULL: the epilogue's place (probes.cuh first: the epilogue uses it too) */
-static const char *const kernel_files[] = {"probes.cuh", "gemm_prelude.cuh", "gemm_wgmma.cuh", NULL,
-                                           "gemm_streamk.cuh", "gemm_mainloop.cuh"};
+static const char *const kernel_files[] = {"probes.cuh",       "gemm_prelude.cuh", "gemm_wgmma.cuh",   NULL,
+                                           "gemm_streamk.cuh", "gemm_overlap.cuh", "gemm_mainloop.cuh"};
 #define N_KERNEL_FILES (sizeof kernel_files / sizeof kernel_files[0])
 
 char *coda__cuda_gemm_source(const char *epilogue_src) {
@@ -56,7 +56,7 @@ size_t coda__cuda_gemm_smem(const coda_cuda_gemm_cfg_t *cfg) {
 }
 
 int coda__cuda_gemm_options(coda_layout_t layout, const coda_cuda_gemm_cfg_t *cfg, int store_c,
-                            int c_f32, int streamk, const char **opts, char *optbuf, size_t optcap) {
+                            int c_f32, int sched, const char **opts, char *optbuf, size_t optcap) {
     int n = 0;
     opts[n++] = "--gpu-architecture=sm_90a";
     opts[n++] = "--std=c++17";
@@ -66,7 +66,8 @@ int coda__cuda_gemm_options(coda_layout_t layout, const coda_cuda_gemm_cfg_t *cf
         {"CODA_BN", cfg->bn},           {"CODA_STAGES", cfg->stages},     {"CODA_TA", ta},
         {"CODA_TB", tb},                {"CODA_CLUSTER", cfg->cluster_m}, {"CODA_EPI_STORE_C", store_c},
         {"CODA_C_F32", c_f32},          {"CODA_GROUP_M", cfg->group_m},   {"CODA_PINGPONG", cfg->pingpong},
-        {"CODA_EPI_STAGE", !store_c},   {"CODA_STREAMK", streamk && !cfg->pingpong},
+        {"CODA_EPI_STAGE", !store_c},   {"CODA_STREAMK", sched == CODA_SCHED_STREAMK && !cfg->pingpong},
+        {"CODA_EPI_OVERLAP", sched == CODA_SCHED_OVERLAP && !cfg->pingpong && !store_c},
     };
     size_t used = 0;
     for (size_t i = 0; i < sizeof defs / sizeof defs[0] && n < CODA_CUDA_GEMM_MAX_OPTS; i++) {
@@ -168,19 +169,19 @@ static coda_status_t encode(const coda_context_t *ctx, CUtensorMap *map, const c
  * (cheap next to hashing the whole source), else compiled or read from the
  * disk cache. */
 static coda_status_t get_kernel(coda_context_t *ctx, coda_cuda_device_t *d, coda_layout_t layout,
-                                int cfg_index, int store_c, int c_f32, int streamk, int simple,
+                                int cfg_index, int store_c, int c_f32, int sched, int simple,
                                 const char *epilogue_src, const uint64_t *epilogue_key, CUfunction *fn) {
     const char *plain = coda__cuda_source("epi_plain.cuh");
     const coda__tuning_t *tu = &ctx->tuning;
-    int is_plain = epilogue_src == plain && store_c && !tu->code_key;
+    int is_plain = epilogue_src == plain && store_c && !tu->code_key && sched != CODA_SCHED_OVERLAP;
     if (epilogue_src != plain) simple = 0; /* the plain epilogue's variant bits */
-    if (is_plain && d->plain_fn[layout][cfg_index][c_f32][streamk][simple]) {
-        *fn = d->plain_fn[layout][cfg_index][c_f32][streamk][simple];
+    if (is_plain && d->plain_fn[layout][cfg_index][c_f32][sched][simple]) {
+        *fn = d->plain_fn[layout][cfg_index][c_f32][sched][simple];
         return CODA_OK;
     }
     uint64_t quick[2];
     uint32_t variant = (uint32_t)layout * 64u + (uint32_t)cfg_index * 4u + (uint32_t)store_c * 2u +
-                       (uint32_t)c_f32 + (uint32_t)streamk * 1024u + (uint32_t)simple * 2048u;
+                       (uint32_t)c_f32 + (uint32_t)sched * 1024u + (uint32_t)simple * 4096u;
     uint64_t key[2];
     if (epilogue_key) {
         key[0] = epilogue_key[0];
@@ -202,7 +203,7 @@ static coda_status_t get_kernel(coda_context_t *ctx, coda_cuda_device_t *d, coda
         const char *opts[CODA_CUDA_GEMM_MAX_OPTS];
         char optbuf[768];
         int n_opts = coda__cuda_gemm_options(layout, &coda__cuda_gemm_cfgs[cfg_index], store_c,
-                                             c_f32, streamk, opts, optbuf, sizeof optbuf);
+                                             c_f32, sched, opts, optbuf, sizeof optbuf);
         if ((simple & PLAIN_SIMPLE) && n_opts < CODA_CUDA_GEMM_MAX_OPTS) opts[n_opts++] = "-DCODA_PLAIN_SIMPLE=1";
         if ((simple & PLAIN_C_TAIL) && n_opts < CODA_CUDA_GEMM_MAX_OPTS) opts[n_opts++] = "-DCODA_C_TAIL=1";
         char xbuf[CODA_TUNING_OPTS_CAP + 64];
@@ -211,7 +212,7 @@ static coda_status_t get_kernel(coda_context_t *ctx, coda_cuda_device_t *d, coda
         free(src);
         CODA_TRY(s);
     }
-    if (is_plain) d->plain_fn[layout][cfg_index][c_f32][streamk][simple] = f;
+    if (is_plain) d->plain_fn[layout][cfg_index][c_f32][sched][simple] = f;
     *fn = f;
     return CODA_OK;
 }
@@ -331,6 +332,27 @@ _Static_assert(offsetof(sk_params_t, flag) == 8 && offsetof(sk_params_t, dp_unit
  * shared out by k-blocks, so that the CTAs' epilogues fall at staggered
  * times rather than all at the end of each wave. */
 #define STREAMK_LONG_K_GBPS 4000 /* the memory bandwidth from which a tail pays with K > 8192 */
+
+/* The epilogue overlap (kernels/gemm_overlap.cuh) for a fused GEMM:
+ * cooperative, no ring inputs, two tiles or more a cluster, and a program
+ * that rounds the accumulator to bf16 before anything else (the overlap
+ * holds the finished tile as bf16: the same bits). Measured on an H100
+ * (bench/RESULTS.md, stop 62) against the same kernel without it, both
+ * without stream-K, at the 1B block's shapes: gate/up 0.945x, QKV + RoPE
+ * 0.984x (neither spills with it); the ring programs, which all spill with
+ * it, 1.02-1.37x (and a ring chunk would wait for its stage inside the
+ * k-loop); the LM head's programs spill 700-930 bytes with it. So the
+ * launch also asks the overlapped kernel: no local memory. Where it takes
+ * the overlap it runs no stream-K tail (the tail's pieces have no next
+ * tile to hide behind; with the rule's 2 tiles a cluster and more, the
+ * overlap measured ahead: stop 62's A/B against the default). mode
+ * (tuning's epi_overlap): 1 (tests) wherever the kernel can run it, acc
+ * rounded or not; 0 never; -1 this rule. nbox < 0: not a fused GEMM. */
+int coda__cuda_overlap_candidate(int store_c, int pingpong, int nbox, int acc_bf16, int64_t kiters, int64_t units,
+                                 int64_t clusters, int mode) {
+    if (mode == 0 || store_c || pingpong || nbox != 0 || kiters < 1 || units < 2 * clusters) return 0;
+    return mode == 1 || acc_bf16;
+}
 
 int coda__cuda_streamk_dp_units(int64_t units, int64_t clusters, int64_t kiters, int pingpong, int mode,
                                 int mem_gbps) {
@@ -533,10 +555,24 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
     sk_params_t skp;
     memset(&skp, 0, sizeof skp);
     int64_t kiters = coda__cdiv(k, cfg->bk);
-    int dp_units =
-        coda__cuda_streamk_dp_units(units, clusters, kiters, cfg->pingpong, ctx->tuning.streamk, d->mem_gbps);
-    int split = dp_units < units ? 0 : coda__cuda_streamk_split(units, clusters, kiters, cfg->pingpong,
-                                                                  ctx->tuning.streamk);
+    int overlap = 0;
+    if (coda__cuda_overlap_candidate(store_c, cfg->pingpong, io ? io->nbox : -1, io && io->acc_bf16, kiters, units,
+                                     clusters, ctx->tuning.epi_overlap)) {
+        /* the kernel's own say: no local memory (spills), unless forced */
+        CUfunction ofn;
+        CODA_TRY(get_kernel(ctx, d, layout, cfg_index, 0, 0, CODA_SCHED_OVERLAP, 0, epilogue_src, epilogue_key,
+                            &ofn));
+        int local = -1;
+        if (ctx->tuning.epi_overlap == 1 ||
+            (cu->cu.FuncGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, ofn) == CUDA_SUCCESS && local == 0))
+            fn = ofn, overlap = 1;
+    }
+    int dp_units = overlap ? (int)units
+                           : coda__cuda_streamk_dp_units(units, clusters, kiters, cfg->pingpong, ctx->tuning.streamk,
+                                                         d->mem_gbps);
+    int split = overlap || dp_units < units
+                    ? 0
+                    : coda__cuda_streamk_split(units, clusters, kiters, cfg->pingpong, ctx->tuning.streamk);
     if (split) dp_units = (int)(units / clusters * clusters);
     coda_cuda_sk_ws_t *ws = dp_units < units ? sk_workspace(cu, d, (CUstream)stream) : NULL;
     skp.dp_units = ws ? dp_units : (int)units;
@@ -549,14 +585,18 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
         skp.flag = (void *)(uintptr_t)ws->flag;
     }
     /* the stream-K kernel is a variant of its own (gemm_mainloop.cuh) */
-    if (ws || !fn)
-        CODA_TRY(get_kernel(ctx, d, layout, cfg_index, store_c, c_f32, ws != NULL, simple, epilogue_src,
-                            epilogue_key, &fn));
+    if (ws || (!fn && !overlap))
+        CODA_TRY(get_kernel(ctx, d, layout, cfg_index, store_c, c_f32, ws ? CODA_SCHED_STREAMK : CODA_SCHED_TILES,
+                            simple, epilogue_src, epilogue_key, &fn));
     void *args[] = {&map_a, &map_b, &map_c, &Mi, &Ni, &Ki, (void *)params, &rp, &sm, &skp};
     if (ctx->tuning.log_launch)
         fprintf(stderr, "coda gemm: cfg %d %dx%d cluster %d, %lld units%s, grid %u, smem %zu, max clusters %d\n",
                 cfg_index, cfg->bm, cfg->bn, cfg->cluster_m, (long long)units,
-                skp.dp_units == units ? "" : split ? " (stream-K split tail)" : " (stream-K tail)", lc.gridDimX,
+                overlap                ? " (epilogue overlap)"
+                : skp.dp_units == units ? ""
+                : split                 ? " (stream-K split tail)"
+                                        : " (stream-K tail)",
+                lc.gridDimX,
                 smem, d->max_clusters[cfg_index]);
     CODA_CU(cu, cu->cu.LaunchKernelEx(&lc, fn, args, NULL), "cuLaunchKernelEx(coda_gemm_kernel)");
     if (ws) sk_workspace_used(cu, ws, (CUstream)stream);

@@ -13,6 +13,15 @@
  * of squares, coda_finish_rstd turns them into r, and the consumer multiplies
  * its accumulator rows by r (r is one scalar per row, so it commutes with the
  * GEMM).
+ *
+ * gate/up and QKV + RoPE round the accumulator to bf16 before anything
+ * else. On the GPU that lets each tile's epilogue run beside the next
+ * tile's k-loop (src/cuda/kernels/gemm_overlap.cuh, which holds a finished
+ * tile as bf16) with the same bits: 3-6% off the 1B-70B gate/up GEMMs,
+ * 1-2.5% off QKV (bench/RESULTS.md, stop 62). It costs some accuracy, the
+ * same on every backend: up to 1.3x the error of the unrounded programs on
+ * test_layer's rows, all within the rule (2x the unfused bf16 error;
+ * worst row at 0.54 of its bound, against 0.49 before).
  */
 #include "core/internal.h"
 
@@ -57,7 +66,7 @@ static const char prog_resid_add[] =
 
 /* qkv_rope - the QKV projection (A = x*g1, B = Wqkv, N = nq + 2 nkv) with
  * the RMSNorm row scale and RoPE:
- *     z = r *row acc
+ *     z = r *row bf16(acc)
  *     (y_2j, y_2j+1) = rotate (z_2j, z_2j+1) by pos_i * freq_j
  * Wqkv's q and k rows are packed (coda_llama_pack_qkv) so that the
  * rotate-half pairs (i, i + head_dim/2) are adjacent columns (2i, 2i+1).
@@ -73,7 +82,8 @@ static const char prog_qkv_rope[] =
     "in  pos  row f32         # (M) position of each token in its sequence\n"
     "in  freq col f32 half    # (N/2) RoPE frequency per column pair, 0 for v\n"
     "out qkv  tile bf16       # (M, N) roped q and k, plain v\n"
-    "a  = acc\n"
+    "a0 = acc\n"
+    "a  = round_bf16 a0       # the accumulator in bf16 (above)\n"
     "rv = load r\n"
     "z  = mul a rv\n"
     "ze = even z\n"
@@ -95,14 +105,15 @@ static const char prog_qkv_rope[] =
 /* gateup_swiglu - the gate/up projection (A = h*g2, B = Wgu, N = 2I, gate
  * and up columns interleaved) with the RMSNorm row scale and SwiGLU as a
  * 2->1 pairwise map (inference: nothing saved):
- *     z = bf16(r *row acc)
+ *     z = bf16(r *row bf16(acc))
  *     c_j = silu(z_2j) * z_2j+1            (M, I) bf16, half space
  * z is rounded to bf16 first, as the unfused computation stores it. */
 static const char prog_gateup_swiglu[] =
     "program gateup_swiglu\n"
     "in  r  row f32           # (M) rstd of h\n"
     "out c  tile bf16 half    # (M, I) silu(gate) * up\n"
-    "a  = acc\n"
+    "a0 = acc\n"
+    "a  = round_bf16 a0       # the accumulator in bf16 (above)\n"
     "rv = load r\n"
     "z0 = mul a rv\n"
     "z  = round_bf16 z0\n"
@@ -121,7 +132,8 @@ static const char prog_gateup_swiglu_train[] =
     "in  r  row f32           # (M) rstd of h\n"
     "out z  tile bf16         # (M, 2I) saved pre-activation\n"
     "out c  tile bf16 half    # (M, I) silu(gate) * up\n"
-    "a  = acc\n"
+    "a0 = acc\n"
+    "a  = round_bf16 a0       # the accumulator in bf16 (above)\n"
     "rv = load r\n"
     "z0 = mul a rv\n"
     "z1 = round_bf16 z0\n"

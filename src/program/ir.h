@@ -66,6 +66,19 @@ struct coda_program {
     _Atomic(struct coda_cg_text *) cuda_src[4]; /* CODA_CG_NFORMS (checked in codegen) */
 };
 
+/* Does p read the accumulator only through round_bf16 (or not at all)?
+ * Then it sees acc rounded to bf16 wherever it looks, and a GPU kernel that
+ * holds a finished tile as bf16 pairs (the epilogue overlap,
+ * src/cuda/kernels/gemm_overlap.cuh) gives it the same bits. */
+static inline int coda__program_acc_bf16(const struct coda_program *p) {
+    for (int i = 0; i < p->n_insts; i++)
+        for (int s = 0; s < 3; s++) {
+            const int v = p->insts[i].src[s];
+            if (v >= 0 && p->insts[v].op == CODA_OP_ACC && p->insts[i].op != CODA_OP_ROUND_BF16) return 0;
+        }
+    return 1;
+}
+
 /* Is an argument kind one the program reads (an input)? */
 static inline int coda__arg_is_input(coda_arg_kind_t k) { return k <= CODA_IN_SCALAR || k == CODA_IN_ROWPART; }
 /* Is it a valid coda_arg_kind_t? */

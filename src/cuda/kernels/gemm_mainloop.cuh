@@ -267,8 +267,12 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
 #endif
 
     if (wg == 0) {
-        /* ---- producer ---- */
+        /* ---- producer ---- (24 registers leave the overlap's consumers 240) */
+#if CODA_EPI_OVERLAP
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
+#else
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+#endif
         if (tid == 0) {
             int it = 0;
             CODA_FOR_EACH_PIECE(unit, kb_begin, kb_end) {
@@ -326,8 +330,95 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
         }
     } else {
         /* ---- consumers ---- */
+#if CODA_EPI_OVERLAP
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
+#else
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+#endif
         const int c = wg - 1;
+#if CODA_EPI_OVERLAP
+        /* each tile's epilogue beside the next tile's k-loop (gemm_overlap.cuh):
+         * the finished tile waits in held as bf16 pairs, with its coordinates,
+         * row vectors, epilogue state and staged inputs */
+        float acc[1][CODA_BN / 2];
+        u32 held[CODA_BN / 4];
+        int it = 0, have = 0, htm = 0, htn = 0, hrow = 0;
+        coda_epi_pre hpre;
+        coda_epi_state hst;
+        coda_epi_vin hvin;
+        CODA_FOR_EACH_PIECE(unit, kb_begin, kb_end) {
+            int tm2, tn;
+            coda_tile_coords(unit, tiles_m2, tiles_n, &tm2, &tn);
+            const int tm = tm2 * CODA_CLUSTER + (int)crank;
+            const int trow = tm * CODA_BM + 64 * c + 16 * (tid / 32) + (tid % 32) / 4;
+            /* this tile's preload copies its column vectors into the slabs'
+             * free part, where the held tile's stay until its epilogue ends:
+             * so right after that (in the k-loop), or now for the first */
+            coda_epi_pre pre;
+            if (!have) coda_epi_preload(epi, coda_tile_view(M, N, tm, tn, trow, c, tid, scratch, cbufs), pre);
+#pragma unroll
+            for (int i = 0; i < CODA_BN / 2; i++) acc[0][i] = 0.0f;
+            coda_epi_tile ht = coda_tile_view(M, N, htm, htn, hrow, c, tid, scratch, cbufs);
+            if (have) {
+                coda_epi_begin(epi, ht, hst, hpre);
+                coda_epi_vload(epi, ht, 0, 0, hvin);
+            }
+            int done = -1; /* the ring position of the k-block before: freed once its wgmma is done */
+            for (int kb = kb_begin; kb < kb_end; kb++) {
+                const int s = it % CODA_STAGES;
+                coda_mbar_wait(FULL(s), (it / CODA_STAGES) & 1);
+                const u32 sa = base + s * CODA_STAGE_BYTES + c * 8192;
+                const u32 sb = base + s * CODA_STAGE_BYTES + CODA_A_BYTES;
+                CODA_FENCE_ACC(acc);
+                coda_wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < CODA_BK / 16; kk++)
+                    coda_wgmma(acc[0], coda_desc_a(sa, kk), coda_desc_b(sb, kk), 1);
+                coda_wgmma_commit();
+                CODA_FENCE_ACC(acc);
+                const int mine = it++;
+                /* while this k-block's wgmma runs: the held tile's chunks due here */
+                if (have && kiters >= 2 * CODA_OV_NCH) {
+#pragma unroll
+                    for (int q = 0; q < CODA_OV_NCH; q++)
+                        if (kb == coda_ov_slot(q, kiters)) {
+                            coda_ov_chunk(epi, ht, hst, hvin, held, q, smaps);
+                            if (q == CODA_OV_NCH - 1) { /* the held tile is done: its partials, this tile's preload */
+                                coda_epi_end(epi, ht, hst);
+                                coda_epi_preload(epi, coda_tile_view(M, N, tm, tn, trow, c, tid, scratch, cbufs), pre);
+                            }
+                        }
+                }
+                coda_wgmma_wait(1);
+                if (done >= 0 && CODA_IS_ARRIVER) coda_stage_release(EMPTY(done % CODA_STAGES));
+                done = mine;
+            }
+            coda_wgmma_wait(0);
+            CODA_FENCE_ACC(acc);
+            if (done >= 0 && CODA_IS_ARRIVER) coda_stage_release(EMPTY(done % CODA_STAGES));
+            /* a short k-loop: the held tile's chunks after it, not 2 or more
+             * after one k-block (which also kept ptxas from spilling 24-28
+             * bytes in qkv_rope and gateup_swiglu: bench/kernel_stats) */
+            if (have && kiters < 2 * CODA_OV_NCH) {
+#pragma unroll
+                for (int q = 0; q < CODA_OV_NCH; q++) coda_ov_chunk(epi, ht, hst, hvin, held, q, smaps);
+                coda_epi_end(epi, ht, hst);
+                coda_epi_preload(epi, coda_tile_view(M, N, tm, tn, trow, c, tid, scratch, cbufs), pre);
+            }
+#pragma unroll
+            for (int i = 0; i < CODA_BN / 4; i++) held[i] = coda_pack_bf16x2(acc[0][2 * i], acc[0][2 * i + 1]);
+            htm = tm, htn = tn, hrow = trow, hpre = pre, have = 1;
+        }
+        if (have) { /* the last tile's epilogue, with nothing left to hide behind */
+            coda_epi_tile ht = coda_tile_view(M, N, htm, htn, hrow, c, tid, scratch, cbufs);
+            coda_epi_begin(epi, ht, hst, hpre);
+            coda_epi_vload(epi, ht, 0, 0, hvin);
+#pragma unroll
+            for (int q = 0; q < CODA_OV_NCH; q++) coda_ov_chunk(epi, ht, hst, hvin, held, q, smaps);
+            coda_epi_end(epi, ht, hst);
+        }
+        if (tid % 32 == 0) coda_bulk_wait_read(0); /* TMA has read the slabs before shared memory goes */
+#else
         float acc[CODA_WG_MH][CODA_BN / 2]; /* row block mh: rows 64 mh .. of the warpgroup's */
         int it = 0;
         CODA_PROBE_TL_LOG;
@@ -540,6 +631,14 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
 #pragma unroll
                         for (int jj = 0; jj < CODA_EPI_BATCH; jj++) {
                             const int j = j0 + jj, cs = mh * (CODA_BN / 8) + j;
+#if CODA_EPI_ROUND_ACC
+                            /* the overlap's bitwise reference (gemm_overlap.cuh) */
+#pragma unroll
+                            for (int e = 0; e < 4; e += 2) {
+                                const u32 w = coda_pack_bf16x2(acc[mh][4 * j + e], acc[mh][4 * j + e + 1]);
+                                acc[mh][4 * j + e] = coda_bf16_lo(w), acc[mh][4 * j + e + 1] = coda_bf16_hi(w);
+                            }
+#endif
                             coda_epi_pair(epi, t, st, 2 * mh, cs, r, t.col + 8 * j, acc[mh][4 * j],
                                           acc[mh][4 * j + 1], in[2 * jj]);
                             coda_epi_pair(epi, t, st, 2 * mh + 1, cs, r + 8, t.col + 8 * j,
@@ -559,6 +658,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
          * memory goes; the global writes complete on their own */
         if (tid % 32 == 0) coda_bulk_wait_read(0);
 #endif
+#endif /* CODA_EPI_OVERLAP */
     }
 #if CODA_CLUSTER > 1
     /* a CTA must not exit while its peer may still multicast into it or
