@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""ring_model.py - the stage ring of the epilogue-overlap prototype
-(bench/experiments/epilogue_overlap.patch), modelled: the producer's fill
+"""ring_model.py - the stage ring of the epilogue-overlap prototype with
+ring inputs (stop 61; the library's overlap, src/cuda/kernels/
+gemm_overlap.cuh, takes no ring inputs: this is for a ring version), modelled: the producer's fill
 order against the consumer's, and whether the consumer ever waits for a
 stage whose previous use it has not freed yet (with S stages the producer
 fills position p only once p - S is free: a deadlock otherwise).

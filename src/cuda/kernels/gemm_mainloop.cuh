@@ -18,6 +18,9 @@
  *                  main output C, stored through shared memory by TMA (tma_c);
  *                  0: the epilogue does all its own stores
  *   CODA_C_F32     C's type when stored: 1 f32, 0 bf16
+ *   CODA_EPI_OVERLAP  1: each tile's epilogue runs beside the next tile's
+ *                  k-loop, from the tile held as bf16 (gemm_overlap.cuh;
+ *                  fused cooperative kernels without stream-K or ring)
  *
  * Threads: 3 warpgroups. Warpgroup 0 is the producer (one thread issues TMA
  * loads); warpgroups 1 and 2 are consumers issuing m64nBNk16 wgmma:
