@@ -20,7 +20,7 @@
  *                                  CODA_DEBUG_OVERLAP says (default: the
  *                                  measured rule)
  *   CODA_BENCH_AB_CHECK=1 (with an option A/B)   also runs A twice and B
- *                                  once from the same arguments and
+ *                                  twice from the same arguments and
  *                                  compares every argument bit for bit
  *                                  ("check ok", or the first differing
  *                                  bytes; exit 1): for options that must

@@ -48,30 +48,34 @@ static void check_streamk_rule(void) {
 
 /* The epilogue overlap's rule before the kernel's say (src/cuda/gemm.c,
  * coda__cuda_overlap_candidate): fused, cooperative, no ring inputs, K > 0,
- * two tile pairs a cluster, a program that rounds acc first; tuning's 1
- * drops the last, 0 refuses all. */
+ * two tile pairs a cluster, a program that rounds acc first, no forced
+ * stream-K; tuning's 1 drops the acc condition, 0 refuses all. */
 static void check_overlap_rule(void) {
     static const struct {
         int store_c, pingpong, nbox, acc_bf16;
         int64_t kiters, units, clusters;
-        int mode, want;
+        int mode, streamk, want;
     } cases[] = {
-        {0, 0, 0, 1, 32, 4096, 66, -1, 1}, /* the 1B gate/up */
-        {0, 0, 0, 1, 32, 131, 66, -1, 0},  /* under 2 pairs a cluster */
-        {0, 0, 0, 1, 32, 132, 66, -1, 1},
-        {0, 0, 0, 1, 0, 4096, 66, -1, 0},  /* K = 0 */
-        {0, 0, 0, 0, 32, 4096, 66, -1, 0}, /* acc read as it is */
-        {0, 0, 0, 0, 32, 4096, 66, 1, 1},  /* ... unless forced */
-        {0, 0, 2, 1, 32, 4096, 66, 1, 0},  /* ring inputs */
-        {0, 0, -1, 1, 32, 4096, 66, 1, 0}, /* the plain GEMM */
-        {1, 0, 0, 1, 32, 4096, 66, 1, 0},  /* C stored by the mainloop */
-        {0, 1, 0, 1, 32, 4096, 66, 1, 0},  /* ping-pong */
-        {0, 0, 0, 1, 32, 4096, 66, 0, 0},  /* never */
+        {0, 0, 0, 1, 32, 4096, 66, -1, CODA_STREAMK_AUTO, 1}, /* the 1B gate/up */
+        {0, 0, 0, 1, 32, 131, 66, -1, CODA_STREAMK_AUTO, 0},  /* under 2 pairs a cluster */
+        {0, 0, 0, 1, 32, 132, 66, -1, CODA_STREAMK_AUTO, 1},
+        {0, 0, 0, 1, 0, 4096, 66, -1, CODA_STREAMK_AUTO, 0},  /* K = 0 */
+        {0, 0, 0, 0, 32, 4096, 66, -1, CODA_STREAMK_AUTO, 0}, /* acc read as it is */
+        {0, 0, 0, 0, 32, 4096, 66, 1, CODA_STREAMK_AUTO, 1},  /* ... unless forced */
+        {0, 0, 2, 1, 32, 4096, 66, 1, CODA_STREAMK_AUTO, 0},  /* ring inputs */
+        {0, 0, -1, 1, 32, 4096, 66, 1, CODA_STREAMK_AUTO, 0}, /* the plain GEMM */
+        {1, 0, 0, 1, 32, 4096, 66, 1, CODA_STREAMK_AUTO, 0},  /* C stored by the mainloop */
+        {0, 1, 0, 1, 32, 4096, 66, 1, CODA_STREAMK_AUTO, 0},  /* ping-pong */
+        {0, 0, 0, 1, 32, 4096, 66, 0, CODA_STREAMK_AUTO, 0},  /* never */
+        {0, 0, 0, 1, 32, 4096, 66, -1, CODA_STREAMK_OFF, 1},
+        {0, 0, 0, 1, 32, 4096, 66, 1, CODA_STREAMK_ON, 0},  /* a forced stream-K wins */
+        {0, 0, 0, 1, 32, 4096, 66, -1, CODA_STREAMK_SPLIT, 0},
+        {0, 0, 0, 1, 32, 4096, 66, -1, CODA_STREAMK_ALL, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         CHECK(coda__cuda_overlap_candidate(cases[i].store_c, cases[i].pingpong, cases[i].nbox, cases[i].acc_bf16,
-                                           cases[i].kiters, cases[i].units, cases[i].clusters,
-                                           cases[i].mode) == cases[i].want,
+                                           cases[i].kiters, cases[i].units, cases[i].clusters, cases[i].mode,
+                                           cases[i].streamk) == cases[i].want,
               "overlap rule case %zu: want %d", i, cases[i].want);
 }
 

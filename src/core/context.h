@@ -67,6 +67,9 @@ struct coda_context {
      * use and kept with their generated code, so that a call does not
      * regenerate and rehash its kernel's source; freed with the context. */
     _Atomic(coda_program_t *) lm_programs[2];
+    /* GPU launches that took the epilogue overlap (src/cuda/gemm.c): the
+     * tests' evidence that a case ran the path it is meant to */
+    _Atomic(uint64_t) overlap_launches;
 };
 
 /* ---- CPU backend (src/cpu). Arguments are already validated. ---- */

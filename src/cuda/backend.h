@@ -219,9 +219,10 @@ extern const coda_cuda_gemm_cfg_t coda__cuda_gemm_cfgs[CODA_CUDA_GEMM_NCFG];
 int coda__cuda_gemm_pick(int64_t m, int64_t n, int64_t k, int sm_count);
 /* Whether a launch may take the epilogue overlap (kernels/gemm_overlap.cuh),
  * before the overlapped kernel's own say (its local memory): gemm.c. nbox:
- * the program's ring boxes, -1 for a plain GEMM; mode: tuning's epi_overlap. */
+ * the program's ring boxes, -1 for a plain GEMM; mode: tuning's epi_overlap;
+ * streamk_mode: tuning's streamk (a forced stream-K wins). */
 int coda__cuda_overlap_candidate(int store_c, int pingpong, int nbox, int acc_bf16, int64_t kiters, int64_t units,
-                                 int64_t clusters, int mode);
+                                 int64_t clusters, int mode, int streamk_mode);
 /* Stream-K split (kernels/gemm_streamk.cuh): how many of `units` tile pairs
  * run whole on `clusters` clusters before the rest is shared out by
  * k-blocks (kiters per unit); `units` means no stream-K. mem_gbps: the

@@ -345,12 +345,14 @@ _Static_assert(offsetof(sk_params_t, flag) == 8 && offsetof(sk_params_t, dp_unit
  * launch also asks the overlapped kernel: no local memory. Where it takes
  * the overlap it runs no stream-K tail (the tail's pieces have no next
  * tile to hide behind; with the rule's 2 tiles a cluster and more, the
- * overlap measured ahead: stop 62's A/B against the default). mode
- * (tuning's epi_overlap): 1 (tests) wherever the kernel can run it, acc
- * rounded or not; 0 never; -1 this rule. nbox < 0: not a fused GEMM. */
+ * overlap measured ahead: stop 62's A/B against the default), and a
+ * stream-K mode forced by tuning (tests) wins over it. mode (tuning's
+ * epi_overlap): 1 (tests) wherever the kernel can run it, acc rounded or
+ * not; 0 never; -1 this rule. nbox < 0: not a fused GEMM. */
 int coda__cuda_overlap_candidate(int store_c, int pingpong, int nbox, int acc_bf16, int64_t kiters, int64_t units,
-                                 int64_t clusters, int mode) {
+                                 int64_t clusters, int mode, int streamk_mode) {
     if (mode == 0 || store_c || pingpong || nbox != 0 || kiters < 1 || units < 2 * clusters) return 0;
+    if (streamk_mode != CODA_STREAMK_AUTO && streamk_mode != CODA_STREAMK_OFF) return 0;
     return mode == 1 || acc_bf16;
 }
 
@@ -557,14 +559,21 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
     int64_t kiters = coda__cdiv(k, cfg->bk);
     int overlap = 0;
     if (coda__cuda_overlap_candidate(store_c, cfg->pingpong, io ? io->nbox : -1, io && io->acc_bf16, kiters, units,
-                                     clusters, ctx->tuning.epi_overlap)) {
-        /* the kernel's own say: no local memory (spills), unless forced */
-        CUfunction ofn;
-        CODA_TRY(get_kernel(ctx, d, layout, cfg_index, 0, 0, CODA_SCHED_OVERLAP, 0, epilogue_src, epilogue_key,
-                            &ofn));
+                                     clusters, ctx->tuning.epi_overlap, ctx->tuning.streamk)) {
+        /* the kernel's own say: no local memory (spills), unless forced.
+         * One that does not build leaves the ordinary kernel (and the
+         * error it set is not this launch's) */
+        CUfunction ofn = NULL;
+        coda__error_kept_t kept;
+        coda__error_keep(&kept);
+        if (get_kernel(ctx, d, layout, cfg_index, 0, 0, CODA_SCHED_OVERLAP, 0, epilogue_src, epilogue_key, &ofn) !=
+            CODA_OK)
+            ofn = NULL;
+        coda__error_restore(&kept);
         int local = -1;
-        if (ctx->tuning.epi_overlap == 1 ||
-            (cu->cu.FuncGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, ofn) == CUDA_SUCCESS && local == 0))
+        if (ofn && (ctx->tuning.epi_overlap == 1 ||
+                    (cu->cu.FuncGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, ofn) == CUDA_SUCCESS &&
+                     local == 0)))
             fn = ofn, overlap = 1;
     }
     int dp_units = overlap ? (int)units
@@ -599,6 +608,7 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
                 lc.gridDimX,
                 smem, d->max_clusters[cfg_index]);
     CODA_CU(cu, cu->cu.LaunchKernelEx(&lc, fn, args, NULL), "cuLaunchKernelEx(coda_gemm_kernel)");
+    if (overlap) atomic_fetch_add_explicit(&ctx->overlap_launches, 1, memory_order_relaxed);
     if (ws) sk_workspace_used(cu, ws, (CUstream)stream);
     return CODA_OK;
 }

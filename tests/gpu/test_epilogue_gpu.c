@@ -319,8 +319,11 @@ static void run_case(const char *text, coda_layout_t layout, int64_t m, int64_t 
         bc[i].scalar = bg[i].scalar = d.kind == CODA_IN_SCALAR ? 0.25f + rng_uniform(&r) * 0.1f : 0.0f;
     }
     CHECK_OK(coda_gemm_epilogue(ctx, layout, &A.host, &B.host, p, bc, na, &tl, NULL));
+    const uint64_t overlaps = atomic_load(&ctx->overlap_launches);
     coda_status_t s = coda_gemm_epilogue(ctx, layout, &A.dev, &B.dev, p, bg, na, &tl, NULL);
     CHECK(s == CODA_OK, "GPU run: %s", coda_last_error());
+    if (overlap_bits) /* else the bitwise check below may compare a kernel with itself */
+        CHECK(atomic_load(&ctx->overlap_launches) == overlaps + 1, "the launch did not take the epilogue overlap");
     CUDA_OK(cudaDeviceSynchronize());
     char title[40];
     snprintf(title, sizeof title, "%.*s", (int)strcspn(text, "\n"), text);
@@ -599,10 +602,12 @@ int main(int argc, char **argv) {
     /* the epilogue overlap (kernels/gemm_overlap.cuh), bit for bit against
      * its reference: forced (tuning 1) with tile inputs read from global
      * memory (no_ring: the overlap takes no ring inputs), so that every
-     * program takes it. Configuration 3 on 2 clusters: several tile pairs
-     * a cluster, with 9 k-blocks (chunks between k-blocks 0, 3, 5 and 7 of
-     * the next tile), 3 (the short path: after the k-loop) and 33, the
-     * last on 5 tile rows (the last pair's second tile wholly below M);
+     * program takes it (run_case checks that each launch did). Configuration
+     * 3 on 2 clusters: several tile pairs a cluster, with 9 k-blocks
+     * (chunks after k-blocks 1, 3, 5 and 7 of the next tile), 3 (the short
+     * path: after the k-loop) and 33, the last on 5 tile rows (the last
+     * pair's second tile wholly below M); N % 16 == 0 (the N16 form: staged
+     * tiles, column vectors in the slab, TMA stores) and 8 (the even form);
      * then the 256 and 128 wide tiles without clusters, more tiles than
      * CTAs; odd N; and the measured rule's own pick (tuning -1), which
      * must take it for gate/up and QKV + RoPE (no ring inputs, no spills) */
@@ -616,9 +621,10 @@ int main(int argc, char **argv) {
         force_cfg = 3;
         tune_clusters(ctx, 2);
         for (int i = 0; i < nt; i++) {
-            run_case(texts[i], CODA_LAYOUT_NT, 1000, 1032, 520, 256);
+            run_case(texts[i], CODA_LAYOUT_NT, 1000, 1024, 520, 256);
             if (!small) {
-                run_case(texts[i], CODA_LAYOUT_NT, 1000, 1032, 136, 256);
+                run_case(texts[i], CODA_LAYOUT_NT, 1000, 1032, 520, 256);
+                run_case(texts[i], CODA_LAYOUT_NT, 1000, 1024, 136, 256);
                 run_case(texts[i], CODA_LAYOUT_NT, 520, 1040, 2104, 256);
             }
         }
@@ -629,7 +635,8 @@ int main(int argc, char **argv) {
         static const char *const some[] = {"gateup_swiglu_train", "qkv_rope", "rmsnorm_bwd", "lmhead_lse"};
         for (int i = 0; i < (small ? 1 : 4); i++) {
             force_cfg = 0;
-            run_case(coda_builtin_program(some[i]), CODA_LAYOUT_NT, 4096, 2320, 264, 256);
+            run_case(coda_builtin_program(some[i]), CODA_LAYOUT_NT, 4096, 2320, 520, 256);
+            if (!small) run_case(coda_builtin_program(some[i]), CODA_LAYOUT_NT, 4096, 2320, 264, 256);
             force_cfg = 1;
             run_case(coda_builtin_program(some[i]), CODA_LAYOUT_NT, 4096, 1040, 520, 128);
         }
