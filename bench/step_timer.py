@@ -157,7 +157,7 @@ def round_orders(items, rounds, tries=256):
     neighbour in every round it did not start: at 8 variants and 5 rounds
     coda+c ran right after coda+attn in all five, and read 1-6 points
     behind coda forward+backward in stops 59 and 60, more than its kernels
-    explain (bench/RESULTS.md "stop 60"); bench_model ran one fixed order."""
+    explain (bench/HISTORY.md "stop 60"); bench_model ran one fixed order."""
     items = list(items)
     n = len(items)
     seen = {}  # (before, after) -> times run in that order so far
