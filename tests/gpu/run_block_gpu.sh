@@ -6,7 +6,10 @@
 #                                        step in one CUDA graph; forwards in flight
 #      (+ compute-sanitizer memcheck on it)
 #   3. build/tests/gpu/test_layer_gpu    the whole layer (now the block around
-#                                        CPU attention) vs the reference layer
+#                                        CPU attention) vs the reference layer;
+#      again with every GEMM on configuration 3 and 2 clusters, so that the
+#      epilogue overlap's rule takes it at these sizes, and with it off: the
+#      errors must be the same (the programs it takes round acc first)
 #   4. tests/test_block_torch.py         coda.nn.LlamaBlock on CUDA vs float64
 #                                        autograd, custom ops, torch.compile
 #   5. tests/test_lm_loss_torch.py       coda.nn.LMHeadLoss / coda::lm_loss on CUDA vs
@@ -22,6 +25,20 @@ for t in test_steps_gpu test_block_gpu test_layer_gpu; do
   timeout 300 build/tests/gpu/$t > "$OUT/$t.log" 2>&1; echo "rc=$?"
   grep -E "FAIL|graph|M = |ulp" "$OUT/$t.log" | head -12; tail -1 "$OUT/$t.log"
 done
+echo "== test_layer_gpu, configuration 3 on 2 clusters, the overlap's rule and off"
+for ov in rule 0; do
+  if [ $ov = rule ]; then unset CODA_DEBUG_OVERLAP; else export CODA_DEBUG_OVERLAP=0; fi
+  CODA_DEBUG_LAUNCH=1 CODA_GEMM_CFG=3 CODA_DEBUG_CLUSTERS=2 timeout 300 build/tests/gpu/test_layer_gpu \
+    > "$OUT/layer_$ov.log" 2> "$OUT/layer_${ov}_launch.log"
+  echo "overlap $ov: rc=$?, $(grep -c 'epilogue overlap' "$OUT/layer_${ov}_launch.log") of $(grep -c 'coda gemm' "$OUT/layer_${ov}_launch.log") launches overlapped"
+  tail -1 "$OUT/layer_$ov.log"
+done
+unset CODA_DEBUG_OVERLAP
+if diff <(grep -E "^  [a-z_0-9]+ +cuda" "$OUT/layer_rule.log") <(grep -E "^  [a-z_0-9]+ +cuda" "$OUT/layer_0.log") > /dev/null; then
+  echo "errors with and without the overlap: the same"
+else
+  echo "FAIL: errors with and without the overlap differ"
+fi
 CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 echo "== memcheck test_block_gpu"
 timeout 300 $CS --tool memcheck build/tests/gpu/test_block_gpu > "$OUT/block-memcheck.log" 2>&1; echo "rc=$?"
