@@ -341,8 +341,9 @@ _Static_assert(offsetof(sk_params_t, flag) == 8 && offsetof(sk_params_t, dp_unit
  * without stream-K, at the 1B block's shapes: gate/up 0.945x, QKV + RoPE
  * 0.984x (neither spills with it); the ring programs, which all spill with
  * it, 1.02-1.37x (and a ring chunk would wait for its stage inside the
- * k-loop); the LM head's programs spill 708-1184 bytes with it (kernel_stats 3). So the
- * launch also asks the overlapped kernel: no local memory. Where it takes
+ * k-loop); the LM head's programs spill 708-1184 bytes with it
+ * (kernel_stats 3). So the launch also asks the overlapped kernel: no
+ * local memory. Where it takes
  * the overlap it runs no stream-K tail (the tail's pieces have no next
  * tile to hide behind; with the rule's 2 tiles a cluster and more, the
  * overlap measured ahead: stop 62's A/B against the default), and a
