@@ -343,11 +343,11 @@ _Static_assert(offsetof(sk_params_t, flag) == 8 && offsetof(sk_params_t, dp_unit
  * it, 1.02-1.37x (and a ring chunk would wait for its stage inside the
  * k-loop); the LM head's programs spill 708-1184 bytes with it
  * (kernel_stats 3). So the launch also asks the overlapped kernel: no
- * local memory. Where it takes
- * the overlap it runs no stream-K tail (the tail's pieces have no next
- * tile to hide behind; with the rule's 2 tiles a cluster and more, the
- * overlap measured ahead: stop 62's A/B against the default), and a
- * stream-K mode forced by tuning (tests) wins over it. mode (tuning's
+ * local memory. Where it takes the overlap it runs no stream-K tail (the
+ * tail's pieces have no next tile to hide behind; with the rule's 2 tiles
+ * a cluster and more, the overlap measured ahead: stop 62's A/B against
+ * the default), and a stream-K mode forced by tuning (tests) wins over
+ * it. mode (tuning's
  * epi_overlap): 1 (tests) wherever the kernel can run it, acc rounded or
  * not; 0 never; -1 this rule. nbox < 0: not a fused GEMM. */
 int coda__cuda_overlap_candidate(int store_c, int pingpong, int nbox, int acc_bf16, int64_t kiters, int64_t units,
