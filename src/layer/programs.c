@@ -17,8 +17,9 @@
  * gate/up and QKV + RoPE round the accumulator to bf16 before anything
  * else. On the GPU that lets each tile's epilogue run beside the next
  * tile's k-loop (src/cuda/kernels/gemm_overlap.cuh, which holds a finished
- * tile as bf16) with the same bits: 3-6% off the 1B-70B gate/up GEMMs,
- * 1-2.5% off QKV (bench/RESULTS.md, stop 62). It costs some accuracy, the
+ * tile as bf16) with the same bits: 2.9-5.3% off the 1B-70B gate/up
+ * GEMMs, 1.2-2.4% off QKV (an H100, bench/RESULTS.md, stop 62, timed
+ * before these programs rounded acc themselves). It costs some accuracy, the
  * same on every backend: up to 1.3x the error of the unrounded programs on
  * test_layer's rows, all within the rule (2x the unfused bf16 error;
  * worst row at 0.54 of its bound, against 0.49 before).
