@@ -11,7 +11,10 @@
  * element, partials included: relative Frobenius error <= 4e-3 (bf16 outputs
  * may differ by one rounding step where the f32 values differ in the last
  * bits: the GEMMs sum in different orders) and no NaN the CPU did not
- * produce. A second GPU run must give identical bits. Needs an sm_90a GPU. */
+ * produce. A second GPU run must give identical bits. The epilogue
+ * overlap's cases (kernels/gemm_overlap.cuh) also compare every output bit
+ * for bit with the ordinary kernel on rounded accumulators, and check that
+ * each launch took the overlap. Needs an sm_90a GPU. */
 #pragma GCC diagnostic ignored "-Wunused-function"
 #include "harness.h"
 
@@ -231,6 +234,19 @@ static int skew_cols;
  * not on the CPU (lmhead_bwd's exp(z - lse) by 2-9%). */
 static int overlap_bits;
 
+/* How many of the ne elements (esz bytes each) of x and y differ in any
+ * bit; *first: the first that does (ne if none). */
+static size_t elements_differ(const void *x, const void *y, size_t ne, size_t esz, size_t *first) {
+    size_t n = 0;
+    *first = ne;
+    for (size_t e = 0; e < ne; e++)
+        if (memcmp((const char *)x + e * esz, (const char *)y + e * esz, esz) != 0) {
+            if (*first == ne) *first = e;
+            n++;
+        }
+    return n;
+}
+
 /* The outputs of p's run (in bufs) against the overlap's reference. */
 static void overlap_reference(const coda_program_t *p, int na, buf_t *bufs, const coda_binding_t *bg,
                               coda_layout_t layout, const buf_t *A, const buf_t *B, const coda_tiling_t *tl,
@@ -252,12 +268,8 @@ static void overlap_reference(const coda_program_t *p, int na, buf_t *bufs, cons
         if (!ran[i]) continue;
         void *ref = h_alloc(bufs[i].bytes);
         CUDA_OK(cudaMemcpy(ref, bufs[i].dev.data, bufs[i].bytes, cudaMemcpyDeviceToHost));
-        size_t esz = coda_dtype_size(bufs[i].host.dtype), ne = bufs[i].bytes / esz, first = ne, ndiff = 0;
-        for (size_t e = 0; e < ne; e++)
-            if (memcmp((char *)ran[i] + e * esz, (char *)ref + e * esz, esz) != 0) {
-                if (first == ne) first = e;
-                ndiff++;
-            }
+        size_t esz = coda_dtype_size(bufs[i].host.dtype), ne = bufs[i].bytes / esz, first;
+        size_t ndiff = elements_differ(ran[i], ref, ne, esz, &first);
         CHECK(ndiff == 0, "%s: the overlap differs from the ordinary kernel on rounded accumulators in %zu of %zu "
                           "elements, first at element %zu", bg[i].name, ndiff, ne, first);
         printf("    %-14s bit for bit with the rounded ordinary kernel%s\n", bg[i].name, ndiff ? "  FAIL" : "");
@@ -346,12 +358,8 @@ static void run_case(const char *text, coda_layout_t layout, int64_t m, int64_t 
                 CHECK_OK(coda_gemm_epilogue(ctx, layout, &A.dev, &B.dev, p, bg, na, &tl, NULL));
                 CUDA_OK(cudaDeviceSynchronize());
                 CUDA_OK(cudaMemcpy(again, bufs[i].dev.data, bufs[i].bytes, cudaMemcpyDeviceToHost));
-                size_t esz = coda_dtype_size(bufs[i].host.dtype), ne = bufs[i].bytes / esz, first = ne, ndiff = 0;
-                for (size_t e = 0; e < ne; e++)
-                    if (memcmp((char *)got + e * esz, (char *)again + e * esz, esz) != 0) {
-                        if (first == ne) first = e;
-                        ndiff++;
-                    }
+                size_t esz = coda_dtype_size(bufs[i].host.dtype), ne = bufs[i].bytes / esz, first;
+                size_t ndiff = elements_differ(got, again, ne, esz, &first);
                 int64_t ld = bufs[i].host.ndim == 2 ? bufs[i].host.stride[0] / (int64_t)esz : 1;
                 CHECK(ndiff == 0, "%s: GPU run %d differs from the first in %zu elements, first at row %lld col %lld",
                       name, rep + 2, ndiff, (long long)(first / (size_t)ld), (long long)(first % (size_t)ld));
