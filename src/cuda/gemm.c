@@ -217,6 +217,26 @@ static coda_status_t get_kernel(coda_context_t *ctx, coda_cuda_device_t *d, coda
     return CODA_OK;
 }
 
+/* The overlapped kernel (CODA_SCHED_OVERLAP) of a fused GEMM the rule
+ * admits (coda__cuda_overlap_candidate), if it has its own say too: no
+ * local memory (spills), unless tuning forces it. NULL: the ordinary
+ * kernel runs, also where the overlapped one does not build (the error it
+ * set is not the launch's). */
+static CUfunction overlap_kernel(coda_context_t *ctx, coda_cuda_device_t *d, coda_layout_t layout, int cfg_index,
+                                 const char *epilogue_src, const uint64_t *epilogue_key) {
+    CUfunction f = NULL;
+    coda__error_kept_t kept;
+    coda__error_keep(&kept);
+    if (get_kernel(ctx, d, layout, cfg_index, 0, 0, CODA_SCHED_OVERLAP, 0, epilogue_src, epilogue_key, &f) != CODA_OK)
+        f = NULL;
+    coda__error_restore(&kept);
+    int local = -1;
+    if (f && ctx->tuning.epi_overlap != 1 &&
+        (ctx->cuda->cu.FuncGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f) != CUDA_SUCCESS || local != 0))
+        f = NULL;
+    return f;
+}
+
 /* Host mirror of struct coda_ring_params (kernels/gemm_prelude.cuh). */
 typedef struct ring_params {
     CUtensorMap map[CODA_RING_MAX_BOX];
@@ -536,8 +556,8 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
     if (cfg->cluster_m > 1) {
         if (!d->max_clusters[cfg_index]) {
             int mc = 0;
-            CODA_TRY(get_kernel(ctx, d, layout, cfg_index, store_c, c_f32, 0, simple, epilogue_src, epilogue_key,
-                                &fn));
+            CODA_TRY(get_kernel(ctx, d, layout, cfg_index, store_c, c_f32, CODA_SCHED_TILES, simple, epilogue_src,
+                                epilogue_key, &fn));
             lc.gridDimX = (unsigned)(clusters * cfg->cluster_m);
             if (cu->cu.OccupancyMaxActiveClusters &&
                 cu->cu.OccupancyMaxActiveClusters(&mc, fn, &lc) == CUDA_SUCCESS && mc > 0)
@@ -558,25 +578,13 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
     sk_params_t skp;
     memset(&skp, 0, sizeof skp);
     int64_t kiters = coda__cdiv(k, cfg->bk);
-    int overlap = 0;
-    if (coda__cuda_overlap_candidate(store_c, cfg->pingpong, io ? io->nbox : -1, io && io->acc_bf16, kiters, units,
-                                     clusters, ctx->tuning.epi_overlap, ctx->tuning.streamk)) {
-        /* the kernel's own say: no local memory (spills), unless forced.
-         * One that does not build leaves the ordinary kernel (and the
-         * error it set is not this launch's) */
-        CUfunction ofn = NULL;
-        coda__error_kept_t kept;
-        coda__error_keep(&kept);
-        if (get_kernel(ctx, d, layout, cfg_index, 0, 0, CODA_SCHED_OVERLAP, 0, epilogue_src, epilogue_key, &ofn) !=
-            CODA_OK)
-            ofn = NULL;
-        coda__error_restore(&kept);
-        int local = -1;
-        if (ofn && (ctx->tuning.epi_overlap == 1 ||
-                    (cu->cu.FuncGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, ofn) == CUDA_SUCCESS &&
-                     local == 0)))
-            fn = ofn, overlap = 1;
-    }
+    CUfunction ofn = coda__cuda_overlap_candidate(store_c, cfg->pingpong, io ? io->nbox : -1, io && io->acc_bf16,
+                                                  kiters, units, clusters, ctx->tuning.epi_overlap,
+                                                  ctx->tuning.streamk)
+                         ? overlap_kernel(ctx, d, layout, cfg_index, epilogue_src, epilogue_key)
+                         : NULL;
+    const int overlap = ofn != NULL;
+    if (overlap) fn = ofn;
     int dp_units = overlap ? (int)units
                            : coda__cuda_streamk_dp_units(units, clusters, kiters, cfg->pingpong, ctx->tuning.streamk,
                                                          d->mem_gbps);
@@ -595,7 +603,7 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
         skp.flag = (void *)(uintptr_t)ws->flag;
     }
     /* the stream-K kernel is a variant of its own (gemm_mainloop.cuh) */
-    if (ws || (!fn && !overlap))
+    if (ws || !fn)
         CODA_TRY(get_kernel(ctx, d, layout, cfg_index, store_c, c_f32, ws ? CODA_SCHED_STREAMK : CODA_SCHED_TILES,
                             simple, epilogue_src, epilogue_key, &fn));
     void *args[] = {&map_a, &map_b, &map_c, &Mi, &Ni, &Ki, (void *)params, &rp, &sm, &skp};
