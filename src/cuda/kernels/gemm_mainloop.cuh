@@ -380,13 +380,13 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                 coda_wgmma_commit();
                 CODA_FENCE_ACC(acc);
                 const int mine = it++;
-                /* while this k-block's wgmma runs: the held tile's chunks due here */
-                if (have && kiters >= 2 * CODA_OV_NCH) {
+                /* while this k-block's wgmma runs: the held tile's pieces due here */
+                if (have && kiters >= 2 * CODA_OV_NSLOT) {
 #pragma unroll
-                    for (int q = 0; q < CODA_OV_NCH; q++)
+                    for (int q = 0; q < CODA_OV_NSLOT; q++)
                         if (kb == coda_ov_slot(q, kiters)) {
-                            coda_ov_chunk(epi, ht, hst, hvin, held, q, smaps);
-                            if (q == CODA_OV_NCH - 1) { /* the held tile is done: its partials, this tile's preload */
+                            coda_ov_piece(epi, ht, hst, hvin, held, q, smaps);
+                            if (q == CODA_OV_NSLOT - 1) { /* the held tile is done: its partials, this tile's preload */
                                 coda_epi_end(epi, ht, hst);
                                 coda_epi_preload(epi, coda_tile_view(M, N, tm, tn, trow, c, tid, scratch, cbufs), pre);
                             }
@@ -399,12 +399,12 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
             coda_wgmma_wait(0);
             CODA_FENCE_ACC(acc);
             if (done >= 0 && CODA_IS_ARRIVER) coda_stage_release(EMPTY(done % CODA_STAGES));
-            /* a short k-loop: the held tile's chunks after it, not 2 or more
+            /* a short k-loop: the held tile's pieces after it, not 2 or more
              * after one k-block (which also kept ptxas from spilling 24-28
              * bytes in qkv_rope and gateup_swiglu: bench/kernel_stats) */
-            if (have && kiters < 2 * CODA_OV_NCH) {
+            if (have && kiters < 2 * CODA_OV_NSLOT) {
 #pragma unroll
-                for (int q = 0; q < CODA_OV_NCH; q++) coda_ov_chunk(epi, ht, hst, hvin, held, q, smaps);
+                for (int q = 0; q < CODA_OV_NSLOT; q++) coda_ov_piece(epi, ht, hst, hvin, held, q, smaps);
                 coda_epi_end(epi, ht, hst);
                 coda_epi_preload(epi, coda_tile_view(M, N, tm, tn, trow, c, tid, scratch, cbufs), pre);
             }
@@ -417,7 +417,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
             coda_epi_begin(epi, ht, hst, hpre);
             coda_epi_vload(epi, ht, 0, 0, hvin);
 #pragma unroll
-            for (int q = 0; q < CODA_OV_NCH; q++) coda_ov_chunk(epi, ht, hst, hvin, held, q, smaps);
+            for (int q = 0; q < CODA_OV_NSLOT; q++) coda_ov_piece(epi, ht, hst, hvin, held, q, smaps);
             coda_epi_end(epi, ht, hst);
         }
         if (tid % 32 == 0) coda_bulk_wait_read(0); /* TMA has read the slabs before shared memory goes */

@@ -33,11 +33,22 @@
 #endif
 #define CODA_OV_NCH (CODA_BN / 64) /* 64-column chunks of a tile */
 
-/* The k-block after which chunk q runs: spread evenly over the tile, so
- * that each chunk has the tensor work of about kiters / NCH k-blocks to
+/* An experiment (off by default, stop 63, not yet run on a GPU): 1 gives
+ * each batch (half a chunk) a k-block of its own. A piece hides only the
+ * k-block it runs behind (about 0.5 us at K = 2048 for 128 x 256); with a
+ * chunk a slot gate/up's 0.8 us chunks leave the tensor cores waiting some
+ * 0.3 us each, and swiglu_bwd's 2.6 us ones 2 us. Twice the slots halve
+ * each piece. Same batches in the same order: the same bits. */
+#ifndef CODA_OV_BATCH_SLOTS
+#define CODA_OV_BATCH_SLOTS 0
+#endif
+#define CODA_OV_NSLOT (CODA_OV_BATCH_SLOTS ? 2 * CODA_OV_NCH : CODA_OV_NCH) /* pieces of a tile */
+
+/* The k-block after which piece q runs: spread evenly over the tile, so
+ * that each piece has the tensor work of about kiters / NSLOT k-blocks to
  * hide behind. Always below kiters. */
 static __device__ __forceinline__ int coda_ov_slot(int q, int kiters) {
-    return (2 * q + 1) * kiters / (2 * CODA_OV_NCH);
+    return (2 * q + 1) * kiters / (2 * CODA_OV_NSLOT);
 }
 
 /* Batch j0 (CODA_EPI_BATCH column chunks of 8, both row halves) of the
@@ -65,12 +76,17 @@ static __device__ __forceinline__ void coda_ov_batch(const coda_epi_params &epi,
     coda_epi_flush(epi, st, t, 0, j0, smaps);
 }
 
-/* Chunk q (columns 64 q .. 64 q + 63: batches 8 q and 8 q + 4). */
-static __device__ __forceinline__ void coda_ov_chunk(const coda_epi_params &epi, coda_epi_tile &t,
+/* Piece q: chunk q (columns 64 q .. 64 q + 63: batches 8 q and 8 q + 4),
+ * or with CODA_OV_BATCH_SLOTS batch 4 q alone. */
+static __device__ __forceinline__ void coda_ov_piece(const coda_epi_params &epi, coda_epi_tile &t,
                                                      coda_epi_state &st, coda_epi_vin &vin,
                                                      const u32 (&held)[CODA_BN / 4], int q,
                                                      const coda_store_maps &smaps) {
+#if CODA_OV_BATCH_SLOTS
+    coda_ov_batch(epi, t, st, vin, held, CODA_EPI_BATCH * q, smaps);
+#else
     coda_ov_batch(epi, t, st, vin, held, 8 * q, smaps);
     coda_ov_batch(epi, t, st, vin, held, 8 * q + CODA_EPI_BATCH, smaps);
+#endif
 }
 #endif
