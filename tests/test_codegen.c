@@ -175,8 +175,10 @@ static void check_program(const char *name, const char *text, int in_mainloop) {
             compile_in_mainloop(name, n16, CODA_LAYOUT_NT, 3, CODA_SCHED_OVERLAP);
             if (strcmp(name, "gateup_swiglu_train") == 0) {
                 compile_in_mainloop(name, n16, CODA_LAYOUT_TN, 1, CODA_SCHED_OVERLAP);
-                /* its experiment: a batch a k-block (bench/overlap_ab.sh) */
+                /* its experiment: a batch a k-block (bench/overlap_ab.sh),
+                 * 8 pieces a 256-wide tile and 4 a 128-wide one */
                 compile_in_mainloop_opt(name, n16, CODA_LAYOUT_NT, 3, CODA_SCHED_OVERLAP, "-DCODA_OV_BATCH_SLOTS=1");
+                compile_in_mainloop_opt(name, n16, CODA_LAYOUT_TN, 1, CODA_SCHED_OVERLAP, "-DCODA_OV_BATCH_SLOTS=1");
             }
         }
         /* tile inputs through the stage ring: active on the cooperative

@@ -6,9 +6,10 @@
  * tile for gate/up at K = 2048, 10 us for swiglu_bwd: bench/RESULTS.md,
  * stop 61). With it the consumer keeps the finished tile as 64 bf16 pairs
  * (held, 64 registers: there is no room for another 128 f32 accumulators)
- * and runs its 64-column chunk q right after issuing k-block
- * coda_ov_slot(q) of the next tile, while that k-block's wgmma runs; the
- * CTA's last tile runs its epilogue after the loop. The program therefore
+ * and runs its piece q (a 64-column chunk; a batch, half a chunk, with
+ * CODA_OV_BATCH_SLOTS) right after issuing k-block coda_ov_slot(q) of the
+ * next tile, while that k-block's wgmma runs; the CTA's last tile runs its
+ * epilogue after the loop. The program therefore
  * sees each accumulator rounded to bf16 (CODA_EPI_ROUND_ACC gives the
  * ordinary kernel the same rounding: the tests' bitwise reference).
  *
@@ -34,11 +35,12 @@
 #define CODA_OV_NCH (CODA_BN / 64) /* 64-column chunks of a tile */
 
 /* An experiment (off by default, stop 63, not yet run on a GPU): 1 gives
- * each batch (half a chunk) a k-block of its own. A piece hides only the
- * k-block it runs behind (about 0.5 us at K = 2048 for 128 x 256); with a
- * chunk a slot gate/up's 0.8 us chunks leave the tensor cores waiting some
- * 0.3 us each, and swiglu_bwd's 2.6 us ones 2 us. Twice the slots halve
- * each piece. Same batches in the same order: the same bits. */
+ * each batch (half a chunk) a k-block of its own. The guess it tests: a
+ * piece is covered only by the wgmma queued when it starts (this k-block,
+ * perhaps the end of the last; about 0.5 us each at K = 2048 for
+ * 128 x 256), so that swiglu_bwd's 2.6 us chunks, and maybe gate/up's
+ * 0.8 us ones, leave the tensor cores waiting; twice the slots halve each
+ * piece. Same batches in the same order: the same bits. */
 #ifndef CODA_OV_BATCH_SLOTS
 #define CODA_OV_BATCH_SLOTS 0
 #endif
