@@ -9,9 +9,9 @@
  * and runs its piece q (a 64-column chunk; a batch, half a chunk, with
  * CODA_OV_BATCH_SLOTS) right after issuing k-block coda_ov_slot(q) of the
  * next tile, while that k-block's wgmma runs; the CTA's last tile runs its
- * epilogue after the loop. The program therefore
- * sees each accumulator rounded to bf16 (CODA_EPI_ROUND_ACC gives the
- * ordinary kernel the same rounding: the tests' bitwise reference).
+ * epilogue after the loop. The program therefore sees each accumulator
+ * rounded to bf16 (CODA_EPI_ROUND_ACC gives the ordinary kernel the same
+ * rounding: the tests' bitwise reference).
  *
  * The host takes it (src/cuda/gemm.c) only where it measured faster:
  * programs without ring inputs (a chunk would wait for its ring stage
