@@ -160,10 +160,10 @@ static int listed(const char *list, const char *name) {
 
 static char run_opts[512]; /* CODA_DEBUG_OPTS as the process started: every job's but B's */
 
-/* The job's extra NVRTC options and configuration, set through the
+static int env_overlap; /* tuning's epi_overlap as the process started (CODA_DEBUG_OVERLAP) */
+/* The job's extra NVRTC options, configuration and overlap, set through the
  * context's tuning (tests/tuning.h) when they change; time_jobs calls this
  * before each run's first event, so nothing of it sits inside a timed run. */
-static int env_overlap; /* tuning's epi_overlap as the process started (CODA_DEBUG_OVERLAP) */
 static void use_opts(const job_t *j) {
     static const char *cur, *cur_cfg;
     static int set, cur_ov;

@@ -366,10 +366,9 @@ _Static_assert(offsetof(sk_params_t, flag) == 8 && offsetof(sk_params_t, dp_unit
  * local memory. Where it takes the overlap it runs no stream-K tail (the
  * tail's pieces have no next tile to hide behind; with the rule's 2 tiles
  * a cluster and more, the overlap measured ahead: stop 62's A/B against
- * the default), and a stream-K mode forced by tuning (tests) wins over
- * it. mode (tuning's
- * epi_overlap): 1 (tests) wherever the kernel can run it, acc rounded or
- * not; 0 never; -1 this rule. nbox < 0: not a fused GEMM. */
+ * the default), and a stream-K mode forced by tuning (tests) wins over it.
+ * mode (tuning's epi_overlap): 1 (tests) wherever the kernel can run it,
+ * acc rounded or not; 0 never; -1 this rule. nbox < 0: not a fused GEMM. */
 int coda__cuda_overlap_candidate(int store_c, int pingpong, int nbox, int acc_bf16, int64_t kiters, int64_t units,
                                  int64_t clusters, int mode, int streamk_mode) {
     if (mode == 0 || store_c || pingpong || nbox != 0 || kiters < 1 || units < 2 * clusters) return 0;
