@@ -380,17 +380,17 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                 coda_wgmma_commit();
                 CODA_FENCE_ACC(acc);
                 const int mine = it++;
-                /* while this k-block's wgmma runs: the held tile's pieces due here */
-                if (have && kiters >= 2 * CODA_OV_NSLOT) {
+                /* while this k-block's wgmma runs: the held tile's batches due here */
+                if (have) {
 #pragma unroll
-                    for (int q = 0; q < CODA_OV_NSLOT; q++)
-                        if (kb == coda_ov_slot(q, kiters)) {
-                            coda_ov_piece(epi, ht, hst, hvin, held, q, smaps);
-                            if (q == CODA_OV_NSLOT - 1) { /* the held tile is done: its partials, this tile's preload */
-                                coda_epi_end(epi, ht, hst);
-                                coda_epi_preload(epi, coda_tile_view(M, N, tm, tn, trow, c, tid, scratch, cbufs), pre);
-                            }
-                        }
+                    for (int b = 0; b < CODA_OV_NB; b++)
+                        if (kb == coda_ov_slot(b, kiters))
+                            coda_ov_batch(epi, ht, hst, hvin, held, CODA_EPI_BATCH * b, smaps);
+                    /* the held tile is done: its partials, this tile's preload */
+                    if (kb == coda_ov_slot(CODA_OV_NB - 1, kiters)) {
+                        coda_epi_end(epi, ht, hst);
+                        coda_epi_preload(epi, coda_tile_view(M, N, tm, tn, trow, c, tid, scratch, cbufs), pre);
+                    }
                 }
                 coda_wgmma_wait(1);
                 if (done >= 0 && CODA_IS_ARRIVER) coda_stage_release(EMPTY(done % CODA_STAGES));
@@ -399,15 +399,6 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
             coda_wgmma_wait(0);
             CODA_FENCE_ACC(acc);
             if (done >= 0 && CODA_IS_ARRIVER) coda_stage_release(EMPTY(done % CODA_STAGES));
-            /* a short k-loop: the held tile's pieces after it, not 2 or more
-             * after one k-block (which also kept ptxas from spilling 24-28
-             * bytes in qkv_rope and gateup_swiglu: bench/kernel_stats) */
-            if (have && kiters < 2 * CODA_OV_NSLOT) {
-#pragma unroll
-                for (int q = 0; q < CODA_OV_NSLOT; q++) coda_ov_piece(epi, ht, hst, hvin, held, q, smaps);
-                coda_epi_end(epi, ht, hst);
-                coda_epi_preload(epi, coda_tile_view(M, N, tm, tn, trow, c, tid, scratch, cbufs), pre);
-            }
 #pragma unroll
             for (int i = 0; i < CODA_BN / 4; i++) held[i] = coda_pack_bf16x2(acc[0][2 * i], acc[0][2 * i + 1]);
             htm = tm, htn = tn, hrow = trow, hpre = pre, have = 1;
@@ -417,7 +408,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
             coda_epi_begin(epi, ht, hst, hpre);
             coda_epi_vload(epi, ht, 0, 0, hvin);
 #pragma unroll
-            for (int q = 0; q < CODA_OV_NSLOT; q++) coda_ov_piece(epi, ht, hst, hvin, held, q, smaps);
+            for (int b = 0; b < CODA_OV_NB; b++) coda_ov_batch(epi, ht, hst, hvin, held, CODA_EPI_BATCH * b, smaps);
             coda_epi_end(epi, ht, hst);
         }
         if (tid % 32 == 0) coda_bulk_wait_read(0); /* TMA has read the slabs before shared memory goes */

@@ -6,15 +6,14 @@
  * tile for gate/up at K = 2048, 10 us for swiglu_bwd: bench/RESULTS.md,
  * stop 61). With it the consumer keeps the finished tile as 64 bf16 pairs
  * (held, 64 registers: there is no room for another 128 f32 accumulators)
- * and runs its piece q (a 64-column chunk; a batch, half a chunk, with
- * CODA_OV_BATCH_SLOTS) right after issuing k-block coda_ov_slot(q) of the
- * next tile, while that k-block's wgmma runs; the CTA's last tile runs its
- * epilogue after the loop. The program therefore sees each accumulator
- * rounded to bf16 (CODA_EPI_ROUND_ACC gives the ordinary kernel the same
- * rounding: the tests' bitwise reference).
+ * and runs its batch b (32 columns) right after issuing k-block
+ * coda_ov_slot(b) of the next tile, while that k-block's wgmma runs; the
+ * CTA's last tile runs its epilogue after the loop. The program therefore
+ * sees each accumulator rounded to bf16 (CODA_EPI_ROUND_ACC gives the
+ * ordinary kernel the same rounding: the tests' bitwise reference).
  *
  * The host takes it (src/cuda/gemm.c) only where it measured faster:
- * programs without ring inputs (a chunk would wait for its ring stage
+ * programs without ring inputs (a batch would wait for its ring stage
  * inside the k-loop) whose kernel does not spill with the 64 extra
  * registers, on CTAs with two tiles or more; no stream-K tail there. */
 #ifndef CODA_EPI_OVERLAP
@@ -30,27 +29,23 @@
 #error "CODA_EPI_OVERLAP: cooperative fused kernels without stream-K, C store or ring inputs"
 #endif
 #if CODA_EPI_BATCH != 4
-#error "CODA_EPI_OVERLAP runs a 64-column chunk as two batches of 4 column chunks"
+#error "CODA_EPI_OVERLAP runs a tile as batches of 4 column chunks (32 columns)"
 #endif
-#define CODA_OV_NCH (CODA_BN / 64) /* 64-column chunks of a tile */
 
-/* An experiment (off by default, stop 63, not yet run on a GPU): 1 gives
- * each batch (half a chunk) a k-block of its own. The guess it tests: a
- * piece is covered only by the wgmma queued when it starts (this k-block,
- * perhaps the end of the last; about 0.5 us each at K = 2048 for
- * 128 x 256), so that swiglu_bwd's 2.6 us chunks, and maybe gate/up's
- * 0.8 us ones, leave the tensor cores waiting; twice the slots halve each
- * piece. Same batches in the same order: the same bits. */
-#ifndef CODA_OV_BATCH_SLOTS
-#define CODA_OV_BATCH_SLOTS 0
-#endif
-#define CODA_OV_NSLOT (CODA_OV_BATCH_SLOTS ? 2 * CODA_OV_NCH : CODA_OV_NCH) /* pieces of a tile */
+#define CODA_OV_NB (CODA_BN / 32) /* batches of a tile: half a chunk each, the pieces run */
 
-/* The k-block after which piece q runs: spread evenly over the tile, so
- * that each piece has the tensor work of about kiters / NSLOT k-blocks to
- * hide behind. Always below kiters. */
-static __device__ __forceinline__ int coda_ov_slot(int q, int kiters) {
-    return (2 * q + 1) * kiters / (2 * CODA_OV_NSLOT);
+/* The k-block after which batch b runs: spread evenly over the tile, one
+ * batch a k-block, so that each has the tensor work of about kiters / NB
+ * k-blocks to hide behind. A batch is covered only by the wgmma queued
+ * when it starts (about 0.5 us a k-block at K = 2048 for 128 x 256), so
+ * the pieces are kept small: a batch a slot took 0.979-0.998 of the time
+ * of a 64-column chunk a slot (stop 64, H100, gate/up's training form at
+ * the 1B and 8B shapes, the same bits; bench/RESULTS.md). Distinct for
+ * kiters >= NB; a shorter loop runs them all after its last k-block (as
+ * one path, not a second copy of the batches after the loop: that copy
+ * made ptxas spill 8 bytes in gateup_swiglu, bench/kernel_stats). */
+static __device__ __forceinline__ int coda_ov_slot(int b, int kiters) {
+    return kiters >= CODA_OV_NB ? (2 * b + 1) * kiters / (2 * CODA_OV_NB) : kiters - 1;
 }
 
 /* Batch j0 (CODA_EPI_BATCH column chunks of 8, both row halves) of the
@@ -78,17 +73,4 @@ static __device__ __forceinline__ void coda_ov_batch(const coda_epi_params &epi,
     coda_epi_flush(epi, st, t, 0, j0, smaps);
 }
 
-/* Piece q: chunk q (columns 64 q .. 64 q + 63: batches 8 q and 8 q + 4),
- * or with CODA_OV_BATCH_SLOTS batch 4 q alone. */
-static __device__ __forceinline__ void coda_ov_piece(const coda_epi_params &epi, coda_epi_tile &t,
-                                                     coda_epi_state &st, coda_epi_vin &vin,
-                                                     const u32 (&held)[CODA_BN / 4], int q,
-                                                     const coda_store_maps &smaps) {
-#if CODA_OV_BATCH_SLOTS
-    coda_ov_batch(epi, t, st, vin, held, CODA_EPI_BATCH * q, smaps);
-#else
-    coda_ov_batch(epi, t, st, vin, held, 8 * q, smaps);
-    coda_ov_batch(epi, t, st, vin, held, 8 * q + CODA_EPI_BATCH, smaps);
-#endif
-}
 #endif
