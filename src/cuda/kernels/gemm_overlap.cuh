@@ -32,7 +32,7 @@
 #error "CODA_EPI_OVERLAP runs a tile as batches of 4 column chunks (32 columns)"
 #endif
 
-#define CODA_OV_NB (CODA_BN / 32) /* batches of a tile: half a chunk each, the pieces run */
+#define CODA_OV_NB (CODA_BN / 32) /* batches of a tile, 32 columns each: the pieces it runs in */
 
 /* The k-block after which batch b runs: spread evenly over the tile, one
  * batch a k-block, so that each has the tensor work of about kiters / NB
@@ -43,7 +43,9 @@
  * the 1B and 8B shapes, the same bits; bench/RESULTS.md). Distinct for
  * kiters >= NB; a shorter loop runs them all after its last k-block (as
  * one path, not a second copy of the batches after the loop: that copy
- * made ptxas spill 8 bytes in gateup_swiglu, bench/kernel_stats). */
+ * made ptxas spill 8 bytes in gateup_swiglu, bench/kernel_stats). The
+ * host launches it only with kiters >= 1 (coda__cuda_overlap_candidate):
+ * with no k-block no batch would run. */
 static __device__ __forceinline__ int coda_ov_slot(int b, int kiters) {
     return kiters >= CODA_OV_NB ? (2 * b + 1) * kiters / (2 * CODA_OV_NB) : kiters - 1;
 }
