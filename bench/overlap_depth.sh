@@ -12,8 +12,9 @@
 # 2. The heavy programs, which spill with the overlap on configuration 3
 #    and read ring inputs there: on configuration 1 (128 x 128, 6 stages,
 #    no spills with the overlap: kernel_stats 1), tile inputs read from
-#    global memory (CODA_DEBUG_NO_RING=1): not overlapped against
-#    overlapped, then overlapped at depth 1 against 2, 3 and 4 (each bit
+#    global memory (CODA_DEBUG_NO_RING=1): not overlapped (stream-K off,
+#    as the overlap always runs: a tail would add in another order)
+#    against overlapped, then overlapped at depth 1 against 2, 3 and 4 (each bit
 #    for bit: CODA_BENCH_AB_CHECK, which also keeps CODA_GEMM_CFG on both
 #    sides), and, for scale, the library's own kernel (configuration 3,
 #    ring, not overlapped) at the same shape: compare its "fused/cb" with
@@ -53,7 +54,7 @@ for ps in "swiglu_bwd,swiglu_bwd_kept 16384x8192x2048" "resid_norm,rmsnorm_bwd 1
     echo "-- $1 $2: the library (configuration 3, ring, no overlap)"
     run "lib_$2" $2 CODA_BENCH_PROGRAMS=$1
     echo "-- configuration 1, ring off: A not overlapped (acc rounded, its bitwise reference), B overlapped (depth 1)"
-    run "cfg1_ov_$2" $2 CODA_GEMM_CFG=1 CODA_DEBUG_NO_RING=1 CODA_DEBUG_OVERLAP=0 \
+    run "cfg1_ov_$2" $2 CODA_GEMM_CFG=1 CODA_DEBUG_NO_RING=1 CODA_DEBUG_OVERLAP=0 CODA_STREAMK=0 \
         CODA_DEBUG_OPTS=-DCODA_EPI_ROUND_ACC=1 CODA_BENCH_AB=overlap=1 CODA_BENCH_AB_CHECK=1 CODA_BENCH_PROGRAMS=$1
     for d in 2 3 4; do
         echo "-- configuration 1, ring off, overlapped: A depth 1, B depth $d"

@@ -36,9 +36,10 @@
  * wgmma groups a consumer leaves in flight after issuing each k-block
  * (CODA_OV_DEPTH; 1, the ordinary k-loop's, is the default). A batch is
  * covered only by the wgmma queued when it starts; with 2 it starts with
- * about two k-blocks queued, not one, at the price of one stage fewer for
- * the producer to fill ahead (so at most CODA_STAGES - 2). The same
- * wgmma in the same order: the same bits. */
+ * about two k-blocks queued, not one, at the price of D - 1 stages fewer
+ * for the producer to fill ahead (so at most CODA_STAGES - 2, for speed:
+ * up to CODA_STAGES - 1 would not deadlock). The same wgmma in the same
+ * order: the same bits. */
 #ifndef CODA_OV_DEPTH
 #define CODA_OV_DEPTH 1
 #endif
