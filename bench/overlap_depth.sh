@@ -14,11 +14,12 @@
 #    no spills with the overlap: kernel_stats 1), tile inputs read from
 #    global memory (CODA_DEBUG_NO_RING=1): not overlapped (stream-K off,
 #    as the overlap always runs: a tail would add in another order)
-#    against overlapped, then overlapped at depth 1 against 2, 3 and 4 (each bit
-#    for bit: CODA_BENCH_AB_CHECK, which also keeps CODA_GEMM_CFG on both
-#    sides), and, for scale, the library's own kernel (configuration 3,
-#    ring, not overlapped) at the same shape: compare its "fused/cb" with
-#    the A/B lines' times over cuBLAS (the library run's cuBLAS column).
+#    against overlapped, then overlapped at depth 1 against 2, 3 and 4
+#    (each bit for bit: CODA_BENCH_AB_CHECK, which also keeps
+#    CODA_GEMM_CFG on both sides), and, for scale, the library's own kernel
+#    (configuration 3, ring, not overlapped) at the same shape: compare its
+#    "fused/cb" with the A/B lines' times over cuBLAS (the library run's
+#    cuBLAS column).
 #
 # Every run logs its launches (CODA_DEBUG_LAUNCH): "(epilogue overlap)"
 # must be among them for a forced side. A result counts only from the GPU
