@@ -613,12 +613,13 @@ int main(int argc, char **argv) {
      * program takes it (run_case checks that each launch did). Configuration
      * 3 on 2 clusters: several tile pairs a cluster, with 9 k-blocks
      * (batches after k-blocks 0, 1, 2, 3, 5, 6, 7 and 8 of the next tile),
-     * 3 (fewer than the 8 batches: all after the last k-block) and 33, the last on 5 tile rows (the last
-     * pair's second tile wholly below M); N % 16 == 0 (the N16 form: staged
-     * tiles, column vectors in the slab, TMA stores) and 8 (the even form);
-     * then the 256 and 128 wide tiles without clusters, more tiles than
-     * CTAs; odd N; and the measured rule's own pick (tuning -1), which
-     * must take it for gate/up and QKV + RoPE (no ring inputs, no spills) */
+     * 3 (fewer than the 8 batches: all after the last k-block) and 33, the
+     * last on 5 tile rows (the last pair's second tile wholly below M);
+     * N % 16 == 0 (the N16 form: staged tiles, column vectors in the
+     * slab, TMA stores) and 8 (the even form); then the 256 and 128 wide
+     * tiles without clusters, more tiles than CTAs; odd N; and the measured
+     * rule's own pick (tuning -1), which must take it for gate/up and
+     * QKV + RoPE (no ring inputs, no spills) */
     {
         coda__tuning_t t = coda__get_tuning(ctx);
         t.no_ring = 1;
