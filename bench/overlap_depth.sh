@@ -2,7 +2,8 @@
 # overlap_depth.sh - the epilogue overlap's queue depth (CODA_OV_DEPTH,
 # src/cuda/kernels/gemm_overlap.cuh, 1 by default): how many k-blocks of
 # wgmma a consumer leaves in flight, so how much tensor work a batch of the
-# held tile starts behind. One device call, about 3 minutes, logs under $OUT:
+# held tile starts behind, and the heavy programs' way to it. One device
+# call, about 6 minutes (parts 1-2 about 3), logs under $OUT:
 #
 # 1. The rule's programs (gate/up's training form, QKV + RoPE) at the 1B
 #    and 8B shapes on their own configuration (3: 128 x 256, 4 stages):
@@ -20,6 +21,12 @@
 #    (configuration 3, ring, not overlapped) at the same shape: compare its
 #    "fused/cb" with the A/B lines' times over cuBLAS (the library run's
 #    cuBLAS column).
+# 3. The same by the library's own routing (CODA_DEBUG_OVERLAP_HEAVY=D,
+#    src/cuda/fused_gemm.c): A the default kernel, B the heavy programs on
+#    configuration 1, ring off, overlapped at depth D
+#    (CODA_BENCH_AB=heavy=D), at the 1B block's shapes; then the 1B
+#    block's kernels (bench/profile_block.py, floor and coda+attn) without
+#    and with it: the down dgrad, the norm backwards and O/down rows.
 #
 # Every run logs its launches (CODA_DEBUG_LAUNCH): "(epilogue overlap)"
 # must be among them for a forced side. A result counts only from the GPU
@@ -62,4 +69,15 @@ for ps in "swiglu_bwd,swiglu_bwd_kept 16384x8192x2048" "resid_norm,rmsnorm_bwd 1
         run "cfg1_d${d}_$2" $2 CODA_GEMM_CFG=1 CODA_DEBUG_NO_RING=1 CODA_DEBUG_OVERLAP=1 \
             CODA_BENCH_AB=-DCODA_OV_DEPTH=$d CODA_BENCH_AB_CHECK=1 CODA_BENCH_PROGRAMS=$1
     done
+done
+echo "== 3. the library's routing: A default, B CODA_DEBUG_OVERLAP_HEAVY=D"
+for d in 4 2; do
+    run "heavy${d}_swiglu" 16384x8192x2048 CODA_BENCH_AB=heavy=$d CODA_BENCH_PROGRAMS=swiglu_bwd,swiglu_bwd_kept
+    run "heavy${d}_norm" 16384x2048x2048 CODA_BENCH_AB=heavy=$d CODA_BENCH_PROGRAMS=resid_norm,rmsnorm_bwd
+done
+for h in 0 4; do
+    echo "-- profile_block 1b, CODA_DEBUG_OVERLAP_HEAVY=$h"
+    CODA_DEBUG_OVERLAP_HEAVY=$h timeout 200 python3 bench/profile_block.py --shapes 1b --variants floor,coda+attn \
+        --sequence > "$OUT/profile_heavy$h.log" 2>&1
+    echo "rc=$?"; grep -iE "busy|sum|total" "$OUT/profile_heavy$h.log" | head -6
 done

@@ -181,6 +181,11 @@ static void check_program(const char *name, const char *text, int in_mainloop) {
                 compile_in_mainloop_opt(name, n16, CODA_LAYOUT_NT, 1, CODA_SCHED_OVERLAP, "-DCODA_OV_DEPTH=4");
             }
         }
+        /* the heavy-overlap experiment's kernel (src/cuda/fused_gemm.c): a
+         * ring program's N16 form overlapped on configuration 1, at the
+         * depth its 6 stages allow at most, in the down dgrad's layout */
+        if (n16 && strcmp(name, "swiglu_bwd") == 0)
+            compile_in_mainloop_opt(name, n16, CODA_LAYOUT_NN, 1, CODA_SCHED_OVERLAP, "-DCODA_OV_DEPTH=4");
         /* tile inputs through the stage ring: active on the cooperative
          * schedule (cfg 3), read from global memory on ping-pong (cfg 5) */
         coda_ring_plan_t rp;

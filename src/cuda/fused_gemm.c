@@ -20,15 +20,39 @@
 #define GPU_TILE_M 128 /* CODA_BM */
 #define PINGPONG_TILE_N 128 /* the ping-pong schedule's tile width */
 
+/* An experiment, off by default (tuning's heavy_overlap,
+ * CODA_DEBUG_OVERLAP_HEAVY=D, not yet run on a GPU): the programs with
+ * ring inputs (the heavy ones: resid_norm, swiglu_bwd, rmsnorm_bwd, ...)
+ * spill with the epilogue overlap on the 128 x 256 tile and so run without
+ * it (kernel_stats 3); on configuration 1 (128 x 128, 6 stages) their
+ * overlapped kernels do not spill (kernel_stats 1, at wgmma depths 1 to 4).
+ * With it, where the plain GEMM would take a 256-wide tile, such a program
+ * runs on configuration 1 with its tile inputs read from global memory (no
+ * ring: a batch would wait for its ring stage inside the k-loop) and the
+ * overlap at depth D (kernels/gemm_overlap.cuh), which gives it the
+ * accumulator rounded to bf16: what an unfused chain would store, not the
+ * CPU backend's bits. bench/overlap_depth.sh measures it at kernel level. */
+#define HEAVY_CFG 1
+static int heavy_overlap(const coda_context_t *ctx, const coda_program_t *p, int64_t m, int64_t n, int sm_count) {
+    if (!ctx->tuning.heavy_overlap || !p || coda__cuda_gemm_cfg_override(ctx) >= 0) return 0;
+    if (coda__cuda_gemm_cfgs[coda__cuda_gemm_pick(m, n, 0, sm_count)].bn != 256) return 0;
+    coda_ring_plan_t ring;
+    coda__codegen_ring_plan(p, &ring);
+    return ring.nbox > 0;
+}
+
 /* Configuration index for a tiling: tile_n 128 runs the ping-pong schedule
  * (gemm_mainloop.cuh), which hides each tile's epilogue behind the other
  * consumer's mainloop, 256 the cooperative one (the plain GEMM's pick);
  * 2-CTA clusters where there are enough tiles to fill the chip twice.
- * Tuning's gemm_cfg (benchmarking) overrides when its tile width matches.
- * Returns -1 if no configuration has tl.tile_n. */
-static int cfg_for_tiling(const coda_context_t *ctx, coda_tiling_t tl, int64_t m, int64_t n, int sm_count) {
+ * Tuning's gemm_cfg (benchmarking) overrides when its tile width matches;
+ * then the heavy-overlap experiment (above). Returns -1 if no
+ * configuration has tl.tile_n. */
+static int cfg_for_tiling(const coda_context_t *ctx, const coda_program_t *p, coda_tiling_t tl, int64_t m, int64_t n,
+                          int sm_count) {
     int forced = coda__cuda_gemm_cfg_override(ctx);
     if (forced >= 0 && coda__cuda_gemm_cfgs[forced].bn == tl.tile_n) return forced;
+    if (tl.tile_n == coda__cuda_gemm_cfgs[HEAVY_CFG].bn && heavy_overlap(ctx, p, m, n, sm_count)) return HEAVY_CFG;
     int pp = tl.tile_n == PINGPONG_TILE_N, best = -1;
     int pick = coda__cuda_gemm_pick(m, n, 0, sm_count); /* the plain GEMM's, if it fits */
     if (!pp && coda__cuda_gemm_cfgs[pick].bn == tl.tile_n) return pick;
@@ -52,9 +76,8 @@ coda_status_t coda__cuda_choose_tiling(coda_context_t *ctx, int index, int64_t m
      * ping-pong for every built-in program at M = N = K = 4096 and 8192 on
      * an H200 (bench/HISTORY.md). On small problems the plain pick may be
      * 128, which cfg_for_tiling maps to the ping-pong configurations (not
-     * measured against the cooperative 128 there). p is kept for a
-     * per-program choice. */
-    (void)p;
+     * measured against the cooperative 128 there). p: the heavy-overlap
+     * experiment's per-program choice (above). */
     coda_cuda_device_t *d;
     coda__error_kept_t kept; /* no device is not a failure here: the caller's last error stays */
     coda__error_keep(&kept);
@@ -64,6 +87,7 @@ coda_status_t coda__cuda_choose_tiling(coda_context_t *ctx, int index, int64_t m
     tiling->tile_n = coda__cuda_gemm_cfgs[coda__cuda_gemm_pick(m, n, k, sm_count)].bn;
     int forced = coda__cuda_gemm_cfg_override(ctx); /* as in cfg_for_tiling */
     if (forced >= 0) tiling->tile_n = coda__cuda_gemm_cfgs[forced].bn;
+    if (heavy_overlap(ctx, p, m, n, sm_count)) tiling->tile_n = coda__cuda_gemm_cfgs[HEAVY_CFG].bn;
     return CODA_OK;
 }
 
@@ -147,7 +171,8 @@ coda_status_t coda__cuda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout
                           "needs %d on the GPU (coda_choose_tiling)", tiling.tile_m, GPU_TILE_M);
     coda_cuda_device_t *d;
     CODA_TRY(coda__cuda_device(ctx, a->device_index, &d));
-    int cfg = cfg_for_tiling(ctx, tiling, m, n, d->sm_count);
+    int cfg = cfg_for_tiling(ctx, p, tiling, m, n, d->sm_count);
+    const int heavy = cfg == HEAVY_CFG && heavy_overlap(ctx, p, m, n, d->sm_count);
     if (cfg < 0)
         return coda__fail(CODA_ERR_UNSUPPORTED,
                           "fused GEMM on CUDA: tiling.tile_n %d; the GPU mainloop has 128 or 256",
@@ -176,7 +201,8 @@ coda_status_t coda__cuda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout
     const char *src = NULL; /* generated and hashed once per program and form */
     const uint64_t *key = NULL;
     coda_ring_plan_t rp;
-    coda_cg_form_t form = coda__cuda_fused_form(p, bound, n, coda__cuda_gemm_cfgs[cfg].pingpong || ctx->tuning.no_ring, &rp);
+    coda_cg_form_t form =
+        coda__cuda_fused_form(p, bound, n, coda__cuda_gemm_cfgs[cfg].pingpong || ctx->tuning.no_ring || heavy, &rp);
     CODA_TRY(coda__codegen_cuda_cached(p, form, &src, &key));
     coda_epi_params_t params;
     fill_params(p, bound, scalars, m, n, &params);
@@ -196,6 +222,7 @@ coda_status_t coda__cuda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout
         io.store_cols[s] = sp.cols[s];
     }
     io.acc_bf16 = coda__program_acc_bf16(p);
+    io.ov_depth = heavy ? ctx->tuning.heavy_overlap : 0;
     io.nbound = p->n_args;
     for (int i = 0; i < p->n_args; i++) {
         io.bound[i] = bound[i];

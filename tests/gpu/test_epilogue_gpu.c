@@ -214,6 +214,10 @@ static int cooperative;
  * cases, which need 2-CTA clusters on a small problem) */
 static int force_cfg = -1;
 
+/* 1: the tiling is the program's (coda_choose_program_tiling), which the
+ * heavy-overlap experiment (src/cuda/fused_gemm.c) makes 128 wide */
+static int program_tiling;
+
 /* 1: A[0][0] is NaN, so accumulator row 0 is NaN in every column: the
  * reductions must carry it into the row-0 partials and the column
  * partials of the first row tile, on the GPU as on the CPU. */
@@ -286,7 +290,12 @@ static void run_case(const char *text, coda_layout_t layout, int64_t m, int64_t 
     pad_rows = n % 2 != 0;
     coda_tiling_t tl;
     tune_cfg(ctx, -1);
-    REQUIRE_OK(coda_choose_tiling(ctx, CODA_DEVICE_CUDA, layout, m, n, k, &tl));
+    if (program_tiling) {
+        REQUIRE_OK(coda_choose_program_tiling(ctx, CODA_DEVICE_CUDA, layout, m, n, k, p, &tl));
+        CHECK(tl.tile_n == 128, "heavy overlap: the program's tiling is %dx%d, want 128 wide", tl.tile_m, tl.tile_n);
+    } else {
+        REQUIRE_OK(coda_choose_tiling(ctx, CODA_DEVICE_CUDA, layout, m, n, k, &tl));
+    }
     if (tile_n) tl.tile_n = tile_n;
     if (cooperative) tune_cfg_str(ctx, tl.tile_n == 256 ? "0" : "1");
     if (force_cfg >= 0) tune_cfg(ctx, force_cfg);
@@ -661,6 +670,29 @@ int main(int argc, char **argv) {
         tune_clusters(ctx, 0);
         force_cfg = -1;
         tune_streamk(ctx, CODA_STREAMK_AUTO);
+    }
+    /* the heavy-overlap experiment (src/cuda/fused_gemm.c, tuning's
+     * heavy_overlap), routed by the library itself: a ring program on a
+     * problem the plain GEMM tiles 256 wide (16 x 9 such tiles) gets
+     * configuration 1's 128-wide tiling, runs without the ring and takes
+     * the overlap (run_case checks that the launch did) at wgmma depth 4
+     * and 2, with 9 k-blocks (a batch after k-blocks 1, 3, 5 and 7) and 3
+     * (all after the last); every output bit for bit against the same
+     * routing with the overlap off on rounded accumulators */
+    {
+        static const char *const heavy[] = {"swiglu_bwd", "rmsnorm_bwd", "resid_norm", "swiglu_bwd_kept"};
+        overlap_bits = 1;
+        program_tiling = 1;
+        for (int depth = 4; depth >= (small ? 4 : 2); depth -= 2) {
+            tune_heavy_overlap(ctx, depth);
+            for (int i = 0; i < 4; i++) {
+                run_case(coda_builtin_program(heavy[i]), CODA_LAYOUT_NN, 2048, 2304, 520, 0);
+                if (!small && depth == 4) run_case(coda_builtin_program(heavy[i]), CODA_LAYOUT_NT, 2048, 2304, 136, 0);
+            }
+        }
+        tune_heavy_overlap(ctx, 0);
+        program_tiling = 0;
+        overlap_bits = 0;
     }
     /* an odd number of row tiles in 2-CTA clusters (33 x 5 and 33 x 9
      * tiles): the last pair's second CTA runs a tile wholly below M, which
