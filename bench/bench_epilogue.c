@@ -25,6 +25,8 @@
  *                                  its own tiling and arguments: a ring
  *                                  program on a big problem gets 128-wide
  *                                  tiles); A as CODA_DEBUG_OVERLAP_HEAVY says
+ *                                  (a program without tile inputs, or D the
+ *                                  same as A's, times one kernel twice)
  *   CODA_BENCH_AB_CHECK=1 (with an option A/B)   also runs A twice and B
  *                                  twice from the same arguments and
  *                                  compares every argument bit for bit
@@ -539,7 +541,9 @@ int main(int argc, char **argv) {
             }
             if (!only && !ab) printf("%-20s %6s %10.3f %10.3f %10.3f %8.3f %8.3f  %s\n", *name, sz, t_cb, t_pl, t_f,
                    t_f / t_pl, t_f / t_cb,
-                   jf.tl.tile_n == 256 ? "cooperative 256" : env_heavy ? "128 (ping-pong, or heavy overlap)" : "ping-pong 128");
+                   jf.tl.tile_n == 256 ? "cooperative 256"
+                   : env_heavy          ? "128 (heavy overlap: configuration 1, if a ring program)"
+                                        : "ping-pong 128");
             fflush(stdout);
             for (int i = 0; i < na; i++) {
                 if (ptrs[i]) CUDA_OK(cudaFree(ptrs[i]));

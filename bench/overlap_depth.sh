@@ -3,7 +3,8 @@
 # src/cuda/kernels/gemm_overlap.cuh, 1 by default): how many k-blocks of
 # wgmma a consumer leaves in flight, so how much tensor work a batch of the
 # held tile starts behind, and the heavy programs' way to it. One device
-# call, about 6 minutes (parts 1-2 about 3), logs under $OUT:
+# call, about 6 minutes (parts 1-2 about 3; its timeouts allow more than
+# a call's 10), logs under $OUT:
 #
 # 1. The rule's programs (gate/up's training form, QKV + RoPE) at the 1B
 #    and 8B shapes on their own configuration (3: 128 x 256, 4 stages):
@@ -73,11 +74,11 @@ done
 echo "== 3. the library's routing: A default, B CODA_DEBUG_OVERLAP_HEAVY=D"
 for d in 4 2; do
     run "heavy${d}_swiglu" 16384x8192x2048 CODA_BENCH_AB=heavy=$d CODA_BENCH_PROGRAMS=swiglu_bwd,swiglu_bwd_kept
-    run "heavy${d}_norm" 16384x2048x2048 CODA_BENCH_AB=heavy=$d CODA_BENCH_PROGRAMS=resid_norm,rmsnorm_bwd
+    run "heavy${d}_norm" 16384x2048x2048 CODA_BENCH_AB=heavy=$d CODA_BENCH_PROGRAMS=resid_norm,resid_add,rmsnorm_bwd
 done
 for h in 0 4; do
     echo "-- profile_block 1b, CODA_DEBUG_OVERLAP_HEAVY=$h"
-    CODA_DEBUG_OVERLAP_HEAVY=$h timeout 200 python3 bench/profile_block.py --shapes 1b --variants floor,coda+attn \
+    CODA_DEBUG_OVERLAP_HEAVY=$h timeout 150 python3 bench/profile_block.py --shapes 1b --variants floor,coda+attn \
         --sequence > "$OUT/profile_heavy$h.log" 2>&1
     echo "rc=$?"; grep -iE "busy|sum|total" "$OUT/profile_heavy$h.log" | head -6
 done

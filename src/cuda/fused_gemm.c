@@ -8,7 +8,8 @@
  *
  * Tiling on the GPU: tile_n is the mainloop's block width, 256 or 128 as
  * the plain GEMM would pick (cooperative schedule; a caller asking for 128
- * on a big problem gets the ping-pong schedule); tile_m is 128, the
+ * on a big problem gets the ping-pong schedule, unless the heavy-overlap
+ * experiment below is on); tile_m is 128, the
  * mainloop's block height: column partials are combined over the tile's
  * warps through shared memory (codegen.h). Row partials do not depend on
  * tile_m. */
@@ -22,20 +23,25 @@
 
 /* An experiment, off by default (tuning's heavy_overlap,
  * CODA_DEBUG_OVERLAP_HEAVY=D, not yet run on a GPU): the programs with
- * ring inputs (the heavy ones: resid_norm, swiglu_bwd, rmsnorm_bwd, ...)
- * spill with the epilogue overlap on the 128 x 256 tile and so run without
- * it (kernel_stats 3); on configuration 1 (128 x 128, 6 stages) their
- * overlapped kernels do not spill (kernel_stats 1, at wgmma depths 1 to 4).
- * With it, where the plain GEMM would take a 256-wide tile, such a program
- * runs on configuration 1 with its tile inputs read from global memory (no
- * ring: a batch would wait for its ring stage inside the k-loop) and the
- * overlap at depth D (kernels/gemm_overlap.cuh), which gives it the
- * accumulator rounded to bf16: what an unfused chain would store, not the
- * CPU backend's bits. bench/overlap_depth.sh measures it at kernel level. */
+ * ring inputs (the heavy ones: resid_add, resid_norm, swiglu_bwd(_kept),
+ * rmsnorm_bwd, ...) spill with the epilogue overlap on the 128 x 256 tile
+ * and so run without it (kernel_stats 3); on configuration 1 (128 x 128,
+ * 6 stages) their overlapped kernels do not spill (kernel_stats 1, NT and
+ * NN, at wgmma depths 1 to 4). With it, on a problem the plain GEMM would
+ * tile 256 wide and whose 128 x 128 tiles are at least two a
+ * multiprocessor (the overlap's own condition, gemm.c, so that the switch
+ * never turns the ring off without the overlap), such a program runs on
+ * configuration 1 with its tile inputs read from global memory (no ring: a
+ * batch would wait for its ring stage inside the k-loop) and the overlap
+ * at depth D (kernels/gemm_overlap.cuh), which gives it the accumulator
+ * rounded to bf16: what an unfused chain would store, not the CPU
+ * backend's bits. bench/overlap_depth.sh measures it. */
 #define HEAVY_CFG 1
 static int heavy_overlap(const coda_context_t *ctx, const coda_program_t *p, int64_t m, int64_t n, int sm_count) {
     if (!ctx->tuning.heavy_overlap || !p || coda__cuda_gemm_cfg_override(ctx) >= 0) return 0;
     if (coda__cuda_gemm_cfgs[coda__cuda_gemm_pick(m, n, 0, sm_count)].bn != 256) return 0;
+    const coda_cuda_gemm_cfg_t *c = &coda__cuda_gemm_cfgs[HEAVY_CFG];
+    if (coda__cdiv(m, c->bm) * coda__cdiv(n, c->bn) < 2 * (int64_t)sm_count) return 0;
     coda_ring_plan_t ring;
     coda__codegen_ring_plan(p, &ring);
     return ring.nbox > 0;
@@ -46,13 +52,17 @@ static int heavy_overlap(const coda_context_t *ctx, const coda_program_t *p, int
  * consumer's mainloop, 256 the cooperative one (the plain GEMM's pick);
  * 2-CTA clusters where there are enough tiles to fill the chip twice.
  * Tuning's gemm_cfg (benchmarking) overrides when its tile width matches;
- * then the heavy-overlap experiment (above). Returns -1 if no
- * configuration has tl.tile_n. */
+ * then the heavy-overlap experiment (above: *heavy set to 1). Returns -1
+ * if no configuration has tl.tile_n. */
 static int cfg_for_tiling(const coda_context_t *ctx, const coda_program_t *p, coda_tiling_t tl, int64_t m, int64_t n,
-                          int sm_count) {
+                          int sm_count, int *heavy) {
+    *heavy = 0;
     int forced = coda__cuda_gemm_cfg_override(ctx);
     if (forced >= 0 && coda__cuda_gemm_cfgs[forced].bn == tl.tile_n) return forced;
-    if (tl.tile_n == coda__cuda_gemm_cfgs[HEAVY_CFG].bn && heavy_overlap(ctx, p, m, n, sm_count)) return HEAVY_CFG;
+    if (tl.tile_n == coda__cuda_gemm_cfgs[HEAVY_CFG].bn && heavy_overlap(ctx, p, m, n, sm_count)) {
+        *heavy = 1;
+        return HEAVY_CFG;
+    }
     int pp = tl.tile_n == PINGPONG_TILE_N, best = -1;
     int pick = coda__cuda_gemm_pick(m, n, 0, sm_count); /* the plain GEMM's, if it fits */
     if (!pp && coda__cuda_gemm_cfgs[pick].bn == tl.tile_n) return pick;
@@ -171,8 +181,8 @@ coda_status_t coda__cuda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout
                           "needs %d on the GPU (coda_choose_tiling)", tiling.tile_m, GPU_TILE_M);
     coda_cuda_device_t *d;
     CODA_TRY(coda__cuda_device(ctx, a->device_index, &d));
-    int cfg = cfg_for_tiling(ctx, p, tiling, m, n, d->sm_count);
-    const int heavy = cfg == HEAVY_CFG && heavy_overlap(ctx, p, m, n, d->sm_count);
+    int heavy;
+    int cfg = cfg_for_tiling(ctx, p, tiling, m, n, d->sm_count, &heavy);
     if (cfg < 0)
         return coda__fail(CODA_ERR_UNSUPPORTED,
                           "fused GEMM on CUDA: tiling.tile_n %d; the GPU mainloop has 128 or 256",

@@ -181,6 +181,9 @@ static coda_status_t get_kernel(coda_context_t *ctx, coda_cuda_device_t *d, coda
         return CODA_OK;
     }
     uint64_t quick[2];
+    /* distinct fields: c_f32, store_c bits 0-1; cfg bits 2-5 (< 16); layout
+     * 6-7; sched 10-11; simple 12-13; a depth beyond 1 from bit 14 (0 for
+     * every default kernel, whose keys stay as they were) */
     uint32_t variant = (uint32_t)layout * 64u + (uint32_t)cfg_index * 4u + (uint32_t)store_c * 2u +
                        (uint32_t)c_f32 + (uint32_t)sched * 1024u + (uint32_t)simple * 4096u +
                        (uint32_t)(ov_depth > 1 ? ov_depth : 0) * 16384u;
@@ -209,8 +212,10 @@ static coda_status_t get_kernel(coda_context_t *ctx, coda_cuda_device_t *d, coda
         if ((simple & PLAIN_SIMPLE) && n_opts < CODA_CUDA_GEMM_MAX_OPTS) opts[n_opts++] = "-DCODA_PLAIN_SIMPLE=1";
         if ((simple & PLAIN_C_TAIL) && n_opts < CODA_CUDA_GEMM_MAX_OPTS) opts[n_opts++] = "-DCODA_C_TAIL=1";
         char depth[32];
-        snprintf(depth, sizeof depth, "-DCODA_OV_DEPTH=%d", ov_depth);
-        if (ov_depth > 1 && sched == CODA_SCHED_OVERLAP && n_opts < CODA_CUDA_GEMM_MAX_OPTS) opts[n_opts++] = depth;
+        if (ov_depth > 1 && sched == CODA_SCHED_OVERLAP && n_opts < CODA_CUDA_GEMM_MAX_OPTS) {
+            snprintf(depth, sizeof depth, "-DCODA_OV_DEPTH=%d", ov_depth);
+            opts[n_opts++] = depth;
+        }
         char xbuf[CODA_TUNING_OPTS_CAP + 64];
         n_opts = coda__cuda_extra_options(tu->extra_opts, opts, n_opts, CODA_CUDA_GEMM_MAX_OPTS, xbuf, sizeof xbuf);
         coda_status_t s = coda__cuda_kernel(ctx, d, src, opts, n_opts, "coda_gemm_kernel", quick, &f);
@@ -583,7 +588,9 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
     sk_params_t skp;
     memset(&skp, 0, sizeof skp);
     int64_t kiters = coda__cdiv(k, cfg->bk);
-    const int ov_depth = io ? io->ov_depth : 0; /* the heavy-overlap experiment's (fused_gemm.c) */
+    /* the heavy-overlap experiment (fused_gemm.c) takes the overlap though
+     * its program reads acc unrounded: to the rule, as if it did not */
+    const int ov_depth = io ? io->ov_depth : 0;
     CUfunction ofn = coda__cuda_overlap_candidate(store_c, cfg->pingpong, io ? io->nbox : -1,
                                                   io && (io->acc_bf16 || ov_depth), kiters, units, clusters,
                                                   ctx->tuning.epi_overlap, ctx->tuning.streamk)
@@ -616,7 +623,8 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
     if (ctx->tuning.log_launch)
         fprintf(stderr, "coda gemm: cfg %d %dx%d cluster %d, %lld units%s, grid %u, smem %zu, max clusters %d\n",
                 cfg_index, cfg->bm, cfg->bn, cfg->cluster_m, (long long)units,
-                overlap                ? " (epilogue overlap)"
+                overlap && ov_depth > 1 ? " (epilogue overlap, wgmma depth > 1)"
+                : overlap              ? " (epilogue overlap)"
                 : skp.dp_units == units ? ""
                 : split                 ? " (stream-K split tail)"
                                         : " (stream-K tail)",
