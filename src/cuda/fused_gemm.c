@@ -23,8 +23,9 @@
 
 /* An experiment, off by default (tuning's heavy_overlap,
  * CODA_DEBUG_OVERLAP_HEAVY=D, not yet run on a GPU): the programs with
- * ring inputs (the heavy ones: resid_add, resid_norm, swiglu_bwd(_kept),
- * rmsnorm_bwd, ...) spill with the epilogue overlap on the 128 x 256 tile
+ * ring inputs (among the built-in ones resid_add, resid_norm, swiglu_bwd,
+ * swiglu_bwd_kept and rmsnorm_bwd, the heavy ones; a user's program with
+ * tile inputs too) spill with the epilogue overlap on the 128 x 256 tile
  * and so run without it (kernel_stats 3); on configuration 1 (128 x 128,
  * 6 stages) their overlapped kernels do not spill (kernel_stats 1, NT and
  * NN, at wgmma depths 1 to 4). With it, on a problem the plain GEMM would
