@@ -167,8 +167,8 @@ static coda_status_t encode(const coda_context_t *ctx, CUtensorMap *map, const c
 /* The kernel for an epilogue, layout and config: the plain epilogue's are
  * remembered per device; others are found by a hash of the epilogue text
  * (cheap next to hashing the whole source), else compiled or read from the
- * disk cache. ov_depth: the overlapped kernel's CODA_OV_DEPTH where not its
- * default 1 (the heavy-overlap experiment, fused_gemm.c), else 0. */
+ * disk cache. ov_depth: the overlapped kernel's CODA_OV_DEPTH (the
+ * heavy-overlap experiment, fused_gemm.c); 0 or 1 the default kernel's. */
 static coda_status_t get_kernel(coda_context_t *ctx, coda_cuda_device_t *d, coda_layout_t layout,
                                 int cfg_index, int store_c, int c_f32, int sched, int simple, int ov_depth,
                                 const char *epilogue_src, const uint64_t *epilogue_key, CUfunction *fn) {
