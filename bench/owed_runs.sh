@@ -1,0 +1,41 @@
+#!/bin/bash
+# owed_runs.sh - the GPU runs issue 20 still owes, in one device call that
+# fits its 10 minutes on whichever card comes (the lent device's plain calls
+# land on an H100 or an H200; logs tarred into $OUT/logs.tgz, since only
+# eight files come back from a call):
+#
+#   H200: bench/run_block_model.sh (the block and model tables, which must
+#         come from the H200), test_epilogue_gpu small, then
+#         bench/overlap_depth.sh with the time left;
+#   else: test_epilogue_gpu (full: the heavy-overlap cases included), then
+#         bench/overlap_depth.sh (its A/B results hold per card).
+#
+#   bash bench/owed_runs.sh            # BUDGET=560 seconds by default
+# Carry .liger with the call (bench/liger_import.py).
+set -u
+FINAL=${OUT:-gpu-logs}; L=${LOGS:-/tmp/owed-logs}; mkdir -p "$L" "$FINAL"
+export CODA_CACHE_DIR=${CODA_CACHE_DIR:-/tmp/coda-cache}
+t0=$SECONDS
+left() { echo $((${BUDGET:-560} - (SECONDS - t0))); }
+name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+echo "device: ${name:-none}"
+[ -n "$name" ] || exit 3
+make -j16 lib build/tests/gpu/test_epilogue_gpu > "$L/build0.log" 2>&1 || tail -30 "$L/build0.log"
+echo "build: $((SECONDS - t0)) s"
+epi() {  # epi small|full SECONDS
+  echo "== test_epilogue_gpu $1"
+  timeout "$2" build/tests/gpu/test_epilogue_gpu "$1" > "$L/epi-$1.log" 2>&1
+  echo "rc=$? at $((SECONDS - t0)) s"
+  grep -E "FAIL" "$L/epi-$1.log" | head -20; tail -2 "$L/epi-$1.log"
+}
+case "$name" in
+  "NVIDIA H200"*)
+    OUT=$L timeout "$(left)" bash bench/run_block_model.sh
+    echo "block and model done at $((SECONDS - t0)) s"
+    epi small 60 ;;
+  *) epi full 200 ;;
+esac
+echo "== overlap_depth with $(left) s"
+OUT=$L timeout "$(left)" bash bench/overlap_depth.sh
+echo "end at $((SECONDS - t0)) s"
+tar czf "$FINAL/logs.tgz" -C "$L" .
