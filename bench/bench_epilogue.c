@@ -61,7 +61,6 @@
  * (the plain column of a program row is from that pairing); at 2048 the
  * operands rotate over 4 sets so that timings do not come from L2. Needs an
  * sm_90a GPU. */
-#pragma GCC diagnostic ignored "-Wunused-function"
 #include "harness.h"
 
 #include <cublas_v2.h>

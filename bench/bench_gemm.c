@@ -13,8 +13,6 @@
  * 10 warm-up runs, median of 50 timed runs, coda and cuBLAS interleaved run
  * by run (same clocks for both); input sets rotated when one set fits in L2. Random inputs (never zeros). Each shape's coda output is
  * checked against cuBLAS's (relative norm error on a sample of rows). */
-#pragma GCC diagnostic ignored "-Wunused-function"
-#pragma GCC diagnostic ignored "-Wunused-variable"
 #include "harness.h"
 
 #include <cublas_v2.h>

@@ -36,7 +36,6 @@
  * memory runs many times slower than its arithmetic suggests, so this is
  * the first thing to look at when bench_epilogue shows a program far above
  * the plain GEMM; ptxas also reports here if it had to serialize wgmma. */
-#pragma GCC diagnostic ignored "-Wunused-function"
 #include "harness.h"
 
 #ifdef CODA_WITH_CUDA

@@ -8,7 +8,6 @@
  *     qkv and r1 as the block's own prologue makes them;
  *   - bad input (workspace too small or misaligned, shapes, overlap, NULL)
  *     refused with nothing written. */
-#pragma GCC diagnostic ignored "-Wunused-function" /* uses few of the harness's helpers */
 #include "harness.h"
 #include "layer/attention.h"
 #include "layer/llama.h"

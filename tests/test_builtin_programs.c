@@ -1,15 +1,7 @@
 /* test_builtin_programs.c - every built-in program of the layer parses,
  * verifies, and round-trips through the printer; the declared arguments are
  * the ones the layer binds; the CUDA code generator accepts it. */
-/* Uses few of the harness helpers. */
-#if defined(__GNUC__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wunused-function"
-#endif
 #include "harness.h"
-#if defined(__GNUC__)
-#pragma GCC diagnostic pop
-#endif
 #include "codegen/codegen.h"
 
 /* name, then the expected arguments "name:kind:space" (kind as coda_arg_kind_t) */

@@ -2,15 +2,7 @@
  * reference layer (tests/oracle/reference.c): y, loss, dx and every weight
  * gradient, each within 2 x (error of the bf16 unfused computation) + 1e-6 of
  * float64 (docs/testing.md). Also the pack helpers and bad arguments. */
-/* Uses few of the harness helpers. */
-#if defined(__GNUC__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wunused-function"
-#endif
 #include "harness.h"
-#if defined(__GNUC__)
-#pragma GCC diagnostic pop
-#endif
 #include "oracle/llama_check.h"
 
 static coda_llama_config_t small_cfg(void) {

@@ -8,7 +8,6 @@
  * rule pick what they should. Needs the CUDA toolkit, not a GPU: CI runs
  * it, so an NVRTC regression (or crash) shows there and not in a user's
  * process. */
-#pragma GCC diagnostic ignored "-Wunused-function"
 #include "harness.h"
 
 #ifdef CODA_WITH_CUDA

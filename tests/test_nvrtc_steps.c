@@ -9,7 +9,6 @@
  * without a GPU (no driver, or "not CUDA device memory"); the host bytes
  * must be unchanged either way. Empty calls (no rows) succeed without a
  * device. tests/gpu/test_steps_gpu.c runs the kernels. */
-#pragma GCC diagnostic ignored "-Wunused-function"
 #include "harness.h"
 
 #ifdef CODA_WITH_CUDA

@@ -9,8 +9,6 @@
  *   7. random mutations of good programs never crash, and round-trip if OK
  *   8. the example files in tests/programs/
  */
-/* harness.h has helpers for numeric tests that this one does not use */
-#pragma GCC diagnostic ignored "-Wunused-function"
 #include "harness.h"
 
 #include <dirent.h>

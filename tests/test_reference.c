@@ -4,15 +4,8 @@
  * every weight and of the input, with and without the LM head, the loss term
  * and the dy term; its bf16-unfused mode differs from float64 by a
  * bf16-sized amount; bad arguments are refused; inputs are never modified. */
-/* This test works in float64 and uses few of the harness helpers. */
-#if defined(__GNUC__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wunused-function"
-#endif
+/* This test works in float64. */
 #include "harness.h"
-#if defined(__GNUC__)
-#pragma GCC diagnostic pop
-#endif
 #include "oracle/reference.h"
 
 static double urand(h_rng *r) { return (double)rng_uniform(r); }

@@ -15,7 +15,6 @@
  * overlap's cases (kernels/gemm_overlap.cuh) also compare every output bit
  * for bit with the ordinary kernel on rounded accumulators, and check that
  * each launch took the overlap. Needs an sm_90a GPU. */
-#pragma GCC diagnostic ignored "-Wunused-function"
 #include "harness.h"
 
 #include "gpu/cuda_check.h"

@@ -6,7 +6,6 @@
  * Fresh random data for every case, outputs poisoned with NaN before the
  * run. The error versus a float64 reference must be within twice the error of
  * the CPU backend's (docs/testing.md). Needs an sm_90a GPU. */
-#pragma GCC diagnostic ignored "-Wunused-function"
 #include "harness.h"
 
 #include <pthread.h>

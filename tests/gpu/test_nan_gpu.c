@@ -10,7 +10,6 @@
  * itself. Shapes: N a multiple of 16 (N16 form), N % 16 == 8 (even form),
  * N odd (general form, programs without column pairs); tile_n 128 and 256;
  * ping-pong and cooperative schedules. Needs an sm_90a GPU. */
-#pragma GCC diagnostic ignored "-Wunused-function"
 #include "harness.h"
 
 #include "gpu/cuda_check.h"

@@ -30,7 +30,6 @@
  *   test_steps_gpu small    no M = 1000 shapes, no timing (compute-sanitizer)
  *
  * Needs an sm_90a GPU. The output ends with "N checks, 0 failures". */
-#pragma GCC diagnostic ignored "-Wunused-function"
 #include "guard.h"
 
 #ifdef CODA_WITH_CUDA
@@ -89,7 +88,6 @@ static float nz(h_rng *r, float scale) {
     return v != 0.0f ? v : scale * 0.5f;
 }
 
-static int bf_ord(uint16_t b) { return (b & 0x8000) ? -(int)(b & 0x7fff) : (int)b; }
 static int bf_nan(uint16_t b) { return (b & 0x7fff) > 0x7f80; }
 
 /* bf16 arrays bit for bit, NaN as NaN (payloads may differ) */
