@@ -1,5 +1,5 @@
 """setup.py - the one step pyproject.toml cannot say: build libcoda.so with
-make and put it inside the package (coda/libcoda.so), where coda/__init__.py
+make and put it inside the package (coda/libcoda.so), where coda/_lib.py
 looks for it first after $CODA_LIB."""
 import os
 import shutil

@@ -1,6 +1,6 @@
 /* print_layouts.c - the C side of tests/test_binding_layout.py.
  *
- * The Python binding (python/coda/__init__.py) restates coda.h's structures
+ * The Python binding (python/coda/_lib.py) restates coda.h's structures
  * and enum values with ctypes, and tests/test_layer_torch.py restates the
  * leading fields of the reference layer (tests/oracle/reference.h). ctypes
  * cannot read a C header, so nothing but a test keeps the two in step: this

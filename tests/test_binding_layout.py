@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """test_binding_layout.py - the ctypes mirrors of C structures match C.
 
-The binding (python/coda/__init__.py) restates coda.h's structures and enum
+The binding (python/coda/_lib.py) restates coda.h's structures and enum
 values by hand, and tests/oracle/reference.py the leading fields of the
 reference layer. A mismatch would not fail loudly: a call would read the
 wrong bytes. tests/print_layouts.c ($CODA_PRINT_LAYOUTS, which `make
