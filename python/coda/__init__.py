@@ -26,10 +26,10 @@ coda.ops and coda.attention_ops, the modules coda.nn.
 """
 
 from ._lib import *  # noqa: F401,F403 (each part's public names)
-from ._lib import _check, _float, _int  # noqa: F401 (for coda.ops, coda.nn and the tests)
+from ._lib import _check, _dense_1d, _float, _int  # noqa: F401 (for coda.ops, coda.nn and the tests)
 from ._core import *  # noqa: F401,F403
 from ._layer import *  # noqa: F401,F403
-from ._layer import _check_packed, _config_copy, _dense_1d, _weight_shapes  # noqa: F401
+from ._layer import _check_packed, _config_copy, _weight_shapes  # noqa: F401
 from ._lm_loss import *  # noqa: F401,F403
 from ._lm_loss import _lm_targets  # noqa: F401
 from ._attention import *  # noqa: F401,F403

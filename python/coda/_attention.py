@@ -4,8 +4,8 @@ import ctypes
 
 import torch
 
-from ._lib import AttentionShape, DEVICE_CPU, DEVICE_CUDA, _check, _device, _int, _opt, _stream, lib
-from ._lm_loss import _workspace, _workspace_bytes
+from ._lib import (AttentionShape, DEVICE_CPU, DEVICE_CUDA, _check, _device, _int, _opt, _stream, _workspace,
+    _workspace_bytes, lib)
 
 
 def _attn_shape(batch, seq, n_heads, n_kv_heads, head_dim):

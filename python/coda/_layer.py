@@ -6,7 +6,7 @@ import ctypes
 import torch
 
 from ._lib import (BLOCK_CALLS, BlockActs, DEVICE_CPU, DEVICE_CUDA, LlamaConfig, LlamaWeights, _VP,
-    _WEIGHT_NAMES, _check, _cuda0, _device, _float, _int, _opt, _ref, _stream, describe_tensor, lib)
+    _WEIGHT_NAMES, _check, _cuda0, _dense_1d, _device, _float, _int, _opt, _ref, _stream, describe_tensor, lib)
 from ._core import gemm
 
 
@@ -151,15 +151,6 @@ def _weights_struct(w):
     return s
 
 
-def _dense_1d(t):
-    """A 1-D tensor with element stride 1, as C reads it. torch calls a
-    one-element tensor contiguous whatever its stride (a batch-1 slice
-    t[:, -1] keeps the row's stride), so .contiguous() may keep a stride C
-    refuses; such a tensor is copied."""
-    t = t.contiguous()
-    return t if t.dim() != 1 or t.stride(0) == 1 else t.clone(memory_format=torch.contiguous_format)
-
-
 def _targets(targets, device):
     """Cross-entropy targets as the int32 tensor C reads. Floats and bools
     -> TypeError (a class index is an integer); values outside int32 ->
@@ -272,7 +263,7 @@ class Block:
         self.ctx, self.cfg = ctx, _config_copy(cfg)
         dev = _cuda0(_device(device), "device")
         self.device = torch.device("cuda", 0) if dev.type == "cuda" else torch.device("cpu")
-        d, nq = self.cfg.d, self.cfg.n_heads * self.cfg.head_dim
+        nq = self.cfg.n_heads * self.cfg.head_dim
         self.nq, self.nqkv = nq, nq + 2 * self.cfg.n_kv_heads * self.cfg.head_dim
         h = _VP()
         _check(lib.coda_block_create(ctx.handle, ctypes.byref(self.cfg),

@@ -428,3 +428,32 @@ def _layout(layout):
             raise ValueError("coda: layout must be one of nt, nn, tn (got %r)" % layout)
         return LAYOUTS[layout.lower()]
     return _int(layout, "layout", _C_INT_BITS)  # an enum value; C checks which
+
+
+def _workspace(nbytes, device):
+    """(buffer, 256-byte aligned pointer) of nbytes on device. torch's CUDA
+    allocator gives 512-byte aligned blocks; its CPU one 64: then 256 more
+    bytes are taken and the pointer moved."""
+    buf = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
+    if buf.data_ptr() % 256:
+        buf = torch.empty(nbytes + 256, dtype=torch.uint8, device=device)
+    return buf, ctypes.c_void_p(buf.data_ptr() + (-buf.data_ptr()) % 256)
+
+
+def _workspace_bytes(workspace, fn):
+    """The bytes a caller's workspace tensor holds, as the C call is told:
+    only a contiguous tensor's numel x element size are its own (an expanded
+    or strided view would claim memory past or between its elements)."""
+    if not workspace.is_contiguous():
+        raise ValueError("coda: %s: workspace must be contiguous (shape %s, strides %s)"
+                         % (fn, tuple(workspace.shape), workspace.stride()))
+    return workspace.numel() * workspace.element_size()
+
+
+def _dense_1d(t):
+    """A 1-D tensor with element stride 1, as C reads it. torch calls a
+    one-element tensor contiguous whatever its stride (a batch-1 slice
+    t[:, -1] keeps the row's stride), so .contiguous() may keep a stride C
+    refuses; such a tensor is copied."""
+    t = t.contiguous()
+    return t if t.dim() != 1 or t.stride(0) == 1 else t.clone(memory_format=torch.contiguous_format)

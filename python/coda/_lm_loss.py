@@ -4,8 +4,8 @@ import ctypes
 
 import torch
 
-from ._lib import DEVICE_CPU, DEVICE_CUDA, LMLossOptions, _check, _device, _int, _opt, _stream, lib
-from ._layer import _dense_1d
+from ._lib import (DEVICE_CPU, DEVICE_CUDA, LMLossOptions, _check, _dense_1d, _device, _int, _opt, _stream,
+    _workspace, _workspace_bytes, lib)
 
 
 def lm_loss_options(opts=None, **fields):
@@ -76,26 +76,6 @@ def _lm_targets(targets, device, ignore_index):
             t = t.masked_fill(bad, -1)
         t = t.to(torch.int32)
     return _dense_1d(t)
-
-
-def _workspace(nbytes, device):
-    """(buffer, 256-byte aligned pointer) of nbytes on device. torch's CUDA
-    allocator gives 512-byte aligned blocks; its CPU one 64: then 256 more
-    bytes are taken and the pointer moved."""
-    buf = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
-    if buf.data_ptr() % 256:
-        buf = torch.empty(nbytes + 256, dtype=torch.uint8, device=device)
-    return buf, ctypes.c_void_p(buf.data_ptr() + (-buf.data_ptr()) % 256)
-
-
-def _workspace_bytes(workspace, fn):
-    """The bytes a caller's workspace tensor holds, as the C call is told:
-    only a contiguous tensor's numel x element size are its own (an expanded
-    or strided view would claim memory past or between its elements)."""
-    if not workspace.is_contiguous():
-        raise ValueError("coda: %s: workspace must be contiguous (shape %s, strides %s)"
-                         % (fn, tuple(workspace.shape), workspace.stride()))
-    return workspace.numel() * workspace.element_size()
 
 
 def lm_loss(ctx, x, w, targets, loss=None, total=None, dx=None, dw=None, opts=None, workspace=None, **fields):
