@@ -19,14 +19,6 @@
  *                                  or wherever the kernel can (1); A as
  *                                  CODA_DEBUG_OVERLAP says (default: the
  *                                  measured rule)
- *   CODA_BENCH_AB="heavy=4" bench_epilogue ...   A/B of the heavy-overlap
- *                                  experiment (src/cuda/fused_gemm.c): B
- *                                  with tuning's heavy_overlap = D (1..4;
- *                                  its own tiling and arguments: a ring
- *                                  program on a big problem gets 128-wide
- *                                  tiles); A as CODA_DEBUG_OVERLAP_HEAVY says
- *                                  (a program without tile inputs, or D the
- *                                  same as A's, times one kernel twice)
  *   CODA_BENCH_AB_CHECK=1 (with an option A/B)   also runs A twice and B
  *                                  twice from the same arguments and
  *                                  compares every argument bit for bit
@@ -107,7 +99,6 @@ typedef struct job {
     const char *opts; /* CODA_DEBUG_OPTS for this job's runs ("": none) */
     const char *cfg;  /* CODA_GEMM_CFG for this job's runs (NULL: none) */
     int overlap;      /* tuning's epi_overlap for this job's runs (-2: the process's) */
-    int heavy;        /* tuning's heavy_overlap for this job's runs (-1: the process's) */
 } job_t;
 
 static void run_once(job_t *j, int it);
@@ -169,24 +160,20 @@ static int listed(const char *list, const char *name) {
 static char run_opts[512]; /* CODA_DEBUG_OPTS as the process started: every job's but B's */
 
 static int env_overlap; /* tuning's epi_overlap as the process started (CODA_DEBUG_OVERLAP) */
-static int env_heavy;   /* tuning's heavy_overlap as the process started (CODA_DEBUG_OVERLAP_HEAVY) */
 /* The job's extra NVRTC options, configuration and overlap, set through the
  * context's tuning (tests/tuning.h) when they change; time_jobs calls this
  * before each run's first event, so nothing of it sits inside a timed run. */
 static void use_opts(const job_t *j) {
     static const char *cur, *cur_cfg;
-    static int set, cur_ov, cur_heavy;
+    static int set, cur_ov;
     const char *want = j->opts ? j->opts : run_opts;
     const int ov = j->overlap == -2 ? env_overlap : j->overlap;
-    const int heavy = j->heavy == -1 ? env_heavy : j->heavy;
     if (!set || want != cur) tune_opts(ctx, want);
     if (!set || j->cfg != cur_cfg) tune_cfg_str(ctx, j->cfg);
     if (!set || ov != cur_ov) tune_overlap(ctx, ov);
-    if (!set || heavy != cur_heavy) tune_heavy_overlap(ctx, heavy);
     cur = want;
     cur_cfg = j->cfg;
     cur_ov = ov;
-    cur_heavy = heavy;
     set = 1;
 }
 
@@ -357,11 +344,6 @@ int main(int argc, char **argv) {
         fprintf(stderr, "CODA_BENCH_AB=overlap=N: N is 0 or 1\n");
         return 2;
     }
-    const char *ab_heavy = ab && strncmp(ab, "heavy=", 6) == 0 ? ab + 6 : NULL;
-    if (ab_heavy && (ab_heavy[0] < '0' || ab_heavy[0] > '4' || ab_heavy[1])) {
-        fprintf(stderr, "CODA_BENCH_AB=heavy=D: D is 0 (off) or 1..4\n");
-        return 2;
-    }
     char ab_opts[600] = "";
     if (ab_cfg) {
         /* a configuration gemm.c takes (else B would be A again), and no
@@ -374,7 +356,7 @@ int main(int argc, char **argv) {
             fprintf(stderr, "CODA_BENCH_AB=cfg=N: unset CODA_GEMM_CFG (A runs the default configuration)\n");
             return 2;
         }
-    } else if (ab && !ab_ov && !ab_heavy) {
+    } else if (ab && !ab_ov) {
         /* gemm.c takes up to 4 options, each at most 60 characters, and
          * ignores the rest: refuse those rather than time two equal kernels */
         snprintf(ab_opts, sizeof ab_opts, "%s%s%s", run_opts, *run_opts ? " " : "", ab);
@@ -393,8 +375,8 @@ int main(int argc, char **argv) {
     /* CODA_BENCH_AB_CHECK: for an option A/B only (cfg=N has its own
      * tiling and partials); A and B then both run CODA_GEMM_CFG */
     const int ab_check = getenv("CODA_BENCH_AB_CHECK") != NULL;
-    if (ab_check && (!ab || ab_cfg || ab_heavy)) {
-        fprintf(stderr, "CODA_BENCH_AB_CHECK needs CODA_BENCH_AB=\"-D...\" or overlap=N (not cfg=N or heavy=D)\n");
+    if (ab_check && (!ab || ab_cfg)) {
+        fprintf(stderr, "CODA_BENCH_AB_CHECK needs CODA_BENCH_AB=\"-D...\" or overlap=N (not cfg=N)\n");
         return 2;
     }
     const char *base_cfg = ab_check ? getenv("CODA_GEMM_CFG") : NULL;
@@ -427,7 +409,6 @@ int main(int argc, char **argv) {
         return 1;
     }
     env_overlap = coda__get_tuning(ctx).epi_overlap;
-    env_heavy = coda__get_tuning(ctx).heavy_overlap;
     if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) {
         fprintf(stderr, "cublasCreate failed\n");
         return 1;
@@ -452,7 +433,6 @@ int main(int argc, char **argv) {
         base.m = m, base.n = n, base.k = k;
         base.cfg = base_cfg;
         base.overlap = -2;
-        base.heavy = -1;
         /* operands rotate over 4 sets where one set would sit in L2 */
         base.nsets = (m + n) * k * 2 <= ((int64_t)32 << 20) ? 4 : 1;
         for (int s = 0; s < base.nsets; s++) {
@@ -501,12 +481,11 @@ int main(int argc, char **argv) {
             /* B: the same kernel with an option, or another configuration
              * with its own tiling and arguments */
             job_t jb = jf;
-            jb.opts = ab_cfg || ab_ov || ab_heavy ? NULL : ab_opts;
+            jb.opts = ab_cfg || ab_ov ? NULL : ab_opts;
             if (ab_ov) jb.overlap = ab_ov[0] - '0';
-            if (ab_heavy) jb.heavy = ab_heavy[0] - '0';
-            if (ab_cfg || ab_heavy) {
+            if (ab_cfg) {
                 jb.cfg = ab_cfg;
-                use_opts(&jb); /* the tiling follows CODA_GEMM_CFG or heavy_overlap */
+                use_opts(&jb); /* the tiling follows CODA_GEMM_CFG */
                 REQUIRE_OK(coda_choose_program_tiling(ctx, CODA_DEVICE_CUDA, CODA_LAYOUT_NT, m, n, k, p, &jb.tl));
                 use_opts(&jf);
                 bind_args(&jb, &r, bind_b, ptrs_b);
@@ -539,10 +518,7 @@ int main(int argc, char **argv) {
                 timeline(&tf, "fused");
             }
             if (!only && !ab) printf("%-20s %6s %10.3f %10.3f %10.3f %8.3f %8.3f  %s\n", *name, sz, t_cb, t_pl, t_f,
-                   t_f / t_pl, t_f / t_cb,
-                   jf.tl.tile_n == 256 ? "cooperative 256"
-                   : env_heavy          ? "128 (heavy overlap: configuration 1, if a ring program)"
-                                        : "ping-pong 128");
+                   t_f / t_pl, t_f / t_cb, jf.tl.tile_n == 128 ? "ping-pong 128" : "cooperative 256");
             fflush(stdout);
             for (int i = 0; i < na; i++) {
                 if (ptrs[i]) CUDA_OK(cudaFree(ptrs[i]));

@@ -486,9 +486,7 @@ CODA_API coda_status_t coda_choose_tiling(coda_context_t *ctx, coda_device_t dev
  * than the alternative for every built-in program (H200, bench/HISTORY.md);
  * a caller may still pass tile_n 128, which on big problems runs the
  * ping-pong schedule (one consumer warpgroup's epilogue beside the other's
- * mainloop). (An experiment off by default, CODA_DEBUG_OVERLAP_HEAVY,
- * gives programs with tile inputs 128 on big problems: docs/gpu.md.) The
- * CPU's tiling is the same either way. */
+ * mainloop). The CPU's tiling is the same either way. */
 CODA_API coda_status_t coda_choose_program_tiling(coda_context_t *ctx, coda_device_t device,
                                                   coda_layout_t layout, int64_t m, int64_t n, int64_t k,
                                                   const coda_program_t *program, coda_tiling_t *tiling);

@@ -3,7 +3,6 @@
  * with a message naming the problem, and leaves every buffer the caller owns
  * byte-identical (all buffers are snapshotted before and compared after). */
 #include "harness.h"
-#include "tuning.h"
 
 /* ---- buffers under watch ---- */
 #define MAX_BUF 32
@@ -422,31 +421,6 @@ static void bad_tiling(void) {
     CHECK(u.tile_n == 256, "swiglu_bwd on CUDA at 8192: tile_n %d, want 256 (cooperative)", u.tile_n);
     CHECK_OK(coda_choose_program_tiling(ctx, CODA_DEVICE_CUDA, CODA_LAYOUT_NT, 8192, 8192, 8192, light, &u));
     CHECK(u.tile_n == 256, "resid_add on CUDA at 8192: tile_n %d, want 256 (cooperative)", u.tile_n);
-    /* the heavy-overlap experiment (src/cuda/fused_gemm.c): a program with
-     * ring inputs on a big problem gets configuration 1's 128-wide tile, one
-     * without keeps 256; so does a problem the plain GEMM tiles 256 wide
-     * but with fewer 128 x 128 tiles than two a multiprocessor (2048 x
-     * 2048: 256 of them, against 2 x 132; the overlap would not run there);
-     * off again, everything as before */
-    coda_program_t *gateup = NULL;
-    REQUIRE_OK(coda_program_parse(coda_builtin_program("gateup_swiglu"), &gateup));
-    coda_tiling_t mid_before, mid_heavy;
-    CHECK_OK(coda_choose_program_tiling(ctx, CODA_DEVICE_CUDA, CODA_LAYOUT_NT, 2048, 2048, 2048, heavy, &mid_before));
-    CHECK(mid_before.tile_n == 256, "swiglu_bwd at 2048: tile_n %d, want 256", mid_before.tile_n);
-    tune_heavy_overlap(ctx, 4);
-    CHECK_OK(coda_choose_program_tiling(ctx, CODA_DEVICE_CUDA, CODA_LAYOUT_NN, 16384, 8192, 2048, heavy, &u));
-    CHECK(u.tile_n == 128, "swiglu_bwd, heavy overlap on, 16384 x 8192: tile_n %d, want 128", u.tile_n);
-    CHECK_OK(coda_choose_program_tiling(ctx, CODA_DEVICE_CUDA, CODA_LAYOUT_NT, 16384, 16384, 2048, gateup, &u));
-    CHECK(u.tile_n == 256, "gateup_swiglu (no ring inputs), heavy overlap on: tile_n %d, want 256", u.tile_n);
-    CHECK_OK(coda_choose_program_tiling(ctx, CODA_DEVICE_CUDA, CODA_LAYOUT_NT, 2048, 2048, 2048, heavy, &mid_heavy));
-    CHECK(mid_heavy.tile_n == 256, "swiglu_bwd at 2048, heavy overlap on: tile_n %d, want 256", mid_heavy.tile_n);
-    CHECK_OK(coda_choose_program_tiling(ctx, CODA_DEVICE_CUDA, CODA_LAYOUT_NT, 2048, 4224, 2048, heavy, &u));
-    CHECK(u.tile_n == 128, "swiglu_bwd at 2048 x 4224 (16 x 33 tiles of 128), heavy overlap on: tile_n %d, want 128",
-          u.tile_n);
-    tune_heavy_overlap(ctx, 0);
-    CHECK_OK(coda_choose_program_tiling(ctx, CODA_DEVICE_CUDA, CODA_LAYOUT_NN, 16384, 8192, 2048, heavy, &u));
-    CHECK(u.tile_n == 256, "swiglu_bwd, heavy overlap off again: tile_n %d, want 256", u.tile_n);
-    coda_program_free(gateup);
     coda_program_free(heavy);
     coda_program_free(light);
 #endif

@@ -55,32 +55,25 @@ static void compile_in_harness(const char *name, const char *epi, int stage) {
     free(src);
 }
 
-/* The real thing: generated epilogue spliced into the Hopper mainloop;
- * extra: one more compile option (an experiment's switch), or NULL. */
-static void compile_in_mainloop_opt(const char *name, const char *epi, coda_layout_t layout, int cfg, int sched,
-                                    const char *extra) {
+/* The real thing: generated epilogue spliced into the Hopper mainloop. */
+static void compile_in_mainloop(const char *name, const char *epi, coda_layout_t layout, int cfg, int sched) {
     char *src = coda__cuda_gemm_source(epi);
     CHECK(src != NULL, "%s: kernel source assembles: %s", name, coda_last_error());
     if (!src) return;
-    const char *opts[CODA_CUDA_GEMM_MAX_OPTS + 1];
+    const char *opts[CODA_CUDA_GEMM_MAX_OPTS];
     char optbuf[512];
     int n = coda__cuda_gemm_options(layout, &coda__cuda_gemm_cfgs[cfg], 0, 0, sched, opts, optbuf, sizeof optbuf);
-    if (extra) opts[n++] = extra;
     char *cubin = NULL;
     size_t size = 0;
     double t0 = now();
     coda_status_t s = coda__nvrtc_compile(src, opts, n, &cubin, &size);
     CHECK(s == CODA_OK, "%s compiles in the mainloop (layout %d, cfg %d): %s", name, (int)layout, cfg,
           coda_last_error());
-    printf("  %-28s mainloop layout %d cfg %d%s%s%s: %s (%zu bytes, %.1f s)\n", name, (int)layout, cfg,
+    printf("  %-28s mainloop layout %d cfg %d%s: %s (%zu bytes, %.1f s)\n", name, (int)layout, cfg,
            sched == CODA_SCHED_STREAMK ? " stream-K" : sched == CODA_SCHED_OVERLAP ? " epilogue overlap" : "",
-           extra ? " " : "", extra ? extra : "", s == CODA_OK ? "ok" : "FAILED", size, now() - t0);
+           s == CODA_OK ? "ok" : "FAILED", size, now() - t0);
     free(cubin);
     free(src);
-}
-
-static void compile_in_mainloop(const char *name, const char *epi, coda_layout_t layout, int cfg, int sched) {
-    compile_in_mainloop_opt(name, epi, layout, cfg, sched, NULL);
 }
 
 /* The form a fused GEMM runs: N16 only with every tile argument 16-byte
@@ -173,19 +166,9 @@ static void check_program(const char *name, const char *text, int in_mainloop) {
             /* the epilogue overlap (gemm_overlap.cuh: no ring inputs, so the
              * N16 form), on both tile widths of the cooperative schedule */
             compile_in_mainloop(name, n16, CODA_LAYOUT_NT, 3, CODA_SCHED_OVERLAP);
-            if (strcmp(name, "gateup_swiglu_train") == 0) {
+            if (strcmp(name, "gateup_swiglu_train") == 0)
                 compile_in_mainloop(name, n16, CODA_LAYOUT_TN, 1, CODA_SCHED_OVERLAP);
-                /* its experiment, a deeper wgmma queue (bench/overlap_depth.sh):
-                 * the most each configuration's stages allow */
-                compile_in_mainloop_opt(name, n16, CODA_LAYOUT_NT, 3, CODA_SCHED_OVERLAP, "-DCODA_OV_DEPTH=2");
-                compile_in_mainloop_opt(name, n16, CODA_LAYOUT_NT, 1, CODA_SCHED_OVERLAP, "-DCODA_OV_DEPTH=4");
-            }
         }
-        /* the heavy-overlap experiment's kernel (src/cuda/fused_gemm.c): a
-         * ring program's N16 form overlapped on configuration 1, at the
-         * depth its 6 stages allow at most, in the down dgrad's layout */
-        if (n16 && strcmp(name, "swiglu_bwd") == 0)
-            compile_in_mainloop_opt(name, n16, CODA_LAYOUT_NN, 1, CODA_SCHED_OVERLAP, "-DCODA_OV_DEPTH=4");
         /* tile inputs through the stage ring: active on the cooperative
          * schedule (cfg 3), read from global memory on ping-pong (cfg 5) */
         coda_ring_plan_t rp;

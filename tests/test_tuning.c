@@ -15,8 +15,7 @@ int main(void) {
                                         "CODA_DEBUG_ATTN_STAGES", "CODA_DEBUG_ATTN_PIPE",
                                         "CODA_DEBUG_ATTN_FWD_STAGES", "CODA_DEBUG_ATTN_FWD_APART",
                                         "CODA_DEBUG_ATTN_FWD_PERSIST", "CODA_DEBUG_ATTN_BWD_PARTS", "CODA_DEBUG_ATTN_BWD_ORDER",
-                                        "CODA_DEBUG_ATTN_FWD_CONSUMERS", "CODA_DEBUG_OVERLAP",
-                                        "CODA_DEBUG_OVERLAP_HEAVY"};
+                                        "CODA_DEBUG_ATTN_FWD_CONSUMERS", "CODA_DEBUG_OVERLAP"};
     const int n_names = (int)(sizeof names / sizeof names[0]);
     for (int i = 0; i < n_names; i++) unsetenv(names[i]);
 
@@ -27,7 +26,7 @@ int main(void) {
               !t.no_ring && !t.log_launch && !t.extra_opts[0] && t.code_key == 0 && t.attn_stages == 0 &&
               t.attn_pipe == -1 && t.attn_fwd_stages == 0 && t.attn_fwd_apart == -1 && t.attn_bwd_parts == 0 &&
               t.attn_bwd_order == -1 && t.attn_fwd_persist == -1 && t.attn_fwd_consumers == 0 &&
-              t.epi_overlap == -1 && t.heavy_overlap == 0,
+              t.epi_overlap == -1,
           "defaults: cfg %d streamk %d clusters %d l2 %d attn stages %d pipe %d", t.gemm_cfg, t.streamk, t.clusters,
           t.l2_promotion, t.attn_stages, t.attn_pipe);
 
@@ -42,16 +41,15 @@ int main(void) {
                                       "CODA_DEBUG_ATTN_PIPE", "0", "CODA_DEBUG_ATTN_FWD_STAGES", "3",
                                       "CODA_DEBUG_ATTN_FWD_APART", "1", "CODA_DEBUG_ATTN_BWD_PARTS", "h",
                                       "CODA_DEBUG_ATTN_BWD_ORDER", "4", "CODA_DEBUG_ATTN_FWD_PERSIST", "1",
-                                      "CODA_DEBUG_ATTN_FWD_CONSUMERS", "3", "CODA_DEBUG_OVERLAP", "0",
-                                      "CODA_DEBUG_OVERLAP_HEAVY", "4"};
-    with_env(env, 34);
+                                      "CODA_DEBUG_ATTN_FWD_CONSUMERS", "3", "CODA_DEBUG_OVERLAP", "0"};
+    with_env(env, 32);
     REQUIRE_OK(coda_context_create(NULL, &ctx));
     t = coda__get_tuning(ctx);
     CHECK(t.gemm_cfg == 4 && t.streamk == CODA_STREAMK_ALL && t.clusters == 64 && t.l2_promotion == 1 &&
               t.no_ring && t.log_launch && strcmp(t.extra_opts, "-DX=1 -DY=2") == 0 && t.code_key != 0 &&
               t.attn_stages == 4 && t.attn_pipe == 0 && t.attn_fwd_stages == 3 && t.attn_fwd_apart == 1 &&
               t.attn_bwd_parts == -1 && t.attn_bwd_order == 4 && t.attn_fwd_persist == 1 &&
-              t.attn_fwd_consumers == 3 && t.epi_overlap == 0 && t.heavy_overlap == 4,
+              t.attn_fwd_consumers == 3 && t.epi_overlap == 0,
           "from the environment: cfg %d streamk %d clusters %d l2 %d opts '%s'", t.gemm_cfg, t.streamk,
           t.clusters, t.l2_promotion, t.extra_opts);
     uint64_t key = t.code_key;
@@ -69,16 +67,15 @@ int main(void) {
                                       "CODA_DEBUG_ATTN_PIPE", "2", "CODA_DEBUG_ATTN_FWD_STAGES", "4",
                                       "CODA_DEBUG_ATTN_FWD_APART", "x", "CODA_DEBUG_ATTN_BWD_PARTS", "9",
                                       "CODA_DEBUG_ATTN_BWD_ORDER", "12", "CODA_DEBUG_ATTN_FWD_PERSIST", "2",
-                                      "CODA_DEBUG_ATTN_FWD_CONSUMERS", "4", "CODA_DEBUG_OVERLAP", "2",
-                                      "CODA_DEBUG_OVERLAP_HEAVY", "5"};
+                                      "CODA_DEBUG_ATTN_FWD_CONSUMERS", "4", "CODA_DEBUG_OVERLAP", "2"};
     for (int i = 0; i < n_names; i++) unsetenv(names[i]);
-    with_env(odd, 28);
+    with_env(odd, 26);
     REQUIRE_OK(coda_context_create(NULL, &ctx));
     t = coda__get_tuning(ctx);
     CHECK(t.gemm_cfg == -1 && t.streamk == CODA_STREAMK_AUTO && t.l2_promotion == 3 && t.clusters == 0 &&
               t.attn_stages == 0 && t.attn_pipe == -1 && t.attn_fwd_stages == 0 && t.attn_fwd_apart == -1 &&
               t.attn_bwd_parts == 0 && t.attn_bwd_order == -1 && t.attn_fwd_persist == -1 &&
-              t.attn_fwd_consumers == 0 && t.epi_overlap == -1 && t.heavy_overlap == 0,
+              t.attn_fwd_consumers == 0 && t.epi_overlap == -1,
           "unspelled values: cfg %d streamk %d l2 %d clusters %d attn stages %d pipe %d", t.gemm_cfg, t.streamk,
           t.l2_promotion, t.clusters, t.attn_stages, t.attn_pipe);
     for (int i = 0; i < n_names; i++) unsetenv(names[i]);
@@ -108,7 +105,6 @@ int main(void) {
     REFUSE_EACH(attn_bwd_parts, 9, -2);
     REFUSE_EACH(attn_bwd_order, 10, -2);
     REFUSE_EACH(epi_overlap, 2, -2);
-    REFUSE_EACH(heavy_overlap, 5, -1);
 #undef REFUSE_EACH
     bad = before;
     memset(bad.extra_opts, 'x', sizeof bad.extra_opts);

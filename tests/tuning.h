@@ -46,13 +46,6 @@ static inline void tune_overlap(coda_context_t *ctx, int mode) {
     t.epi_overlap = mode;
     tune_set(ctx, &t);
 }
-/* The heavy-overlap experiment (src/cuda/fused_gemm.c): 0 off, 1..4 its
- * wgmma depth. */
-static inline void tune_heavy_overlap(coda_context_t *ctx, int depth) {
-    coda__tuning_t t = coda__get_tuning(ctx);
-    t.heavy_overlap = depth;
-    tune_set(ctx, &t);
-}
 /* Extra NVRTC options for every GEMM kernel (NULL or "": none). */
 static inline void tune_opts(coda_context_t *ctx, const char *opts) {
     coda__tuning_t t = coda__get_tuning(ctx);

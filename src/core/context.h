@@ -36,7 +36,6 @@ typedef struct coda__tuning {
     int no_ring;         /* CODA_DEBUG_NO_RING: tile inputs never through the stage ring  */
     int log_launch;      /* CODA_DEBUG_LAUNCH: each GEMM launch's grid printed to stderr  */
     int epi_overlap;     /* CODA_DEBUG_OVERLAP=0|1: a fused GEMM's epilogues beside the k-loop never (0), wherever the kernel can (1); -1 by the measured rule (src/cuda/gemm.c) */
-    int heavy_overlap;   /* CODA_DEBUG_OVERLAP_HEAVY=D (experiment): fused GEMMs with ring inputs on configuration 1, ring off, overlapped at wgmma depth D (1..4; src/cuda/fused_gemm.c); 0 off */
     int attn_mma;        /* CODA_DEBUG_ATTN_MMA: attention on the mma.sync kernels       */
     int attn_split_bwd;  /* CODA_DEBUG_ATTN_SPLIT_BWD: the wgmma backward as its dk/dv and dq kernels */
     int attn_stages;     /* CODA_DEBUG_ATTN_STAGES: the wgmma backward's ring, 2..4 stages; 0 default */

@@ -32,8 +32,6 @@ void coda__tuning_from_env(coda__tuning_t *t) {
     t->log_launch = getenv("CODA_DEBUG_LAUNCH") != NULL;
     c = one_char("CODA_DEBUG_OVERLAP");
     t->epi_overlap = c == '0' || c == '1' ? c - '0' : -1;
-    c = one_char("CODA_DEBUG_OVERLAP_HEAVY");
-    if (c >= '1' && c <= '4') t->heavy_overlap = c - '0';
     t->attn_mma = getenv("CODA_DEBUG_ATTN_MMA") != NULL;
     t->attn_split_bwd = getenv("CODA_DEBUG_ATTN_SPLIT_BWD") != NULL;
     c = one_char("CODA_DEBUG_ATTN_STAGES");
@@ -69,8 +67,6 @@ coda_status_t coda__set_tuning(coda_context_t *ctx, const coda__tuning_t *t) {
         return coda__fail(CODA_ERR_INVALID_ARG, "tuning: attn_stages %d is not 0 (default) or 2..4", t->attn_stages);
     if (t->epi_overlap < -1 || t->epi_overlap > 1)
         return coda__fail(CODA_ERR_INVALID_ARG, "tuning: epi_overlap %d is not -1 (default), 0 or 1", t->epi_overlap);
-    if (t->heavy_overlap < 0 || t->heavy_overlap > 4)
-        return coda__fail(CODA_ERR_INVALID_ARG, "tuning: heavy_overlap %d is not 0 (off) or 1..4", t->heavy_overlap);
     if (t->attn_pipe < -1 || t->attn_pipe > 1)
         return coda__fail(CODA_ERR_INVALID_ARG, "tuning: attn_pipe %d is not -1 (default), 0 or 1", t->attn_pipe);
     if (t->attn_fwd_stages != 0 && (t->attn_fwd_stages < 2 || t->attn_fwd_stages > 3))

@@ -275,10 +275,7 @@ int coda__cuda_gemm_options(coda_layout_t layout, const coda_cuda_gemm_cfg_t *cf
  *           to be device memory of a's device before the launch
  *   acc_bf16  the program reads the accumulator only rounded to bf16
  *           (coda__program_acc_bf16): the epilogue overlap gives it the
- *           same bits, so the launch may take it
- *   ov_depth  the heavy-overlap experiment (fused_gemm.c): the launch may
- *           take the overlap at this wgmma depth though the program reads
- *           acc unrounded (0: not this experiment) */
+ *           same bits, so the launch may take it */
 typedef struct coda_cuda_epi_io {
     int nbox;
     const coda_tensor_t *tensor[CODA_RING_MAX_BOX];
@@ -290,7 +287,6 @@ typedef struct coda_cuda_epi_io {
     const coda_tensor_t *bound[CODA_EPI_MAX_ARGS]; /* NULL: not a tensor */
     const char *bound_name[CODA_EPI_MAX_ARGS];     /* its argument's name, for messages */
     int acc_bf16;
-    int ov_depth;
 } coda_cuda_epi_io_t;
 
 /* Run the GEMM with an epilogue: the epilogue source defines struct

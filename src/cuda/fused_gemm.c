@@ -8,8 +8,7 @@
  *
  * Tiling on the GPU: tile_n is the mainloop's block width, 256 or 128 as
  * the plain GEMM would pick (cooperative schedule; a caller asking for 128
- * on a big problem gets the ping-pong schedule, unless the heavy-overlap
- * experiment below is on); tile_m is 128, the
+ * on a big problem gets the ping-pong schedule); tile_m is 128, the
  * mainloop's block height: column partials are combined over the tile's
  * warps through shared memory (codegen.h). Row partials do not depend on
  * tile_m. */
@@ -21,49 +20,15 @@
 #define GPU_TILE_M 128 /* CODA_BM */
 #define PINGPONG_TILE_N 128 /* the ping-pong schedule's tile width */
 
-/* An experiment, off by default (tuning's heavy_overlap,
- * CODA_DEBUG_OVERLAP_HEAVY=D, not yet run on a GPU): the programs with
- * ring inputs (among the built-in ones resid_add, resid_norm, swiglu_bwd,
- * swiglu_bwd_kept and rmsnorm_bwd, the heavy ones; a user's program with
- * tile inputs too) spill with the epilogue overlap on the 128 x 256 tile
- * and so run without it (kernel_stats 3); on configuration 1 (128 x 128,
- * 6 stages) their overlapped kernels do not spill (kernel_stats 1, NT and
- * NN, at wgmma depths 1 to 4). With it, on a problem the plain GEMM would
- * tile 256 wide and whose 128 x 128 tiles are at least two a
- * multiprocessor (the overlap's own condition, gemm.c, so that the switch
- * never turns the ring off without the overlap), such a program runs on
- * configuration 1 with its tile inputs read from global memory (no ring: a
- * batch would wait for its ring stage inside the k-loop) and the overlap
- * at depth D (kernels/gemm_overlap.cuh), which gives it the accumulator
- * rounded to bf16: what an unfused chain would store, not the CPU
- * backend's bits. bench/overlap_depth.sh measures it. */
-#define HEAVY_CFG 1
-static int heavy_overlap(const coda_context_t *ctx, const coda_program_t *p, int64_t m, int64_t n, int sm_count) {
-    if (!ctx->tuning.heavy_overlap || !p || coda__cuda_gemm_cfg_override(ctx) >= 0) return 0;
-    if (coda__cuda_gemm_cfgs[coda__cuda_gemm_pick(m, n, 0, sm_count)].bn != 256) return 0;
-    const coda_cuda_gemm_cfg_t *c = &coda__cuda_gemm_cfgs[HEAVY_CFG];
-    if (coda__cdiv(m, c->bm) * coda__cdiv(n, c->bn) < 2 * (int64_t)sm_count) return 0;
-    coda_ring_plan_t ring;
-    coda__codegen_ring_plan(p, &ring);
-    return ring.nbox > 0;
-}
-
 /* Configuration index for a tiling: tile_n 128 runs the ping-pong schedule
  * (gemm_mainloop.cuh), which hides each tile's epilogue behind the other
  * consumer's mainloop, 256 the cooperative one (the plain GEMM's pick);
  * 2-CTA clusters where there are enough tiles to fill the chip twice.
- * Tuning's gemm_cfg (benchmarking) overrides when its tile width matches;
- * then the heavy-overlap experiment (above: *heavy set to 1). Returns -1
- * if no configuration has tl.tile_n. */
-static int cfg_for_tiling(const coda_context_t *ctx, const coda_program_t *p, coda_tiling_t tl, int64_t m, int64_t n,
-                          int sm_count, int *heavy) {
-    *heavy = 0;
+ * Tuning's gemm_cfg (benchmarking) overrides when its tile width matches.
+ * Returns -1 if no configuration has tl.tile_n. */
+static int cfg_for_tiling(const coda_context_t *ctx, coda_tiling_t tl, int64_t m, int64_t n, int sm_count) {
     int forced = coda__cuda_gemm_cfg_override(ctx);
     if (forced >= 0 && coda__cuda_gemm_cfgs[forced].bn == tl.tile_n) return forced;
-    if (tl.tile_n == coda__cuda_gemm_cfgs[HEAVY_CFG].bn && heavy_overlap(ctx, p, m, n, sm_count)) {
-        *heavy = 1;
-        return HEAVY_CFG;
-    }
     int pp = tl.tile_n == PINGPONG_TILE_N, best = -1;
     int pick = coda__cuda_gemm_pick(m, n, 0, sm_count); /* the plain GEMM's, if it fits */
     if (!pp && coda__cuda_gemm_cfgs[pick].bn == tl.tile_n) return pick;
@@ -87,8 +52,9 @@ coda_status_t coda__cuda_choose_tiling(coda_context_t *ctx, int index, int64_t m
      * ping-pong for every built-in program at M = N = K = 4096 and 8192 on
      * an H200 (bench/HISTORY.md). On small problems the plain pick may be
      * 128, which cfg_for_tiling maps to the ping-pong configurations (not
-     * measured against the cooperative 128 there). p: the heavy-overlap
-     * experiment's per-program choice (above). */
+     * measured against the cooperative 128 there). p is kept for a
+     * per-program choice. */
+    (void)p;
     coda_cuda_device_t *d;
     coda__error_kept_t kept; /* no device is not a failure here: the caller's last error stays */
     coda__error_keep(&kept);
@@ -98,7 +64,6 @@ coda_status_t coda__cuda_choose_tiling(coda_context_t *ctx, int index, int64_t m
     tiling->tile_n = coda__cuda_gemm_cfgs[coda__cuda_gemm_pick(m, n, k, sm_count)].bn;
     int forced = coda__cuda_gemm_cfg_override(ctx); /* as in cfg_for_tiling */
     if (forced >= 0) tiling->tile_n = coda__cuda_gemm_cfgs[forced].bn;
-    if (heavy_overlap(ctx, p, m, n, sm_count)) tiling->tile_n = coda__cuda_gemm_cfgs[HEAVY_CFG].bn;
     return CODA_OK;
 }
 
@@ -182,8 +147,7 @@ coda_status_t coda__cuda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout
                           "needs %d on the GPU (coda_choose_tiling)", tiling.tile_m, GPU_TILE_M);
     coda_cuda_device_t *d;
     CODA_TRY(coda__cuda_device(ctx, a->device_index, &d));
-    int heavy;
-    int cfg = cfg_for_tiling(ctx, p, tiling, m, n, d->sm_count, &heavy);
+    int cfg = cfg_for_tiling(ctx, tiling, m, n, d->sm_count);
     if (cfg < 0)
         return coda__fail(CODA_ERR_UNSUPPORTED,
                           "fused GEMM on CUDA: tiling.tile_n %d; the GPU mainloop has 128 or 256",
@@ -212,8 +176,7 @@ coda_status_t coda__cuda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout
     const char *src = NULL; /* generated and hashed once per program and form */
     const uint64_t *key = NULL;
     coda_ring_plan_t rp;
-    coda_cg_form_t form =
-        coda__cuda_fused_form(p, bound, n, coda__cuda_gemm_cfgs[cfg].pingpong || ctx->tuning.no_ring || heavy, &rp);
+    coda_cg_form_t form = coda__cuda_fused_form(p, bound, n, coda__cuda_gemm_cfgs[cfg].pingpong || ctx->tuning.no_ring, &rp);
     CODA_TRY(coda__codegen_cuda_cached(p, form, &src, &key));
     coda_epi_params_t params;
     fill_params(p, bound, scalars, m, n, &params);
@@ -233,7 +196,6 @@ coda_status_t coda__cuda_gemm_epilogue(coda_context_t *ctx, coda_layout_t layout
         io.store_cols[s] = sp.cols[s];
     }
     io.acc_bf16 = coda__program_acc_bf16(p);
-    io.ov_depth = heavy ? ctx->tuning.heavy_overlap : 0;
     io.nbound = p->n_args;
     for (int i = 0; i < p->n_args; i++) {
         io.bound[i] = bound[i];

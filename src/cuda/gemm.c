@@ -167,10 +167,9 @@ static coda_status_t encode(const coda_context_t *ctx, CUtensorMap *map, const c
 /* The kernel for an epilogue, layout and config: the plain epilogue's are
  * remembered per device; others are found by a hash of the epilogue text
  * (cheap next to hashing the whole source), else compiled or read from the
- * disk cache. ov_depth: the overlapped kernel's CODA_OV_DEPTH (the
- * heavy-overlap experiment, fused_gemm.c); 0 or 1 the default kernel's. */
+ * disk cache. */
 static coda_status_t get_kernel(coda_context_t *ctx, coda_cuda_device_t *d, coda_layout_t layout,
-                                int cfg_index, int store_c, int c_f32, int sched, int simple, int ov_depth,
+                                int cfg_index, int store_c, int c_f32, int sched, int simple,
                                 const char *epilogue_src, const uint64_t *epilogue_key, CUfunction *fn) {
     const char *plain = coda__cuda_source("epi_plain.cuh");
     const coda__tuning_t *tu = &ctx->tuning;
@@ -181,12 +180,8 @@ static coda_status_t get_kernel(coda_context_t *ctx, coda_cuda_device_t *d, coda
         return CODA_OK;
     }
     uint64_t quick[2];
-    /* distinct fields: c_f32, store_c bits 0-1; cfg bits 2-5 (< 16); layout
-     * 6-7; sched 10-11; simple 12-13; a depth beyond 1 from bit 14 (0 for
-     * every default kernel, whose keys stay as they were) */
     uint32_t variant = (uint32_t)layout * 64u + (uint32_t)cfg_index * 4u + (uint32_t)store_c * 2u +
-                       (uint32_t)c_f32 + (uint32_t)sched * 1024u + (uint32_t)simple * 4096u +
-                       (uint32_t)(ov_depth > 1 ? ov_depth : 0) * 16384u;
+                       (uint32_t)c_f32 + (uint32_t)sched * 1024u + (uint32_t)simple * 4096u;
     uint64_t key[2];
     if (epilogue_key) {
         key[0] = epilogue_key[0];
@@ -211,11 +206,6 @@ static coda_status_t get_kernel(coda_context_t *ctx, coda_cuda_device_t *d, coda
                                              c_f32, sched, opts, optbuf, sizeof optbuf);
         if ((simple & PLAIN_SIMPLE) && n_opts < CODA_CUDA_GEMM_MAX_OPTS) opts[n_opts++] = "-DCODA_PLAIN_SIMPLE=1";
         if ((simple & PLAIN_C_TAIL) && n_opts < CODA_CUDA_GEMM_MAX_OPTS) opts[n_opts++] = "-DCODA_C_TAIL=1";
-        char depth[32];
-        if (ov_depth > 1 && sched == CODA_SCHED_OVERLAP && n_opts < CODA_CUDA_GEMM_MAX_OPTS) {
-            snprintf(depth, sizeof depth, "-DCODA_OV_DEPTH=%d", ov_depth);
-            opts[n_opts++] = depth;
-        }
         char xbuf[CODA_TUNING_OPTS_CAP + 64];
         n_opts = coda__cuda_extra_options(tu->extra_opts, opts, n_opts, CODA_CUDA_GEMM_MAX_OPTS, xbuf, sizeof xbuf);
         coda_status_t s = coda__cuda_kernel(ctx, d, src, opts, n_opts, "coda_gemm_kernel", quick, &f);
@@ -231,14 +221,13 @@ static coda_status_t get_kernel(coda_context_t *ctx, coda_cuda_device_t *d, coda
  * admits (coda__cuda_overlap_candidate), if it has its own say too: no
  * local memory (spills), unless tuning forces it. NULL: the ordinary
  * kernel runs, also where the overlapped one does not build (the error it
- * set is not the launch's). ov_depth: as get_kernel's. */
+ * set is not the launch's). */
 static CUfunction overlap_kernel(coda_context_t *ctx, coda_cuda_device_t *d, coda_layout_t layout, int cfg_index,
-                                 int ov_depth, const char *epilogue_src, const uint64_t *epilogue_key) {
+                                 const char *epilogue_src, const uint64_t *epilogue_key) {
     CUfunction f = NULL;
     coda__error_kept_t kept;
     coda__error_keep(&kept);
-    if (get_kernel(ctx, d, layout, cfg_index, 0, 0, CODA_SCHED_OVERLAP, 0, ov_depth, epilogue_src, epilogue_key,
-                   &f) != CODA_OK)
+    if (get_kernel(ctx, d, layout, cfg_index, 0, 0, CODA_SCHED_OVERLAP, 0, epilogue_src, epilogue_key, &f) != CODA_OK)
         f = NULL;
     coda__error_restore(&kept);
     int local = -1;
@@ -566,7 +555,7 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
     if (cfg->cluster_m > 1) {
         if (!d->max_clusters[cfg_index]) {
             int mc = 0;
-            CODA_TRY(get_kernel(ctx, d, layout, cfg_index, store_c, c_f32, CODA_SCHED_TILES, simple, 0, epilogue_src,
+            CODA_TRY(get_kernel(ctx, d, layout, cfg_index, store_c, c_f32, CODA_SCHED_TILES, simple, epilogue_src,
                                 epilogue_key, &fn));
             lc.gridDimX = (unsigned)(clusters * cfg->cluster_m);
             if (cu->cu.OccupancyMaxActiveClusters &&
@@ -588,13 +577,10 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
     sk_params_t skp;
     memset(&skp, 0, sizeof skp);
     int64_t kiters = coda__cdiv(k, cfg->bk);
-    /* the heavy-overlap experiment (fused_gemm.c) takes the overlap though
-     * its program reads acc unrounded: to the rule, as if it did not */
-    const int ov_depth = io ? io->ov_depth : 0;
-    CUfunction ofn = coda__cuda_overlap_candidate(store_c, cfg->pingpong, io ? io->nbox : -1,
-                                                  io && (io->acc_bf16 || ov_depth), kiters, units, clusters,
-                                                  ctx->tuning.epi_overlap, ctx->tuning.streamk)
-                         ? overlap_kernel(ctx, d, layout, cfg_index, ov_depth, epilogue_src, epilogue_key)
+    CUfunction ofn = coda__cuda_overlap_candidate(store_c, cfg->pingpong, io ? io->nbox : -1, io && io->acc_bf16,
+                                                  kiters, units, clusters, ctx->tuning.epi_overlap,
+                                                  ctx->tuning.streamk)
+                         ? overlap_kernel(ctx, d, layout, cfg_index, epilogue_src, epilogue_key)
                          : NULL;
     const int overlap = ofn != NULL;
     if (overlap) fn = ofn;
@@ -618,13 +604,12 @@ static coda_status_t launch(coda_context_t *ctx, coda_cuda_device_t *d, coda_lay
     /* the stream-K kernel is a variant of its own (gemm_mainloop.cuh) */
     if (ws || !fn)
         CODA_TRY(get_kernel(ctx, d, layout, cfg_index, store_c, c_f32, ws ? CODA_SCHED_STREAMK : CODA_SCHED_TILES,
-                            simple, 0, epilogue_src, epilogue_key, &fn));
+                            simple, epilogue_src, epilogue_key, &fn));
     void *args[] = {&map_a, &map_b, &map_c, &Mi, &Ni, &Ki, (void *)params, &rp, &sm, &skp};
     if (ctx->tuning.log_launch)
         fprintf(stderr, "coda gemm: cfg %d %dx%d cluster %d, %lld units%s, grid %u, smem %zu, max clusters %d\n",
                 cfg_index, cfg->bm, cfg->bn, cfg->cluster_m, (long long)units,
-                overlap && ov_depth > 1 ? " (epilogue overlap, wgmma depth > 1)"
-                : overlap              ? " (epilogue overlap)"
+                overlap                ? " (epilogue overlap)"
                 : skp.dp_units == units ? ""
                 : split                 ? " (stream-K split tail)"
                                         : " (stream-K tail)",

@@ -213,10 +213,6 @@ static int cooperative;
  * cases, which need 2-CTA clusters on a small problem) */
 static int force_cfg = -1;
 
-/* 1: the tiling is the program's (coda_choose_program_tiling), which the
- * heavy-overlap experiment (src/cuda/fused_gemm.c) makes 128 wide */
-static int program_tiling;
-
 /* 1: A[0][0] is NaN, so accumulator row 0 is NaN in every column: the
  * reductions must carry it into the row-0 partials and the column
  * partials of the first row tile, on the GPU as on the CPU. */
@@ -289,12 +285,7 @@ static void run_case(const char *text, coda_layout_t layout, int64_t m, int64_t 
     pad_rows = n % 2 != 0;
     coda_tiling_t tl;
     tune_cfg(ctx, -1);
-    if (program_tiling) {
-        REQUIRE_OK(coda_choose_program_tiling(ctx, CODA_DEVICE_CUDA, layout, m, n, k, p, &tl));
-        CHECK(tl.tile_n == 128, "heavy overlap: the program's tiling is %dx%d, want 128 wide", tl.tile_m, tl.tile_n);
-    } else {
-        REQUIRE_OK(coda_choose_tiling(ctx, CODA_DEVICE_CUDA, layout, m, n, k, &tl));
-    }
+    REQUIRE_OK(coda_choose_tiling(ctx, CODA_DEVICE_CUDA, layout, m, n, k, &tl));
     if (tile_n) tl.tile_n = tile_n;
     if (cooperative) tune_cfg_str(ctx, tl.tile_n == 256 ? "0" : "1");
     if (force_cfg >= 0) tune_cfg(ctx, force_cfg);
@@ -356,10 +347,7 @@ static void run_case(const char *text, coda_layout_t layout, int64_t m, int64_t 
             if (!describe_arg(p, i, m, n, &tl).out) continue;
             void *got = h_alloc(bufs[i].bytes), *again = h_alloc(bufs[i].bytes);
             CUDA_OK(cudaMemcpy(got, bufs[i].dev.data, bufs[i].bytes, cudaMemcpyDeviceToHost));
-            /* the heavy-overlap cases too: their rounded accumulators must
-             * stay within the CPU comparison's bounds */
-            if (!overlap_bits || program_tiling || coda__program_acc_bf16(p))
-                compare(name, &bufs[i].host, got, bufs[i].bytes);
+            if (!overlap_bits || coda__program_acc_bf16(p)) compare(name, &bufs[i].host, got, bufs[i].bytes);
             if (strncmp(text, "program rowpart\n", 16) == 0 && strcmp(name, "sv") == 0) /* the sums: same bits */
                 CHECK(memcmp(got, bufs[i].host.data, bufs[i].bytes) == 0, "rowpart: GPU sums differ from the CPU's bits");
             /* further runs give the same bits (no atomics, fixed orders);
@@ -672,30 +660,6 @@ int main(int argc, char **argv) {
         tune_clusters(ctx, 0);
         force_cfg = -1;
         tune_streamk(ctx, CODA_STREAMK_AUTO);
-    }
-    /* the heavy-overlap experiment (src/cuda/fused_gemm.c, tuning's
-     * heavy_overlap), routed by the library itself: a ring program on a
-     * problem the plain GEMM tiles 256 wide (16 x 9 such tiles) gets
-     * configuration 1's 128-wide tiling, runs without the ring and takes
-     * the overlap (run_case checks that the launch did) at wgmma depth 4
-     * and 2, with 9 k-blocks (a batch after k-blocks 1, 3, 5 and 7) and 3
-     * (all after the last); every output within the CPU comparison's
-     * bounds and bit for bit against the same routing with the overlap off
-     * on rounded accumulators */
-    {
-        static const char *const heavy[] = {"swiglu_bwd", "rmsnorm_bwd", "resid_norm", "swiglu_bwd_kept"};
-        overlap_bits = 1;
-        program_tiling = 1;
-        for (int depth = 4; depth >= (small ? 4 : 2); depth -= 2) {
-            tune_heavy_overlap(ctx, depth);
-            for (int i = 0; i < 4; i++) {
-                run_case(coda_builtin_program(heavy[i]), CODA_LAYOUT_NN, 2048, 2304, 520, 0);
-                if (!small && depth == 4) run_case(coda_builtin_program(heavy[i]), CODA_LAYOUT_NT, 2048, 2304, 136, 0);
-            }
-        }
-        tune_heavy_overlap(ctx, 0);
-        program_tiling = 0;
-        overlap_bits = 0;
     }
     /* an odd number of row tiles in 2-CTA clusters (33 x 5 and 33 x 9
      * tiles): the last pair's second CTA runs a tile wholly below M, which

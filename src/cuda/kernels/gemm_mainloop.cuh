@@ -366,11 +366,7 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                 coda_epi_begin(epi, ht, hst, hpre);
                 coda_epi_vload(epi, ht, 0, 0, hvin);
             }
-#if CODA_OV_DEPTH == 1
             int done = -1; /* the ring position of the k-block before: freed once its wgmma is done */
-#else
-            const int first = it; /* this tile's first ring position */
-#endif
             for (int kb = kb_begin; kb < kb_end; kb++) {
                 const int s = it % CODA_STAGES;
                 coda_mbar_wait(FULL(s), (it / CODA_STAGES) & 1);
@@ -396,25 +392,13 @@ coda_gemm_kernel(const __grid_constant__ coda_tmap tma_a, const __grid_constant_
                         coda_epi_preload(epi, coda_tile_view(M, N, tm, tn, trow, c, tid, scratch, cbufs), pre);
                     }
                 }
-#if CODA_OV_DEPTH == 1
                 coda_wgmma_wait(1);
                 if (done >= 0 && CODA_IS_ARRIVER) coda_stage_release(EMPTY(done % CODA_STAGES));
                 done = mine;
-#else /* the k-blocks before the last CODA_OV_DEPTH are done: free their stages */
-                coda_wgmma_wait(CODA_OV_DEPTH);
-                if (mine - CODA_OV_DEPTH >= first && CODA_IS_ARRIVER)
-                    coda_stage_release(EMPTY((mine - CODA_OV_DEPTH) % CODA_STAGES));
-#endif
             }
             coda_wgmma_wait(0);
             CODA_FENCE_ACC(acc);
-#if CODA_OV_DEPTH == 1
             if (done >= 0 && CODA_IS_ARRIVER) coda_stage_release(EMPTY(done % CODA_STAGES));
-#else
-            if (CODA_IS_ARRIVER)
-                for (int i = it - CODA_OV_DEPTH > first ? it - CODA_OV_DEPTH : first; i < it; i++)
-                    coda_stage_release(EMPTY(i % CODA_STAGES));
-#endif
 #pragma unroll
             for (int i = 0; i < CODA_BN / 4; i++) held[i] = coda_pack_bf16x2(acc[0][2 * i], acc[0][2 * i + 1]);
             htm = tm, htn = tn, hrow = trow, hpre = pre, have = 1;

@@ -32,21 +32,6 @@
 #error "CODA_EPI_OVERLAP runs a tile as batches of 4 column chunks (32 columns)"
 #endif
 
-/* An experiment (off by default, stop 64, not yet run on a GPU): the
- * wgmma groups a consumer leaves in flight after issuing each k-block
- * (CODA_OV_DEPTH; 1, the ordinary k-loop's, is the default). A batch is
- * covered only by the wgmma queued when it starts; with 2 it starts with
- * about two k-blocks queued, not one, at the price of D - 1 stages fewer
- * for the producer to fill ahead (so at most CODA_STAGES - 2, for speed:
- * up to CODA_STAGES - 1 would not deadlock). The same wgmma in the same
- * order: the same bits. */
-#ifndef CODA_OV_DEPTH
-#define CODA_OV_DEPTH 1
-#endif
-#if CODA_OV_DEPTH < 1 || CODA_OV_DEPTH > CODA_STAGES - 2
-#error "CODA_OV_DEPTH: 1 .. CODA_STAGES - 2"
-#endif
-
 #define CODA_OV_NB (CODA_BN / 32) /* batches of a tile, 32 columns each: the pieces it runs in */
 
 /* The k-block after which batch b runs: spread evenly over the tile, one
