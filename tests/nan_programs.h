@@ -1,9 +1,9 @@
 /* nan_programs.h - the NaN rule's test programs, one or more per primitive
  * class, shared by tests/test_epilogue_nan.c (the CPU backend against the
  * rule itself) and tests/gpu/test_nan_gpu.c (the GPU against the CPU). Each
- * keeps to 16 arguments, the GPU's limit. Inputs x and y are made finite
- * where they are not NaN: p = |x| + 1.5 and q = |y| + 0.75 keep every map
- * finite where its argument is. */
+ * keeps to 16 arguments, the GPU's limit. The map programs take
+ * p = |x| + 1.5 and q = |y| + 0.75, finite wherever x and y are, so that a
+ * NaN out comes from a NaN in. */
 #ifndef CODA_TEST_NAN_PROGRAMS_H
 #define CODA_TEST_NAN_PROGRAMS_H
 

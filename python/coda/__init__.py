@@ -34,6 +34,17 @@ from ._lm_loss import *  # noqa: F401,F403
 from ._lm_loss import _lm_targets  # noqa: F401
 from ._attention import *  # noqa: F401,F403
 
+
+def _own_classes():
+    """The parts' classes say they are coda's (coda.Error in a traceback,
+    coda.PackedWeights in a pickle), not a private module's."""
+    for v in list(globals().values()):
+        if isinstance(v, type) and v.__module__.startswith(__name__ + "._"):
+            v.__module__ = __name__
+
+
+_own_classes()
+
 __all__ = [
     "Error", "Context", "Program", "LlamaConfig", "Llama", "describe_tensor", "gemm",
     "gemm_epilogue", "choose_tiling", "finish_reduce", "finish_rstd", "finish_lse",

@@ -1,5 +1,5 @@
 /* test_nan_gpu.c - the NaN rule (coda.h sections 5 and 7) on the GPU: the
- * programs of tests/test_epilogue_nan.c, one per primitive class, with NaN
+ * programs of tests/nan_programs.h, one per primitive class, with NaN
  * (and infinities) put into their inputs and accumulators, run on the GPU
  * and on the CPU backend with the same tiling; every output element must
  * be of the same class on both (finite, NaN, +inf, -inf: NaN exactly where
