@@ -8,12 +8,13 @@ import os
 import torch
 
 from ._lib import (ARG_KINDS, Binding, ContextOptions, DEVICE_CPU, DEVICE_CUDA, REDUCE, SPACES, Tiling,
-    _C_INT_BITS, _VP, _check, _cstr, _cuda0, _device, _float, _int, _layout, _opt, _ref, _stream,
+    _C_INT_BITS, _Handle, _VP, _check, _cstr, _cuda0, _device, _float, _int, _layout, _opt, _ref, _stream,
     describe_tensor, lib)
 
 
-class Context:
+class Context(_Handle):
     """coda_context_t: the backends. Context(cpu_threads=0, cache_dir=None)."""
+    _free = "coda_context_free"
 
     def __init__(self, cpu_threads=0, cache_dir=None):
         if cache_dir is not None:
@@ -41,14 +42,6 @@ class Context:
     def has_cuda(self):
         return bool(lib.coda_context_has_cuda(self._h))
 
-    def close(self):
-        if getattr(self, "_h", None):
-            lib.coda_context_free(self._h)
-            self._h = None
-
-    def __del__(self):
-        self.close()
-
 
 # ---------------------------------------------------------------------------
 # Plain GEMM, programs, fused GEMM, finishing steps
@@ -62,9 +55,10 @@ def gemm(ctx, layout, a, b, c, alpha=1.0, beta=0.0):
     return c
 
 
-class Program:
+class Program(_Handle):
     """An epilogue program. Program(text) parses and verifies it; str(p) is
     its printed text; p.args lists (name, kind, dtype, space, reduce)."""
+    _free = "coda_program_free"
 
     def __init__(self, text):
         # a NUL would end the C string early and the rest would be dropped
@@ -116,14 +110,6 @@ class Program:
         _check(lib.coda_program_arg_info(self._h, i, ctypes.byref(name), ctypes.byref(kind),
                                          ctypes.byref(dtype), ctypes.byref(space), ctypes.byref(red)))
         return ARG_KINDS[kind.value]
-
-    def close(self):
-        if getattr(self, "_h", None):
-            lib.coda_program_free(self._h)
-            self._h = None
-
-    def __del__(self):
-        self.close()
 
 
 def choose_tiling(ctx, device, layout, m, n, k, program=None):

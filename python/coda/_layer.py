@@ -5,8 +5,8 @@ import ctypes
 
 import torch
 
-from ._lib import (BLOCK_CALLS, BlockActs, DEVICE_CPU, DEVICE_CUDA, LlamaConfig, LlamaWeights, _VP,
-    _WEIGHT_NAMES, _check, _cuda0, _dense_1d, _device, _float, _int, _opt, _ref, _stream, describe_tensor, lib)
+from ._lib import (BLOCK_CALLS, BlockActs, DEVICE_CPU, DEVICE_CUDA, LlamaConfig, LlamaWeights, _Handle,
+    _VP, _WEIGHT_NAMES, _check, _cuda0, _dense_1d, _device, _float, _int, _opt, _ref, _stream, describe_tensor, lib)
 from ._core import gemm
 
 
@@ -166,13 +166,14 @@ def _targets(targets, device):
     return _dense_1d(targets.to(device, torch.int32))
 
 
-class Llama:
+class Llama(_Handle):
     """One LLaMA layer: Llama(ctx, cfg, batch, seq, device="cpu").
     forward(w, x, targets=None) -> (y, loss or None); backward(w, dy=None,
     loss_scale=1.0) -> (dx, grads) with grads a dict in coda's layout (f32).
     w is the PackedWeights from pack_weights (anything else raises
     TypeError). device: "cpu", or "cuda" / "cuda:0" (the C layer runs on
     CUDA device 0 of the context; .device is then cuda:0)."""
+    _free = "coda_llama_free"
 
     def __init__(self, ctx, cfg, batch, seq, device="cpu"):
         # a copy: C keeps its own, and a later change to the caller's cfg
@@ -214,14 +215,6 @@ class Llama:
                                        _ref(gs), _stream(dx)))
         return dx, g
 
-    def close(self):
-        if getattr(self, "_h", None):
-            lib.coda_llama_free(self._h)
-            self._h = None
-
-    def __del__(self):
-        self.close()
-
 
 # ---------------------------------------------------------------------------
 # The block split at attention (coda.h section 9)
@@ -237,7 +230,7 @@ def _acts_struct(acts, spend_z=False):
     return s
 
 
-class Block:
+class Block(_Handle):
     """One LLaMA block without the LM head, split at attention, its
     activations in tensors the caller holds: Block(ctx, cfg, device="cpu").
     cfg.vocab is ignored. Weights: a dict g1, wqkv, wo, g2, wgu, wd of bf16
@@ -258,6 +251,7 @@ class Block:
     coda_block_acts_t.c) and backward_post(..., c=t) reads it instead of
     recomputing it: an (M, I) store fewer in the backward, t kept between.
     """
+    _free = "coda_block_free"
 
     def __init__(self, ctx, cfg, device="cpu"):
         self.ctx, self.cfg = ctx, _config_copy(cfg)
@@ -372,10 +366,3 @@ class Block:
                                            ctypes.byref(_weights_struct(g)), ws, n, _stream(x)))
         return dx, g
 
-    def close(self):
-        if getattr(self, "_h", None):
-            lib.coda_block_free(self._h)
-            self._h = None
-
-    def __del__(self):
-        self.close()

@@ -44,6 +44,21 @@ lib.coda_last_error.restype = ctypes.c_char_p
 lib.coda_last_error.argtypes = []
 
 
+class _Handle:
+    """Owns one C handle, self._h: close() frees it with the C function
+    named by _free (once; a handle never made is no error), and so does
+    the garbage collector."""
+    _free = None
+
+    def close(self):
+        if getattr(self, "_h", None):
+            getattr(lib, self._free)(self._h)
+            self._h = None
+
+    def __del__(self):
+        self.close()
+
+
 def _check(status):
     if status != 0:
         name = lib.coda_status_name(status).decode()
