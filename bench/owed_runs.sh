@@ -5,7 +5,10 @@
 # eight files come back from a call):
 #
 #   H200: bench/run_block_model.sh (the block and model tables, which must
-#         come from the H200), then test_epilogue_gpu small;
+#         come from the H200), then test_epilogue_gpu small, then with the
+#         time left the kernel tables (profile_block.py) of the two rows
+#         that miss the target: 1B against the floor, 70B against the
+#         floor and torch.compile;
 #   else: test_epilogue_gpu full with the time left (it did not finish
 #         in 200 s on an H100 at stop 66); the tables need the H200.
 #
@@ -31,7 +34,15 @@ case "$name" in
   "NVIDIA H200"*)
     OUT=$L timeout "$(left)" bash bench/run_block_model.sh
     echo "block and model done at $((SECONDS - t0)) s"
-    epi small 60 ;;
+    epi small 60
+    for a in "1b floor,coda+attn" "70b floor,torch.compile,coda"; do
+      set -- $a
+      [ "$(left)" -gt 100 ] || break
+      echo "== profile_block $1 $2"
+      timeout $(( $(left) - 10 )) python3 bench/profile_block.py --shapes "$1" --variants "$2" \
+        --sequence > "$L/profile_$1.log" 2>&1
+      echo "rc=$? at $((SECONDS - t0)) s"; grep -iE "busy|sum|total" "$L/profile_$1.log" | head -8
+    done ;;
   *) epi full "$(left)" ;;
 esac
 echo "end at $((SECONDS - t0)) s"
