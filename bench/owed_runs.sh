@@ -9,8 +9,8 @@
 #         time left the kernel tables (profile_block.py) of the two rows
 #         that miss the target: 1B against the floor, 70B against the
 #         floor and torch.compile;
-#   else: test_epilogue_gpu full with the time left (it did not finish
-#         in 200 s on an H100 at stop 66); the tables need the H200.
+#   else: test_epilogue_gpu small, then the same kernel tables, 70B first
+#         (the tables themselves need the H200).
 #
 #   bash bench/owed_runs.sh            # BUDGET=560 seconds by default
 # Carry .liger with the call (bench/liger_import.py).
@@ -30,20 +30,25 @@ epi() {  # epi small|full SECONDS
   echo "rc=$? at $((SECONDS - t0)) s"
   grep -E "FAIL" "$L/epi-$1.log" | head -20; tail -2 "$L/epi-$1.log"
 }
+profiles() {  # profile_block.py's kernel tables, "SHAPE VARIANTS" each, while time is left
+  for a in "$@"; do
+    set -- $a
+    [ "$(left)" -gt 100 ] || break
+    echo "== profile_block $1 $2"
+    timeout $(( $(left) - 10 )) python3 bench/profile_block.py --shapes "$1" --variants "$2" \
+      --sequence > "$L/profile_$1.log" 2>&1
+    echo "rc=$? at $((SECONDS - t0)) s"; grep -E "GPU busy" "$L/profile_$1.log"
+  done
+}
 case "$name" in
   "NVIDIA H200"*)
     OUT=$L timeout "$(left)" bash bench/run_block_model.sh
     echo "block and model done at $((SECONDS - t0)) s"
     epi small 60
-    for a in "1b floor,coda+attn" "70b floor,torch.compile,coda"; do
-      set -- $a
-      [ "$(left)" -gt 100 ] || break
-      echo "== profile_block $1 $2"
-      timeout $(( $(left) - 10 )) python3 bench/profile_block.py --shapes "$1" --variants "$2" \
-        --sequence > "$L/profile_$1.log" 2>&1
-      echo "rc=$? at $((SECONDS - t0)) s"; grep -iE "busy|sum|total" "$L/profile_$1.log" | head -8
-    done ;;
-  *) epi full "$(left)" ;;
+    profiles "1b floor,coda+attn" "70b floor,torch.compile,coda" ;;
+  *)
+    epi small 60
+    profiles "70b floor,torch.compile,coda" "1b floor,coda+attn" ;;
 esac
 echo "end at $((SECONDS - t0)) s"
 tar czf "$FINAL/logs.tgz" -C "$L" .
