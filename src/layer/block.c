@@ -478,20 +478,30 @@ static coda_status_t wgrad(const coda_block_t *B, const coda_tensor_t *a, const 
 #define PRE_GRADS 0x03u
 #define WO_GRAD 0x04u
 
+/* What both pre halves read, checked in one order: the block, acts, M
+ * from x, the weights g1 and wqkv, x (and xg, the forward's optional
+ * normalised input), pos, acts->r1 and acts->qkv. */
+static coda_status_t check_pre_inputs(const coda_block_t *B, const char *fn, const coda_llama_weights_t *w,
+                                      const coda_tensor_t *x, const coda_tensor_t *xg, const coda_tensor_t *pos,
+                                      const coda_block_acts_t *acts, int64_t *m) {
+    if (!B) return coda__fail(CODA_ERR_INVALID_ARG, "%s: block is NULL", fn);
+    if (!acts) return coda__fail(CODA_ERR_INVALID_ARG, "%s: acts is NULL", fn);
+    CODA_TRY(check_m(B, fn, x, "x", m));
+    CODA_TRY(coda__block_check_weights(B, w, PRE_GRADS, fn, "w", BF16, 1));
+    CODA_TRY(coda__block_check_arg(B, x, fn, "x", *m, B->cfg.d, BF16, 1));
+    if (xg) CODA_TRY(coda__block_check_arg(B, xg, fn, "xg", *m, B->cfg.d, BF16, 1));
+    CODA_TRY(coda__block_check_arg(B, pos, fn, "pos", *m, -1, F32, 1));
+    CODA_TRY(coda__block_check_arg(B, &acts->r1, fn, "acts->r1", *m, -1, F32, 1));
+    return coda__block_check_arg(B, &acts->qkv, fn, "acts->qkv", *m, B->nqkv, BF16, 1);
+}
+
 coda_status_t coda_block_forward_pre(coda_block_t *B, const coda_llama_weights_t *w, const coda_tensor_t *x,
                                      const coda_tensor_t *xg, const coda_tensor_t *pos, coda_block_acts_t *acts,
                                      void *ws, size_t ws_bytes, void *stream) {
     static const char fn[] = "coda_block_forward_pre";
-    if (!B) return coda__fail(CODA_ERR_INVALID_ARG, "%s: block is NULL", fn);
-    if (!acts) return coda__fail(CODA_ERR_INVALID_ARG, "%s: acts is NULL", fn);
-    int64_t m, d = B->cfg.d;
-    CODA_TRY(check_m(B, fn, x, "x", &m));
-    CODA_TRY(coda__block_check_weights(B, w, PRE_GRADS, fn, "w", BF16, 1));
-    CODA_TRY(coda__block_check_arg(B, x, fn, "x", m, d, BF16, 1));
-    if (xg) CODA_TRY(coda__block_check_arg(B, xg, fn, "xg", m, d, BF16, 1));
-    CODA_TRY(coda__block_check_arg(B, pos, fn, "pos", m, -1, F32, 1));
-    CODA_TRY(coda__block_check_arg(B, &acts->r1, fn, "acts->r1", m, -1, F32, 1));
-    CODA_TRY(coda__block_check_arg(B, &acts->qkv, fn, "acts->qkv", m, B->nqkv, BF16, 1));
+    int64_t m;
+    CODA_TRY(check_pre_inputs(B, fn, w, x, xg, pos, acts, &m));
+    const int64_t d = B->cfg.d;
     coda__named_t out[] = {{&acts->qkv, "acts->qkv"}, {xg ? NULL : &acts->r1, "acts->r1"}};
     coda__named_t in[] = {{x, "x"}, {xg, "xg"}, {pos, "pos"}, {xg ? &acts->r1 : NULL, "acts->r1"}};
     CODA_TRY(coda__block_check_apart(fn, out, 2, in, 4, w, CODA__W_BLOCK, NULL, 0));
@@ -650,15 +660,9 @@ static coda_status_t backward_pre(coda_block_t *B, const char *fn, const coda_ll
                                   const coda_tensor_t *const *dparts, const char *const *names, int n_d,
                                   const coda_tensor_t *dh, coda_tensor_t *dx, coda_llama_weights_t *grads, void *ws,
                                   size_t ws_bytes, void *stream) {
-    if (!B) return coda__fail(CODA_ERR_INVALID_ARG, "%s: block is NULL", fn);
-    if (!acts) return coda__fail(CODA_ERR_INVALID_ARG, "%s: acts is NULL", fn);
-    int64_t m, d = B->cfg.d;
-    CODA_TRY(check_m(B, fn, x, "x", &m));
-    CODA_TRY(coda__block_check_weights(B, w, PRE_GRADS, fn, "w", BF16, 1));
-    CODA_TRY(coda__block_check_arg(B, x, fn, "x", m, d, BF16, 1));
-    CODA_TRY(coda__block_check_arg(B, pos, fn, "pos", m, -1, F32, 1));
-    CODA_TRY(coda__block_check_arg(B, &acts->r1, fn, "acts->r1", m, -1, F32, 1));
-    CODA_TRY(coda__block_check_arg(B, &acts->qkv, fn, "acts->qkv", m, B->nqkv, BF16, 1));
+    int64_t m;
+    CODA_TRY(check_pre_inputs(B, fn, w, x, NULL, pos, acts, &m));
+    const int64_t d = B->cfg.d;
     const int64_t widths[3] = {n_d == 1 ? B->nqkv : B->nq, B->nkv, B->nkv};
     coda_tensor_t dy[3];
     for (int q = 0; q < n_d; q++) {
