@@ -227,13 +227,20 @@ static CUfunction overlap_kernel(coda_context_t *ctx, coda_cuda_device_t *d, cod
     CUfunction f = NULL;
     coda__error_kept_t kept;
     coda__error_keep(&kept);
-    if (get_kernel(ctx, d, layout, cfg_index, 0, 0, CODA_SCHED_OVERLAP, 0, epilogue_src, epilogue_key, &f) != CODA_OK)
+    if (get_kernel(ctx, d, layout, cfg_index, 0, 0, CODA_SCHED_OVERLAP, 0, epilogue_src, epilogue_key, &f) != CODA_OK) {
+        if (ctx->tuning.log_launch)
+            fprintf(stderr, "coda gemm: epilogue overlap declined: its kernel did not build (%s)\n",
+                    coda_last_error());
         f = NULL;
+    }
     coda__error_restore(&kept);
     int local = -1;
     if (f && ctx->tuning.epi_overlap != 1 &&
-        (ctx->cuda->cu.FuncGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f) != CUDA_SUCCESS || local != 0))
+        (ctx->cuda->cu.FuncGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f) != CUDA_SUCCESS || local != 0)) {
+        if (ctx->tuning.log_launch) /* the rule's one say that depends on ptxas: the test names it */
+            fprintf(stderr, "coda gemm: epilogue overlap declined: its kernel uses %d bytes of local memory\n", local);
         f = NULL;
+    }
     return f;
 }
 
