@@ -234,12 +234,18 @@ static CUfunction overlap_kernel(coda_context_t *ctx, coda_cuda_device_t *d, cod
         f = NULL;
     }
     coda__error_restore(&kept);
-    int local = -1;
-    if (f && ctx->tuning.epi_overlap != 1 &&
-        (ctx->cuda->cu.FuncGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f) != CUDA_SUCCESS || local != 0)) {
-        if (ctx->tuning.log_launch) /* the rule's one say that depends on ptxas: the test names it */
-            fprintf(stderr, "coda gemm: epilogue overlap declined: its kernel uses %d bytes of local memory\n", local);
-        f = NULL;
+    if (f && ctx->tuning.epi_overlap != 1) { /* the rule's one say that depends on ptxas */
+        int local = -1;
+        CUresult r = ctx->cuda->cu.FuncGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f);
+        if (r != CUDA_SUCCESS || local != 0) {
+            if (ctx->tuning.log_launch && r != CUDA_SUCCESS)
+                fprintf(stderr, "coda gemm: epilogue overlap declined: cuFuncGetAttribute(LOCAL_SIZE_BYTES) "
+                                "failed (%d)\n", (int)r);
+            else if (ctx->tuning.log_launch)
+                fprintf(stderr, "coda gemm: epilogue overlap declined: its kernel uses %d bytes of local memory\n",
+                        local);
+            f = NULL;
+        }
     }
     return f;
 }

@@ -330,6 +330,11 @@ static void run_case(const char *text, coda_layout_t layout, int64_t m, int64_t 
         bc[i].scalar = bg[i].scalar = d.kind == CODA_IN_SCALAR ? 0.25f + rng_uniform(&r) * 0.1f : 0.0f;
     }
     CHECK_OK(coda_gemm_epilogue(ctx, layout, &A.host, &B.host, p, bc, na, &tl, NULL));
+    char title[40];
+    snprintf(title, sizeof title, "%.*s", (int)strcspn(text, "\n"), text);
+    printf("  %-28s %s m %lld n %lld k %lld tile %dx%d\n", title, layout == 0 ? "NT" : layout == 1 ? "NN" : "TN",
+           (long long)m, (long long)n, (long long)k, tl.tile_m, tl.tile_n);
+    fflush(stdout); /* FAIL lines (stderr) of the GPU run and its checks land under their case */
     const uint64_t overlaps = atomic_load(&ctx->overlap_launches);
     coda_status_t s = coda_gemm_epilogue(ctx, layout, &A.dev, &B.dev, p, bg, na, &tl, NULL);
     CHECK(s == CODA_OK, "GPU run: %s", coda_last_error());
@@ -337,20 +342,15 @@ static void run_case(const char *text, coda_layout_t layout, int64_t m, int64_t 
         int took = atomic_load(&ctx->overlap_launches) == overlaps + 1;
         CHECK(took, "the launch did not take the epilogue overlap");
         if (!took && s == CODA_OK) { /* once more with the launch log, which says why (gemm.c, overlap_kernel) */
-            coda__tuning_t t = coda__get_tuning(ctx);
+            const coda__tuning_t saved = coda__get_tuning(ctx);
+            coda__tuning_t t = saved;
             t.log_launch = 1;
             tune_set(ctx, &t);
             CHECK_OK(coda_gemm_epilogue(ctx, layout, &A.dev, &B.dev, p, bg, na, &tl, NULL));
-            t.log_launch = 0;
-            tune_set(ctx, &t);
+            tune_set(ctx, &saved);
         }
     }
     CUDA_OK(cudaDeviceSynchronize());
-    char title[40];
-    snprintf(title, sizeof title, "%.*s", (int)strcspn(text, "\n"), text);
-    printf("  %-28s %s m %lld n %lld k %lld tile %dx%d\n", title, layout == 0 ? "NT" : layout == 1 ? "NN" : "TN",
-           (long long)m, (long long)n, (long long)k, tl.tile_m, tl.tile_n);
-    fflush(stdout); /* FAIL lines (stderr) land under their case */
     if (s == CODA_OK) {
         for (int i = 0; i < na; i++) {
             const char *name = bg[i].name;
