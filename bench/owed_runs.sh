@@ -2,7 +2,8 @@
 # owed_runs.sh - the GPU runs issue 20 still owes, in one device call that
 # fits its 10 minutes on whichever card comes (the lent device's plain calls
 # land on an H100 or an H200; logs tarred into $OUT/logs.tgz, since only
-# eight files come back from a call):
+# eight files come back from a call). First, on every card: the
+# overlapped kernels' spill counts under the machine's NVRTC; then
 #
 #   H200: bench/run_block_model.sh (the block and model tables, which must
 #         come from the H200), then test_epilogue_gpu small, then with the
